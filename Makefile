@@ -1,0 +1,35 @@
+# Every target sets up .venv itself when needed. torch==2.13.0 is installed first: it is the local CPU
+# build, and installing it before the package keeps pip from pulling a CUDA build for `torch>=2.5`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
+
+.PHONY: setup demo test lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[torch,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/multihead demo
+
+test: lint $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,140 @@
+"""The NumPy float64 oracle: attention exactly as the paper writes it, for tests of every front end.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
+
+No framework imports, no speed tricks. Conventions are those of every front end: ``True`` in a mask = attend,
+float masks are added to the scores, causal is bottom-right aligned, fully masked query rows give zeros.
+
+Notation: B batch, H query heads, Hkv key/value heads, Lq query length, Lk key length, Dk query/key head dim,
+Dv value head dim, E model width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from multihead.masks import causal_diagonal
+from multihead.validation import (
+    check_attention_shapes,
+    check_broadcastable,
+    check_heads,
+    check_key_mask_shape,
+    check_mask_dtype,
+    module_mask_shape,
+)
+
+
+def _mask_kind(mask: np.ndarray) -> str:
+    if mask.dtype == np.bool_:
+        return "bool"
+    if np.issubdtype(mask.dtype, np.floating):
+        return "float"
+    return str(mask.dtype)
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scaled dot-product attention in float64.
+
+    q ``(B, H, Lq, Dk)``, k ``(B, Hkv, Lk, Dk)``, v ``(B, Hkv, Lk, Dv)``, mask broadcastable to
+    ``(B, H, Lq, Lk)``. Returns ``out (B, H, Lq, Dv)`` and ``weights (B, H, Lq, Lk)``.
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    check_attention_shapes(q.shape, k.shape, v.shape)
+    batch, heads, lq, dk = q.shape
+    lk = k.shape[2]
+
+    # Key/value head j serves query heads j*G .. (j+1)*G - 1.
+    group = heads // k.shape[1]
+    k = np.repeat(k, group, axis=1)  # (B, H, Lk, Dk)
+    v = np.repeat(v, group, axis=1)  # (B, H, Lk, Dv)
+
+    scale = 1.0 / np.sqrt(dk) if scale is None else scale
+    scores = q @ k.swapaxes(-1, -2) * scale  # (B, H, Lq, Lk)
+
+    allowed = np.ones((lq, lk), dtype=bool)
+    if causal:
+        allowed = np.tril(allowed, k=causal_diagonal(lq, lk))
+    if mask is not None:
+        mask = np.asarray(mask)
+        check_mask_dtype("mask", _mask_kind(mask))
+        check_broadcastable("mask", mask.shape, (batch, heads, lq, lk), "(B, H, Lq, Lk)")
+        if mask.dtype == np.bool_:
+            allowed = allowed & mask
+        else:
+            scores = scores + mask.astype(np.float64)
+    scores = np.where(allowed, scores, -np.inf)
+
+    # Rows with no finite score attend nothing: their weights (and so their output) are zero.
+    live = np.isfinite(scores).any(axis=-1, keepdims=True)
+    row_max = np.where(live, scores.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)
+    exp = np.exp(scores - row_max)
+    total = exp.sum(axis=-1, keepdims=True)
+    weights = np.where(live, exp / np.where(live, total, 1.0), 0.0)
+    return weights @ v, weights
+
+
+def _linear(x: np.ndarray, params: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    """``x Wᵀ + b`` with ``W`` stored ``(out, in)`` as in the PyTorch state dict."""
+    out = x @ np.asarray(params[f"{name}.weight"], dtype=np.float64).T
+    bias = params.get(f"{name}.bias")
+    return out if bias is None else out + np.asarray(bias, dtype=np.float64)
+
+
+def multi_head_attention(
+    query: np.ndarray,
+    key: np.ndarray | None,
+    value: np.ndarray | None,
+    params: Mapping[str, np.ndarray],
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    mask: np.ndarray | None = None,
+    key_mask: np.ndarray | None = None,
+    causal: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-head attention: project, split heads, attend, concatenate, project.
+
+    query ``(B, Lq, qdim)``, key ``(B, Lk, kdim)`` (default: query), value ``(B, Lk, vdim)`` (default: key).
+    ``params`` holds ``q_proj.weight`` ``(H*Dk, qdim)``, ``k_proj.weight`` ``(Hkv*Dk, kdim)``, ``v_proj.weight``
+    ``(Hkv*Dv, vdim)``, ``out_proj.weight`` ``(E, H*Dv)`` and optional ``*.bias``. ``mask`` is ``(Lq, Lk)``,
+    ``(B, Lq, Lk)`` or ``(B, H, Lq, Lk)``-broadcastable; ``key_mask`` ``(B, Lk)`` is ``True`` at real keys.
+    Returns ``out (B, Lq, E)`` and per-head ``weights (B, H, Lq, Lk)``.
+    """
+    num_heads, num_kv_heads = check_heads(num_heads, num_kv_heads)
+    key = query if key is None else key
+    value = key if value is None else value
+    query, key, value = (np.asarray(x, dtype=np.float64) for x in (query, key, value))
+    batch, lq, _ = query.shape
+    lk = key.shape[1]
+
+    def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
+        b, length, width = x.shape
+        return x.reshape(b, length, heads, width // heads).transpose(0, 2, 1, 3)  # (B, heads, L, D)
+
+    q = split_heads(_linear(query, params, "q_proj"), num_heads)  # (B, H, Lq, Dk)
+    k = split_heads(_linear(key, params, "k_proj"), num_kv_heads)  # (B, Hkv, Lk, Dk)
+    v = split_heads(_linear(value, params, "v_proj"), num_kv_heads)  # (B, Hkv, Lk, Dv)
+
+    full_mask = None if mask is None else np.asarray(mask).reshape(module_mask_shape(np.shape(mask)))
+    if key_mask is not None:
+        key_mask = np.asarray(key_mask)
+        check_key_mask_shape(key_mask.shape, batch, lk)
+        keys = key_mask.astype(bool)[:, None, None, :]  # (B, 1, 1, Lk)
+        if full_mask is None or full_mask.dtype == np.bool_:
+            full_mask = keys if full_mask is None else full_mask & keys
+        else:
+            full_mask = np.where(keys, full_mask, -np.inf)
+
+    out, weights = attention(q, k, v, full_mask, causal=causal)  # (B, H, Lq, Dv)
+    out = out.transpose(0, 2, 1, 3).reshape(batch, lq, -1)  # (B, Lq, H*Dv)
+    return _linear(out, params, "out_proj"), weights

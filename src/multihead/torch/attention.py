@@ -1,0 +1,207 @@
+"""Multi-head attention for PyTorch: a thin module around :func:`multihead.torch.attention`.
+
+The module only projects, splits heads, calls the attention function, merges heads and projects out.
+
+Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
+Dv value head dim, E = d_model (output width).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from multihead.torch.functional import attention
+from multihead.torch.masks import check_mask_tensor, restrict
+from multihead.validation import (
+    check_broadcastable,
+    check_dropout,
+    check_flag,
+    check_heads,
+    check_key_mask_shape,
+    check_module_inputs,
+    check_optional_positive_int,
+    check_positive_int,
+    module_mask_shape,
+    resolve_head_dim,
+)
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (self, cross, grouped-query), batch first.
+
+    Args:
+        d_model: output width ``E`` (and default input width).
+        num_heads: query heads ``H``.
+        head_dim: query/key width per head ``Dk``; default ``d_model // num_heads`` (which must divide).
+        value_head_dim: value width per head ``Dv``; default ``head_dim``.
+        num_kv_heads: key/value heads ``Hkv`` (grouped-query attention when ``< num_heads``; multi-query when
+            1); must divide ``num_heads``. Default ``num_heads``.
+        qdim, kdim, vdim: input widths of query, key and value; default ``d_model``.
+        dropout: dropout on the attention probabilities, in training only.
+        bias: whether the four projections have a bias.
+
+    Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` are ``nn.Linear``; head ``h`` owns rows
+    ``h*Dk:(h+1)*Dk`` of ``q_proj``.
+
+    Example:
+        >>> mha = MultiHeadAttention(512, 8)
+        >>> x = torch.randn(64, 5, 512)
+        >>> mha(x, causal=True).shape
+        torch.Size([64, 5, 512])
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        qdim: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        d_model = check_positive_int("d_model", d_model)
+        num_heads, num_kv_heads = check_heads(num_heads, num_kv_heads)
+        head_dim = resolve_head_dim(d_model, num_heads, check_optional_positive_int("head_dim", head_dim))
+        value_head_dim = check_optional_positive_int("value_head_dim", value_head_dim) or head_dim
+        qdim, kdim, vdim = (
+            check_optional_positive_int(name, dim) or d_model
+            for name, dim in (("qdim", qdim), ("kdim", kdim), ("vdim", vdim))
+        )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.value_head_dim = value_head_dim
+        self.qdim, self.kdim, self.vdim = qdim, kdim, vdim
+        self.dropout = check_dropout("dropout", dropout)
+        bias = check_flag("bias", bias)
+
+        self.q_proj = nn.Linear(qdim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(kdim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(vdim, num_kv_heads * value_head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * value_head_dim, d_model, bias=bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, value_head_dim={self.value_head_dim}, dropout={self.dropout}"
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: ``(B, Lq, qdim)``.
+            key: ``(B, Lk, kdim)``; default ``query`` (self-attention).
+            value: ``(B, Lk, vdim)``; default ``key``.
+            mask: ``(Lq, Lk)``, ``(B, Lq, Lk)`` or broadcastable to ``(B, H, Lq, Lk)``; bool (``True`` = attend)
+                or float (added to the scores).
+            key_mask: ``(B, Lk)`` bool, ``True`` at real (non-pad) keys.
+            causal: bottom-right aligned causal masking, combined with the masks by AND.
+            return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
+
+        Returns:
+            ``(B, Lq, E)``, or ``(out, weights)``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
+        check_module_inputs(
+            tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim
+        )
+        batch, lq, _ = query.shape
+        lk = key.shape[1]
+        full_mask = self._full_mask(mask, key_mask, batch, lq, lk)
+
+        q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
+        k = self.k_proj(key).view(batch, lk, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, Lk, Dk)
+        v = self.v_proj(value).view(batch, lk, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
+        # v: (B, Hkv, Lk, Dv)
+        result = attention(
+            q,
+            k,
+            v,
+            full_mask,
+            causal=causal,
+            dropout=self.dropout if self.training else 0.0,
+            return_weights=return_weights,
+        )
+        out, weights = result if return_weights else (result, None)
+        out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
+        out = self.out_proj(out)  # (B, Lq, E)
+        return (out, weights) if return_weights else out
+
+    def _full_mask(
+        self, mask: torch.Tensor | None, key_mask: torch.Tensor | None, batch: int, lq: int, lk: int
+    ) -> torch.Tensor | None:
+        """``mask`` in the 4-D functional layout, AND the key padding; validated against this call's sizes."""
+        if mask is not None:
+            check_mask_tensor("mask", mask)
+            mask = mask.reshape(module_mask_shape(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
+            check_broadcastable("mask", tuple(mask.shape), (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
+        if key_mask is None:
+            return mask
+        check_mask_tensor("key_mask", key_mask, allow_float=False)
+        check_key_mask_shape(tuple(key_mask.shape), batch, lk)
+        return restrict(mask, key_mask[:, None, None, :])  # (B, 1|H, 1|Lq, Lk)
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A copy of ``torch.nn.MultiheadAttention`` with the same weights and outputs.
+
+        Our module is always batch first; feed ``(B, L, E)`` whatever ``module.batch_first`` was. Masks follow
+        our convention (``True`` = attend): pass ``mask=~attn_mask`` and ``key_mask=~key_padding_mask`` for
+        PyTorch's boolean masks (where ``True`` = ignore); float masks carry over unchanged.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"`module` must be a torch.nn.MultiheadAttention, received {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError(
+                "`module` uses add_bias_kv or add_zero_attn, which append extra keys; "
+                f"MultiHeadAttention has no equivalent (received add_bias_kv={module.bias_k is not None}, "
+                f"add_zero_attn={module.add_zero_attn})"
+            )
+        embed = module.embed_dim
+        has_bias = module.in_proj_bias is not None
+        ours = cls(
+            embed,
+            module.num_heads,
+            kdim=module.kdim,
+            vdim=module.vdim,
+            dropout=module.dropout,
+            bias=has_bias,
+        )
+        if module.in_proj_weight is not None:
+            q_weight, k_weight, v_weight = module.in_proj_weight.chunk(3)
+        else:
+            q_weight, k_weight, v_weight = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        with torch.no_grad():
+            for proj, weight in zip((ours.q_proj, ours.k_proj, ours.v_proj), (q_weight, k_weight, v_weight), strict=True):
+                proj.weight.copy_(weight)
+            ours.out_proj.weight.copy_(module.out_proj.weight)
+            if has_bias:
+                for proj, bias in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.chunk(3), strict=True):
+                    proj.bias.copy_(bias)
+                ours.out_proj.bias.copy_(module.out_proj.bias)
+        return ours.to(device=module.out_proj.weight.device, dtype=module.out_proj.weight.dtype)

@@ -1,0 +1,199 @@
+"""Scaled dot-product attention for PyTorch: one pure function, two internal paths.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
+
+``attention`` dispatches to ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels: flash on CPU,
+flash / memory-efficient / cuDNN on GPU) and uses the explicit matmul-softmax-matmul only when the caller asks
+for the weights, which no fused kernel returns. Both paths follow the same rules and are tested to agree.
+
+Notation: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length, Lk key length,
+Dk query/key head dim, Dv value head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from multihead.torch.masks import causal_mask, check_mask_tensor, restrict
+from multihead.validation import (
+    DTypeError,
+    check_attention_shapes,
+    check_broadcastable,
+    check_dropout,
+    check_flag,
+    check_scale,
+)
+
+__all__ = ["attention", "explicit_attention"]
+
+
+def _check_inputs(
+    q: object, k: object, v: object, mask: object, causal: object, scale: object, dropout: object
+) -> float | None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
+        if not x.dtype.is_floating_point:
+            raise DTypeError(f"`{name}` must be a floating tensor, received dtype {x.dtype}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise DTypeError(f"`q`, `k`, `v` must share one dtype, received {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"`q`, `k`, `v` must be on one device, received {q.device}, {k.device}, {v.device}")
+    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    if mask is not None:
+        check_mask_tensor("mask", mask)
+        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        check_broadcastable("mask", tuple(mask.shape), target, "(B, H, Lq, Lk)")
+        if mask.device != q.device:
+            raise ValueError(f"`mask` must be on the inputs' device {q.device}, received {mask.device}")
+    check_flag("causal", causal)
+    check_dropout("dropout", dropout)
+    return check_scale(scale)
+
+
+def _effective_mask(
+    mask: torch.Tensor | None, causal: bool, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The mask both paths apply, and which query rows can attend anything.
+
+    Returns ``(mask, live)``: ``mask`` is bool or float (in q's dtype), with causal folded in by AND and every
+    fully masked row opened up to all keys, so no kernel ever sees a row without a finite score (the source of
+    NaN in forward and backward); ``live`` ``(..., Lq, 1)`` is ``False`` on exactly those rows, whose output
+    the caller zeroes. Both are ``None`` when nothing is masked.
+    """
+    lq, lk = q.shape[-2], k.shape[-2]
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    if causal:
+        mask = restrict(mask, causal_mask(lq, lk, device=q.device) if lq and lk else None)
+    if mask is None:
+        return None, None
+    allowed = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+    live = allowed.any(dim=-1, keepdim=True)  # (..., Lq, 1)
+    if mask.dtype == torch.bool:
+        return mask | ~live, live
+    return mask.masked_fill(~live, 0.0), live
+
+
+def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
+    return q.shape[1] // k.shape[1]
+
+
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explicit matmul-softmax-matmul path; always returns ``(out, weights)``.
+
+    Same arguments and rules as :func:`attention`. Scores and softmax run in float32 for fp16/bf16 inputs (in
+    float64 for float64 inputs); results are cast back to the input dtype.
+    """
+    scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
+    return _explicit(q, k, v, mask, causal, scale, dropout)
+
+
+def _explicit(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    dropout: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    mask, live = _effective_mask(mask, causal, q, k)
+    compute = torch.promote_types(q.dtype, torch.float32)
+    groups = _kv_groups(q, k)
+    k = k.repeat_interleave(groups, dim=1) if groups > 1 else k  # (B, H, Lk, Dk)
+    v = v.repeat_interleave(groups, dim=1) if groups > 1 else v  # (B, H, Lk, Dv)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask.to(compute)
+    weights = torch.softmax(scores, dim=-1)
+    if live is not None:
+        weights = weights.masked_fill(~live, 0.0)
+    dropped = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
+    out = torch.matmul(dropped, v.to(compute))  # (B, H, Lq, Dv)
+    return out.to(q.dtype), weights.to(q.dtype)
+
+
+def _fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    # SDPA's own is_causal is top-left aligned; it equals our bottom-right rule only when Lq == Lk.
+    use_kernel_causal = causal and mask is None and q.shape[-2] == k.shape[-2]
+    mask, live = _effective_mask(mask, causal and not use_kernel_causal, q, k)
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout,
+        is_causal=use_kernel_causal,
+        scale=scale,
+        enable_gqa=_kv_groups(q, k) > 1,
+    )  # (B, H, Lq, Dv)
+    return out if live is None else out.masked_fill(~live, 0.0)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout: float = 0.0,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention.
+
+    Args:
+        q: ``(B, H, Lq, Dk)``.
+        k: ``(B, Hkv, Lk, Dk)``; ``H`` must be a multiple of ``Hkv`` (grouped-query attention: key/value head
+            ``j`` serves query heads ``j*H/Hkv .. (j+1)*H/Hkv - 1``).
+        v: ``(B, Hkv, Lk, Dv)``.
+        mask: broadcastable to ``(B, H, Lq, Lk)``. Boolean: ``True`` = attend. Floating: added to the scores
+            (``0`` keeps, ``-inf`` removes). Integer masks are rejected.
+        causal: bottom-right aligned causal masking (query ``i`` sees key ``j`` iff ``j <= i + Lk - Lq``),
+            combined with ``mask`` by AND.
+        scale: multiplies the scores; default ``1/sqrt(Dk)``.
+        dropout: probability of dropping an attention weight. Applied whenever it is > 0: a module passes 0
+            outside training.
+        return_weights: also return the per-head weights ``(B, H, Lq, Lk)`` (before dropout). This takes the
+            explicit path, since no fused kernel returns them.
+
+    Returns:
+        ``out (B, H, Lq, Dv)`` in the inputs' dtype, or ``(out, weights)``. Query rows that may attend no key
+        give zero output and zero weights, with zero gradients.
+
+    Example:
+        >>> q = k = v = torch.randn(2, 8, 5, 64)
+        >>> attention(q, k, v, causal=True).shape
+        torch.Size([2, 8, 5, 64])
+    """
+    scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
+    check_flag("return_weights", return_weights)
+    if return_weights:
+        return _explicit(q, k, v, mask, causal, scale, dropout)
+    return _fused(q, k, v, mask, causal, scale, dropout)

@@ -1,0 +1,80 @@
+"""Mask helpers for the PyTorch front end: small, composable, ``True`` = attend.
+
+Notation: B batch, L length, Lq query length, Lk key length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from multihead.masks import causal_diagonal
+from multihead.validation import DTypeError, check_mask_dtype, check_non_negative_int
+
+
+def causal_mask(lq: int, lk: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bottom-right aligned causal mask ``(lq, lk)``: query ``i`` may attend key ``j`` iff ``j <= i + lk - lq``.
+
+    >>> causal_mask(2, 5).int()
+    tensor([[1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1]], dtype=torch.int32)
+    """
+    check_non_negative_int("lq", lq)
+    check_non_negative_int("lk", lk)
+    ones = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=causal_diagonal(lq, lk))
+
+
+def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.Tensor:
+    """``(B, max_len)`` mask that is ``True`` at the first ``lengths[b]`` positions of row ``b`` (real tokens).
+
+    >>> padding_mask([1, 3], 4).int()
+    tensor([[1, 0, 0, 0],
+            [1, 1, 1, 0]], dtype=torch.int32)
+    """
+    check_non_negative_int("max_len", max_len)
+    lengths = torch.as_tensor(lengths)
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise DTypeError(f"`lengths` must hold integers, received dtype {lengths.dtype}")
+    if lengths.dim() != 1:
+        raise ValueError(f"`lengths` must be 1-D (B,), received lengths.shape={tuple(lengths.shape)}")
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
+        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {lengths.tolist()}")
+    positions = torch.arange(max_len, device=lengths.device)  # (L,)
+    return positions < lengths[:, None]  # (B, L)
+
+
+def padding_mask_from_tokens(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """``(B, L)`` mask that is ``True`` where ``tokens != pad_id`` (real tokens)."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"`tokens` must be a torch.Tensor, received {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise DTypeError(f"`tokens` must hold integer token ids, received dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"`tokens` must be 2-D (B, L), received tokens.shape={tuple(tokens.shape)}")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise TypeError(f"`pad_id` must be an int, received {pad_id!r}")
+    return tokens != pad_id
+
+
+def check_mask_tensor(name: str, mask: object, *, allow_float: bool = True) -> None:
+    """A mask must be a tensor, boolean (``True`` = attend) or, where allowed, floating (added to the scores)."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor or None, received {type(mask).__name__}")
+    kind = "bool" if mask.dtype == torch.bool else "float" if mask.dtype.is_floating_point else str(mask.dtype)
+    check_mask_dtype(name, kind, allow_float=allow_float)
+
+
+def restrict(mask: torch.Tensor | None, allowed: torch.Tensor | None) -> torch.Tensor | None:
+    """Combine a bool or float ``mask`` with a bool ``allowed`` by AND (for a float mask: ``-inf`` where not allowed).
+
+    Either may be ``None``; shapes broadcast.
+    """
+    if allowed is None:
+        return mask
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))

@@ -1,0 +1,166 @@
+"""Argument checks shared by the reference and every front end.
+
+They look only at plain Python values and shape tuples, so the NumPy oracle, the PyTorch front end and the
+Keras front end reject the same inputs with the same messages, before any computation.
+
+Notation: B batch, H query heads, Hkv key/value heads, Lq query length, Lk key length, Dk query/key head
+dim, Dv value head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Real
+
+Shape = tuple[int, ...]
+
+
+class DTypeError(TypeError, ValueError):
+    """A tensor of the wrong dtype (an integer mask, mixed input dtypes).
+
+    It is both a ``TypeError`` (the object is the wrong kind) and a ``ValueError`` (the argument is bad), so
+    either ``except`` clause catches it.
+    """
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, received {value!r} of type {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"`{name}` must be a positive int, received {value}")
+    return value
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, received {value!r} of type {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"`{name}` must be a non-negative int, received {value}")
+    return value
+
+
+def check_optional_positive_int(name: str, value: object) -> int | None:
+    return None if value is None else check_positive_int(name, value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be True or False, received {value!r} of type {type(value).__name__}")
+    return value
+
+
+def check_dropout(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"`{name}` must be a float in [0, 1), received {value!r} of type {type(value).__name__}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1), received {value!r}")
+    return float(value)
+
+
+def check_scale(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"`scale` must be a float or None, received {value!r} of type {type(value).__name__}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"`scale` must be finite, received {value!r}")
+    return float(value)
+
+
+def check_heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
+    """Return ``(num_heads, num_kv_heads)``; ``num_kv_heads=None`` means one key/value head per query head."""
+    num_heads = check_positive_int("num_heads", num_heads)
+    num_kv_heads = num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"`num_heads` must be divisible by `num_kv_heads` (query heads are shared out in equal groups), "
+            f"received num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+        )
+    return num_heads, num_kv_heads
+
+
+def resolve_head_dim(d_model: int, num_heads: int, head_dim: int | None) -> int:
+    """``head_dim`` when given, else ``d_model // num_heads``, which must then divide evenly."""
+    if head_dim is not None:
+        return head_dim
+    if d_model % num_heads:
+        raise ValueError(
+            f"`d_model` must be divisible by `num_heads` when `head_dim` is not given, "
+            f"received d_model={d_model}, num_heads={num_heads}"
+        )
+    return d_model // num_heads
+
+
+def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
+    """q ``(B, H, Lq, Dk)``, k ``(B, Hkv, Lk, Dk)``, v ``(B, Hkv, Lk, Dv)`` with ``H % Hkv == 0``."""
+    for name, shape, layout in (("q", q, "(B, H, Lq, Dk)"), ("k", k, "(B, Hkv, Lk, Dk)"), ("v", v, "(B, Hkv, Lk, Dv)")):
+        if len(shape) != 4:
+            raise ValueError(f"`{name}` must be 4-D {layout}, received {name}.shape={shape}")
+    if not q[0] == k[0] == v[0]:
+        raise ValueError(f"`q`, `k`, `v` must share the batch size B, received q.shape={q}, k.shape={k}, v.shape={v}")
+    if k[1] != v[1]:
+        raise ValueError(f"`k` and `v` must have the same number of heads Hkv, received k.shape={k}, v.shape={v}")
+    if k[1] == 0 or q[1] % k[1]:
+        raise ValueError(
+            f"the query heads H must be a multiple of the key/value heads Hkv, "
+            f"received q.shape={q} (H={q[1]}), k.shape={k} (Hkv={k[1]})"
+        )
+    if k[2] != v[2]:
+        raise ValueError(f"`k` and `v` must have the same length Lk, received k.shape={k}, v.shape={v}")
+    if q[3] != k[3]:
+        raise ValueError(f"`q` and `k` must have the same head dim Dk, received q.shape={q}, k.shape={k}")
+
+
+def check_broadcastable(name: str, shape: Shape, target: Shape, layout: str) -> None:
+    """``shape`` must broadcast *to* ``target`` without growing it."""
+    ok = len(shape) <= len(target) and all(
+        m in (1, t) for m, t in zip(reversed(shape), reversed(target), strict=False)
+    )
+    if not ok:
+        raise ValueError(f"`{name}` must be broadcastable to {layout}={target}, received {name}.shape={shape}")
+
+
+def check_mask_dtype(name: str, kind: str, *, allow_float: bool = True) -> None:
+    """``kind`` is ``"bool"``, ``"float"`` or, for anything else, the dtype's name."""
+    if kind == "bool" or (allow_float and kind == "float"):
+        return
+    expected = "boolean (True = attend) or floating (added to the scores)" if allow_float else "boolean"
+    raise DTypeError(f"`{name}` must be {expected}, received dtype {kind}")
+
+
+def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim: int, vdim: int) -> None:
+    """Batch-first module inputs: query ``(B, Lq, qdim)``, key ``(B, Lk, kdim)``, value ``(B, Lk, vdim)``."""
+    for name, shape, dim in (("query", query, qdim), ("key", key, kdim), ("value", value, vdim)):
+        if len(shape) != 3:
+            raise ValueError(f"`{name}` must be 3-D (B, L, {dim}), received {name}.shape={shape}")
+        if shape[-1] != dim:
+            raise ValueError(f"`{name}` must have {dim} features in its last dim, received {name}.shape={shape}")
+    if not query[0] == key[0] == value[0]:
+        raise ValueError(
+            f"`query`, `key`, `value` must share the batch size B, "
+            f"received query.shape={query}, key.shape={key}, value.shape={value}"
+        )
+    if key[1] != value[1]:
+        raise ValueError(f"`key` and `value` must have the same length Lk, received key.shape={key}, value.shape={value}")
+
+
+def check_key_mask_shape(shape: Shape, batch: int, key_len: int) -> None:
+    if tuple(shape) != (batch, key_len):
+        raise ValueError(f"`key_mask` must have shape (B, Lk)={(batch, key_len)}, received key_mask.shape={tuple(shape)}")
+
+
+def module_mask_shape(shape: Sequence[int]) -> Shape:
+    """The 4-D ``(B, H, Lq, Lk)``-broadcastable shape of a module-level mask.
+
+    Modules take ``(Lq, Lk)``, ``(B, Lq, Lk)`` (one mask per sequence, shared by the heads) and the functional
+    ``(B, H, Lq, Lk)`` forms. A 3-D mask is per batch, not per head: that is what a module user means by it.
+    """
+    shape = tuple(shape)
+    if len(shape) == 2:
+        return (1, 1, *shape)
+    if len(shape) == 3:
+        return (shape[0], 1, shape[1], shape[2])
+    if len(shape) == 4:
+        return shape
+    raise ValueError(f"`mask` must be 2-D (Lq, Lk), 3-D (B, Lq, Lk) or 4-D (B, H, Lq, Lk), received mask.shape={shape}")
