@@ -65,8 +65,9 @@ def _effective_mask(
     the caller zeroes. Both are ``None`` when nothing is masked.
     """
     lq, lk = q.shape[-2], k.shape[-2]
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.to(q.dtype)
+    if mask is not None:
+        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
+        mask = mask if mask.dtype == torch.bool else mask.to(q.dtype)
     if causal:
         mask = restrict(mask, causal_mask(lq, lk, device=q.device) if lq and lk else None)
     if mask is None:
