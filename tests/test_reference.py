@@ -75,7 +75,9 @@ def test_grouped_query_heads_share_key_value_heads_in_order() -> None:
     v = rng.normal(size=(2, 2, 5, 3))
     out, _ = reference.attention(q, k, v)
     for head in range(6):
-        single, _ = reference.attention(q[:, head : head + 1], k[:, head // 3 : head // 3 + 1], v[:, head // 3 : head // 3 + 1])
+        single, _ = reference.attention(
+            q[:, head : head + 1], k[:, head // 3 : head // 3 + 1], v[:, head // 3 : head // 3 + 1]
+        )
         np.testing.assert_allclose(out[:, head : head + 1], single, rtol=1e-13)
 
 
@@ -133,4 +135,6 @@ def test_shape_errors(q: tuple, k: tuple, v: tuple, message: str) -> None:
 
 def test_integer_mask_is_rejected() -> None:
     with pytest.raises(TypeError, match="boolean"):
-        reference.attention(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.ones((2, 2), int))
+        reference.attention(
+            np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.ones((2, 2), int)
+        )

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from conftest import randn, to_numpy
 
+from conftest import randn, to_numpy
 from multihead import reference
 from multihead.torch import attention
-from multihead.torch.functional import explicit_attention
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,9 @@ def broadcast_shapes() -> list[tuple[int, ...]]:
 def test_every_mask_broadcast_shape(shape: tuple[int, ...], causal: bool, mask_kind: str) -> None:
     q, k, v = randn(2, 3, 4, 6), randn(2, 3, 5, 6), randn(2, 3, 5, 7)
     mask = random_mask(shape, mask_kind, torch.Generator().manual_seed(len(shape)))
-    expected, expected_weights = reference.attention(to_numpy(q), to_numpy(k), to_numpy(v), to_numpy(mask), causal=causal)
+    expected, expected_weights = reference.attention(
+        to_numpy(q), to_numpy(k), to_numpy(v), to_numpy(mask), causal=causal
+    )
     fused, explicit, weights = both_paths(q, k, v, mask, causal=causal)
     np.testing.assert_allclose(to_numpy(fused), expected, atol=1e-12)
     np.testing.assert_allclose(to_numpy(explicit), expected, atol=1e-12)
@@ -173,7 +174,9 @@ def patterned_mask(lq: int, lk: int) -> torch.Tensor:
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-dropout", "dropout"])
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
 @pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
-def test_fully_masked_rows_are_zero_with_zero_finite_gradients(return_weights: bool, mask_kind: str, dropout: float) -> None:
+def test_fully_masked_rows_are_zero_with_zero_finite_gradients(
+    return_weights: bool, mask_kind: str, dropout: float
+) -> None:
     q, k, v = Size(2, 4, 2, 10, 7, 8, 5).tensors(torch.float64, requires_grad=True)
     mask = patterned_mask(10, 7)
     if mask_kind == "float":
@@ -329,7 +332,11 @@ def test_gradcheck_float64(causal: bool, return_weights: bool) -> None:
 @pytest.mark.parametrize(("lq", "lk"), [(6, 6), (3, 7)])
 @pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
 def test_causality_through_gradients(lq: int, lk: int, return_weights: bool) -> None:
-    q, k, v = randn(1, 2, lq, 4, requires_grad=True), randn(1, 2, lk, 4, requires_grad=True), randn(1, 2, lk, 4, requires_grad=True)
+    q, k, v = (
+        randn(1, 2, lq, 4, requires_grad=True),
+        randn(1, 2, lk, 4, requires_grad=True),
+        randn(1, 2, lk, 4, requires_grad=True),
+    )
     for i in range(lq):
         result = attention(q, k, v, causal=True, return_weights=return_weights)
         out = result[0] if return_weights else result

@@ -29,9 +29,7 @@ from multihead.validation import (
 def _mask_kind(mask: np.ndarray) -> str:
     if mask.dtype == np.bool_:
         return "bool"
-    if np.issubdtype(mask.dtype, np.floating):
-        return "float"
-    return str(mask.dtype)
+    return "float" if np.issubdtype(mask.dtype, np.floating) else "other"
 
 
 def attention(
@@ -66,7 +64,7 @@ def attention(
         allowed = np.tril(allowed, k=causal_diagonal(lq, lk))
     if mask is not None:
         mask = np.asarray(mask)
-        check_mask_dtype("mask", _mask_kind(mask))
+        check_mask_dtype("mask", _mask_kind(mask), mask.dtype)
         check_broadcastable("mask", mask.shape, (batch, heads, lq, lk), "(B, H, Lq, Lk)")
         if mask.dtype == np.bool_:
             allowed = allowed & mask

@@ -94,7 +94,11 @@ def resolve_head_dim(d_model: int, num_heads: int, head_dim: int | None) -> int:
 
 def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
     """q ``(B, H, Lq, Dk)``, k ``(B, Hkv, Lk, Dk)``, v ``(B, Hkv, Lk, Dv)`` with ``H % Hkv == 0``."""
-    for name, shape, layout in (("q", q, "(B, H, Lq, Dk)"), ("k", k, "(B, Hkv, Lk, Dk)"), ("v", v, "(B, Hkv, Lk, Dv)")):
+    for name, shape, layout in (
+        ("q", q, "(B, H, Lq, Dk)"),
+        ("k", k, "(B, Hkv, Lk, Dk)"),
+        ("v", v, "(B, Hkv, Lk, Dv)"),
+    ):
         if len(shape) != 4:
             raise ValueError(f"`{name}` must be 4-D {layout}, received {name}.shape={shape}")
     if not q[0] == k[0] == v[0]:
@@ -114,19 +118,17 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
 
 def check_broadcastable(name: str, shape: Shape, target: Shape, layout: str) -> None:
     """``shape`` must broadcast *to* ``target`` without growing it."""
-    ok = len(shape) <= len(target) and all(
-        m in (1, t) for m, t in zip(reversed(shape), reversed(target), strict=False)
-    )
+    ok = len(shape) <= len(target) and all(m in (1, t) for m, t in zip(reversed(shape), reversed(target), strict=False))
     if not ok:
         raise ValueError(f"`{name}` must be broadcastable to {layout}={target}, received {name}.shape={shape}")
 
 
-def check_mask_dtype(name: str, kind: str, *, allow_float: bool = True) -> None:
-    """``kind`` is ``"bool"``, ``"float"`` or, for anything else, the dtype's name."""
+def check_mask_dtype(name: str, kind: str, dtype: object, *, allow_float: bool = True) -> None:
+    """``kind`` is ``"bool"``, ``"float"`` or ``"other"``; ``dtype`` is quoted in the message."""
     if kind == "bool" or (allow_float and kind == "float"):
         return
     expected = "boolean (True = attend) or floating (added to the scores)" if allow_float else "boolean"
-    raise DTypeError(f"`{name}` must be {expected}, received dtype {kind}")
+    raise DTypeError(f"`{name}` must be {expected}, received dtype {dtype}")
 
 
 def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim: int, vdim: int) -> None:
@@ -142,12 +144,16 @@ def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim:
             f"received query.shape={query}, key.shape={key}, value.shape={value}"
         )
     if key[1] != value[1]:
-        raise ValueError(f"`key` and `value` must have the same length Lk, received key.shape={key}, value.shape={value}")
+        raise ValueError(
+            f"`key` and `value` must have the same length Lk, received key.shape={key}, value.shape={value}"
+        )
 
 
 def check_key_mask_shape(shape: Shape, batch: int, key_len: int) -> None:
     if tuple(shape) != (batch, key_len):
-        raise ValueError(f"`key_mask` must have shape (B, Lk)={(batch, key_len)}, received key_mask.shape={tuple(shape)}")
+        raise ValueError(
+            f"`key_mask` must have shape (B, Lk)={(batch, key_len)}, received key_mask.shape={tuple(shape)}"
+        )
 
 
 def module_mask_shape(shape: Sequence[int]) -> Shape:

@@ -127,9 +127,7 @@ class MultiHeadAttention(nn.Module):
         for name, x in (("query", query), ("key", key), ("value", value)):
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
-        check_module_inputs(
-            tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim
-        )
+        check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
         batch, lq, _ = query.shape
         lk = key.shape[1]
         full_mask = self._full_mask(mask, key_mask, batch, lq, lk)
@@ -197,11 +195,15 @@ class MultiHeadAttention(nn.Module):
         else:
             q_weight, k_weight, v_weight = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
         with torch.no_grad():
-            for proj, weight in zip((ours.q_proj, ours.k_proj, ours.v_proj), (q_weight, k_weight, v_weight), strict=True):
+            for proj, weight in zip(
+                (ours.q_proj, ours.k_proj, ours.v_proj), (q_weight, k_weight, v_weight), strict=True
+            ):
                 proj.weight.copy_(weight)
             ours.out_proj.weight.copy_(module.out_proj.weight)
             if has_bias:
-                for proj, bias in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.chunk(3), strict=True):
+                for proj, bias in zip(
+                    (ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.chunk(3), strict=True
+                ):
                     proj.bias.copy_(bias)
                 ours.out_proj.bias.copy_(module.out_proj.bias)
         return ours.to(device=module.out_proj.weight.device, dtype=module.out_proj.weight.dtype)

@@ -27,7 +27,7 @@ from multihead.validation import (
     check_scale,
 )
 
-__all__ = ["attention", "explicit_attention"]
+__all__ = ["attention"]
 
 
 def _check_inputs(
@@ -59,21 +59,24 @@ def _effective_mask(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The mask both paths apply, and which query rows can attend anything.
 
-    Returns ``(mask, live)``: ``mask`` is bool or float (in q's dtype), with causal folded in by AND and every
-    fully masked row opened up to all keys, so no kernel ever sees a row without a finite score (the source of
-    NaN in forward and backward); ``live`` ``(..., Lq, 1)`` is ``False`` on exactly those rows, whose output
-    the caller zeroes. Both are ``None`` when nothing is masked.
+    Returns ``(mask, live)``: ``mask`` is bool or float (in q's dtype), of rank 2 or 4 (as SDPA takes it), with
+    causal folded in by AND and every fully masked row opened up to all keys; ``live`` ``(..., Lq|1, 1)`` is
+    ``False`` on exactly those rows, whose output the caller zeroes. Both are ``None`` when nothing is masked.
+
+    Opening dead rows means no kernel ever sees a row without a finite score. PyTorch's CPU kernels already
+    return zeros there, but a float mask's ``-inf`` row gives NaN in the explicit softmax's backward, and GPU
+    kernels that keep a ``-inf`` log-sum-exp turn it into NaN gradients.
     """
     lq, lk = q.shape[-2], k.shape[-2]
     if mask is not None:
-        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
+        mask = mask[(None,) * (4 - mask.dim())]  # (B|1, H|1, Lq|1, Lk|1)
         mask = mask if mask.dtype == torch.bool else mask.to(q.dtype)
     if causal:
-        mask = restrict(mask, causal_mask(lq, lk, device=q.device) if lq and lk else None)
+        mask = restrict(mask, causal_mask(lq, lk, device=q.device))
     if mask is None:
         return None, None
     allowed = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
-    live = allowed.any(dim=-1, keepdim=True)  # (..., Lq, 1)
+    live = allowed.any(dim=-1, keepdim=True)  # (..., Lq|1, 1)
     if mask.dtype == torch.bool:
         return mask | ~live, live
     return mask.masked_fill(~live, 0.0), live
@@ -81,25 +84,6 @@ def _effective_mask(
 
 def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
     return q.shape[1] // k.shape[1]
-
-
-def explicit_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    dropout: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The explicit matmul-softmax-matmul path; always returns ``(out, weights)``.
-
-    Same arguments and rules as :func:`attention`. Scores and softmax run in float32 for fp16/bf16 inputs (in
-    float64 for float64 inputs); results are cast back to the input dtype.
-    """
-    scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
-    return _explicit(q, k, v, mask, causal, scale, dropout)
 
 
 def _explicit(

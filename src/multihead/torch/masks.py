@@ -62,8 +62,8 @@ def check_mask_tensor(name: str, mask: object, *, allow_float: bool = True) -> N
     """A mask must be a tensor, boolean (``True`` = attend) or, where allowed, floating (added to the scores)."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor or None, received {type(mask).__name__}")
-    kind = "bool" if mask.dtype == torch.bool else "float" if mask.dtype.is_floating_point else str(mask.dtype)
-    check_mask_dtype(name, kind, allow_float=allow_float)
+    kind = "bool" if mask.dtype == torch.bool else "float" if mask.dtype.is_floating_point else "other"
+    check_mask_dtype(name, kind, mask.dtype, allow_float=allow_float)
 
 
 def restrict(mask: torch.Tensor | None, allowed: torch.Tensor | None) -> torch.Tensor | None:
