@@ -13,7 +13,12 @@ import math
 from collections.abc import Sequence
 from numbers import Real
 
-Shape = tuple[int, ...]
+Shape = tuple[int | None, ...]  # None: a dim unknown until run time (symbolic Keras/TensorFlow shapes)
+
+
+def _agree(*dims: int | None) -> bool:
+    """Known dims are all equal; an unknown dim agrees with anything."""
+    return len({d for d in dims if d is not None}) <= 1
 
 
 class DTypeError(TypeError, ValueError):
@@ -101,18 +106,18 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
     ):
         if len(shape) != 4:
             raise ValueError(f"`{name}` must be 4-D {layout}, received {name}.shape={shape}")
-    if not q[0] == k[0] == v[0]:
+    if not _agree(q[0], k[0], v[0]):
         raise ValueError(f"`q`, `k`, `v` must share the batch size B, received q.shape={q}, k.shape={k}, v.shape={v}")
-    if k[1] != v[1]:
+    if not _agree(k[1], v[1]):
         raise ValueError(f"`k` and `v` must have the same number of heads Hkv, received k.shape={k}, v.shape={v}")
-    if k[1] == 0 or q[1] % k[1]:
+    if k[1] == 0 or (q[1] is not None and k[1] is not None and q[1] % k[1]):
         raise ValueError(
             f"the query heads H must be a multiple of the key/value heads Hkv, "
             f"received q.shape={q} (H={q[1]}), k.shape={k} (Hkv={k[1]})"
         )
-    if k[2] != v[2]:
+    if not _agree(k[2], v[2]):
         raise ValueError(f"`k` and `v` must have the same length Lk, received k.shape={k}, v.shape={v}")
-    if q[3] != k[3]:
+    if not _agree(q[3], k[3]):
         raise ValueError(f"`q` and `k` must have the same head dim Dk, received q.shape={q}, k.shape={k}")
 
 
@@ -136,21 +141,21 @@ def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim:
     for name, shape, dim in (("query", query, qdim), ("key", key, kdim), ("value", value, vdim)):
         if len(shape) != 3:
             raise ValueError(f"`{name}` must be 3-D (B, L, {dim}), received {name}.shape={shape}")
-        if shape[-1] != dim:
+        if not _agree(shape[-1], dim):
             raise ValueError(f"`{name}` must have {dim} features in its last dim, received {name}.shape={shape}")
-    if not query[0] == key[0] == value[0]:
+    if not _agree(query[0], key[0], value[0]):
         raise ValueError(
             f"`query`, `key`, `value` must share the batch size B, "
             f"received query.shape={query}, key.shape={key}, value.shape={value}"
         )
-    if key[1] != value[1]:
+    if not _agree(key[1], value[1]):
         raise ValueError(
             f"`key` and `value` must have the same length Lk, received key.shape={key}, value.shape={value}"
         )
 
 
-def check_key_mask_shape(shape: Shape, batch: int, key_len: int) -> None:
-    if tuple(shape) != (batch, key_len):
+def check_key_mask_shape(shape: Shape, batch: int | None, key_len: int | None) -> None:
+    if len(shape) != 2 or not (_agree(shape[0], batch) and _agree(shape[1], key_len)):
         raise ValueError(
             f"`key_mask` must have shape (B, Lk)={(batch, key_len)}, received key_mask.shape={tuple(shape)}"
         )

@@ -1,0 +1,135 @@
+"""One weight format for both front ends: safetensors files keyed like the PyTorch state dict.
+
+``q_proj.weight`` is stored ``(out, in)`` as ``torch.nn.Linear`` keeps it (a Keras ``Dense`` kernel is its
+transpose). A file written from either front end loads into the other. Loading never unpickles anything, checks
+every tensor's name and shape before it changes a single weight, and saving replaces the file atomically, so an
+interrupted save leaves the previous file whole.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from multihead import __version__
+
+__all__ = ["load_weights", "save_weights"]
+
+PathLike = str | os.PathLike[str]
+METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
+
+
+class StateAdapter(Protocol):
+    """How one front end exposes its weights in the PyTorch state-dict layout, as NumPy arrays."""
+
+    def export(self) -> dict[str, np.ndarray]: ...
+
+    def shapes(self, stored: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """Expected name → shape; may first create unbuilt weights with the stored shapes as a guide."""
+        ...
+
+    def assign(self, tensors: Mapping[str, np.ndarray]) -> None: ...
+
+
+class _TorchAdapter:
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def export(self) -> dict[str, np.ndarray]:
+        import torch
+
+        # bfloat16 has no NumPy dtype: widen it to float32, which loads back exactly.
+        return {
+            name: (t.float() if t.dtype == torch.bfloat16 else t).detach().cpu().contiguous().numpy()
+            for name, t in self.module.state_dict().items()
+        }
+
+    def shapes(self, stored: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in self.module.state_dict().items()}
+
+    def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
+        import torch
+
+        current = self.module.state_dict()
+        converted = {
+            name: torch.from_numpy(np.ascontiguousarray(array)).to(current[name].dtype)
+            for name, array in tensors.items()
+        }
+        self.module.load_state_dict(converted, strict=True)
+
+
+def _adapter(module_or_layer: object) -> StateAdapter:
+    # Keras first: on the torch backend a Keras layer is also a torch.nn.Module.
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(module_or_layer, keras.layers.Layer):
+        from multihead.keras.state import KerasAdapter
+
+        return KerasAdapter(module_or_layer)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(module_or_layer, torch.nn.Module):
+        return _TorchAdapter(module_or_layer)
+    raise TypeError(
+        f"`module_or_layer` must be a torch.nn.Module or a keras.layers.Layer, received {type(module_or_layer).__name__}"
+    )
+
+
+def save_weights(module_or_layer: object, path: PathLike) -> None:
+    """Write the weights of a torch module or Keras layer to a safetensors file, atomically."""
+    adapter = _adapter(module_or_layer)
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"`path` must be in an existing directory, received {str(path)!r}")
+    tensors = adapter.export()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        safetensors.numpy.save_file(tensors, tmp, metadata={**METADATA, "version": __version__})
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_weights(path: PathLike) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file as NumPy arrays; a clear ``ValueError`` if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights file at {str(path)!r}")
+    try:
+        return safetensors.numpy.load_file(path)
+    except (safetensors.SafetensorError, ValueError, TypeError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable safetensors weights file ({error})") from None
+
+
+def load_weights(module_or_layer: object, path: PathLike) -> None:
+    """Load a safetensors file (from either front end) into a torch module or Keras layer.
+
+    Every name and shape is checked first: a missing, unexpected or wrongly shaped tensor raises ``ValueError``
+    naming it, and no weight is changed.
+    """
+    adapter = _adapter(module_or_layer)
+    tensors = read_weights(path)
+    expected = adapter.shapes({name: array.shape for name, array in tensors.items()})
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"weights in {str(path)!r} do not match the model: missing {missing or 'none'}, "
+            f"unexpected {unexpected or 'none'}"
+        )
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != tuple(shape):
+            raise ValueError(
+                f"tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, the model expects {tuple(shape)}"
+            )
+    adapter.assign(tensors)

@@ -1,0 +1,303 @@
+"""Multi-head attention as a Keras 3 layer: a thin layer around :func:`multihead.keras.attention`.
+
+The layer only projects, splits heads, calls the attention function, merges heads and projects out.
+
+Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
+Dv value head dim, E = d_model (output width).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+from keras import ops
+
+# Keras has no public accessor for the padding mask a tensor carries; its own layers read it through this one.
+from keras.src.backend import get_keras_mask
+
+from multihead.keras.functional import attention
+from multihead.keras.masks import Tensor, check_mask_tensor, is_tensor_like, restrict
+from multihead.validation import (
+    check_broadcastable,
+    check_dropout,
+    check_flag,
+    check_heads,
+    check_key_mask_shape,
+    check_module_inputs,
+    check_optional_positive_int,
+    check_positive_int,
+    module_mask_shape,
+    resolve_head_dim,
+)
+
+__all__ = ["MultiHeadAttention"]
+
+Shape = tuple[int | None, ...]
+
+
+@keras.saving.register_keras_serializable(package="multihead")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention (self, cross, grouped-query), batch first.
+
+    Args:
+        num_heads: query heads ``H``.
+        d_model: output width ``E``; default: the query's last dimension at build time.
+        head_dim: query/key width per head ``Dk``; default ``d_model // num_heads`` (which must divide).
+        value_head_dim: value width per head ``Dv``; default ``head_dim``.
+        num_kv_heads: key/value heads ``Hkv`` (grouped-query attention when ``< num_heads``; multi-query when
+            1); must divide ``num_heads``. Default ``num_heads``.
+        dropout: dropout on the attention probabilities, with ``training=True`` only.
+        use_bias: whether the four projections have a bias.
+        seed: seed of the dropout's random generator.
+        **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
+
+    Sublayers ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` are ``Dense`` (kernel ``(in, out)``), created in
+    ``build`` once the input widths are known; head ``h`` owns columns ``h*Dk:(h+1)*Dk`` of ``q_proj``.
+
+    When the query carries a Keras padding mask (from ``Embedding(mask_zero=True)``) and no key is given, that
+    mask becomes ``key_mask``; a key's Keras mask becomes ``key_mask`` in cross-attention. The output carries the
+    query's mask onwards.
+
+    Example:
+        >>> import numpy as np
+        >>> mha = MultiHeadAttention(num_heads=8)
+        >>> x = np.random.randn(64, 5, 512).astype("float32")
+        >>> tuple(mha(x, causal=True).shape)
+        (64, 5, 512)
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        d_model: int | None = None,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_heads, self.num_kv_heads = check_heads(num_heads, num_kv_heads)
+        self._d_model = check_optional_positive_int("d_model", d_model)
+        self._head_dim = check_optional_positive_int("head_dim", head_dim)
+        self._value_head_dim = check_optional_positive_int("value_head_dim", value_head_dim)
+        if self._d_model is not None:
+            resolve_head_dim(self._d_model, self.num_heads, self._head_dim)
+        self.dropout = check_dropout("dropout", dropout)
+        self.use_bias = check_flag("use_bias", use_bias)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"`seed` must be an int or None, received {seed!r}")
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True
+        self._build_shapes: dict[str, Shape] | None = None
+
+    @property
+    def d_model(self) -> int | None:
+        return self._d_model
+
+    @property
+    def head_dim(self) -> int | None:
+        return self._head_dim
+
+    @property
+    def value_head_dim(self) -> int | None:
+        return self._value_head_dim
+
+    def build(self, query_shape: Shape, key_shape: Shape | None = None, value_shape: Shape | None = None) -> None:
+        key_shape = query_shape if key_shape is None else key_shape
+        value_shape = key_shape if value_shape is None else value_shape
+        for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
+            if len(shape) != 3 or shape[-1] is None:
+                raise ValueError(f"`{name}` must be 3-D (B, L, features) with known features, received shape {shape}")
+        self._d_model = self._d_model or query_shape[-1]
+        self._head_dim = resolve_head_dim(self._d_model, self.num_heads, self._head_dim)
+        self._value_head_dim = self._value_head_dim or self._head_dim
+        self.qdim, self.kdim, self.vdim = query_shape[-1], key_shape[-1], value_shape[-1]
+
+        def dense(units: int, name: str, in_shape: Shape) -> keras.layers.Dense:
+            layer = keras.layers.Dense(units, use_bias=self.use_bias, dtype=self.dtype_policy, name=name)
+            layer.build(in_shape)
+            return layer
+
+        self.q_proj = dense(self.num_heads * self._head_dim, "q_proj", query_shape)
+        self.k_proj = dense(self.num_kv_heads * self._head_dim, "k_proj", key_shape)
+        self.v_proj = dense(self.num_kv_heads * self._value_head_dim, "v_proj", value_shape)
+        self.out_proj = dense(self._d_model, "out_proj", (None, None, self.num_heads * self._value_head_dim))
+        self._build_shapes = {"query_shape": query_shape, "key_shape": key_shape, "value_shape": value_shape}
+        self.built = True
+
+    def state_children(self) -> dict[str, keras.layers.Layer]:
+        """Sublayers under their PyTorch state-dict names (see :mod:`multihead.io`)."""
+        return {"q_proj": self.q_proj, "k_proj": self.k_proj, "v_proj": self.v_proj, "out_proj": self.out_proj}
+
+    def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Build from the tensor shapes of a weights file; sizes left unset take the file's values."""
+        q_out, qdim = shapes.get("q_proj.weight", (None, None))
+        kdim = shapes.get("k_proj.weight", (None, None))[1]
+        v_out, vdim = shapes.get("v_proj.weight", (None, None))
+        if None in (qdim, kdim, vdim):
+            raise ValueError(f"cannot build from weights without q_proj, k_proj and v_proj, received {sorted(shapes)}")
+        self._d_model = self._d_model or shapes.get("out_proj.weight", (qdim,))[0]
+        self._head_dim = self._head_dim or q_out // self.num_heads
+        self._value_head_dim = self._value_head_dim or v_out // self.num_kv_heads
+        self.build((None, None, qdim), (None, None, kdim), (None, None, vdim))
+
+    def get_build_config(self) -> dict[str, Any] | None:
+        return None if self._build_shapes is None else {"shapes_dict": self._build_shapes}
+
+    def build_from_config(self, config: dict[str, Any]) -> None:
+        if config:
+            self.build(**{name: tuple(shape) for name, shape in config["shapes_dict"].items()})
+
+    def __call__(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, **kwargs: Any) -> Any:
+        # With a single tensor argument Keras would pass the query's padding mask (B, Lq) as `mask`, which here
+        # means (Lq, Lk). In self-attention that padding mask is the key padding: hand it over as such.
+        if key is None and value is None and kwargs.get("key_mask") is None:
+            kwargs["key_mask"] = get_keras_mask(query) if is_tensor_like(query) else None
+        return super().__call__(query, key, value, **kwargs)
+
+    def call(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        return_weights: bool = False,
+        training: bool | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: ``(B, Lq, qdim)``.
+            key: ``(B, Lk, kdim)``; default ``query`` (self-attention).
+            value: ``(B, Lk, vdim)``; default ``key``.
+            mask: ``(Lq, Lk)``, ``(B, Lq, Lk)`` or broadcastable to ``(B, H, Lq, Lk)``; bool (``True`` = attend)
+                or float (added to the scores).
+            key_mask: ``(B, Lk)`` bool, ``True`` at real (non-pad) keys.
+            causal: bottom-right aligned causal masking, combined with the masks by AND.
+            return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
+            training: whether dropout applies.
+
+        Returns:
+            ``(B, Lq, E)``, or ``(out, weights)``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not is_tensor_like(x):
+                raise TypeError(f"`{name}` must be a tensor, received {type(x).__name__}")
+        check_module_inputs(
+            tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim
+        )
+        full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], key.shape[1])
+
+        def split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
+            batch, length = ops.shape(x)[0], ops.shape(x)[1]
+            return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
+
+        q = split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
+        k = split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, Lk, Dk)
+        v = split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, Lk, Dv)
+        result = attention(
+            q,
+            k,
+            v,
+            full_mask,
+            causal=causal,
+            dropout=self.dropout,
+            return_weights=return_weights,
+            training=bool(training),
+            seed=self.seed_generator,
+        )
+        out, weights = result if return_weights else (result, None)
+        batch, lq = ops.shape(query)[0], ops.shape(query)[1]
+        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, lq, self.num_heads * self._value_head_dim))
+        # out: (B, Lq, H*Dv)
+        out = self.out_proj(out)  # (B, Lq, E)
+        return (out, weights) if return_weights else out
+
+    def _full_mask(
+        self, mask: Tensor | None, key_mask: Tensor | None, batch: int | None, lq: int | None, lk: int | None
+    ) -> Tensor | None:
+        """``mask`` in the 4-D functional layout, AND the key padding; validated against this call's sizes."""
+        if mask is not None:
+            check_mask_tensor("mask", mask)
+            shape = module_mask_shape(tuple(mask.shape))
+            check_broadcastable("mask", shape, (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
+            mask = ops.reshape(ops.convert_to_tensor(mask), shape)  # (B|1, H|1, Lq|1, Lk|1)
+        if key_mask is None:
+            return mask
+        check_mask_tensor("key_mask", key_mask, allow_float=False)
+        check_key_mask_shape(tuple(key_mask.shape), batch, lk)
+        keys = ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)  # (B, 1, 1, Lk)
+        return restrict(mask, keys)
+
+    def compute_mask(self, inputs: Tensor, previous_mask: Tensor | None = None) -> Tensor | None:
+        # Output position i belongs to query i: the query's padding mask carries on, never an attention mask.
+        return get_keras_mask(inputs) if is_tensor_like(inputs) else None
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            d_model=self._d_model,
+            head_dim=self._head_dim,
+            value_head_dim=self._value_head_dim,
+            num_kv_heads=self.num_kv_heads,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            seed=self.seed,
+        )
+        return config
+
+    @classmethod
+    def from_keras(cls, layer: keras.layers.MultiHeadAttention) -> MultiHeadAttention:
+        """A copy of a built ``keras.layers.MultiHeadAttention`` with the same weights and outputs.
+
+        Keras' layer takes ``(query, value, key)`` and ``attention_mask`` (``True`` = attend, as ours); call ours
+        as ``(query, key, value, mask=attention_mask)``. Its ``use_causal_mask`` is top-left aligned, ours
+        bottom-right: they agree when ``Lq == Lk``.
+        """
+        if not isinstance(layer, keras.layers.MultiHeadAttention):
+            raise TypeError(f"`layer` must be a keras.layers.MultiHeadAttention, received {type(layer).__name__}")
+        if not layer.built:
+            raise ValueError("`layer` must be built (called once) so that its weights exist, received an unbuilt layer")
+        if layer._attention_axes is not None and tuple(layer._attention_axes) != (1,):
+            raise ValueError(f"`layer` attends over axes {layer._attention_axes}; only the sequence axis (1) is supported")
+        query_dense, key_dense, value_dense, output_dense = (
+            layer._query_dense,
+            layer._key_dense,
+            layer._value_dense,
+            layer._output_dense,
+        )
+        qdim, heads, head_dim = query_dense.kernel.shape
+        kdim = key_dense.kernel.shape[0]
+        vdim, _, value_head_dim = value_dense.kernel.shape
+        d_model = output_dense.kernel.shape[-1]
+        ours = cls(
+            heads,
+            d_model=d_model,
+            head_dim=head_dim,
+            value_head_dim=value_head_dim,
+            dropout=layer.dropout,
+            use_bias=layer.use_bias,
+            dtype=layer.dtype_policy,
+        )
+        ours.build((None, None, qdim), (None, None, kdim), (None, None, vdim))
+        pairs = [(ours.q_proj, query_dense), (ours.k_proj, key_dense), (ours.v_proj, value_dense)]
+        for mine, theirs in pairs:
+            mine.kernel.assign(ops.reshape(theirs.kernel, mine.kernel.shape))  # (in, H, D) -> (in, H*D)
+            if layer.use_bias:
+                mine.bias.assign(ops.reshape(theirs.bias, mine.bias.shape))  # (H, D) -> (H*D,)
+        ours.out_proj.kernel.assign(ops.reshape(output_dense.kernel, ours.out_proj.kernel.shape))  # (H, Dv, E)
+        if layer.use_bias:
+            ours.out_proj.bias.assign(output_dense.bias)
+        return ours

@@ -1,0 +1,242 @@
+"""Scaled dot-product attention for Keras 3, on any backend.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
+
+Three internal paths, one set of rules (those of ``multihead.torch.attention``), tested to agree:
+
+- explicit matmul-softmax-matmul in ``keras.ops``: when the weights are requested or dropout is active (it draws
+  from Keras' seeded random ops);
+- on the torch backend otherwise: PyTorch's fused ``scaled_dot_product_attention`` through
+  :func:`multihead.torch.attention`;
+- on other backends, when there are more than ``KEY_BLOCK`` keys: keys in blocks with an online softmax
+  (running max and sum), so the ``Lq × Lk`` score matrix never exists and memory grows linearly with length.
+  TensorFlow has no fused attention kernel, and Keras' own layer materialises every score.
+
+Notation: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length, Lk key length,
+Dk query/key head dim, Dv value head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import backend, ops
+
+from multihead.keras.masks import Tensor, causal_block, check_mask_tensor, dtype_kind, is_tensor_like, restrict
+from multihead.validation import (
+    DTypeError,
+    check_attention_shapes,
+    check_broadcastable,
+    check_dropout,
+    check_flag,
+    check_scale,
+)
+
+__all__ = ["KEY_BLOCK", "attention"]
+
+KEY_BLOCK = 1024
+"""Keys per block on the blocked path, and the key length above which it is taken."""
+
+
+def _check_inputs(
+    q: object, k: object, v: object, mask: object, causal: object, scale: object, dropout: object
+) -> float | None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not is_tensor_like(x):
+            raise TypeError(f"`{name}` must be a tensor, received {type(x).__name__}")
+        if dtype_kind(x) != "float":
+            raise DTypeError(f"`{name}` must be a floating tensor, received dtype {backend.standardize_dtype(x.dtype)}")
+    dtypes = [backend.standardize_dtype(x.dtype) for x in (q, k, v)]
+    if len(set(dtypes)) > 1:
+        raise DTypeError(f"`q`, `k`, `v` must share one dtype, received {', '.join(dtypes)}")
+    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    if mask is not None:
+        check_mask_tensor("mask", mask)
+        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        check_broadcastable("mask", tuple(mask.shape), target, "(B, H, Lq, Lk)")
+    check_flag("causal", causal)
+    check_dropout("dropout", dropout)
+    return check_scale(scale)
+
+
+def _rank4(mask: Tensor, dtype: str) -> Tensor:
+    """A mask as ``(B|1, H|1, Lq|1, Lk|1)``; a float mask in ``dtype``."""
+    mask = ops.convert_to_tensor(mask)
+    for _ in range(4 - len(mask.shape)):
+        mask = ops.expand_dims(mask, 0)
+    return mask if dtype_kind(mask) == "bool" else ops.cast(mask, dtype)
+
+
+def _compute_dtype(dtype: str) -> str:
+    """Scores and softmax run in float32 for half inputs, float64 for float64."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def _scale(q: Tensor, scale: float | None) -> float | Tensor:
+    if scale is not None:
+        return scale
+    dk = q.shape[-1]
+    return 1.0 / math.sqrt(dk) if dk is not None else ops.rsqrt(ops.cast(ops.shape(q)[-1], "float32"))
+
+
+def _repeat_kv(x: Tensor, groups: int) -> Tensor:
+    # Key/value head j serves query heads j*G .. (j+1)*G - 1.
+    return ops.repeat(x, groups, axis=1) if groups > 1 else x  # (B, H, Lk, D)
+
+
+def _explicit(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    scale: float | None,
+    dropout: float,
+    seed: int | keras.random.SeedGenerator | None,
+) -> tuple[Tensor, Tensor]:
+    dtype = backend.standardize_dtype(q.dtype)
+    compute = _compute_dtype(dtype)
+    lq, lk = ops.shape(q)[2], ops.shape(k)[2]
+    if mask is not None:
+        mask = _rank4(mask, dtype)
+    if causal:
+        mask = restrict(mask, causal_block(lq, lk, 0, lk))
+    live = None
+    if mask is not None:
+        # Open fully masked rows to every key (no row of -inf reaches the softmax, whose backward would give
+        # NaN), then zero their weights.
+        allowed = mask if dtype_kind(mask) == "bool" else ops.logical_not(ops.isinf(mask) & (mask < 0))
+        live = ops.any(allowed, axis=-1, keepdims=True)  # (..., Lq|1, 1)
+        if dtype_kind(mask) == "bool":
+            mask = ops.logical_or(mask, ops.logical_not(live))
+        else:
+            mask = ops.where(live, mask, ops.zeros_like(mask))
+
+    groups = q.shape[1] // k.shape[1]
+    k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
+    v = ops.cast(_repeat_kv(v, groups), compute)  # (B, H, Lk, Dv)
+    scores = ops.matmul(ops.cast(q, compute), ops.swapaxes(k, -1, -2)) * ops.cast(_scale(q, scale), compute)
+    # scores: (B, H, Lq, Lk)
+    if mask is not None and dtype_kind(mask) == "bool":
+        scores = ops.where(mask, scores, ops.cast(float("-inf"), compute))
+    elif mask is not None:
+        scores = scores + ops.cast(mask, compute)
+    weights = ops.softmax(scores, axis=-1)
+    if live is not None:
+        weights = ops.where(live, weights, ops.zeros_like(weights))
+    dropped = keras.random.dropout(weights, dropout, seed=seed) if dropout > 0.0 else weights
+    out = ops.matmul(dropped, v)  # (B, H, Lq, Dv)
+    return ops.cast(out, dtype), ops.cast(weights, dtype)
+
+
+def _blocked(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None, block: int
+) -> Tensor:
+    """Keys in blocks of ``block`` with an online softmax; needs static ``Lq`` and ``Lk``.
+
+    Per query row it keeps the running max ``m`` of the scores seen so far, the running sum ``l`` of
+    ``exp(score - m)`` and the running ``acc = Σ exp(score - m) · v``, rescaling both when ``m`` grows. A row
+    that has seen no allowed key keeps ``m = -inf`` and ``l = acc = 0``, so a fully masked row ends at zero.
+    """
+    dtype = backend.standardize_dtype(q.dtype)
+    compute = _compute_dtype(dtype)
+    lq, lk = q.shape[2], k.shape[2]
+    if mask is not None:
+        mask = _rank4(mask, dtype)
+    groups = q.shape[1] // k.shape[1]
+    k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
+    v = ops.cast(_repeat_kv(v, groups), compute)  # (B, H, Lk, Dv)
+    q = ops.cast(q, compute) * ops.cast(_scale(q, scale), compute)  # (B, H, Lq, Dk)
+    minus_inf = ops.cast(float("-inf"), compute)
+
+    row_shape = (*ops.shape(q)[:3], 1)
+    m = ops.full(row_shape, float("-inf"), dtype=compute)  # (B, H, Lq, 1)
+    total = ops.zeros(row_shape, dtype=compute)  # (B, H, Lq, 1)
+    acc = ops.zeros((*ops.shape(q)[:3], v.shape[-1]), dtype=compute)  # (B, H, Lq, Dv)
+    last_visible_key = lq - 1 + (lk - lq)
+    for start in range(0, lk, block):
+        if causal and start > last_visible_key:
+            break  # every remaining key lies in every query's future
+        stop = min(start + block, lk)
+        scores = ops.matmul(q, ops.swapaxes(k[:, :, start:stop], -1, -2))  # (B, H, Lq, n)
+        if mask is not None:
+            block_mask = mask if mask.shape[-1] == 1 else mask[..., start:stop]
+            if dtype_kind(block_mask) == "bool":
+                scores = ops.where(block_mask, scores, minus_inf)
+            else:
+                scores = scores + ops.cast(block_mask, compute)
+        if causal:
+            scores = ops.where(causal_block(lq, lk, start, stop), scores, minus_inf)
+        m_new = ops.maximum(m, ops.max(scores, axis=-1, keepdims=True))
+        # While a row has seen only masked keys its max is -inf; shift by 0 instead so exp gives 0, not NaN.
+        shift = ops.where(ops.isinf(m_new), ops.zeros_like(m_new), m_new)
+        p = ops.exp(scores - shift)  # (B, H, Lq, n)
+        rescale = ops.exp(m - shift)
+        total = total * rescale + ops.sum(p, axis=-1, keepdims=True)
+        acc = acc * rescale + ops.matmul(p, v[:, :, start:stop])
+        m = m_new
+    out = acc / ops.where(total > 0, total, ops.ones_like(total))  # (B, H, Lq, Dv)
+    return ops.cast(out, dtype)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout: float = 0.0,
+    return_weights: bool = False,
+    training: bool = False,
+    seed: int | keras.random.SeedGenerator | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Scaled dot-product attention.
+
+    Args:
+        q: ``(B, H, Lq, Dk)``.
+        k: ``(B, Hkv, Lk, Dk)``; ``H`` must be a multiple of ``Hkv`` (grouped-query attention: key/value head
+            ``j`` serves query heads ``j*H/Hkv .. (j+1)*H/Hkv - 1``).
+        v: ``(B, Hkv, Lk, Dv)``.
+        mask: broadcastable to ``(B, H, Lq, Lk)``. Boolean: ``True`` = attend. Floating: added to the scores
+            (``0`` keeps, ``-inf`` removes). Integer masks are rejected.
+        causal: bottom-right aligned causal masking (query ``i`` sees key ``j`` iff ``j <= i + Lk - Lq``),
+            combined with ``mask`` by AND.
+        scale: multiplies the scores; default ``1/sqrt(Dk)``.
+        dropout: probability of dropping an attention weight, applied only when ``training`` is true.
+        return_weights: also return the per-head weights ``(B, H, Lq, Lk)`` (before dropout).
+        training: whether dropout applies.
+        seed: an int or a ``keras.random.SeedGenerator`` for the dropout.
+
+    Returns:
+        ``out (B, H, Lq, Dv)`` in the inputs' dtype, or ``(out, weights)``. Query rows that may attend no key
+        give zero output and zero weights, with zero gradients.
+
+    Example:
+        >>> import numpy as np
+        >>> q = k = v = np.random.randn(2, 8, 5, 64).astype("float32")
+        >>> tuple(attention(q, k, v, causal=True).shape)
+        (2, 8, 5, 64)
+    """
+    scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
+    check_flag("return_weights", return_weights)
+    dropout = dropout if training else 0.0
+    if return_weights or dropout > 0.0:
+        out, weights = _explicit(q, k, v, mask, causal, scale, dropout, seed)
+        return (out, weights) if return_weights else out
+    if backend.backend() == "torch":
+        from multihead.torch.functional import attention as torch_attention
+
+        return torch_attention(
+            ops.convert_to_tensor(q),
+            ops.convert_to_tensor(k),
+            ops.convert_to_tensor(v),
+            None if mask is None else ops.convert_to_tensor(mask),
+            causal=causal,
+            scale=scale,
+        )
+    if q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK:
+        return _blocked(q, k, v, mask, causal, scale, KEY_BLOCK)
+    return _explicit(q, k, v, mask, causal, scale, 0.0, None)[0]

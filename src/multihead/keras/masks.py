@@ -1,0 +1,92 @@
+"""Mask helpers for the Keras front end (any backend): small, composable, ``True`` = attend.
+
+Notation: B batch, L length, Lq query length, Lk key length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from keras import KerasTensor, backend, ops
+
+from multihead.masks import causal_diagonal
+from multihead.validation import DTypeError, check_mask_dtype, check_non_negative_int
+
+Tensor = Any  # a backend tensor, a NumPy array or a symbolic KerasTensor
+
+
+def is_tensor_like(x: object) -> bool:
+    return ops.is_tensor(x) or isinstance(x, (np.ndarray, KerasTensor))
+
+
+def dtype_kind(x: Tensor) -> str:
+    """``"bool"``, ``"float"`` or ``"other"`` for a tensor's dtype."""
+    dtype = backend.standardize_dtype(x.dtype)
+    if dtype == "bool":
+        return "bool"
+    return "float" if backend.is_float_dtype(dtype) else "other"
+
+
+def check_mask_tensor(name: str, mask: object, *, allow_float: bool = True) -> None:
+    """A mask must be a tensor, boolean (``True`` = attend) or, where allowed, floating (added to the scores)."""
+    if not is_tensor_like(mask):
+        raise TypeError(f"`{name}` must be a tensor or None, received {type(mask).__name__}")
+    check_mask_dtype(name, dtype_kind(mask), backend.standardize_dtype(mask.dtype), allow_float=allow_float)
+
+
+def causal_mask(lq: int, lk: int) -> Tensor:
+    """Bottom-right aligned causal mask ``(lq, lk)``: query ``i`` may attend key ``j`` iff ``j <= i + lk - lq``."""
+    check_non_negative_int("lq", lq)
+    check_non_negative_int("lk", lk)
+    return causal_block(lq, lk, 0, lk)
+
+
+def causal_block(lq: int, lk: int, start: int, stop: int) -> Tensor:
+    """Columns ``start:stop`` of ``causal_mask(lq, lk)``, built without the rest: ``(lq, stop - start)``."""
+    queries = ops.expand_dims(ops.arange(lq), 1)  # (Lq, 1)
+    keys = ops.expand_dims(ops.arange(start, stop), 0)  # (1, n)
+    return ops.less_equal(keys, queries + causal_diagonal(lq, lk))
+
+
+def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
+    """``(B, max_len)`` mask that is ``True`` at the first ``lengths[b]`` positions of row ``b`` (real tokens)."""
+    check_non_negative_int("max_len", max_len)
+    if not is_tensor_like(lengths):
+        lengths = np.asarray(lengths)
+    if "int" not in backend.standardize_dtype(lengths.dtype):
+        raise DTypeError(f"`lengths` must hold integers, received dtype {backend.standardize_dtype(lengths.dtype)}")
+    if len(lengths.shape) != 1:
+        raise ValueError(f"`lengths` must be 1-D (B,), received lengths.shape={tuple(lengths.shape)}")
+    if isinstance(lengths, np.ndarray) and lengths.size and (lengths.min() < 0 or lengths.max() > max_len):
+        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {lengths.tolist()}")
+    positions = ops.expand_dims(ops.arange(max_len), 0)  # (1, L)
+    return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))  # (B, L)
+
+
+def padding_mask_from_tokens(tokens: Tensor, pad_id: int) -> Tensor:
+    """``(B, L)`` mask that is ``True`` where ``tokens != pad_id`` (real tokens)."""
+    if not is_tensor_like(tokens):
+        raise TypeError(f"`tokens` must be a tensor, received {type(tokens).__name__}")
+    if "int" not in backend.standardize_dtype(tokens.dtype):
+        raise DTypeError(f"`tokens` must hold integer token ids, received dtype {backend.standardize_dtype(tokens.dtype)}")
+    if len(tokens.shape) != 2:
+        raise ValueError(f"`tokens` must be 2-D (B, L), received tokens.shape={tuple(tokens.shape)}")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise TypeError(f"`pad_id` must be an int, received {pad_id!r}")
+    return ops.not_equal(tokens, pad_id)
+
+
+def restrict(mask: Tensor | None, allowed: Tensor | None) -> Tensor | None:
+    """Combine a bool or float ``mask`` with a bool ``allowed`` by AND (for a float mask: ``-inf`` where not allowed).
+
+    Either may be ``None``; shapes broadcast.
+    """
+    if allowed is None:
+        return mask
+    if mask is None:
+        return allowed
+    if dtype_kind(mask) == "bool":
+        return ops.logical_and(mask, allowed)
+    return ops.where(allowed, mask, ops.cast(float("-inf"), mask.dtype))
