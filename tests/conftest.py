@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of test output
+
 import numpy as np
 import pytest
 import torch
+
+
+KERAS_TEST_FILES = ("test_keras_", "test_io")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that `make test` runs again under KERAS_BACKEND=torch."""
+    for item in items:
+        if Path(str(item.fspath)).name.startswith(KERAS_TEST_FILES):
+            item.add_marker(pytest.mark.keras)
 
 
 @pytest.fixture(autouse=True)

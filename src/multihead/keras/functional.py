@@ -73,11 +73,12 @@ def _compute_dtype(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
-def _scale(q: Tensor, scale: float | None) -> float | Tensor:
+def _scale(q: Tensor, scale: float | None, compute: str) -> float | Tensor:
+    """A Python float where possible: ``ops.cast(float, "float64")`` would round it through float32 first."""
     if scale is not None:
         return scale
     dk = q.shape[-1]
-    return 1.0 / math.sqrt(dk) if dk is not None else ops.rsqrt(ops.cast(ops.shape(q)[-1], "float32"))
+    return 1.0 / math.sqrt(dk) if dk is not None else ops.rsqrt(ops.cast(ops.shape(q)[-1], compute))
 
 
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -116,8 +117,8 @@ def _explicit(
     groups = q.shape[1] // k.shape[1]
     k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
     v = ops.cast(_repeat_kv(v, groups), compute)  # (B, H, Lk, Dv)
-    scores = ops.matmul(ops.cast(q, compute), ops.swapaxes(k, -1, -2)) * ops.cast(_scale(q, scale), compute)
-    # scores: (B, H, Lq, Lk)
+    # einsum, not matmul: on the torch backend Keras' matmul computes float64 in float32.
+    scores = ops.einsum("bhqd,bhkd->bhqk", ops.cast(q, compute), k) * _scale(q, scale, compute)  # (B, H, Lq, Lk)
     if mask is not None and dtype_kind(mask) == "bool":
         scores = ops.where(mask, scores, ops.cast(float("-inf"), compute))
     elif mask is not None:
@@ -126,7 +127,7 @@ def _explicit(
     if live is not None:
         weights = ops.where(live, weights, ops.zeros_like(weights))
     dropped = keras.random.dropout(weights, dropout, seed=seed) if dropout > 0.0 else weights
-    out = ops.matmul(dropped, v)  # (B, H, Lq, Dv)
+    out = ops.einsum("bhqk,bhkd->bhqd", dropped, v)  # (B, H, Lq, Dv)
     return ops.cast(out, dtype), ops.cast(weights, dtype)
 
 
@@ -147,7 +148,7 @@ def _blocked(
     groups = q.shape[1] // k.shape[1]
     k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
     v = ops.cast(_repeat_kv(v, groups), compute)  # (B, H, Lk, Dv)
-    q = ops.cast(q, compute) * ops.cast(_scale(q, scale), compute)  # (B, H, Lq, Dk)
+    q = ops.cast(q, compute) * _scale(q, scale, compute)  # (B, H, Lq, Dk)
     minus_inf = ops.cast(float("-inf"), compute)
 
     row_shape = (*ops.shape(q)[:3], 1)
@@ -159,7 +160,7 @@ def _blocked(
         if causal and start > last_visible_key:
             break  # every remaining key lies in every query's future
         stop = min(start + block, lk)
-        scores = ops.matmul(q, ops.swapaxes(k[:, :, start:stop], -1, -2))  # (B, H, Lq, n)
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k[:, :, start:stop])  # (B, H, Lq, n)
         if mask is not None:
             block_mask = mask if mask.shape[-1] == 1 else mask[..., start:stop]
             if dtype_kind(block_mask) == "bool":
@@ -168,13 +169,14 @@ def _blocked(
                 scores = scores + ops.cast(block_mask, compute)
         if causal:
             scores = ops.where(causal_block(lq, lk, start, stop), scores, minus_inf)
-        m_new = ops.maximum(m, ops.max(scores, axis=-1, keepdims=True))
+        block_max = ops.max(scores, axis=-1, keepdims=True)
+        m_new = ops.where(block_max > m, block_max, m)  # not ops.maximum: on torch it returns float32
         # While a row has seen only masked keys its max is -inf; shift by 0 instead so exp gives 0, not NaN.
         shift = ops.where(ops.isinf(m_new), ops.zeros_like(m_new), m_new)
         p = ops.exp(scores - shift)  # (B, H, Lq, n)
         rescale = ops.exp(m - shift)
         total = total * rescale + ops.sum(p, axis=-1, keepdims=True)
-        acc = acc * rescale + ops.matmul(p, v[:, :, start:stop])
+        acc = acc * rescale + ops.einsum("bhqk,bhkd->bhqd", p, v[:, :, start:stop])
         m = m_new
     out = acc / ops.where(total > 0, total, ops.ones_like(total))  # (B, H, Lq, Dv)
     return ops.cast(out, dtype)
