@@ -14,14 +14,16 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[torch,dev]'
+	$(PIP) install -e '.[torch,keras,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/multihead demo
 
+# The whole suite runs on Keras' default TensorFlow backend, then the Keras tests run again on its torch backend.
 test: lint $(STAMP)
 	$(BIN)/python -m pytest
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -m keras
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

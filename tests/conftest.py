@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-
 KERAS_TEST_FILES = ("test_keras_", "test_io")
 
 

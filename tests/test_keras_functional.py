@@ -10,9 +10,9 @@ import itertools
 import keras
 import numpy as np
 import pytest
-from keras_helpers import BACKEND, gradients, numpy, tensor
 
 import multihead.keras.functional as functional
+from keras_helpers import BACKEND, gradients, numpy, tensor
 from multihead import DTypeError, reference
 from multihead.keras import attention, causal_mask, padding_mask, padding_mask_from_tokens
 
@@ -196,6 +196,7 @@ def test_dropout_only_in_training_and_seeded() -> None:
     np.testing.assert_array_equal(numpy(attention(q, k, v, dropout=p, training=True, seed=7)), dropped)
     out, returned = attention(q, k, v, dropout=p, training=True, seed=7, return_weights=True)
     np.testing.assert_allclose(numpy(returned), weights, atol=1e-6)  # weights are returned before dropout
+    np.testing.assert_array_equal(numpy(out), dropped)
 
 
 # --- dispatch --------------------------------------------------------------------------------------------

@@ -77,7 +77,8 @@ def _adapter(module_or_layer: object) -> StateAdapter:
     if torch is not None and isinstance(module_or_layer, torch.nn.Module):
         return _TorchAdapter(module_or_layer)
     raise TypeError(
-        f"`module_or_layer` must be a torch.nn.Module or a keras.layers.Layer, received {type(module_or_layer).__name__}"
+        "`module_or_layer` must be a torch.nn.Module or a keras.layers.Layer, "
+        f"received {type(module_or_layer).__name__}"
     )
 
 
@@ -130,6 +131,7 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != tuple(shape):
             raise ValueError(
-                f"tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, the model expects {tuple(shape)}"
+                f"tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, "
+                f"the model expects {tuple(shape)}"
             )
     adapter.assign(tensors)

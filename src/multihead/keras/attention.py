@@ -27,7 +27,6 @@ from multihead.validation import (
     check_key_mask_shape,
     check_module_inputs,
     check_optional_positive_int,
-    check_positive_int,
     module_mask_shape,
     resolve_head_dim,
 )
@@ -156,10 +155,14 @@ class MultiHeadAttention(keras.layers.Layer):
             self.build(**{name: tuple(shape) for name, shape in config["shapes_dict"].items()})
 
     def __call__(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, **kwargs: Any) -> Any:
+        # Tensors are checked here because Keras rejects other positional arguments with a message of its own.
         # With a single tensor argument Keras would pass the query's padding mask (B, Lq) as `mask`, which here
         # means (Lq, Lk). In self-attention that padding mask is the key padding: hand it over as such.
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x is not None and not is_tensor_like(x):
+                raise TypeError(f"`{name}` must be a tensor, received {type(x).__name__}")
         if key is None and value is None and kwargs.get("key_mask") is None:
-            kwargs["key_mask"] = get_keras_mask(query) if is_tensor_like(query) else None
+            kwargs["key_mask"] = get_keras_mask(query)
         return super().__call__(query, key, value, **kwargs)
 
     def call(
@@ -191,12 +194,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         key = query if key is None else key
         value = key if value is None else value
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if not is_tensor_like(x):
-                raise TypeError(f"`{name}` must be a tensor, received {type(x).__name__}")
-        check_module_inputs(
-            tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim
-        )
+        check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
         full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], key.shape[1])
 
         def split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
@@ -271,7 +269,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if not layer.built:
             raise ValueError("`layer` must be built (called once) so that its weights exist, received an unbuilt layer")
         if layer._attention_axes is not None and tuple(layer._attention_axes) != (1,):
-            raise ValueError(f"`layer` attends over axes {layer._attention_axes}; only the sequence axis (1) is supported")
+            raise ValueError(
+                f"`layer` attends over axes {layer._attention_axes}; only the sequence axis (1) is supported"
+            )
         query_dense, key_dense, value_dense, output_dense = (
             layer._query_dense,
             layer._key_dense,

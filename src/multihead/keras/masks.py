@@ -70,7 +70,9 @@ def padding_mask_from_tokens(tokens: Tensor, pad_id: int) -> Tensor:
     if not is_tensor_like(tokens):
         raise TypeError(f"`tokens` must be a tensor, received {type(tokens).__name__}")
     if "int" not in backend.standardize_dtype(tokens.dtype):
-        raise DTypeError(f"`tokens` must hold integer token ids, received dtype {backend.standardize_dtype(tokens.dtype)}")
+        raise DTypeError(
+            f"`tokens` must hold integer token ids, received dtype {backend.standardize_dtype(tokens.dtype)}"
+        )
     if len(tokens.shape) != 2:
         raise ValueError(f"`tokens` must be 2-D (B, L), received tokens.shape={tuple(tokens.shape)}")
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):

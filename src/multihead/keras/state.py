@@ -50,7 +50,9 @@ class KerasAdapter:
     def export(self) -> dict[str, np.ndarray]:
         self._require_built()
         return {
-            name: np.ascontiguousarray(ops.convert_to_numpy(variable).T if transposed else ops.convert_to_numpy(variable))
+            name: np.ascontiguousarray(
+                ops.convert_to_numpy(variable).T if transposed else ops.convert_to_numpy(variable)
+            )
             for name, (variable, transposed) in torch_layout_variables(self.layer).items()
         }
 
@@ -70,4 +72,6 @@ class KerasAdapter:
 
     def _require_built(self) -> None:
         if not self.layer.built:
-            raise ValueError(f"layer {self.layer.name!r} must be built (called once) before its weights are saved or loaded")
+            raise ValueError(
+                f"layer {self.layer.name!r} must be built (called once) before its weights are saved or loaded"
+            )
