@@ -26,12 +26,12 @@ test: lint $(STAMP)
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -m keras
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests
-	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
