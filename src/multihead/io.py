@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,8 +20,9 @@ import safetensors
 import safetensors.numpy
 
 from multihead import __version__
+from multihead.config import TransformerConfig
 
-__all__ = ["load_weights", "save_weights"]
+__all__ = ["atomic_write", "load_model", "load_weights", "save_model", "save_weights"]
 
 PathLike = str | os.PathLike[str]
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
@@ -82,23 +83,32 @@ def _adapter(module_or_layer: object) -> StateAdapter:
     )
 
 
-def save_weights(module_or_layer: object, path: PathLike) -> None:
-    """Write the weights of a torch module or Keras layer to a safetensors file, atomically."""
-    adapter = _adapter(module_or_layer)
+def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(temporary_path)``, then move the result onto ``path`` in one step.
+
+    A crash or kill at any moment leaves either the previous file or the new one, never part of one.
+    """
     path = Path(path)
     if not path.parent.is_dir():
         raise ValueError(f"`path` must be in an existing directory, received {str(path)!r}")
-    tensors = adapter.export()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        safetensors.numpy.save_file(tensors, tmp, metadata={**METADATA, "version": __version__})
+        write(tmp)
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def save_weights(module_or_layer: object, path: PathLike) -> None:
+    """Write the weights of a torch module or Keras layer to a safetensors file, atomically."""
+    tensors = _adapter(module_or_layer).export()
+    atomic_write(
+        path, lambda tmp: safetensors.numpy.save_file(tensors, tmp, metadata={**METADATA, "version": __version__})
+    )
 
 
 def read_weights(path: PathLike) -> dict[str, np.ndarray]:
@@ -135,3 +145,39 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
                 f"the model expects {tuple(shape)}"
             )
     adapter.assign(tensors)
+
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+FRAMEWORKS = ("torch", "keras")
+
+
+def save_model(model: object, directory: PathLike) -> None:
+    """Save a Transformer (either front end) as ``config.json`` and ``model.safetensors`` in ``directory``."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"`model` must be a multihead Transformer, received {type(model).__name__}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights(model, directory / WEIGHTS_FILE)
+    atomic_write(directory / CONFIG_FILE, lambda tmp: Path(tmp).write_text(config.to_json() + "\n", encoding="utf-8"))
+
+
+def load_model(directory: PathLike, framework: str = "torch") -> Any:
+    """Rebuild a Transformer saved by :func:`save_model` in ``framework`` (``"torch"`` or ``"keras"``).
+
+    A torch model comes back in evaluation mode.
+    """
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"`framework` must be one of {FRAMEWORKS}, received {framework!r}")
+    config_path = Path(directory) / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no {CONFIG_FILE} in {str(directory)!r}: not a saved multihead model")
+    config = TransformerConfig.from_json(config_path.read_text(encoding="utf-8"))
+    if framework == "torch":
+        from multihead.torch import Transformer
+    else:
+        from multihead.keras import Transformer
+    model = Transformer.from_config(config)
+    load_weights(model, Path(directory) / WEIGHTS_FILE)
+    return model.eval() if framework == "torch" else model

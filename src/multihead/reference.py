@@ -136,3 +136,16 @@ def multi_head_attention(
     out, weights = attention(q, k, v, full_mask, causal=causal)  # (B, H, Lq, Dv)
     out = out.transpose(0, 2, 1, 3).reshape(batch, lq, -1)  # (B, Lq, H*Dv)
     return _linear(out, params, "out_proj"), weights
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+    """The paper's positional encodings ``(max_len, d_model)``.
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model))``.
+    """
+    positions = np.arange(max_len, dtype=np.float64)[:, None]  # (L, 1)
+    frequencies = 1.0 / 10000 ** (np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (ceil(E/2),)
+    table = np.zeros((max_len, d_model))
+    table[:, 0::2] = np.sin(positions * frequencies)
+    table[:, 1::2] = np.cos(positions * frequencies[: d_model // 2])
+    return table

@@ -17,6 +17,7 @@ from keras import ops
 # Keras has no public accessor for the padding mask a tensor carries; its own layers read it through this one.
 from keras.src.backend import get_keras_mask
 
+from multihead.cache import KVCacheBase
 from multihead.keras.functional import attention
 from multihead.keras.masks import Tensor, check_mask_tensor, is_tensor_like, restrict
 from multihead.validation import (
@@ -31,9 +32,30 @@ from multihead.validation import (
     resolve_head_dim,
 )
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["KVCache", "MultiHeadAttention"]
 
 Shape = tuple[int | None, ...]
+
+
+class KVCache(KVCacheBase):
+    """Projected keys and values kept between decoding steps, ``(B, Hkv, L, D)``; eager decoding only.
+
+    Passed as ``cache=`` to :class:`MultiHeadAttention`: self-attention (no ``key``) appends the new tokens and
+    attends over everything cached; cross-attention (``key`` given) projects the memory once and reuses it.
+    ``capacity`` preallocates buffers of that length; default: grow by concatenation.
+    """
+
+    def _concat(self, cached: Tensor, new: Tensor) -> Tensor:
+        return ops.concatenate([cached, new], axis=2)
+
+    def _empty(self, like: Tensor, length: int) -> Tensor:
+        return ops.zeros((like.shape[0], like.shape[1], length, like.shape[3]), dtype=like.dtype)
+
+    def _write(self, buffer: Tensor, new: Tensor, start: int) -> Tensor:
+        return ops.slice_update(buffer, (0, 0, start, 0), new)
+
+    def _take(self, x: Tensor, rows: Any) -> Tensor:
+        return ops.take(x, ops.convert_to_tensor(rows), axis=0)
 
 
 @keras.saving.register_keras_serializable(package="multihead")
@@ -175,6 +197,7 @@ class MultiHeadAttention(keras.layers.Layer):
         causal: bool = False,
         return_weights: bool = False,
         training: bool | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -188,22 +211,37 @@ class MultiHeadAttention(keras.layers.Layer):
             causal: bottom-right aligned causal masking, combined with the masks by AND.
             return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
             training: whether dropout applies.
+            cache: a :class:`KVCache` (eager decoding). Self-attention appends to it and attends over all cached
+                tokens (masks then cover every cached key); cross-attention projects the memory into it once and
+                reuses it.
 
         Returns:
             ``(B, Lq, E)``, or ``(out, weights)``.
         """
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
+        self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
         check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
-        full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], key.shape[1])
+        reuse_memory = cache is not None and not self_attention and cache.length > 0
+        lk = cache.length if reuse_memory else key.shape[1]
+        if cache is not None and self_attention and lk is not None:
+            lk += cache.length
+        full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], lk)
 
         def split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
             batch, length = ops.shape(x)[0], ops.shape(x)[1]
             return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
 
         q = split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
-        k = split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, Lk, Dk)
-        v = split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, Lk, Dv)
+        if reuse_memory:
+            k, v = cache.keys, cache.values
+        else:
+            k = split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, new, Dk)
+            v = split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, new, Dv)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, Lk, D)
         result = attention(
             q,
             k,

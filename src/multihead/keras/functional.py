@@ -123,7 +123,8 @@ def _explicit(
         scores = ops.where(mask, scores, ops.cast(float("-inf"), compute))
     elif mask is not None:
         scores = scores + ops.cast(mask, compute)
-    weights = ops.softmax(scores, axis=-1)
+    # A softmax over one key is exactly 1 (Keras warns on a size-1 softmax axis, which decoding hits at step 1).
+    weights = ops.ones_like(scores) if scores.shape[-1] == 1 else ops.softmax(scores, axis=-1)
     if live is not None:
         weights = ops.where(live, weights, ops.zeros_like(weights))
     dropped = keras.random.dropout(weights, dropout, seed=seed) if dropout > 0.0 else weights

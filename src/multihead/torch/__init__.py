@@ -1,7 +1,32 @@
-"""The PyTorch front end: ``attention``, mask helpers and ``MultiHeadAttention``."""
+"""The PyTorch front end: ``attention``, mask helpers, ``MultiHeadAttention``, ``KVCache`` and the Transformer."""
 
-from multihead.torch.attention import MultiHeadAttention
+from multihead.cache import DecoderCache
+from multihead.torch.attention import KVCache, MultiHeadAttention
 from multihead.torch.functional import attention
 from multihead.torch.masks import causal_mask, padding_mask, padding_mask_from_tokens
+from multihead.torch.transformer import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+    PositionalEncoding,
+    Transformer,
+)
 
-__all__ = ["MultiHeadAttention", "attention", "causal_mask", "padding_mask", "padding_mask_from_tokens"]
+__all__ = [
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "Transformer",
+    "attention",
+    "causal_mask",
+    "padding_mask",
+    "padding_mask_from_tokens",
+]

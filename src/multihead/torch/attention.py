@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from multihead.cache import KVCacheBase
 from multihead.torch.functional import attention
 from multihead.torch.masks import check_mask_tensor, restrict
 from multihead.validation import (
@@ -26,7 +27,38 @@ from multihead.validation import (
     resolve_head_dim,
 )
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["KVCache", "MultiHeadAttention"]
+
+
+class KVCache(KVCacheBase):
+    """Projected keys and values kept between decoding steps, ``(B, Hkv, L, D)``.
+
+    Passed as ``cache=`` to :class:`MultiHeadAttention`:
+
+    - self-attention (no ``key`` given): each call appends the new tokens' keys and values and attends over
+      everything cached so far; with ``causal=True``, decoding token by token equals one causal call on the
+      whole sequence.
+    - cross-attention (``key`` given): the first call projects ``key``/``value`` and keeps them; later calls
+      reuse them without projecting the encoder memory again.
+
+    Args:
+        capacity: if given, keys and values are written into buffers of this length allocated on the first
+            call (no reallocation per step); more tokens than that raise ``ValueError``. Default: grow by
+            concatenation.
+    """
+
+    def _concat(self, cached: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return torch.cat([cached, new], dim=2)
+
+    def _empty(self, like: torch.Tensor, length: int) -> torch.Tensor:
+        return like.new_empty((like.shape[0], like.shape[1], length, like.shape[3]))
+
+    def _write(self, buffer: torch.Tensor, new: torch.Tensor, start: int) -> torch.Tensor:
+        buffer[:, :, start : start + new.shape[2]] = new
+        return buffer
+
+    def _take(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return x.index_select(0, torch.as_tensor(rows, device=x.device))
 
 
 class MultiHeadAttention(nn.Module):
@@ -106,6 +138,7 @@ class MultiHeadAttention(nn.Module):
         key_mask: torch.Tensor | None = None,
         causal: bool = False,
         return_weights: bool = False,
+        cache: KVCache | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -118,10 +151,16 @@ class MultiHeadAttention(nn.Module):
             key_mask: ``(B, Lk)`` bool, ``True`` at real (non-pad) keys.
             causal: bottom-right aligned causal masking, combined with the masks by AND.
             return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
+            cache: a :class:`KVCache`. Self-attention appends to it and attends over all cached tokens (``Lk``
+                is then the cached length: masks cover every cached key); cross-attention projects the memory
+                into it once and reuses it.
 
         Returns:
             ``(B, Lq, E)``, or ``(out, weights)``.
         """
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
+        self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
         for name, x in (("query", query), ("key", key), ("value", value)):
@@ -129,13 +168,21 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
         check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
         batch, lq, _ = query.shape
-        lk = key.shape[1]
+        reuse_memory = cache is not None and not self_attention and cache.length > 0
+        lk = cache.length if reuse_memory else key.shape[1]
+        lk += cache.length if cache is not None and self_attention else 0
         full_mask = self._full_mask(mask, key_mask, batch, lq, lk)
 
         q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-        k = self.k_proj(key).view(batch, lk, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, Lk, Dk)
-        v = self.v_proj(value).view(batch, lk, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
-        # v: (B, Hkv, Lk, Dv)
+        if reuse_memory:
+            k, v = cache.keys, cache.values
+        else:
+            new = key.shape[1]
+            k = self.k_proj(key).view(batch, new, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v_proj(value).view(batch, new, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
+            # k: (B, Hkv, new, Dk), v: (B, Hkv, new, Dv)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, Lk, D)
         result = attention(
             q,
             k,

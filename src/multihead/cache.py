@@ -1,0 +1,100 @@
+"""The KV cache's bookkeeping, shared by both front ends; each supplies four tensor operations.
+
+Keys and values are kept as ``(B, Hkv, L, D)``. Without a capacity the cache grows by concatenation; with one,
+buffers of that length are allocated on the first append and written in place of the next free positions.
+
+Notation: B batch, Hkv key/value heads, L cached length, n new tokens, D head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multihead.validation import check_optional_positive_int
+
+Tensor = Any
+
+
+class KVCacheBase:
+    """Projected keys and values kept between decoding steps (see the front ends' ``KVCache``)."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = check_optional_positive_int("capacity", capacity)
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+        self.length = 0
+
+    # The four tensor operations a front end supplies.
+    def _concat(self, cached: Tensor, new: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _empty(self, like: Tensor, length: int) -> Tensor:
+        """A buffer shaped like ``like`` but ``length`` long on axis 2."""
+        raise NotImplementedError
+
+    def _write(self, buffer: Tensor, new: Tensor, start: int) -> Tensor:
+        """``buffer`` with ``new`` written at positions ``start:start + n`` of axis 2."""
+        raise NotImplementedError
+
+    def _take(self, x: Tensor, rows: Any) -> Tensor:
+        """Rows ``rows`` of axis 0."""
+        raise NotImplementedError
+
+    @property
+    def keys(self) -> Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self.length]  # (B, Hkv, L, Dk)
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self._values is None else self._values[:, :, : self.length]  # (B, Hkv, L, Dv)
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Add ``(B, Hkv, n, D)`` keys and values; return everything cached, ``(B, Hkv, L + n, D)``."""
+        new = int(keys.shape[2])
+        if self._keys is None:
+            if self.capacity is None:
+                self._keys, self._values = keys, values
+                self.length = new
+                return self.keys, self.values
+            self._keys, self._values = self._empty(keys, self.capacity), self._empty(values, self.capacity)
+        cached, received = tuple(self._keys.shape), tuple(keys.shape)
+        if cached[:2] != received[:2] or cached[3] != received[3]:
+            raise ValueError(f"cached keys have shape (B, Hkv, L, Dk)={cached}, received new keys of shape {received}")
+        if self.capacity is None:
+            self._keys, self._values = self._concat(self._keys, keys), self._concat(self._values, values)
+        else:
+            if self.length + new > self.capacity:
+                raise ValueError(f"KVCache capacity {self.capacity} exceeded: {self.length} cached + {new} new tokens")
+            self._keys = self._write(self._keys, keys, self.length)
+            self._values = self._write(self._values, values, self.length)
+        self.length += new
+        return self.keys, self.values
+
+    def reorder(self, rows: Any) -> None:
+        """Keep batch rows ``rows`` (in that order), as beam search needs."""
+        if self._keys is not None:
+            self._keys, self._values = self._take(self._keys, rows), self._take(self._values, rows)
+
+    def reset(self) -> None:
+        self._keys = self._values = None
+        self.length = 0
+
+
+class DecoderCache:
+    """Per decoder layer: a KV cache of self-attention keys/values and one of projected encoder memory.
+
+    Made by a Transformer's ``new_cache()``; ``cache_type`` is the front end's ``KVCache``.
+    """
+
+    def __init__(self, num_layers: int, cache_type: type[KVCacheBase], capacity: int | None = None) -> None:
+        self.self_attention = [cache_type(capacity) for _ in range(num_layers)]
+        self.cross_attention = [cache_type() for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        """Target tokens decoded so far."""
+        return self.self_attention[0].length if self.self_attention else 0
+
+    def reorder(self, rows: Any) -> None:
+        for cache in (*self.self_attention, *self.cross_attention):
+            cache.reorder(rows)

@@ -1,0 +1,81 @@
+"""The Transformer's configuration, shared by both front ends and saved as JSON next to the weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from multihead.validation import (
+    check_dropout,
+    check_flag,
+    check_heads,
+    check_non_negative_int,
+    check_positive_int,
+    resolve_head_dim,
+)
+
+ACTIVATIONS = ("relu", "gelu")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and choices of an encoder-decoder Transformer (defaults: the paper's base model).
+
+    ``pad_id``: when set, key padding masks default to ``tokens != pad_id`` and ``generate`` pads finished
+    sequences with it (else with ``eos_id``). ``max_len``: the longest sequence the positional table covers.
+    """
+
+    src_vocab: int
+    tgt_vocab: int
+    d_model: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    activation: str = "relu"
+    norm_first: bool = False
+    max_len: int = 512
+    pad_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "max_len"):
+            check_positive_int(name, getattr(self, name))
+        check_non_negative_int("num_encoder_layers", self.num_encoder_layers)
+        check_non_negative_int("num_decoder_layers", self.num_decoder_layers)
+        check_heads(self.num_heads, None)
+        resolve_head_dim(self.d_model, self.num_heads, None)
+        check_dropout("dropout", self.dropout)
+        check_flag("norm_first", self.norm_first)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, received {self.activation!r}")
+        if self.pad_id is not None:
+            check_non_negative_int("pad_id", self.pad_id)
+            if self.pad_id >= min(self.src_vocab, self.tgt_vocab):
+                raise ValueError(
+                    f"`pad_id` must be a token of both vocabularies (< {min(self.src_vocab, self.tgt_vocab)}), "
+                    f"received {self.pad_id}"
+                )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TransformerConfig:
+        if not isinstance(values, dict):
+            raise TypeError(f"a Transformer config must be a JSON object, received {type(values).__name__}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown Transformer config keys {unknown}; known keys are {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> TransformerConfig:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"a Transformer config must be JSON, which this is not: {error}") from None
+        return cls.from_dict(values)

@@ -1,0 +1,88 @@
+"""Greedy and beam search, written once for both front ends.
+
+A front end supplies ``step(prefix) -> log_probs``: given the token prefixes ``(N, t)`` decoded so far (NumPy
+int64), the log-probabilities ``(N, V)`` of the next token, computed with or without its KV cache. Beam search
+also needs ``reorder(rows)``: keep the model state (cache, encoder memory) of rows ``rows`` in that order.
+
+Results hold the generated tokens after BOS, ``(B, T)`` with ``T <= max_len``: each row ends at its first EOS,
+and positions after it hold ``pad_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from multihead.validation import check_non_negative_int, check_positive_int
+
+Step = Callable[[np.ndarray], np.ndarray]
+Reorder = Callable[[np.ndarray], None]
+
+
+def check_generation_args(max_len: object, bos_id: object, eos_id: object, pad_id: object, beam_size: object) -> None:
+    check_positive_int("max_len", max_len)
+    check_non_negative_int("bos_id", bos_id)
+    check_non_negative_int("eos_id", eos_id)
+    check_non_negative_int("pad_id", pad_id)
+    check_positive_int("beam_size", beam_size)
+
+
+def greedy_search(step: Step, batch: int, *, max_len: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+    prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
+    finished = np.zeros(batch, dtype=bool)
+    for _ in range(max_len):
+        token = np.where(finished, pad_id, step(prefix).argmax(axis=-1))  # (B,)
+        prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
+        finished |= token == eos_id
+        if finished.all():
+            break
+    return prefix[:, 1:]
+
+
+def beam_search(
+    step: Step,
+    reorder: Reorder,
+    batch: int,
+    *,
+    beam_size: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    length_penalty: float = 1.0,
+) -> np.ndarray:
+    """Beam search over ``batch * beam_size`` rows; row ``b * beam_size + j`` is beam ``j`` of sequence ``b``.
+
+    The model state must already be laid out that way. Hypotheses are ranked by total log-probability divided
+    by ``length ** length_penalty``. With ``beam_size=1`` this is greedy search.
+    """
+    k = beam_size
+    prefix = np.full((batch * k, 1), bos_id, dtype=np.int64)  # (B*k, 1)
+    scores = np.zeros((batch, k))
+    scores[:, 1:] = -np.inf  # every beam starts identical: expand only the first at step 1
+    finished = np.zeros((batch, k), dtype=bool)
+    lengths = np.zeros((batch, k))
+    for _ in range(max_len):
+        log_probs = step(prefix)  # (B*k, V)
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs.reshape(batch, k, vocab)
+        # A finished beam may only continue with padding, at no cost, so its score stays as it ended.
+        pad_only = np.full(vocab, -np.inf)
+        pad_only[pad_id] = 0.0
+        log_probs = np.where(finished[..., None], pad_only, log_probs)
+        candidates = (scores[..., None] + log_probs).reshape(batch, k * vocab)  # (B, k*V)
+        best = np.argsort(-candidates, axis=-1, kind="stable")[:, :k]  # (B, k)
+        origin, token = best // vocab, best % vocab
+        scores = np.take_along_axis(candidates, best, axis=-1)
+        was_finished = np.take_along_axis(finished, origin, axis=-1)
+        lengths = np.take_along_axis(lengths, origin, axis=-1) + ~was_finished
+        finished = was_finished | (token == eos_id)
+        rows = (np.arange(batch)[:, None] * k + origin).reshape(-1)  # (B*k,)
+        reorder(rows)
+        prefix = np.concatenate([prefix[rows], token.reshape(-1, 1)], axis=1)  # (B*k, t + 1)
+        if finished.all():
+            break
+    ranked = scores / np.maximum(lengths, 1.0) ** length_penalty
+    winners = np.arange(batch) * k + ranked.argmax(axis=-1)
+    return prefix[winners, 1:]

@@ -1,0 +1,500 @@
+"""The encoder-decoder Transformer ("Attention Is All You Need") on :class:`MultiHeadAttention`, for Keras 3.
+
+The same parts, names and arguments as :mod:`multihead.torch.transformer`, and the same weight names (each
+composite layer lists its children in ``state_children()``), so one safetensors file serves both front ends.
+Post-norm as in the paper by default; pre-norm with ``norm_first=True``.
+
+Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from multihead.cache import DecoderCache
+from multihead.config import ACTIVATIONS, TransformerConfig
+from multihead.decoding import beam_search, check_generation_args, greedy_search
+from multihead.keras.attention import KVCache, MultiHeadAttention
+from multihead.keras.masks import Tensor, is_tensor_like, padding_mask_from_tokens
+from multihead.reference import sinusoidal_positions
+from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
+
+__all__ = [
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "PositionalEncoding",
+    "Transformer",
+]
+
+LAYER_NORM_EPS = 1e-5  # PyTorch's default, so both front ends compute the same function
+register = keras.saving.register_keras_serializable(package="multihead")
+
+
+@register
+class PositionalEncoding(layers.Layer):
+    """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout."""
+
+    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.max_len = check_positive_int("max_len", max_len)
+        self.rate = check_dropout("dropout", dropout)
+        self.dropout = layers.Dropout(self.rate)
+        self.table = sinusoidal_positions(max_len, d_model).astype("float32")  # derived, so never saved
+
+    def call(self, x: Tensor, offset: int = 0, training: bool | None = None) -> Tensor:
+        length = x.shape[1]
+        if length is not None and offset + length > self.max_len:
+            raise ValueError(
+                f"positions {offset}..{offset + length - 1} exceed max_len={self.max_len}; "
+                "build the model with a larger max_len"
+            )
+        positions = ops.convert_to_tensor(self.table)[offset : offset + ops.shape(x)[1]]  # (L, E)
+        return self.dropout(x + ops.cast(positions, x.dtype), training=training)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate}
+
+
+@register
+class FeedForward(layers.Layer):
+    """Position-wise feed-forward block: ``linear2(dropout(activation(linear1(x))))``."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, received {activation!r}")
+        self.d_model, self.d_ff = check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff)
+        self.rate, self.activation = check_dropout("dropout", dropout), activation
+        # approximate=False: the exact erf GELU, as torch.nn.functional.gelu computes it
+        act = "relu" if activation == "relu" else lambda h: keras.activations.gelu(h, approximate=False)
+        self.linear1 = layers.Dense(d_ff, activation=act, name="linear1")
+        self.linear2 = layers.Dense(d_model, name="linear2")
+        self.dropout = layers.Dropout(self.rate)
+
+    def call(self, x: Tensor, training: bool | None = None) -> Tensor:
+        return self.linear2(self.dropout(self.linear1(x), training=training))
+
+    def state_children(self) -> dict[str, layers.Layer]:
+        return {"linear1": self.linear1, "linear2": self.linear2}
+
+    def get_config(self) -> dict[str, Any]:
+        config = {"d_model": self.d_model, "d_ff": self.d_ff, "dropout": self.rate, "activation": self.activation}
+        return {**super().get_config(), **config}
+
+
+class _Block(layers.Layer):
+    """What the encoder and decoder layers share: sizes, and residual connections with LayerNorm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_flag("norm_first", norm_first)
+        self.sizes = dict(
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            activation=activation,
+            norm_first=norm_first,
+        )
+        self.norm_first = norm_first
+        self.dropout = layers.Dropout(check_dropout("dropout", dropout))
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation, name="feed_forward")
+
+    def attention(self, name: str) -> MultiHeadAttention:
+        return MultiHeadAttention(self.sizes["num_heads"], d_model=self.sizes["d_model"], dropout=self.rate, name=name)
+
+    @property
+    def rate(self) -> float:
+        return self.sizes["dropout"]
+
+    def norm(self, name: str) -> layers.LayerNormalization:
+        return layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name=name)
+
+    def residual(self, x: Tensor, norm: layers.LayerNormalization, sublayer, training: bool | None) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(norm(x)), training=training)
+        return norm(x + self.dropout(sublayer(x), training=training))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), **self.sizes}
+
+
+@register
+class EncoderLayer(_Block):
+    """Self-attention then feed-forward, each with a residual connection and LayerNorm."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.self_attn = self.attention("self_attn")
+        self.norm1, self.norm2 = self.norm("norm1"), self.norm("norm2")
+
+    def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, training=training), training)
+        return self.residual(x, self.norm2, lambda h: self.feed_forward(h, training=training), training)
+
+    def state_children(self) -> dict[str, layers.Layer]:
+        return {
+            "self_attn": self.self_attn,
+            "feed_forward": self.feed_forward,
+            "norm1": self.norm1,
+            "norm2": self.norm2,
+        }
+
+
+@register
+class DecoderLayer(_Block):
+    """Causal self-attention, cross-attention over the encoder memory, feed-forward; residuals and LayerNorm."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.self_attn = self.attention("self_attn")
+        self.cross_attn = self.attention("cross_attn")
+        self.norm1, self.norm2, self.norm3 = self.norm("norm1"), self.norm("norm2"), self.norm("norm3")
+
+    def call(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        tgt_key_mask: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        return_weights: bool = False,
+        training: bool | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``x (B, Lt, E)``, ``memory (B, Ls, E)``; with ``return_weights`` also the cross-attention weights
+        ``(B, H, Lt, Ls)``."""
+
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, key_mask=tgt_key_mask, causal=True, cache=self_cache, training=training)
+
+        cross_weights = []
+
+        def cross_attention(h: Tensor) -> Tensor:
+            out = self.cross_attn(
+                h, memory, key_mask=memory_key_mask, cache=cross_cache, return_weights=return_weights, training=training
+            )
+            if return_weights:
+                cross_weights.append(out[1])
+                return out[0]
+            return out
+
+        x = self.residual(x, self.norm1, self_attention, training)
+        x = self.residual(x, self.norm2, cross_attention, training)
+        x = self.residual(x, self.norm3, lambda h: self.feed_forward(h, training=training), training)
+        return (x, cross_weights[0]) if return_weights else x
+
+    def state_children(self) -> dict[str, layers.Layer]:
+        return {
+            "self_attn": self.self_attn,
+            "cross_attn": self.cross_attn,
+            "feed_forward": self.feed_forward,
+            "norm1": self.norm1,
+            "norm2": self.norm2,
+            "norm3": self.norm3,
+        }
+
+
+class _Stack(layers.Layer):
+    """A stack of layers with a final LayerNorm when ``norm_first``."""
+
+    layer_type: type[_Block]
+
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_non_negative_int("num_layers", num_layers)
+        self.sizes = dict(
+            num_layers=num_layers, d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
+            activation=activation, norm_first=norm_first,
+        )  # fmt: skip
+        block = (d_model, num_heads, d_ff, dropout, activation, norm_first)
+        self.blocks = [self.layer_type(*block, name=f"layers_{i}") for i in range(num_layers)]
+        self.norm = layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name="norm") if norm_first else None
+
+    def finish(self, x: Tensor) -> Tensor:
+        return x if self.norm is None else self.norm(x)
+
+    def state_children(self) -> dict[str, layers.Layer]:
+        children = {f"layers.{i}": block for i, block in enumerate(self.blocks)}
+        return children if self.norm is None else {**children, "norm": self.norm}
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), **self.sizes}
+
+
+@register
+class Encoder(_Stack):
+    """A stack of :class:`EncoderLayer`, with a final LayerNorm when ``norm_first``."""
+
+    layer_type = EncoderLayer
+
+    def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
+        for block in self.blocks:
+            x = block(x, key_mask=key_mask, training=training)
+        return self.finish(x)
+
+
+@register
+class Decoder(_Stack):
+    """A stack of :class:`DecoderLayer`, with a final LayerNorm when ``norm_first``."""
+
+    layer_type = DecoderLayer
+
+    def call(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        tgt_key_mask: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+        training: bool | None = None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """``x (B, Lt, E)``; with ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``."""
+        cross_weights = []
+        for index, block in enumerate(self.blocks):
+            x = block(
+                x,
+                memory,
+                tgt_key_mask=tgt_key_mask,
+                memory_key_mask=memory_key_mask,
+                self_cache=None if cache is None else cache.self_attention[index],
+                cross_cache=None if cache is None else cache.cross_attention[index],
+                return_weights=return_weights,
+                training=training,
+            )
+            if return_weights:
+                x, weights = x
+                cross_weights.append(weights)
+        x = self.finish(x)
+        return (x, cross_weights) if return_weights else x
+
+
+@register
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer for sequence-to-sequence tasks (a ``keras.Model``: ``fit`` works on
+    ``((src, tgt_in), tgt_out)`` data).
+
+    Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
+    self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
+    a mask is not given, it is ``tokens != pad_id``.
+    """
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        *,
+        d_model: int = 512,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        d_ff: int = 2048,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        max_len: int = 512,
+        pad_id: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config = TransformerConfig(
+            src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
+            activation, norm_first, max_len, pad_id,
+        )  # fmt: skip
+        self.src_embed = layers.Embedding(src_vocab, d_model, name="src_embed")
+        self.tgt_embed = layers.Embedding(tgt_vocab, d_model, name="tgt_embed")
+        self.positional = PositionalEncoding(d_model, max_len, dropout, name="positional")
+        stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
+        self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")
+        self.decoder = Decoder(num_decoder_layers, *stack, name="decoder")
+        self.output_proj = layers.Dense(tgt_vocab, name="output_proj")
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig | dict[str, Any]) -> Transformer:
+        """From a :class:`TransformerConfig` or the dict ``get_config()`` returns."""
+        values = asdict(config) if isinstance(config, TransformerConfig) else dict(config)
+        return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**asdict(self.config), "name": self.name}
+
+    def state_children(self) -> dict[str, layers.Layer]:
+        return {
+            "src_embed": self.src_embed,
+            "tgt_embed": self.tgt_embed,
+            "encoder": self.encoder,
+            "decoder": self.decoder,
+            "output_proj": self.output_proj,
+        }
+
+    def build(self, input_shape: Any = None) -> None:
+        """Create every weight by running a one-token forward pass."""
+        if not self.built:
+            tokens = ops.zeros((1, 1), dtype="int32")
+            self.decode(tokens, self.encode(tokens))
+            self.built = True
+
+    def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.build()
+
+    def _check_tokens(self, name: str, tokens: object, vocab: int) -> Tensor:
+        if not is_tensor_like(tokens):
+            raise TypeError(f"`{name}` must be a tensor of token ids, received {type(tokens).__name__}")
+        if "int" not in keras.backend.standardize_dtype(tokens.dtype):
+            raise TypeError(f"`{name}` must hold integer token ids, received dtype {tokens.dtype}")
+        if len(tokens.shape) != 2:
+            raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
+        return tokens
+
+    def _key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:
+        if key_mask is None and self.config.pad_id is not None:
+            return padding_mask_from_tokens(tokens, self.config.pad_id)
+        return key_mask
+
+    def _embed(self, embedding: layers.Embedding, tokens: Tensor, offset: int, training: bool | None) -> Tensor:
+        return self.positional(embedding(tokens) * math.sqrt(self.config.d_model), offset=offset, training=training)
+
+    def encode(self, src: Tensor, src_key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
+        """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
+        src = self._check_tokens("src", src, self.config.src_vocab)
+        key_mask = self._key_mask(src, src_key_mask)
+        return self.encoder(self._embed(self.src_embed, src, 0, training), key_mask=key_mask, training=training)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_key_mask: Tensor | None = None,
+        tgt_key_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+        training: bool | None = None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """``tgt (B, Lt)`` token ids and ``memory (B, Ls, E)`` → logits ``(B, Lt, V)``.
+
+        With a cache (``model.new_cache()``), ``tgt`` holds only the new tokens, which take the positions after
+        those already cached, and ``tgt_key_mask`` covers every cached target token. With ``return_weights`` also
+        each layer's cross-attention weights ``(B, H, Lt, Ls)``.
+        """
+        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
+        if cache is not None and not isinstance(cache, DecoderCache):
+            raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
+        offset = 0 if cache is None else cache.length
+        if tgt_key_mask is None and self.config.pad_id is not None and cache is None:
+            tgt_key_mask = padding_mask_from_tokens(tgt, self.config.pad_id)
+        hidden = self.decoder(
+            self._embed(self.tgt_embed, tgt, offset, training),
+            memory,
+            tgt_key_mask=tgt_key_mask,
+            memory_key_mask=memory_key_mask,
+            cache=cache,
+            return_weights=return_weights,
+            training=training,
+        )
+        if return_weights:
+            return self.output_proj(hidden[0]), hidden[1]
+        return self.output_proj(hidden)  # (B, Lt, V)
+
+    def call(
+        self,
+        src: Tensor | tuple[Tensor, Tensor],
+        tgt: Tensor | None = None,
+        src_key_mask: Tensor | None = None,
+        tgt_key_mask: Tensor | None = None,
+        training: bool | None = None,
+    ) -> Tensor:
+        """Teacher-forced logits ``(B, Lt, V)``; ``src`` may be the pair ``(src, tgt)``, as ``fit`` passes it."""
+        if tgt is None and isinstance(src, (tuple, list)):
+            src, tgt = src
+        src_key_mask = self._key_mask(self._check_tokens("src", src, self.config.src_vocab), src_key_mask)
+        memory = self.encode(src, src_key_mask=src_key_mask, training=training)
+        return self.decode(tgt, memory, memory_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask, training=training)
+
+    def new_cache(self, capacity: int | None = None) -> DecoderCache:
+        return DecoderCache(self.config.num_decoder_layers, KVCache, capacity)
+
+    def generate(
+        self,
+        src: Tensor,
+        *,
+        max_len: int,
+        bos_id: int,
+        eos_id: int,
+        src_key_mask: Tensor | None = None,
+        beam_size: int = 1,
+        use_cache: bool = True,
+        pad_id: int | None = None,
+        length_penalty: float = 1.0,
+    ) -> np.ndarray:
+        """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search; eager only.
+
+        Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max_len``; each row stops at its
+        first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else ``eos_id``).
+        """
+        pad_id = pad_id if pad_id is not None else self.config.pad_id if self.config.pad_id is not None else eos_id
+        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size)
+        check_flag("use_cache", use_cache)
+        if max(bos_id, eos_id, pad_id) >= self.config.tgt_vocab:
+            raise ValueError(f"bos_id, eos_id and pad_id must be < tgt_vocab={self.config.tgt_vocab}")
+        src = ops.convert_to_tensor(self._check_tokens("src", src, self.config.src_vocab))
+        src_key_mask = self._key_mask(src, src_key_mask)
+        memory = self.encode(src, src_key_mask=src_key_mask)
+        batch = int(src.shape[0])
+        if beam_size > 1:  # row b * beam_size + j is beam j of sequence b
+            memory = ops.repeat(memory, beam_size, axis=0)
+            src_key_mask = None if src_key_mask is None else ops.repeat(src_key_mask, beam_size, axis=0)
+        state = {"memory": memory, "mask": src_key_mask, "cache": self.new_cache() if use_cache else None}
+
+        def step(prefix: np.ndarray) -> np.ndarray:
+            tokens = prefix[:, state["cache"].length :] if use_cache else prefix
+            logits = self.decode(
+                ops.convert_to_tensor(tokens.astype("int32")),
+                state["memory"],
+                memory_key_mask=state["mask"],
+                cache=state["cache"],
+            )
+            return np.asarray(ops.convert_to_numpy(ops.log_softmax(ops.cast(logits[:, -1], "float32"))))
+
+        def reorder(rows: np.ndarray) -> None:
+            index = ops.convert_to_tensor(rows)
+            state["memory"] = ops.take(state["memory"], index, axis=0)
+            if state["mask"] is not None:
+                state["mask"] = ops.take(state["mask"], index, axis=0)
+            if state["cache"] is not None:
+                state["cache"].reorder(rows)
+
+        search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+        if beam_size == 1:
+            return greedy_search(step, batch, **search)
+        return beam_search(step, reorder, batch, beam_size=beam_size, length_penalty=length_penalty, **search)

@@ -1,0 +1,158 @@
+"""KV-cache decoding and the encoder-decoder Transformer, Keras front end, against the PyTorch one.
+
+Runs under every Keras backend. Notation: B batch, Ls/Lt source/target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import torch
+
+from keras_helpers import numpy, tensor
+from multihead import keras as mk
+from multihead import torch as mt
+from multihead.io import load_model, load_weights, save_model, save_weights
+
+PAD, BOS, EOS = 0, 1, 2
+SMALL = dict(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64)
+RNG = np.random.default_rng(0)
+
+
+def pair(tmp_path: Path, **overrides) -> tuple[mt.Transformer, mk.Transformer]:
+    """A torch model and a Keras model holding the same weights (through one safetensors file)."""
+    torch.manual_seed(0)
+    options = {**SMALL, **overrides}
+    torch_model = mt.Transformer(20, 23, **options).eval()
+    keras_model = mk.Transformer(20, 23, **options)
+    save_weights(torch_model, tmp_path / "w.safetensors")
+    load_weights(keras_model, tmp_path / "w.safetensors")
+    return torch_model, keras_model
+
+
+def token_array(batch: int, length: int, vocab: int = 20) -> np.ndarray:
+    return RNG.integers(3, vocab, size=(batch, length)).astype("int32")
+
+
+def torch_logits(model: mt.Transformer, src: np.ndarray, tgt: np.ndarray, **masks) -> np.ndarray:
+    with torch.no_grad():
+        masks = {name: torch.from_numpy(m) for name, m in masks.items()}
+        return model(torch.from_numpy(src).long(), torch.from_numpy(tgt).long(), **masks).numpy()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"norm_first": True, "activation": "gelu"}, {"pad_id": PAD}],
+    ids=["post-norm", "pre-norm-gelu", "pad-id"],
+)
+def test_same_logits_as_torch_with_shared_weights(tmp_path: Path, options: dict) -> None:
+    torch_model, keras_model = pair(tmp_path, **options)
+    src, tgt = token_array(3, 7), token_array(3, 6, vocab=23)
+    src[0, 5:] = PAD
+    masks = {} if "pad_id" in options else {"src_key_mask": src != PAD}
+    keras_out = keras_model(tensor(src), tensor(tgt), **{k: tensor(v) for k, v in masks.items()})
+    np.testing.assert_allclose(numpy(keras_out), torch_logits(torch_model, src, tgt, **masks), atol=1e-5)
+
+
+def test_same_generations_as_torch(tmp_path: Path) -> None:
+    torch_model, keras_model = pair(tmp_path)
+    src = token_array(3, 7)
+    for beam_size in (1, 3):
+        expected = torch_model.generate(
+            torch.from_numpy(src).long(), max_len=8, bos_id=BOS, eos_id=EOS, beam_size=beam_size
+        )
+        got = keras_model.generate(tensor(src), max_len=8, bos_id=BOS, eos_id=EOS, beam_size=beam_size)
+        np.testing.assert_array_equal(got, expected.numpy())
+
+
+@pytest.mark.parametrize("capacity", [None, 8], ids=["growing", "preallocated"])
+def test_cached_decode_equals_full_decode(tmp_path: Path, capacity: int | None) -> None:
+    _, model = pair(tmp_path, norm_first=True)
+    src, tgt = tensor(token_array(2, 7)), token_array(2, 6, vocab=23)
+    full = numpy(model(src, tensor(tgt)))
+    memory = model.encode(src)
+    cache = model.new_cache(capacity)
+    steps = [numpy(model.decode(tensor(tgt[:, t : t + 1]), memory, cache=cache)) for t in range(6)]
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=2e-5)
+
+
+def test_greedy_with_cache_equals_without_and_beam_one_is_greedy(tmp_path: Path) -> None:
+    _, model = pair(tmp_path)
+    src = tensor(token_array(3, 7))
+    greedy = model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS)
+    np.testing.assert_array_equal(model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, use_cache=False), greedy)
+    np.testing.assert_array_equal(model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, beam_size=1), greedy)
+
+
+def test_decoder_is_causal(tmp_path: Path) -> None:
+    _, model = pair(tmp_path)
+    src, tgt = tensor(token_array(2, 7)), token_array(2, 8, vocab=23)
+    changed = tgt.copy()
+    changed[:, 5:] = token_array(2, 3, vocab=23)
+    np.testing.assert_allclose(
+        numpy(model(src, tensor(changed)))[:, :5], numpy(model(src, tensor(tgt)))[:, :5], atol=1e-6
+    )
+
+
+def test_source_padding_never_changes_real_positions(tmp_path: Path) -> None:
+    _, model = pair(tmp_path)
+    src, tgt = token_array(1, 5), tensor(token_array(1, 6, vocab=23))
+    padded = np.concatenate([src, np.full((1, 4), 7, "int32")], 1)
+    key_mask = tensor(np.array([[True] * 5 + [False] * 4]))
+    np.testing.assert_allclose(
+        numpy(model(tensor(padded), tgt, src_key_mask=key_mask)), numpy(model(tensor(src), tgt)), atol=1e-5
+    )
+
+
+def test_saved_model_reloads_in_either_front_end(tmp_path: Path) -> None:
+    torch_model, keras_model = pair(tmp_path, pad_id=PAD, norm_first=True)
+    src, tgt = token_array(2, 6), token_array(2, 5, vocab=23)
+    expected = torch_logits(torch_model, src, tgt)
+    save_model(torch_model, tmp_path / "from-torch")
+    reloaded = load_model(tmp_path / "from-torch", framework="keras")
+    np.testing.assert_allclose(numpy(reloaded(tensor(src), tensor(tgt))), expected, atol=1e-5)
+    save_model(keras_model, tmp_path / "from-keras")
+    np.testing.assert_allclose(torch_logits(load_model(tmp_path / "from-keras"), src, tgt), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"`framework` must be one of \('torch', 'keras'\), received 'jax'"):
+        load_model(tmp_path / "from-keras", framework="jax")
+
+
+def test_trains_with_fit() -> None:
+    keras.utils.set_random_seed(0)
+    model = mk.Transformer(13, 13, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=64,
+                           dropout=0.0, pad_id=PAD)  # fmt: skip
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    src = RNG.integers(3, 13, size=(256, 6)).astype("int32")
+    target = np.concatenate([src[:, ::-1], np.full((256, 1), EOS, "int32")], 1)
+    tgt_in = np.concatenate([np.full((256, 1), BOS, "int32"), target[:, :-1]], 1)
+    history = model.fit((src, tgt_in), target, batch_size=32, epochs=6, verbose=0)
+    assert history.history["loss"][-1] < 0.6 * history.history["loss"][0]
+
+
+def test_layer_configs_round_trip() -> None:
+    for layer in (
+        mk.PositionalEncoding(16, max_len=40, dropout=0.1),
+        mk.FeedForward(16, 32, dropout=0.1, activation="gelu"),
+        mk.EncoderLayer(16, 4, 32, dropout=0.2, norm_first=True),
+        mk.DecoderLayer(16, 4, 32, activation="gelu"),
+        mk.Encoder(2, 16, 4, 32),
+        mk.Decoder(3, 16, 2, 32, norm_first=True),
+        mk.Transformer(10, 11, **SMALL, pad_id=0),
+    ):
+        assert type(layer).from_config(layer.get_config()).get_config() == layer.get_config()
+
+
+def test_parts_validate() -> None:
+    with pytest.raises(ValueError, match=r"`activation` must be one of"):
+        mk.FeedForward(8, 16, activation="tanh")
+    with pytest.raises(ValueError, match=r"positions 38..41 exceed max_len=40"):
+        mk.PositionalEncoding(8, max_len=40)(tensor(np.zeros((1, 4, 8), "float32")), offset=38)
+    with pytest.raises(ValueError, match=r"d_model=30, num_heads=4"):
+        mk.Transformer(10, 10, d_model=30, num_heads=4)
+    with pytest.raises(TypeError, match="`src` must hold integer token ids"):
+        mk.Transformer(10, 10, **SMALL).encode(tensor(np.zeros((1, 3), "float32")))
