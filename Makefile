@@ -14,11 +14,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[torch,keras,dev]'
+	$(PIP) install -e '.[torch,keras,plot,dev]'
 	touch $(STAMP)
 
+# The main job: train the dates task (resuming runs/dates if it is there), translate three examples, plot.
 demo: $(STAMP)
-	$(BIN)/multihead demo
+	$(BIN)/multihead demo --out runs/dates
 
 # The whole suite runs on Keras' default TensorFlow backend, then the Keras tests run again on its torch backend.
 test: lint $(STAMP)

@@ -1,50 +1,170 @@
-"""The ``multihead`` command line."""
+"""The ``multihead`` command line: train, translate, demo.
+
+User errors (unknown task, malformed TSV, unusable output directory, a run that is not ours or does not fit) are
+one line on stderr and exit status 2; set ``MULTIHEAD_DEBUG=1`` to see the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from multihead import __version__
 
+DEMO_EXAMPLES = ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021")
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
-def _demo(_: argparse.Namespace) -> int:
-    import torch
 
-    from multihead.torch import MultiHeadAttention
+def _train_options(args: argparse.Namespace):
+    from multihead.train import TrainOptions
 
-    torch.manual_seed(0)
-    mha = MultiHeadAttention(d_model=512, num_heads=8).eval()
-    x = torch.randn(64, 5, 512)
-    out, weights = mha(x, causal=True, return_weights=True)
-    print(f"multihead {__version__}: self-attention at the paper's sizes (B=64, L=5, d_model=512, h=8)")
-    print(f"  output {tuple(out.shape)}, weights {tuple(weights.shape)}")
-    print("  causal weights of head 0 for the first sequence (rows: queries, columns: keys):")
-    for row in weights[0, 0]:
-        print("   " + " ".join(f"{p:.2f}" for p in row.tolist()))
-    print("The translation task (train, translate, attention plot) arrives in a later release.")
+    return TrainOptions(
+        out=args.out, task=args.task if args.data is None else None, data=args.data, tokenizer=args.tokenizer,
+        framework=args.framework, steps=args.steps, minutes=args.minutes, batch_size=args.batch_size, lr=args.lr,
+        warmup=args.warmup, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        d_model=args.d_model, num_heads=args.heads, layers=args.layers, d_ff=args.d_ff, dropout=args.dropout,
+        progress=not args.no_progress, resume=args.resume, extra={"task_given": args.task_given},
+    )  # fmt: skip
+
+
+def _report(result, out: str) -> int:
+    if result.interrupted:
+        print(f"interrupted at step {result.step}: checkpoint saved in {out}; continue with --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if result.accuracy is not None:
+        print(f"accuracy: {result.accuracy:.3f} (exact match on {result.heldout} held-out examples)")
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from multihead.train import train
+
+    result = train(_train_options(args))
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    return _report(result, args.out)
+
+
+def _translate(args: argparse.Namespace) -> int:
+    from multihead.translate import Translator
+
+    translator = Translator(args.run)
+    for index, text in enumerate(args.text):
+        translation = translator.translate(text, beam=args.beam)
+        print(translation.target)
+        if args.plot and index == 0:
+            from multihead.plot import plot_cross_attention
+
+            path = plot_cross_attention(translation, args.plot)
+            print(f"attention plot: {path}", file=sys.stderr)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from multihead.plot import plot_cross_attention
+    from multihead.train import TrainOptions, train
+    from multihead.translate import Translator
+
+    print(f"multihead {__version__} demo: train a Transformer to write dates as YYYY-MM-DD ({args.out})")
+    options = TrainOptions(out=args.out, task="dates", steps=args.steps, resume=True, progress=not args.no_progress)
+    status = _report(train(options), args.out)
+    if status:
+        return status
+    translator = Translator(args.out)
+    for text in DEMO_EXAMPLES:
+        print(f"  {text!r} -> {translator.translate(text).target!r}")
+    path = plot_cross_attention(translator.translate(DEMO_EXAMPLES[0]), Path(args.out) / "attention.png")
+    print(f"cross-attention of every layer and head: {path}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, received {text}")
+    return value
+
+
+class _TaskAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.task_given = True
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from multihead.tasks import TASKS
+
     parser = argparse.ArgumentParser(
-        prog="multihead", description="The Transformer's attention from scratch, for PyTorch and Keras 3."
+        prog="multihead", description="The Transformer's attention from scratch: train, translate, look inside."
     )
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="run multi-head attention on the paper's sizes and show its weights")
-    demo.set_defaults(run=_demo)
+
+    train = commands.add_parser(
+        "train",
+        help="train a translation Transformer on a built-in task or a TSV corpus",
+        description="Train a translation Transformer; checkpoints go to --out, --resume continues the latest one. "
+        "Ctrl-C saves a checkpoint and stops. Under torchrun it trains data-parallel.",
+    )
+    data = train.add_mutually_exclusive_group()
+    data.add_argument("--task", default="dates", action=_TaskAction, help=f"built-in task: {', '.join(TASKS)}")
+    data.add_argument("--data", metavar="FILE.tsv", help="your parallel corpus: source<TAB>target per line")
+    train.add_argument("--out", required=True, help="run directory for checkpoints (e.g. runs/dates)")
+    train.add_argument("--framework", choices=("torch", "keras"), default="torch")
+    train.add_argument("--steps", type=_positive_int, help="total optimizer steps")
+    train.add_argument("--minutes", type=float, help="stop after this much training time (with --steps: first wins)")
+    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    train.add_argument("--tokenizer", choices=("char", "word"), help="default: char (the built-in tasks' choice)")
+    train.add_argument("--batch-size", type=_positive_int, default=64)
+    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (warm-up, then 1/sqrt decay)")
+    train.add_argument("--warmup", type=_positive_int, default=300)
+    train.add_argument("--eval-every", type=_positive_int, default=500, help="held-out evaluation interval (steps)")
+    train.add_argument("--checkpoint-every", type=_positive_int, default=500, help="checkpoint interval (steps)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--d-model", type=_positive_int, default=128)
+    train.add_argument("--heads", type=_positive_int, default=4)
+    train.add_argument("--layers", type=_positive_int, default=2, help="encoder and decoder layers each")
+    train.add_argument("--d-ff", type=_positive_int, default=256)
+    train.add_argument("--dropout", type=float, help="default: 0 for built-in tasks, 0.1 for --data")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.set_defaults(handler=_train, task_given=False)
+
+    translate = commands.add_parser("translate", help="translate text with a trained run")
+    translate.add_argument("run", help="run directory written by multihead train")
+    translate.add_argument("text", nargs="+", help="one or more texts to translate")
+    translate.add_argument("--beam", type=_positive_int, default=1, help="beam size (1: greedy)")
+    translate.add_argument("--plot", metavar="PATH", help="save the first text's cross-attention maps (PNG)")
+    translate.set_defaults(handler=_translate)
+
+    demo = commands.add_parser(
+        "demo", help="train the dates task, translate three examples and plot the attention (make demo)"
+    )
+    demo.add_argument("--out", default="runs/dates")
+    demo.add_argument("--steps", type=_positive_int, default=1500)
+    demo.add_argument("--no-progress", action="store_true")
+    demo.set_defaults(handler=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from multihead.runs import RunError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
-    return args.run(args)
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except (RunError, ValueError, FileNotFoundError) as error:
+        if os.environ.get("MULTIHEAD_DEBUG"):
+            raise
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"multihead: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -83,6 +83,13 @@ def _adapter(module_or_layer: object) -> StateAdapter:
     )
 
 
+def umask_mode(directory: bool = False) -> int:
+    """The mode a plain ``open()``/``mkdir()`` would give: temporary files start private (0600/0700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
 def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(temporary_path)``, then move the result onto ``path`` in one step.
 
@@ -97,6 +104,7 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

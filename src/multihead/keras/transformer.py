@@ -332,8 +332,10 @@ class Transformer(keras.Model):
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id,
         )  # fmt: skip
-        self.src_embed = layers.Embedding(src_vocab, d_model, name="src_embed")
-        self.tgt_embed = layers.Embedding(tgt_vocab, d_model, name="tgt_embed")
+        # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
+        embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
+        self.src_embed = layers.Embedding(src_vocab, d_model, embeddings_initializer=embedding_init, name="src_embed")
+        self.tgt_embed = layers.Embedding(tgt_vocab, d_model, embeddings_initializer=embedding_init, name="tgt_embed")
         self.positional = PositionalEncoding(d_model, max_len, dropout, name="positional")
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")

@@ -288,6 +288,10 @@ class Transformer(nn.Module):
         self.encoder = Encoder(num_encoder_layers, *stack)
         self.decoder = Decoder(num_decoder_layers, *stack)
         self.output_proj = nn.Linear(d_model, tgt_vocab)
+        # Embeddings start at std d_model^-1/2, so after the sqrt(d_model) scaling they have unit variance, like
+        # the positional encodings. (nn.Embedding's default N(0, 1) would drown the positions 11-fold at E=128.)
+        for embedding in (self.src_embed, self.tgt_embed):
+            nn.init.normal_(embedding.weight, std=d_model**-0.5)
 
     @classmethod
     def from_config(cls, config: TransformerConfig | dict[str, Any]) -> Transformer:

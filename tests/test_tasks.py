@@ -1,0 +1,122 @@
+"""Built-in tasks, TSV corpora and tokenizers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from multihead.tasks import TASKS, load_task
+from multihead.tasks.generated import number_words
+from multihead.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_tasks_are_deterministic_with_disjoint_splits(name: str) -> None:
+    first, second = load_task(name), load_task(name)
+    assert first.heldout == second.heldout
+    assert len(first.heldout) == 1000
+    assert first.batch(0, 7, 50) == second.batch(0, 7, 50)
+    assert first.batch(0, 7, 50) != first.batch(1, 7, 50)
+    training_sources = {source for step in range(40) for source, _ in first.batch(0, step, 50)}
+    assert not training_sources & {source for source, _ in first.heldout}
+
+
+def test_dates_targets_are_iso_of_the_source() -> None:
+    for source, target in load_task("dates").batch(0, 0, 200):
+        day = dt.date.fromisoformat(target)
+        assert str(day.year) in source
+        assert str(day.day) in source
+
+
+def test_number_words() -> None:
+    assert number_words(0) == "zero"
+    assert number_words(13) == "thirteen"
+    assert number_words(40) == "forty"
+    assert number_words(342506) == "three hundred forty-two thousand five hundred six"
+    assert number_words(100000) == "one hundred thousand"
+    for source, target in load_task("numbers").batch(0, 0, 100):
+        assert number_words(int(target)) == source
+
+
+def test_toy_tasks() -> None:
+    for source, target in load_task("reverse").batch(0, 0, 20):
+        assert target == source[::-1]
+    for source, target in load_task("sort").batch(0, 0, 20):
+        assert target == "".join(sorted(source))
+    for source, target in load_task("copy").batch(0, 0, 20):
+        assert target == source
+
+
+def test_unknown_task() -> None:
+    with pytest.raises(ValueError, match=r"unknown task 'weather'; built-in tasks are dates, numbers"):
+        load_task("weather")
+
+
+def test_tsv_corpus(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.tsv"
+    lines = [f"source {i}\ttarget {i}" for i in range(60)]
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    task = load_task(data=str(path), tokenizer="word")
+    assert task.tokenizer == "word"
+    heldout = set(task.heldout)
+    assert heldout
+    assert not heldout & set(task.batch(0, 0, 500))
+    assert len(heldout) + len({pair for pair in task.batch(0, 0, 2000)}) == 60
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a\tb\nno tab here\n", r"line 2: expected 'source<TAB>target', received 'no tab here'"),
+        ("a\tb\tc\n", r"line 1: expected"),
+        ("a\t \n", r"line 1: expected"),
+        ("\n\n", r"holds no 'source<TAB>target' lines"),
+    ],
+)
+def test_malformed_tsv(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.tsv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        load_task(data=str(path))
+
+
+def test_missing_and_binary_tsv(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such file"):
+        load_task(data=str(tmp_path / "absent.tsv"))
+    (tmp_path / "binary.tsv").write_bytes(b"\xff\xfe\x00a\tb")
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        load_task(data=str(tmp_path / "binary.tsv"))
+
+
+@pytest.mark.parametrize("kind", ["char", "word"])
+def test_tokenizer_round_trip(kind: str) -> None:
+    texts = ["the 4th of July 1976", "21 November 2026", "zebra"]
+    tokenizer = Tokenizer.build(kind, texts)
+    for text in texts:
+        ids, unknown = tokenizer.encode(text)
+        assert unknown == []
+        assert tokenizer.decode([BOS, *ids, EOS, PAD, PAD]) == text
+    clone = Tokenizer.from_dict(tokenizer.to_dict())
+    assert clone.symbols == tokenizer.symbols
+    assert clone.kind == kind
+
+
+def test_tokenizer_unknown_symbols_and_stop_at_eos() -> None:
+    tokenizer = Tokenizer.build("char", ["abc"])
+    ids, unknown = tokenizer.encode("abz")
+    assert ids[-1] == UNK
+    assert unknown == ["z"]
+    assert tokenizer.decode([*ids[:2], EOS, *ids[:2]]) == "ab"
+    assert tokenizer.decode(ids) == "ab<unk>"
+    with pytest.raises(ValueError, match="tokenizer kind must be one of"):
+        Tokenizer("bytes", [])
+    with pytest.raises(ValueError, match="'kind' and 'symbols'"):
+        Tokenizer.from_dict({"kind": "char"})
+
+
+def test_vocabulary_does_not_depend_on_order() -> None:
+    assert Tokenizer.build("char", ["ba", "c"]).symbols == Tokenizer.build("char", ["c", "ab"]).symbols
+    assert np.all(np.diff([Tokenizer.build("char", ["zyx"]).ids[c] for c in "xyz"]) > 0)
