@@ -8,18 +8,18 @@ import sys
 import pytest
 
 from multihead import __version__
-from multihead.cli import main
+from multihead.cli import DEMO_EXAMPLES, main
 
 
-def test_demo_prints_the_paper_sizes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "output (64, 5, 512), weights (64, 8, 5, 5)" in out
-    weight_rows = [line.split() for line in out.splitlines() if line.startswith("   ")]
-    assert len(weight_rows) == 5
-    for i, row in enumerate(weight_rows):  # causal: query i puts no weight on keys after i
-        assert all(float(p) == 0.0 for p in row[i + 1 :])
-        assert abs(sum(float(p) for p in row) - 1.0) < 0.03
+def test_demo_trains_translates_and_plots(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "dates"
+    assert main(["demo", "--out", str(out), "--steps", "2", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("accuracy: ") and "(exact match on 1000 held-out examples)" in line for line in lines)
+    translations = [line for line in lines if " -> " in line]
+    assert [line.split(" -> ")[0].strip() for line in translations] == [repr(text) for text in DEMO_EXAMPLES]
+    assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["demo", "--out", str(out), "--steps", "2", "--no-progress"]) == 0  # a second run resumes
 
 
 def test_version() -> None:
