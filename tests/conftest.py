@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -36,3 +37,12 @@ def to_numpy(x: torch.Tensor) -> np.ndarray:
 
 def state_dict_numpy(module: torch.nn.Module) -> dict[str, np.ndarray]:
     return {name: to_numpy(value) for name, value in module.state_dict().items()}
+
+
+def broadcast_shapes(full: tuple[int, ...] = (2, 3, 4, 5)) -> list[tuple[int, ...]]:
+    """Every shape that broadcasts to ``full`` (B, H, Lq, Lk), of every rank from 1 to 4."""
+    shapes = set()
+    for rank in range(1, len(full) + 1):
+        for keep in itertools.product([True, False], repeat=rank):
+            shapes.add(tuple(d if kept else 1 for d, kept in zip(full[-rank:], keep, strict=True)))
+    return sorted(shapes, key=lambda s: (len(s), s))

@@ -5,13 +5,12 @@ Notation: B batch, H heads, Hkv key/value heads, Lq/Lk lengths, Dk/Dv head dims.
 
 from __future__ import annotations
 
-import itertools
-
 import keras
 import numpy as np
 import pytest
 
 import multihead.keras.functional as functional
+from conftest import broadcast_shapes
 from keras_helpers import BACKEND, gradients, numpy, tensor
 from multihead import DTypeError, reference
 from multihead.keras import attention, causal_mask, padding_mask, padding_mask_from_tokens
@@ -63,15 +62,6 @@ def test_matches_reference(size: str, causal: bool, mask_kind: str | None) -> No
     for name, out in outs.items():
         np.testing.assert_allclose(out, expected, atol=1e-10, err_msg=name)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-10)
-
-
-def broadcast_shapes() -> list[tuple[int, ...]]:
-    full = (2, 3, 4, 5)
-    shapes = set()
-    for rank in range(1, 5):
-        for keep in itertools.product([True, False], repeat=rank):
-            shapes.add(tuple(d if kept else 1 for d, kept in zip(full[-rank:], keep, strict=True)))
-    return sorted(shapes, key=lambda s: (len(s), s))
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])

@@ -5,7 +5,6 @@ Notation: B batch, H heads, Hkv key/value heads, Lq/Lk lengths, Dk/Dv head dims.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import randn, to_numpy
+from conftest import broadcast_shapes, randn, to_numpy
 from multihead import reference
 from multihead.torch import attention
 
@@ -83,16 +82,6 @@ def test_matches_reference(size: Size, causal: bool, mask_kind: str | None, dtyp
         assert got.dtype == dtype
         np.testing.assert_allclose(to_numpy(got), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=TOLERANCE[dtype])
-
-
-def broadcast_shapes() -> list[tuple[int, ...]]:
-    """Every shape that broadcasts to (B, H, Lq, Lk) = (2, 3, 4, 5), of every rank from 1 to 4."""
-    full = (2, 3, 4, 5)
-    shapes = set()
-    for rank in range(1, 5):
-        for keep in itertools.product([True, False], repeat=rank):
-            shapes.add(tuple(d if kept else 1 for d, kept in zip(full[-rank:], keep, strict=True)))
-    return sorted(shapes, key=lambda s: (len(s), s))
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])

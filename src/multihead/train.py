@@ -334,7 +334,9 @@ def train_torch(options: TrainOptions) -> Result:
             tokens_seen += global_tokens
             progress.update(1)
             progress.set_postfix(
-                loss=f"{history['losses'][-1][1]:.4f}", tok_s=f"{tokens_seen / (time.monotonic() - started):.0f}"
+                loss=f"{history['losses'][-1][1]:.4f}",
+                tok_s=f"{tokens_seen / (time.monotonic() - started):.0f}",
+                refresh=False,  # drawing is progress.update's job, at most every mininterval
             )
             if rank == 0 and step % options.eval_every == 0:
                 accuracy = exact_match(generate, setup, setup.dataset.heldout[: options.eval_examples])

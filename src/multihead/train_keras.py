@@ -102,7 +102,7 @@ def train_keras(options: TrainOptions) -> Result:
             def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
                 self.done = batch + 1
                 progress.update(1)
-                progress.set_postfix(loss=f"{(logs or {}).get('loss', float('nan')):.4f}")
+                progress.set_postfix(loss=f"{(logs or {}).get('loss', float('nan')):.4f}", refresh=False)
                 if interrupt.requested or (deadline is not None and time.monotonic() >= deadline):
                     self.model.stop_training = True
 

@@ -167,8 +167,10 @@ class DecoderLayer(_Block):
         return (x, cross_weights[0]) if return_weights else x
 
 
-class Encoder(nn.Module):
-    """A stack of :class:`EncoderLayer`, with a final LayerNorm when ``norm_first``."""
+class _Stack(nn.Module):
+    """A stack of ``num_layers`` blocks, with a final LayerNorm when ``norm_first``."""
+
+    layer_type: type[_Block]
 
     def __init__(
         self,
@@ -183,9 +185,15 @@ class Encoder(nn.Module):
         super().__init__()
         check_non_negative_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
+            self.layer_type(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS) if norm_first else None
+
+
+class Encoder(_Stack):
+    """A stack of :class:`EncoderLayer`, with a final LayerNorm when ``norm_first``."""
+
+    layer_type = EncoderLayer
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
@@ -193,25 +201,10 @@ class Encoder(nn.Module):
         return x if self.norm is None else self.norm(x)
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     """A stack of :class:`DecoderLayer`, with a final LayerNorm when ``norm_first``."""
 
-    def __init__(
-        self,
-        num_layers: int,
-        d_model: int,
-        num_heads: int,
-        d_ff: int,
-        dropout: float = 0.1,
-        activation: str = "relu",
-        norm_first: bool = False,
-    ) -> None:
-        super().__init__()
-        check_non_negative_int("num_layers", num_layers)
-        self.layers = nn.ModuleList(
-            DecoderLayer(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
-        )
-        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS) if norm_first else None
+    layer_type = DecoderLayer
 
     def forward(
         self,
