@@ -159,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.handler(args)
+    except KeyboardInterrupt:  # outside the training loop, which saves first and returns normally
+        print("multihead: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (RunError, ValueError, FileNotFoundError) as error:
         if os.environ.get("MULTIHEAD_DEBUG"):
             raise
