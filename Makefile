@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 
-.PHONY: setup demo test lint format clean
+.PHONY: setup demo test bench lint format clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ demo: $(STAMP)
 test: lint $(STAMP)
 	$(BIN)/python -m pytest
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -m keras
+
+# Our attention against its peers (about 25 minutes on 2 cores); writes benchmarks/results.{json,md,png}.
+bench: $(STAMP)
+	$(BIN)/multihead bench --out benchmarks
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

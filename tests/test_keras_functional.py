@@ -193,6 +193,14 @@ def test_dropout_only_in_training_and_seeded() -> None:
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="on the torch backend long sequences go to PyTorch's SDPA")
+def test_block_size_bounds_the_scores_per_block() -> None:
+    assert functional.block_size(1, 8, 512) == functional.KEY_BLOCK
+    assert functional.block_size(1, 8, 16384) == 64
+    for batch, heads, lq in [(1, 8, 4096), (8, 8, 2048), (None, 4, 3000)]:
+        size = functional.block_size(batch, heads, lq)
+        assert (batch or 1) * heads * lq * size <= functional.BLOCK_SCORES or size == 64
+
+
 def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     blocked = functional._blocked
@@ -201,7 +209,7 @@ def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> Non
     q, k, v = qkv(1, 2, 2, 6, 11, 8, 8)
     expected, _ = reference.attention(q, k, v, causal=True)
     np.testing.assert_allclose(numpy(attention(tensor(q), tensor(k), tensor(v), causal=True)), expected, atol=1e-10)
-    assert calls == [4]
+    assert calls == [functional.block_size(1, 2, 6)]
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="delegation to PyTorch's SDPA exists only on the torch backend")

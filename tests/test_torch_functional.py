@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import multihead.torch.functional as functional
 from conftest import broadcast_shapes, randn, to_numpy
 from multihead import reference
 from multihead.torch import attention
@@ -160,12 +161,15 @@ def patterned_mask(lq: int, lk: int) -> torch.Tensor:
     return mask
 
 
+@pytest.mark.parametrize("guarded", [False, True], ids=["kernel-zeroes", "opened-and-zeroed"])
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-dropout", "dropout"])
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
 @pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
 def test_fully_masked_rows_are_zero_with_zero_finite_gradients(
-    return_weights: bool, mask_kind: str, dropout: float
+    return_weights: bool, mask_kind: str, dropout: float, guarded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if guarded:  # what the fused path does on devices whose kernels do not zero such rows themselves
+        monkeypatch.setattr(functional, "KERNELS_ZERO_DEAD_ROWS", frozenset())
     q, k, v = Size(2, 4, 2, 10, 7, 8, 5).tensors(torch.float64, requires_grad=True)
     mask = patterned_mask(10, 7)
     if mask_kind == "float":

@@ -81,6 +81,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from multihead.bench import main as bench_main
+
+    return bench_main(args.options)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -146,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_positive_int, default=1500)
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(handler=_demo)
+
+    bench = commands.add_parser(
+        "bench",
+        help="time our attention against its peers, each run in a fresh process (make bench)",
+        description="Options: --cases, --impls, --repeats, --budget, --out (see `python -m multihead.bench -h`).",
+    )
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="options passed to the benchmark")
+    bench.set_defaults(handler=_bench)
     return parser
 
 

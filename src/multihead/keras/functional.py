@@ -24,6 +24,7 @@ import keras
 from keras import backend, ops
 
 from multihead.keras.masks import Tensor, causal_block, check_mask_tensor, dtype_kind, is_tensor_like, restrict
+from multihead.masks import causal_diagonal
 from multihead.validation import (
     DTypeError,
     check_attention_shapes,
@@ -36,7 +37,18 @@ from multihead.validation import (
 __all__ = ["KEY_BLOCK", "attention"]
 
 KEY_BLOCK = 1024
-"""Keys per block on the blocked path, and the key length above which it is taken."""
+"""The key length above which the blocked path is taken, and its largest block."""
+BLOCK_SCORES = 2**23
+"""Scores per block (32 MiB of float32): TensorFlow's loops run up to 10 iterations at once, so this bounds the
+blocked path's working memory near 10 blocks' worth, whatever the length."""
+
+
+def block_size(batch: int | None, heads: int, lq: int) -> int:
+    """Keys per block: a power of two from 64 to ``KEY_BLOCK`` giving about ``BLOCK_SCORES`` scores per block."""
+    size = KEY_BLOCK
+    while size > 64 and (batch or 1) * heads * lq * size > BLOCK_SCORES:
+        size //= 2
+    return size
 
 
 def _check_inputs(
@@ -140,45 +152,70 @@ def _blocked(
     Per query row it keeps the running max ``m`` of the scores seen so far, the running sum ``l`` of
     ``exp(score - m)`` and the running ``acc = Σ exp(score - m) · v``, rescaling both when ``m`` grows. A row
     that has seen no allowed key keeps ``m = -inf`` and ``l = acc = 0``, so a fully masked row ends at zero.
+
+    The blocks run in a ``fori_loop``, not an unrolled Python loop: in a TensorFlow graph nothing would order
+    unrolled blocks, and the executor computes them all at once, which is the whole score matrix again. Keys are
+    padded to a whole number of blocks; the padding is masked.
     """
     dtype = backend.standardize_dtype(q.dtype)
     compute = _compute_dtype(dtype)
     lq, lk = q.shape[2], k.shape[2]
+    count = -(-lk // block)
+    padding = count * block - lk
+
+    def pad_keys(x: Tensor, axis: int, value: float | bool) -> Tensor:
+        widths = [[0, 0]] * len(x.shape)
+        widths[axis] = [0, padding]
+        return ops.pad(x, widths, constant_values=value) if padding else x
+
+    groups = q.shape[1] // k.shape[1]
+    k = pad_keys(ops.cast(_repeat_kv(k, groups), compute), 2, 0.0)  # (B, H, count*block, Dk)
+    v = pad_keys(ops.cast(_repeat_kv(v, groups), compute), 2, 0.0)  # (B, H, count*block, Dv)
+    q = ops.cast(q, compute) * _scale(q, scale, compute)  # (B, H, Lq, Dk)
     if mask is not None:
         mask = _rank4(mask, dtype)
-    groups = q.shape[1] // k.shape[1]
-    k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
-    v = ops.cast(_repeat_kv(v, groups), compute)  # (B, H, Lk, Dv)
-    q = ops.cast(q, compute) * _scale(q, scale, compute)  # (B, H, Lq, Dk)
+        if mask.shape[-1] != 1:
+            mask = pad_keys(mask, 3, False if dtype_kind(mask) == "bool" else float("-inf"))  # (.., count*block)
     minus_inf = ops.cast(float("-inf"), compute)
+    batch, heads = ops.shape(q)[0], ops.shape(q)[1]
+    queries = ops.expand_dims(ops.arange(lq), 1)  # (Lq, 1)
 
-    row_shape = (*ops.shape(q)[:3], 1)
-    m = ops.full(row_shape, float("-inf"), dtype=compute)  # (B, H, Lq, 1)
-    total = ops.zeros(row_shape, dtype=compute)  # (B, H, Lq, 1)
-    acc = ops.zeros((*ops.shape(q)[:3], v.shape[-1]), dtype=compute)  # (B, H, Lq, Dv)
-    last_visible_key = lq - 1 + (lk - lq)
-    for start in range(0, lk, block):
-        if causal and start > last_visible_key:
-            break  # every remaining key lies in every query's future
-        stop = min(start + block, lk)
-        scores = ops.einsum("bhqd,bhkd->bhqk", q, k[:, :, start:stop])  # (B, H, Lq, n)
+    def step(index: Tensor, state: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        m, total, acc = state
+        start = index * block
+        k_block = ops.slice(k, (0, 0, start, 0), (batch, heads, block, k.shape[3]))
+        v_block = ops.slice(v, (0, 0, start, 0), (batch, heads, block, v.shape[3]))
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k_block)  # (B, H, Lq, block)
+        keys = ops.expand_dims(start + ops.arange(block), 0)  # (1, block)
+        allowed = keys < lk
+        if causal:
+            allowed = ops.logical_and(allowed, keys <= queries + causal_diagonal(lq, lk))  # (Lq, block)
         if mask is not None:
-            block_mask = mask if mask.shape[-1] == 1 else mask[..., start:stop]
+            block_mask = mask
+            if mask.shape[-1] != 1:
+                block_mask = ops.slice(mask, (0, 0, 0, start), (*mask.shape[:3], block))
             if dtype_kind(block_mask) == "bool":
-                scores = ops.where(block_mask, scores, minus_inf)
+                allowed = ops.logical_and(allowed, block_mask)
             else:
                 scores = scores + ops.cast(block_mask, compute)
-        if causal:
-            scores = ops.where(causal_block(lq, lk, start, stop), scores, minus_inf)
+        scores = ops.where(allowed, scores, minus_inf)
         block_max = ops.max(scores, axis=-1, keepdims=True)
         m_new = ops.where(block_max > m, block_max, m)  # not ops.maximum: on torch it returns float32
         # While a row has seen only masked keys its max is -inf; shift by 0 instead so exp gives 0, not NaN.
         shift = ops.where(ops.isinf(m_new), ops.zeros_like(m_new), m_new)
-        p = ops.exp(scores - shift)  # (B, H, Lq, n)
+        p = ops.exp(scores - shift)  # (B, H, Lq, block)
         rescale = ops.exp(m - shift)
         total = total * rescale + ops.sum(p, axis=-1, keepdims=True)
-        acc = acc * rescale + ops.einsum("bhqk,bhkd->bhqd", p, v[:, :, start:stop])
-        m = m_new
+        acc = acc * rescale + ops.einsum("bhqk,bhkd->bhqd", p, v_block)
+        return m_new, total, acc
+
+    row_shape = (batch, heads, lq, 1)
+    state = (
+        ops.full(row_shape, float("-inf"), dtype=compute),  # m: (B, H, Lq, 1)
+        ops.zeros(row_shape, dtype=compute),  # total: (B, H, Lq, 1)
+        ops.zeros((batch, heads, lq, v.shape[3]), dtype=compute),  # acc: (B, H, Lq, Dv)
+    )
+    _, total, acc = ops.fori_loop(0, count, step, state)
     out = acc / ops.where(total > 0, total, ops.ones_like(total))  # (B, H, Lq, Dv)
     return ops.cast(out, dtype)
 
@@ -241,5 +278,5 @@ def attention(
             scale=scale,
         )
     if q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK:
-        return _blocked(q, k, v, mask, causal, scale, KEY_BLOCK)
+        return _blocked(q, k, v, mask, causal, scale, block_size(q.shape[0], q.shape[1], q.shape[2]))
     return _explicit(q, k, v, mask, causal, scale, 0.0, None)[0]

@@ -1,0 +1,375 @@
+"""``multihead bench``: our attention against what users would pick instead, by the performance protocol.
+
+Every (implementation, case) is measured in a fresh process (``python -m multihead.bench --child IMPL CASE``):
+build, warm up, then time whole steps and take the median; peak memory is the process's peak RSS growth over
+its baseline taken after importing the framework (so it counts the model, inputs and attention, not the
+framework). Implementations are interleaved within each repeat, and the reported time is the median over
+repeats. Ratios are to the fastest peer (not ours) of the same case. Attention FLOPs are ``4·B·H·Lq·Lk·D`` forward
+and 3.5× that forward+backward; GFLOP/s is set against the machine's matmul rate, measured in the same run.
+
+Notation: B batch, L length (Lq/Lk query/key length), E model width, H heads, D = E/H.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+OURS = ("multihead-torch", "multihead-keras")
+PEERS = ("torch-mha", "torch-sdpa", "keras-mha", "tutorial")
+IMPLEMENTATIONS = OURS + PEERS
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    lq: int
+    lk: int
+    width: int = 512
+    heads: int = 8
+    backward: bool = False
+    padded: bool = False
+    skip: tuple[str, ...] = ()  # implementations that cannot run it here, with the reason in `why`
+    why: str = ""
+
+    @property
+    def flops(self) -> float:
+        forward = 4 * self.batch * self.heads * self.lq * self.lk * (self.width // self.heads)
+        return forward * (3.5 if self.backward else 1.0)
+
+
+CASES = {
+    case.name: case
+    for case in (
+        Case("paper-forward", 64, 5, 5),
+        Case("paper-train", 64, 5, 5, backward=True),
+        Case("cross-forward", 32, 10, 20),
+        Case("L512-forward", 8, 512, 512),
+        Case("L512-train", 8, 512, 512, backward=True),
+        Case("padded-forward", 16, 512, 512, padded=True),
+        Case("L4096-forward", 1, 4096, 4096),
+        Case(
+            "L16384-forward",
+            1,
+            16384,
+            16384,
+            skip=("keras-mha", "tutorial"),
+            why="materialise the 8 GiB score matrix several times over: more than this 24 GiB machine has",
+        ),
+    )
+}
+
+
+# --- the child: one measurement --------------------------------------------------------------------------
+
+
+def _lengths(case: Case) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(0).integers(64, case.lk + 1, size=case.batch)
+
+
+def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from multihead.torch import MultiHeadAttention, padding_mask
+
+    torch.manual_seed(0)
+    query = torch.randn(case.batch, case.lq, case.width)
+    memory = query if case.lq == case.lk else torch.randn(case.batch, case.lk, case.width)
+    cross = memory is not query
+    key_mask = padding_mask(torch.from_numpy(_lengths(case)), case.lk) if case.padded else None
+    heads, dim = case.heads, case.width // case.heads
+
+    class MinimalSDPA(nn.Module):
+        """The least a user writes around scaled_dot_product_attention: fused QKV, SDPA, output projection."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(case.width, 3 * case.width)
+            self.out = nn.Linear(case.width, case.width)
+
+        def forward(self, x: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            b, lq, e = x.shape
+            w_q, w_kv = self.qkv.weight.split([e, 2 * e])
+            b_q, b_kv = self.qkv.bias.split([e, 2 * e])
+            if m is x:
+                q, k, v = self.qkv(x).split(e, dim=-1)
+            else:
+                q, (k, v) = F.linear(x, w_q, b_q), F.linear(m, w_kv, b_kv).split(e, dim=-1)
+            q, k, v = (t.view(b, -1, heads, dim).transpose(1, 2) for t in (q, k, v))  # (B, H, L, D)
+            attn_mask = None if mask is None else mask[:, None, None, :]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            return self.out(out.transpose(1, 2).reshape(b, lq, e))
+
+    class Tutorial(nn.Module):
+        """The tutorials' explicit matmul-softmax-matmul."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(case.width, case.width) for _ in range(4))
+
+        def forward(self, x: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            b, lq, e = x.shape
+            q, k, v = (
+                w(t).view(b, -1, heads, dim).transpose(1, 2) for w, t in ((self.wq, x), (self.wk, m), (self.wv, m))
+            )
+            scores = q @ k.transpose(-2, -1) / dim**0.5
+            if mask is not None:
+                scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+            return self.wo((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, lq, e))
+
+    if impl == "multihead-torch":
+        module = MultiHeadAttention(case.width, heads)
+        call = lambda: module(query, memory if cross else None, key_mask=key_mask)  # noqa: E731
+    elif impl == "torch-mha":
+        module = nn.MultiheadAttention(case.width, heads, batch_first=True)
+        padding = None if key_mask is None else ~key_mask
+        call = lambda: module(query, memory, memory, key_padding_mask=padding, need_weights=False)[0]  # noqa: E731
+    else:
+        module = MinimalSDPA() if impl == "torch-sdpa" else Tutorial()
+        call = lambda: module(query, memory, key_mask)  # noqa: E731
+    if not case.backward:
+        module.eval()
+
+        def forward() -> Any:
+            with torch.no_grad():
+                return call()
+
+        return forward
+
+    def train_step() -> Any:
+        module.zero_grad(set_to_none=True)
+        out = call()
+        out.sum().backward()
+        return out
+
+    return train_step
+
+
+def _keras_step(impl: str, case: Case) -> Callable[[], Any]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from multihead.keras import MultiHeadAttention
+
+    rng = np.random.default_rng(0)
+    query = tf.constant(rng.normal(size=(case.batch, case.lq, case.width)).astype("float32"))
+    memory = (
+        query
+        if case.lq == case.lk
+        else tf.constant(rng.normal(size=(case.batch, case.lk, case.width)).astype("float32"))
+    )
+    key_mask = tf.constant(np.arange(case.lk)[None, :] < _lengths(case)[:, None]) if case.padded else None
+    if impl == "multihead-keras":
+        layer = MultiHeadAttention(case.heads)
+        call = lambda: layer(query, memory, key_mask=key_mask)  # noqa: E731
+    else:
+        layer = keras.layers.MultiHeadAttention(case.heads, case.width // case.heads)
+        mask = None if key_mask is None else tf.broadcast_to(key_mask[:, None, :], (case.batch, case.lq, case.lk))
+        call = lambda: layer(query, memory, attention_mask=mask)  # noqa: E731
+    call()  # build
+    if not case.backward:
+        return tf.function(lambda: call())
+
+    @tf.function
+    def train_step() -> Any:
+        with tf.GradientTape() as tape:
+            out = call()
+            loss = tf.reduce_sum(out)
+        return tape.gradient(loss, layer.trainable_variables)
+
+    return train_step
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(impl: str, case_name: str, budget_s: float) -> dict[str, Any]:
+    """Time one implementation on one case in this (fresh) process."""
+    case = CASES[case_name]
+    if "keras" in impl:  # the framework's own footprint is not the attention's: import it before the baseline
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+    else:
+        import torch
+    baseline = _peak_rss_mib()
+    step = _keras_step(impl, case) if "keras" in impl else _torch_step(impl, case)
+    if "keras" not in impl:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+    for _ in range(2):
+        step()
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - started < budget_s and len(times) < 200):
+        begin = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - begin)
+    return {"impl": impl, "case": case_name, "median_s": statistics.median(times), "runs": len(times),
+            "peak_mib": _peak_rss_mib() - baseline}  # fmt: skip
+
+
+def matmul_gflops() -> float:
+    """The machine's fp32 matmul rate (2048³, median of 10), in GFLOP/s."""
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        begin = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - begin)
+    return 2 * 2048**3 / statistics.median(times) / 1e9
+
+
+# --- the parent: the whole run ---------------------------------------------------------------------------
+
+
+def _measure(impl: str, case: str, budget_s: float) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "multihead.bench", "--child", impl, case, "--budget", str(budget_s)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        return {"impl": impl, "case": case, "error": (result.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run(cases: list[str], impls: list[str], repeats: int, budget_s: float, log: Callable[[str], None]) -> dict:
+    rate = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "multihead.bench", "--matmul"], capture_output=True, text=True, check=True
+        ).stdout
+    )["gflops"]
+    log(f"matmul rate: {rate:.1f} GFLOP/s (fp32, 2048³)")
+    samples: dict[tuple[str, str], list[dict]] = {}
+    for repeat in range(repeats):
+        for case in cases:
+            for impl in impls:  # interleaved: each repeat runs every implementation once per case
+                if impl in CASES[case].skip:
+                    continue
+                sample = _measure(impl, case, budget_s)
+                samples.setdefault((case, impl), []).append(sample)
+                shown = f"{sample['median_s'] * 1e3:9.2f} ms" if "median_s" in sample else sample["error"][:60]
+                log(f"[{repeat + 1}/{repeats}] {case:15s} {impl:16s} {shown}")
+    rows = []
+    for case in cases:
+        measured = {}
+        for impl in impls:
+            good = [s for s in samples.get((case, impl), []) if "median_s" in s]
+            if good:
+                measured[impl] = {
+                    "median_s": statistics.median(s["median_s"] for s in good),
+                    "peak_mib": max(s["peak_mib"] for s in good),
+                }
+        peers = {i: m for i, m in measured.items() if i in PEERS}
+        best = min(peers, key=lambda i: peers[i]["median_s"]) if peers else None
+        for impl, m in measured.items():
+            rows.append({
+                "case": case, "impl": impl, **m,
+                "ratio_to_best_peer": m["median_s"] / peers[best]["median_s"] if best else None,
+                "best_peer": best,
+                "gflops": CASES[case].flops / m["median_s"] / 1e9,
+                "share_of_matmul": CASES[case].flops / m["median_s"] / 1e9 / rate,
+            })  # fmt: skip
+        for impl in CASES[case].skip:
+            rows.append({"case": case, "impl": impl, "skipped": CASES[case].why})
+    return {"matmul_gflops": rate, "repeats": repeats, "budget_s": budget_s, "cpus": os.cpu_count(),
+            "cases": {name: asdict(CASES[name]) for name in cases}, "rows": rows}  # fmt: skip
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Machine matmul rate: {results['matmul_gflops']:.1f} GFLOP/s (fp32). Medians of {results['repeats']} "
+        "fresh-process runs; ratio = time / fastest peer's time (≤ 1.00: we are at least as fast).",
+        "",
+        "| case | implementation | median | ratio to best peer | peak memory | attention GFLOP/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in results["rows"]:
+        if "skipped" in row:
+            lines.append(f"| {row['case']} | {row['impl']} | skipped | | | |")
+            continue
+        ratio = "" if row["ratio_to_best_peer"] is None else f"{row['ratio_to_best_peer']:.2f}"
+        name = f"**{row['impl']}**" if row["impl"] in OURS else row["impl"]
+        lines.append(
+            f"| {row['case']} | {name} | {row['median_s'] * 1e3:.2f} ms | {ratio} | {row['peak_mib']:.0f} MiB | "
+            f"{row['gflops']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["rows"] if r.get("ratio_to_best_peer")]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    figure, axis = plt.subplots(figsize=(max(8, len(cases) * 1.4), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for index, impl in enumerate(impls):
+        values = [
+            next((r["ratio_to_best_peer"] for r in rows if r["case"] == c and r["impl"] == impl), 0) for c in cases
+        ]
+        axis.bar([c + index * width for c in range(len(cases))], values, width, label=impl)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))], cases, rotation=20, fontsize=8)
+    axis.set_ylabel("time / fastest peer (lower is better)")
+    axis.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="multihead bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=list(IMPLEMENTATIONS))
+    parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs per implementation and case")
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed steps per run (at least 3 steps)")
+    parser.add_argument("--out", default="benchmarks", help="directory for results.json, results.md, results.png")
+    parser.add_argument("--child", nargs=2, metavar=("IMPL", "CASE"), help=argparse.SUPPRESS)
+    parser.add_argument("--matmul", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.matmul:
+        print(json.dumps({"gflops": matmul_gflops()}))
+        return 0
+    if args.child:
+        print(json.dumps(child(*args.child, args.budget)))
+        return 0
+    results = run(args.cases, args.impls, args.repeats, args.budget, lambda line: print(line, flush=True))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(markdown(results), encoding="utf-8")
+    plot(results, out / "results.png")
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

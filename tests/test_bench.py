@@ -1,0 +1,33 @@
+"""The benchmark harness's plumbing: fresh-process measurements, ratios and reports. (It asserts no speeds:
+speed is measured by `make bench`, never by unit tests.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from multihead.bench import CASES, markdown, plot, run
+
+
+def test_run_measures_in_fresh_processes_and_reports(tmp_path: Path) -> None:
+    log: list[str] = []
+    results = run(["paper-forward"], ["multihead-torch", "torch-sdpa", "tutorial"], 1, 0.0, log.append)
+    assert results["matmul_gflops"] > 0
+    rows = {row["impl"]: row for row in results["rows"]}
+    assert set(rows) == {"multihead-torch", "torch-sdpa", "tutorial"}
+    assert rows["multihead-torch"]["best_peer"] in ("torch-sdpa", "tutorial")
+    best = rows[rows["multihead-torch"]["best_peer"]]
+    assert best["ratio_to_best_peer"] == 1.0
+    for row in rows.values():
+        assert row["median_s"] > 0
+        assert row["gflops"] == CASES["paper-forward"].flops / row["median_s"] / 1e9
+    assert len([line for line in log if "paper-forward" in line]) == 3
+    table = markdown(results)
+    assert "| paper-forward | **multihead-torch** |" in table
+    plot(results, tmp_path / "results.png")
+    assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_skipped_cases_say_why() -> None:
+    long = CASES["L16384-forward"]
+    assert "tutorial" in long.skip
+    assert "24 GiB" in long.why
