@@ -192,7 +192,6 @@ def test_dropout_only_in_training_and_seeded() -> None:
 # --- dispatch --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(BACKEND == "torch", reason="on the torch backend long sequences go to PyTorch's SDPA")
 def test_block_size_bounds_the_scores_per_block() -> None:
     assert functional.block_size(1, 8, 512) == functional.KEY_BLOCK
     assert functional.block_size(1, 8, 16384) == 64
@@ -201,6 +200,7 @@ def test_block_size_bounds_the_scores_per_block() -> None:
         assert (batch or 1) * heads * lq * size <= functional.BLOCK_SCORES or size == 64
 
 
+@pytest.mark.skipif(BACKEND == "torch", reason="on the torch backend long sequences go to PyTorch's SDPA")
 def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     blocked = functional._blocked
