@@ -81,21 +81,8 @@ class FeedForward(nn.Module):
 
 
 class _Block(nn.Module):
-    """What the encoder and decoder layers share: residual connections with LayerNorm before or after."""
-
-    def __init__(self, norm_first: bool, dropout: float) -> None:
-        super().__init__()
-        self.norm_first = check_flag("norm_first", norm_first)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-
-    def residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
-        if self.norm_first:
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
-
-
-class EncoderLayer(_Block):
-    """Self-attention then feed-forward, each with a residual connection and LayerNorm."""
+    """What the encoder and decoder layers share: self-attention, feed-forward, their LayerNorms, and residual
+    connections with LayerNorm before (``norm_first``) or after."""
 
     def __init__(
         self,
@@ -106,11 +93,22 @@ class EncoderLayer(_Block):
         activation: str = "relu",
         norm_first: bool = False,
     ) -> None:
-        super().__init__(norm_first, dropout)
+        super().__init__()
+        self.norm_first = check_flag("norm_first", norm_first)
+        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.norm2 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
+
+    def residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(_Block):
+    """Self-attention then feed-forward, each with a residual connection and LayerNorm."""
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask))
@@ -129,12 +127,8 @@ class DecoderLayer(_Block):
         activation: str = "relu",
         norm_first: bool = False,
     ) -> None:
-        super().__init__(norm_first, dropout)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        super().__init__(d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
-        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
-        self.norm2 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.norm3 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
 
     def forward(
