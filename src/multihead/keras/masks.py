@@ -65,16 +65,20 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
     return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))  # (B, L)
 
 
+def check_token_ids(name: str, tokens: object) -> None:
+    """Token ids: an integer tensor ``(B, L)``."""
+    if not is_tensor_like(tokens):
+        raise TypeError(f"`{name}` must be a tensor of token ids, received {type(tokens).__name__}")
+    dtype = backend.standardize_dtype(tokens.dtype)
+    if "int" not in dtype:
+        raise DTypeError(f"`{name}` must hold integer token ids, received dtype {dtype}")
+    if len(tokens.shape) != 2:
+        raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
+
+
 def padding_mask_from_tokens(tokens: Tensor, pad_id: int) -> Tensor:
     """``(B, L)`` mask that is ``True`` where ``tokens != pad_id`` (real tokens)."""
-    if not is_tensor_like(tokens):
-        raise TypeError(f"`tokens` must be a tensor, received {type(tokens).__name__}")
-    if "int" not in backend.standardize_dtype(tokens.dtype):
-        raise DTypeError(
-            f"`tokens` must hold integer token ids, received dtype {backend.standardize_dtype(tokens.dtype)}"
-        )
-    if len(tokens.shape) != 2:
-        raise ValueError(f"`tokens` must be 2-D (B, L), received tokens.shape={tuple(tokens.shape)}")
+    check_token_ids("tokens", tokens)
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
         raise TypeError(f"`pad_id` must be an int, received {pad_id!r}")
     return ops.not_equal(tokens, pad_id)

@@ -22,7 +22,7 @@ from multihead.cache import DecoderCache
 from multihead.config import ACTIVATIONS, TransformerConfig
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.keras.attention import KVCache, MultiHeadAttention
-from multihead.keras.masks import Tensor, is_tensor_like, padding_mask_from_tokens
+from multihead.keras.masks import Tensor, check_token_ids, padding_mask_from_tokens
 from multihead.reference import sinusoidal_positions
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -371,12 +371,7 @@ class Transformer(keras.Model):
         self.build()
 
     def _check_tokens(self, name: str, tokens: object, vocab: int) -> Tensor:
-        if not is_tensor_like(tokens):
-            raise TypeError(f"`{name}` must be a tensor of token ids, received {type(tokens).__name__}")
-        if "int" not in keras.backend.standardize_dtype(tokens.dtype):
-            raise TypeError(f"`{name}` must hold integer token ids, received dtype {tokens.dtype}")
-        if len(tokens.shape) != 2:
-            raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
+        check_token_ids(name, tokens)
         return tokens
 
     def _key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:

@@ -45,14 +45,19 @@ def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.T
     return positions < lengths[:, None]  # (B, L)
 
 
+def check_token_ids(name: str, tokens: object) -> None:
+    """Token ids: an integer tensor ``(B, L)``."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor of token ids, received {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise DTypeError(f"`{name}` must hold integer token ids, received dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
+
+
 def padding_mask_from_tokens(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     """``(B, L)`` mask that is ``True`` where ``tokens != pad_id`` (real tokens)."""
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"`tokens` must be a torch.Tensor, received {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise DTypeError(f"`tokens` must hold integer token ids, received dtype {tokens.dtype}")
-    if tokens.dim() != 2:
-        raise ValueError(f"`tokens` must be 2-D (B, L), received tokens.shape={tuple(tokens.shape)}")
+    check_token_ids("tokens", tokens)
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
         raise TypeError(f"`pad_id` must be an int, received {pad_id!r}")
     return tokens != pad_id

@@ -22,7 +22,7 @@ from multihead.config import ACTIVATIONS, TransformerConfig
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.reference import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
-from multihead.torch.masks import padding_mask_from_tokens
+from multihead.torch.masks import check_token_ids, padding_mask_from_tokens
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
 __all__ = [
@@ -287,12 +287,7 @@ class Transformer(nn.Module):
         return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
 
     def _check_tokens(self, name: str, tokens: object, vocab: int) -> torch.Tensor:
-        if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"`{name}` must be a torch.Tensor of token ids, received {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"`{name}` must hold integer token ids, received dtype {tokens.dtype}")
-        if tokens.dim() != 2:
-            raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
+        check_token_ids(name, tokens)
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             raise ValueError(
                 f"`{name}` must hold ids in [0, {vocab}), received ids from {int(tokens.min())} to {int(tokens.max())}"
