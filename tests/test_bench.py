@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multihead.bench import CASES, markdown, plot, run
+from multihead.bench import CASES, markdown, plot, run, run_generation
 
 
 def test_run_measures_in_fresh_processes_and_reports(tmp_path: Path) -> None:
@@ -31,3 +31,16 @@ def test_skipped_cases_say_why() -> None:
     long = CASES["L16384-forward"]
     assert "tutorial" in long.skip
     assert "24 GiB" in long.why
+
+
+def test_generation_is_timed_with_and_without_the_cache() -> None:
+    log: list[str] = []
+    generation = run_generation(["torch"], 3, 1, log.append)
+    measured = generation["frameworks"]["torch"]
+    assert set(measured["all_s"]) == {"cache", "recompute"}
+    assert all(len(times) == 1 and times[0] > 0 for times in measured["all_s"].values())
+    assert measured["speedup"] == measured["median_s"]["recompute"] / measured["median_s"]["cache"]
+    assert len(log) == 2
+    table = markdown({"matmul_gflops": 1.0, "repeats": 1, "rows": [], "generation": generation})
+    assert "| torch |" in table
+    assert "Greedy generation of 3 tokens" in table

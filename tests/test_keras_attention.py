@@ -51,6 +51,7 @@ CONFIGS = {
 
 def mask_variants(batch: int, heads: int, lq: int, lk: int) -> dict[str, dict]:
     key_mask = np.arange(lk)[None, :] < RNG.integers(1, lk + 1, size=(batch, 1))
+    query_mask = np.arange(lq)[None, :] < (np.arange(batch) % (lq + 1))[:, None]  # a sequence with no real query
     return {
         "none": {},
         "2d": {"mask": RNG.random((lq, lk)) > 0.3},
@@ -59,6 +60,7 @@ def mask_variants(batch: int, heads: int, lq: int, lk: int) -> dict[str, dict]:
         "key-mask": {"key_mask": key_mask},
         "float+key-mask": {"mask": RNG.normal(size=(batch, lq, lk)), "key_mask": key_mask},
         "causal+key-mask": {"key_mask": key_mask, "causal": True},
+        "causal+query-mask": {"key_mask": key_mask, "query_mask": query_mask, "causal": True},
     }
 
 
@@ -257,6 +259,12 @@ def test_build_rejects_indivisible_width() -> None:
             r"`key_mask` must have shape \(B, Lk\)=\(2, 5\), received key_mask.shape=\(2, 4\)",
         ),
         (lambda m, x: m(x, key_mask=tensor(np.ones((2, 5), "float32"))), DTypeError, r"`key_mask` must be boolean"),
+        (
+            lambda m, x: m(x, query_mask=tensor(np.ones((2, 4), bool))),
+            ValueError,
+            r"`query_mask` must have shape \(B, Lq\)=\(2, 5\), received query_mask.shape=\(2, 4\)",
+        ),
+        (lambda m, x: m(x, query_mask=tensor(np.ones((2, 5), "int32"))), DTypeError, r"`query_mask` must be boolean"),
         (lambda m, x: m(x, mask=tensor(np.ones((5, 5), "int32"))), DTypeError, r"received dtype int32"),
         (lambda m, x: m(x, mask=tensor(np.ones((5, 4), bool))), ValueError, r"mask.shape=\(1, 1, 5, 4\)"),
         (lambda m, x: m(x, mask=tensor(np.ones((5,), bool))), ValueError, r"`mask` must be 2-D"),

@@ -74,6 +74,8 @@ def mask_variants(batch: int, heads: int, lq: int, lk: int) -> dict[str, dict]:
     generator = torch.Generator().manual_seed(5)
     lengths = torch.randint(1, lk + 1, (batch,), generator=generator)
     float_mask = torch.randn(batch, lq, lk, generator=generator, dtype=torch.float64)
+    query_mask = padding_mask(torch.arange(batch) % (lq + 1), lq)  # a sequence with no real query
+    query_mask[-1, 0] = False  # and one whose real queries are not a prefix
     return {
         "none": {},
         "2d": {"mask": torch.rand(lq, lk, generator=generator) > 0.3},
@@ -83,6 +85,9 @@ def mask_variants(batch: int, heads: int, lq: int, lk: int) -> dict[str, dict]:
         "float+key-mask": {"mask": float_mask, "key_mask": padding_mask(lengths, lk)},
         "causal+key-mask": {"key_mask": padding_mask(lengths, lk), "causal": True},
         "causal": {"causal": True},
+        "query-mask": {"key_mask": padding_mask(lengths, lk), "query_mask": query_mask},
+        "causal+query-mask": {"key_mask": padding_mask(lengths, lk), "query_mask": query_mask, "causal": True},
+        "3d+query-mask": {"mask": torch.rand(batch, lq, lk, generator=generator) > 0.3, "query_mask": query_mask},
     }
 
 
@@ -122,6 +127,42 @@ def test_padded_queries_do_not_change_real_positions() -> None:
     padded = module(x, key_mask=key_mask)
     unpadded = module(x[:, :4])
     torch.testing.assert_close(padded[:, :4], unpadded)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_skipping_padded_queries_keeps_gradients(causal: bool) -> None:
+    """The packed path (padded rows skipped) and the dense one (weights requested) agree, gradients included."""
+    module = Config("self", 16, 4).build()
+    lengths = padding_mask([6, 3, 0, 5], 6)
+    x = randn(4, 6, 16, requires_grad=True)
+    packed = module(x, key_mask=lengths, query_mask=lengths, causal=causal)
+    dense, _ = module(x, key_mask=lengths, query_mask=lengths, causal=causal, return_weights=True)
+    (packed_grad,) = torch.autograd.grad(packed.square().sum(), x)
+    (dense_grad,) = torch.autograd.grad(dense.square().sum(), x)
+    torch.testing.assert_close(packed, dense, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(packed_grad, dense_grad, atol=1e-12, rtol=1e-12)
+    assert not packed[~lengths].any()
+    assert not packed_grad[~lengths].any()  # padding cannot influence anything
+
+
+def test_skipping_padded_queries_equals_running_each_sequence_alone() -> None:
+    module = Config("self", 16, 4).build()
+    lengths = [6, 2, 4]
+    x = randn(3, 6, 16)
+    real = padding_mask(lengths, 6)
+    out = module(x, key_mask=real, query_mask=real, causal=True)
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out[b, :n], module(x[b : b + 1, :n], causal=True)[0])
+
+
+def test_skipping_padded_queries_drops_out_in_training() -> None:
+    module = MultiHeadAttention(16, 4, dropout=0.5).double()
+    real = padding_mask([6, 3], 6)
+    x = randn(2, 6, 16)
+    evaluated = module.eval()(x, key_mask=real, query_mask=real)
+    trained = module.train()(x, key_mask=real, query_mask=real)
+    assert not torch.allclose(trained[real], evaluated[real])
+    assert not trained[~real].any()
 
 
 def test_causality_through_gradients() -> None:

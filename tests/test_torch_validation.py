@@ -245,6 +245,21 @@ FORWARD_CASES = {
         TypeError,
         r"`key_mask` must be boolean, received dtype torch.float32",
     ),
+    "query-mask-shape": (
+        lambda m: m(*inputs(), query_mask=torch.ones(2, 7, dtype=torch.bool)),
+        ValueError,
+        r"`query_mask` must have shape \(B, Lq\)=\(2, 5\), received query_mask.shape=\(2, 7\)",
+    ),
+    "query-mask-dtype": (
+        lambda m: m(*inputs(), query_mask=torch.ones(2, 5)),
+        TypeError,
+        r"`query_mask` must be boolean, received dtype torch.float32",
+    ),
+    "query-mask-with-bad-key-mask": (
+        lambda m: m(*inputs(), query_mask=torch.ones(2, 5, dtype=torch.bool), key_mask=torch.ones(2, 5).bool()),
+        ValueError,
+        r"`key_mask` must have shape \(B, Lk\)=\(2, 7\)",
+    ),
     "mask-rank": (
         lambda m: m(*inputs(), mask=torch.ones(7, dtype=torch.bool)),
         ValueError,

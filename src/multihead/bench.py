@@ -7,6 +7,9 @@ framework). Implementations are interleaved within each repeat, and the reported
 repeats. Ratios are to the fastest peer (not ours) of the same case. Attention FLOPs are ``4·B·H·Lq·Lk·D`` forward
 and 3.5× that forward+backward; GFLOP/s is set against the machine's matmul rate, measured in the same run.
 
+Generation is timed the same way: greedy decoding of exactly ``--tokens`` tokens (EOS never wins) by a Transformer
+with and without its KV cache, interleaved, each run in a fresh process.
+
 Notation: B batch, L length (Lq/Lk query/key length), E model width, H heads, D = E/H.
 """
 
@@ -24,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from multihead.io import atomic_write
 
 OURS = ("multihead-torch", "multihead-keras")
 PEERS = ("torch-mha", "torch-sdpa", "keras-mha", "tutorial")
@@ -134,7 +139,9 @@ def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
 
     if impl == "multihead-torch":
         module = MultiHeadAttention(case.width, heads)
-        call = lambda: module(query, memory if cross else None, key_mask=key_mask)  # noqa: E731
+        # In a padded self-attention batch the padded queries are padding too: saying so lets the module skip them.
+        query_mask = None if cross else key_mask
+        call = lambda: module(query, memory if cross else None, key_mask=key_mask, query_mask=query_mask)  # noqa: E731
     elif impl == "torch-mha":
         module = nn.MultiheadAttention(case.width, heads, batch_first=True)
         padding = None if key_mask is None else ~key_mask
@@ -197,6 +204,48 @@ def _keras_step(impl: str, case: Case) -> Callable[[], Any]:
     return train_step
 
 
+GENERATION_SIZES = {"d_model": 256, "num_heads": 4, "num_encoder_layers": 3, "num_decoder_layers": 3, "d_ff": 1024}
+GENERATION_BATCH, GENERATION_SOURCE, GENERATION_VOCAB = 8, 32, 100
+
+
+def generation_child(framework: str, use_cache: bool, tokens: int) -> dict[str, Any]:
+    """Seconds for greedy generation of exactly ``tokens`` tokens, in this (fresh) process."""
+    import numpy as np
+
+    source = np.random.default_rng(0).integers(3, GENERATION_VOCAB, size=(GENERATION_BATCH, GENERATION_SOURCE))
+    sizes = {**GENERATION_SIZES, "dropout": 0.0}
+    if framework == "torch":
+        import torch
+
+        from multihead.torch import Transformer
+
+        torch.manual_seed(0)
+        model = Transformer(GENERATION_VOCAB, GENERATION_VOCAB, **sizes).eval()
+        with torch.no_grad():
+            model.output_proj.bias[2] = -1e9  # EOS (id 2) never wins: always the full length
+        src = torch.from_numpy(source)
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import keras
+
+        from multihead.keras import Transformer
+
+        keras.utils.set_random_seed(0)
+        model = Transformer(GENERATION_VOCAB, GENERATION_VOCAB, **sizes)
+        model.build()
+        bias = keras.ops.convert_to_numpy(model.output_proj.bias).copy()
+        bias[2] = -1e9
+        model.output_proj.bias.assign(bias)
+        src = keras.ops.convert_to_tensor(source.astype("int32"))
+    model.generate(src, max_len=min(tokens, 8), bos_id=1, eos_id=2, use_cache=use_cache)  # warm-up
+    begin = time.perf_counter()
+    out = model.generate(src, max_len=tokens, bos_id=1, eos_id=2, use_cache=use_cache)
+    seconds = time.perf_counter() - begin
+    if tuple(out.shape) != (GENERATION_BATCH, tokens):
+        raise RuntimeError(f"generation stopped early: {tuple(out.shape)}")
+    return {"framework": framework, "cache": use_cache, "seconds": seconds}
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -246,14 +295,39 @@ def matmul_gflops() -> float:
 # --- the parent: the whole run ---------------------------------------------------------------------------
 
 
-def _measure(impl: str, case: str, budget_s: float) -> dict[str, Any]:
+def _fresh_process(*options: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-m", "multihead.bench", "--child", impl, case, "--budget", str(budget_s)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "multihead.bench", *options], capture_output=True, text=True, check=False
+    )
     if result.returncode != 0:
-        return {"impl": impl, "case": case, "error": (result.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {"error": (result.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _measure(impl: str, case: str, budget_s: float) -> dict[str, Any]:
+    return {"impl": impl, "case": case, **_fresh_process("--child", impl, case, "--budget", str(budget_s))}
+
+
+def run_generation(frameworks: list[str], tokens: int, repeats: int, log: Callable[[str], None]) -> dict:
+    """Generation with and without the cache, interleaved, medians over ``repeats`` fresh processes."""
+    results: dict[str, Any] = {}
+    for framework in frameworks:
+        seconds: dict[str, list[float]] = {"cache": [], "recompute": []}
+        for repeat in range(repeats):
+            for mode in seconds:
+                sample = _fresh_process("--generate", framework, mode, "--tokens", str(tokens))
+                if "error" in sample:
+                    raise RuntimeError(f"generation ({framework}, {mode}) failed: {sample['error']}")
+                seconds[mode].append(sample["seconds"])
+                log(f"[{repeat + 1}/{repeats}] generate {tokens} tokens, {framework} {mode}: {sample['seconds']:.2f} s")
+        medians = {mode: statistics.median(values) for mode, values in seconds.items()}
+        results[framework] = {
+            "median_s": medians,
+            "all_s": seconds,
+            "speedup": medians["recompute"] / medians["cache"],
+        }
+    return {"tokens": tokens, "batch": GENERATION_BATCH, "source_len": GENERATION_SOURCE, **GENERATION_SIZES,
+            "frameworks": results}  # fmt: skip
 
 
 def run(cases: list[str], impls: list[str], repeats: int, budget_s: float, log: Callable[[str], None]) -> dict:
@@ -317,6 +391,22 @@ def markdown(results: dict) -> str:
             f"| {row['case']} | {name} | {row['median_s'] * 1e3:.2f} ms | {ratio} | {row['peak_mib']:.0f} MiB | "
             f"{row['gflops']:.1f} |"
         )
+    generation = results.get("generation")
+    if generation:
+        lines += [
+            "",
+            f"Greedy generation of {generation['tokens']} tokens (B={generation['batch']}, source length "
+            f"{generation['source_len']}, d_model={generation['d_model']}, {generation['num_encoder_layers']}+"
+            f"{generation['num_decoder_layers']} layers), medians of {results['repeats']} fresh-process runs:",
+            "",
+            "| framework | with the cache | recomputing the prefix | speed-up |",
+            "|---|---:|---:|---:|",
+        ]
+        for framework, measured in generation["frameworks"].items():
+            lines.append(
+                f"| {framework} | {measured['median_s']['cache']:.2f} s | {measured['median_s']['recompute']:.2f} s "
+                f"| {measured['speedup']:.1f}× |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -341,32 +431,54 @@ def plot(results: dict, path: Path) -> None:
     axis.set_ylabel("time / fastest peer (lower is better)")
     axis.legend(fontsize=7, ncol=3)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    atomic_write(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
     plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="multihead bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), help="(none: skip)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=list(IMPLEMENTATIONS))
     parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs per implementation and case")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed steps per run (at least 3 steps)")
+    parser.add_argument(
+        "--generation",
+        nargs="*",
+        default=["torch", "keras"],
+        choices=["torch", "keras"],
+        help="front ends whose generation is timed with and without the cache (none: skip)",
+    )
+    parser.add_argument("--tokens", type=int, default=128, help="tokens generated in the generation benchmark")
     parser.add_argument("--out", default="benchmarks", help="directory for results.json, results.md, results.png")
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "CASE"), help=argparse.SUPPRESS)
+    parser.add_argument("--generate", nargs=2, metavar=("FRAMEWORK", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--matmul", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.tokens < 1 or args.budget < 0:
+        parser.error(
+            f"--repeats and --tokens must be at least 1 and --budget non-negative, received --repeats {args.repeats}, "
+            f"--tokens {args.tokens}, --budget {args.budget}"
+        )
     if args.matmul:
         print(json.dumps({"gflops": matmul_gflops()}))
         return 0
     if args.child:
         print(json.dumps(child(*args.child, args.budget)))
         return 0
-    results = run(args.cases, args.impls, args.repeats, args.budget, lambda line: print(line, flush=True))
+    if args.generate:
+        framework, mode = args.generate
+        print(json.dumps(generation_child(framework, mode == "cache", args.tokens)))
+        return 0
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    results = run(args.cases, args.impls, args.repeats, args.budget, log)
+    if args.generation:
+        results["generation"] = run_generation(args.generation, args.tokens, args.repeats, log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(markdown(results), encoding="utf-8")
-    plot(results, out / "results.png")
+    for name, text in (("results.json", json.dumps(results, indent=2) + "\n"), ("results.md", markdown(results))):
+        atomic_write(out / name, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
+    if results["rows"]:
+        plot(results, out / "results.png")
     print(markdown(results))
     return 0
 

@@ -20,8 +20,8 @@ from multihead.validation import (
     check_attention_shapes,
     check_broadcastable,
     check_heads,
-    check_key_mask_shape,
     check_mask_dtype,
+    check_padding_mask_shape,
     module_mask_shape,
 )
 
@@ -98,6 +98,7 @@ def multi_head_attention(
     num_kv_heads: int | None = None,
     mask: np.ndarray | None = None,
     key_mask: np.ndarray | None = None,
+    query_mask: np.ndarray | None = None,
     causal: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head attention: project, split heads, attend, concatenate, project.
@@ -105,7 +106,8 @@ def multi_head_attention(
     query ``(B, Lq, qdim)``, key ``(B, Lk, kdim)`` (default: query), value ``(B, Lk, vdim)`` (default: key).
     ``params`` holds ``q_proj.weight`` ``(H*Dk, qdim)``, ``k_proj.weight`` ``(Hkv*Dk, kdim)``, ``v_proj.weight``
     ``(Hkv*Dv, vdim)``, ``out_proj.weight`` ``(E, H*Dv)`` and optional ``*.bias``. ``mask`` is ``(Lq, Lk)``,
-    ``(B, Lq, Lk)`` or ``(B, H, Lq, Lk)``-broadcastable; ``key_mask`` ``(B, Lk)`` is ``True`` at real keys.
+    ``(B, Lq, Lk)`` or ``(B, H, Lq, Lk)``-broadcastable; ``key_mask`` ``(B, Lk)`` is ``True`` at real keys;
+    ``query_mask`` ``(B, Lq)`` is ``True`` at real queries (padded query rows give zero output and weights).
     Returns ``out (B, Lq, E)`` and per-head ``weights (B, H, Lq, Lk)``.
     """
     num_heads, num_kv_heads = check_heads(num_heads, num_kv_heads)
@@ -126,7 +128,7 @@ def multi_head_attention(
     full_mask = None if mask is None else np.asarray(mask).reshape(module_mask_shape(np.shape(mask)))
     if key_mask is not None:
         key_mask = np.asarray(key_mask)
-        check_key_mask_shape(key_mask.shape, batch, lk)
+        check_padding_mask_shape("key_mask", key_mask.shape, batch, lk)
         keys = key_mask.astype(bool)[:, None, None, :]  # (B, 1, 1, Lk)
         if full_mask is None or full_mask.dtype == np.bool_:
             full_mask = keys if full_mask is None else full_mask & keys
@@ -135,7 +137,13 @@ def multi_head_attention(
 
     out, weights = attention(q, k, v, full_mask, causal=causal)  # (B, H, Lq, Dv)
     out = out.transpose(0, 2, 1, 3).reshape(batch, lq, -1)  # (B, Lq, H*Dv)
-    return _linear(out, params, "out_proj"), weights
+    out = _linear(out, params, "out_proj")  # (B, Lq, E)
+    if query_mask is not None:
+        query_mask = np.asarray(query_mask)
+        check_padding_mask_shape("query_mask", query_mask.shape, batch, lq)
+        out = np.where(query_mask[:, :, None], out, 0.0)
+        weights = np.where(query_mask[:, None, :, None], weights, 0.0)
+    return out, weights
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:

@@ -154,11 +154,11 @@ def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim:
         )
 
 
-def check_key_mask_shape(shape: Shape, batch: int | None, key_len: int | None) -> None:
-    if len(shape) != 2 or not (_agree(shape[0], batch) and _agree(shape[1], key_len)):
-        raise ValueError(
-            f"`key_mask` must have shape (B, Lk)={(batch, key_len)}, received key_mask.shape={tuple(shape)}"
-        )
+def check_padding_mask_shape(name: str, shape: Shape, batch: int | None, length: int | None) -> None:
+    """A ``key_mask`` is ``(B, Lk)``, a ``query_mask`` ``(B, Lq)``."""
+    layout = "(B, Lq)" if name == "query_mask" else "(B, Lk)"
+    if len(shape) != 2 or not (_agree(shape[0], batch) and _agree(shape[1], length)):
+        raise ValueError(f"`{name}` must have shape {layout}={(batch, length)}, received {name}.shape={tuple(shape)}")
 
 
 def module_mask_shape(shape: Sequence[int]) -> Shape:

@@ -25,9 +25,9 @@ from multihead.validation import (
     check_dropout,
     check_flag,
     check_heads,
-    check_key_mask_shape,
     check_module_inputs,
     check_optional_positive_int,
+    check_padding_mask_shape,
     module_mask_shape,
     resolve_head_dim,
 )
@@ -194,6 +194,7 @@ class MultiHeadAttention(keras.layers.Layer):
         value: Tensor | None = None,
         mask: Tensor | None = None,
         key_mask: Tensor | None = None,
+        query_mask: Tensor | None = None,
         causal: bool = False,
         return_weights: bool = False,
         training: bool | None = None,
@@ -208,6 +209,9 @@ class MultiHeadAttention(keras.layers.Layer):
             mask: ``(Lq, Lk)``, ``(B, Lq, Lk)`` or broadcastable to ``(B, H, Lq, Lk)``; bool (``True`` = attend)
                 or float (added to the scores).
             key_mask: ``(B, Lk)`` bool, ``True`` at real (non-pad) keys.
+            query_mask: ``(B, Lq)`` bool, ``True`` at real queries; padded query rows give zero output and
+                weights. (Unlike the PyTorch module, which skips them, this layer still computes them: Keras
+                graphs need static shapes.)
             causal: bottom-right aligned causal masking, combined with the masks by AND.
             return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
             training: whether dropout applies.
@@ -229,6 +233,11 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None and self_attention and lk is not None:
             lk += cache.length
         full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], lk)
+        if query_mask is not None:
+            check_mask_tensor("query_mask", query_mask, allow_float=False)
+            check_padding_mask_shape("query_mask", tuple(query_mask.shape), query.shape[0], query.shape[1])
+            query_mask = ops.convert_to_tensor(query_mask)
+            full_mask = restrict(full_mask, query_mask[:, None, :, None])  # (B, 1|H, Lq, 1|Lk)
 
         def split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
             batch, length = ops.shape(x)[0], ops.shape(x)[1]
@@ -258,6 +267,8 @@ class MultiHeadAttention(keras.layers.Layer):
         out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, lq, self.num_heads * self._value_head_dim))
         # out: (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
+        if query_mask is not None:
+            out = ops.where(query_mask[:, :, None], out, ops.zeros_like(out))
         return (out, weights) if return_weights else out
 
     def _full_mask(
@@ -272,7 +283,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if key_mask is None:
             return mask
         check_mask_tensor("key_mask", key_mask, allow_float=False)
-        check_key_mask_shape(tuple(key_mask.shape), batch, lk)
+        check_padding_mask_shape("key_mask", tuple(key_mask.shape), batch, lk)
         keys = ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)  # (B, 1, 1, Lk)
         return restrict(mask, keys)
 

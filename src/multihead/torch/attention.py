@@ -19,9 +19,9 @@ from multihead.validation import (
     check_dropout,
     check_flag,
     check_heads,
-    check_key_mask_shape,
     check_module_inputs,
     check_optional_positive_int,
+    check_padding_mask_shape,
     check_positive_int,
     module_mask_shape,
     resolve_head_dim,
@@ -59,6 +59,31 @@ class KVCache(KVCacheBase):
 
     def _take(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return x.index_select(0, torch.as_tensor(rows, device=x.device))
+
+
+def _sequence_mask(
+    mask: torch.Tensor | None, query_rows: torch.Tensor, key_rows: torch.Tensor, b: int, causal: bool
+) -> tuple[torch.Tensor | None, bool]:
+    """Sequence ``b``'s part of a ``(B|1, H|1, Lq|1, Lk|1)`` mask, at its real query and key positions.
+
+    Causal alignment follows the original positions. When the real positions are prefixes whose lengths keep
+    the batch's offset ``Lk - Lq``, the kernel's own causal masking is exact; otherwise it is written out.
+    """
+    q_pos, k_pos = query_rows.nonzero()[:, 0], key_rows.nonzero()[:, 0]  # (n,), (m,)
+    if mask is not None:
+        mask = mask[b if mask.shape[0] > 1 else 0]  # (H|1, Lq|1, Lk|1)
+        mask = mask.index_select(1, q_pos) if mask.shape[1] > 1 else mask
+        mask = mask.index_select(2, k_pos) if mask.shape[2] > 1 else mask
+        mask = mask[None]  # (1, H|1, n|1, m|1)
+    if not causal:
+        return mask, False
+    n, m = len(q_pos), len(k_pos)
+    offset = len(key_rows) - len(query_rows)
+    prefixes = (n == 0 or int(q_pos[-1]) == n - 1) and (m == 0 or int(k_pos[-1]) == m - 1)
+    if prefixes and m - n == offset:
+        return mask, True
+    allowed = k_pos[None, :] <= q_pos[:, None] + offset  # (n, m)
+    return restrict(mask, allowed), False
 
 
 class MultiHeadAttention(nn.Module):
@@ -136,6 +161,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
         causal: bool = False,
         return_weights: bool = False,
         cache: KVCache | None = None,
@@ -149,6 +175,10 @@ class MultiHeadAttention(nn.Module):
             mask: ``(Lq, Lk)``, ``(B, Lq, Lk)`` or broadcastable to ``(B, H, Lq, Lk)``; bool (``True`` = attend)
                 or float (added to the scores).
             key_mask: ``(B, Lk)`` bool, ``True`` at real (non-pad) keys.
+            query_mask: ``(B, Lq)`` bool, ``True`` at real queries. Padded query rows are not computed: their
+                output and weights are zero. Without ``cache`` or ``return_weights``, each sequence's real
+                queries attend only its real keys (those of ``key_mask``), so padding costs nothing; pass both
+                masks for a padded self-attention batch.
             causal: bottom-right aligned causal masking, combined with the masks by AND.
             return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
             cache: a :class:`KVCache`. Self-attention appends to it and attends over all cached tokens (``Lk``
@@ -171,7 +201,16 @@ class MultiHeadAttention(nn.Module):
         reuse_memory = cache is not None and not self_attention and cache.length > 0
         lk = cache.length if reuse_memory else key.shape[1]
         lk += cache.length if cache is not None and self_attention else 0
-        full_mask = self._full_mask(mask, key_mask, batch, lq, lk)
+        if query_mask is not None:
+            check_mask_tensor("query_mask", query_mask, allow_float=False)
+            check_padding_mask_shape("query_mask", tuple(query_mask.shape), batch, lq)
+            if cache is None and not return_weights:
+                full_mask = self._full_mask(mask, None, batch, lq, lk)
+                key_mask = self._checked_key_mask(key_mask, batch, lk)
+                return self._forward_packed(query, key, value, full_mask, key_mask, query_mask, causal)
+        full_mask = restrict(
+            self._full_mask(mask, key_mask, batch, lq, lk), None if query_mask is None else query_mask[:, None, :, None]
+        )
 
         q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
         if reuse_memory:
@@ -195,7 +234,46 @@ class MultiHeadAttention(nn.Module):
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
+        if query_mask is not None:
+            out = out.masked_fill(~query_mask[:, :, None], 0.0)
         return (out, weights) if return_weights else out
+
+    def _forward_packed(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+        query_mask: torch.Tensor,
+        causal: bool,
+    ) -> torch.Tensor:
+        """Project and attend only the real queries and keys, one sequence at a time; padded rows stay zero.
+
+        N is the number of real queries in the batch, M the number of real keys; ``n``/``m`` a sequence's.
+        """
+        batch, lq, _ = query.shape
+        lk = key.shape[1]
+        key_mask = torch.ones(batch, lk, dtype=torch.bool, device=key.device) if key_mask is None else key_mask
+        q_rows, k_rows = query_mask.reshape(-1).nonzero()[:, 0], key_mask.reshape(-1).nonzero()[:, 0]  # (N,), (M,)
+        q = self.q_proj(query.reshape(batch * lq, -1).index_select(0, q_rows))  # (N, H*Dk)
+        k = self.k_proj(key.reshape(batch * lk, -1).index_select(0, k_rows))  # (M, Hkv*Dk)
+        v = self.v_proj(value.reshape(batch * lk, -1).index_select(0, k_rows))  # (M, Hkv*Dv)
+        q_counts, k_counts = query_mask.sum(1).tolist(), key_mask.sum(1).tolist()
+        dropout = self.dropout if self.training else 0.0
+        outs = []
+        for b, q_b, k_b, v_b in zip(range(batch), q.split(q_counts), k.split(k_counts), v.split(k_counts), strict=True):
+            if not q_counts[b]:
+                continue
+            q_b = q_b.view(1, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, H, n, Dk)
+            k_b = k_b.view(1, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (1, Hkv, m, Dk)
+            v_b = v_b.view(1, -1, self.num_kv_heads, self.value_head_dim).transpose(1, 2)  # (1, Hkv, m, Dv)
+            mask_b, causal_b = _sequence_mask(mask, query_mask[b], key_mask[b], b, causal)
+            out_b = attention(q_b, k_b, v_b, mask_b, causal=causal_b, dropout=dropout)  # (1, H, n, Dv)
+            outs.append(out_b[0].transpose(0, 1).reshape(-1, self.num_heads * self.value_head_dim))  # (n, H*Dv)
+        packed = self.out_proj(torch.cat(outs) if outs else q.new_empty(0, self.num_heads * self.value_head_dim))
+        out = packed.new_zeros(batch * lq, self.d_model).index_copy(0, q_rows, packed)  # (B*Lq, E)
+        return out.view(batch, lq, self.d_model)
 
     def _full_mask(
         self, mask: torch.Tensor | None, key_mask: torch.Tensor | None, batch: int, lq: int, lk: int
@@ -205,11 +283,15 @@ class MultiHeadAttention(nn.Module):
             check_mask_tensor("mask", mask)
             mask = mask.reshape(module_mask_shape(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
             check_broadcastable("mask", tuple(mask.shape), (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
-        if key_mask is None:
-            return mask
-        check_mask_tensor("key_mask", key_mask, allow_float=False)
-        check_key_mask_shape(tuple(key_mask.shape), batch, lk)
-        return restrict(mask, key_mask[:, None, None, :])  # (B, 1|H, 1|Lq, Lk)
+        key_mask = self._checked_key_mask(key_mask, batch, lk)
+        return mask if key_mask is None else restrict(mask, key_mask[:, None, None, :])  # (B, 1|H, 1|Lq, Lk)
+
+    @staticmethod
+    def _checked_key_mask(key_mask: torch.Tensor | None, batch: int, lk: int) -> torch.Tensor | None:
+        if key_mask is not None:
+            check_mask_tensor("key_mask", key_mask, allow_float=False)
+            check_padding_mask_shape("key_mask", tuple(key_mask.shape), batch, lk)
+        return key_mask
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
