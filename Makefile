@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 
-.PHONY: setup demo test bench lint format clean
+.PHONY: setup demo test bench notebooks lint format clean
 
 setup: $(STAMP)
 
@@ -30,13 +30,17 @@ test: lint $(STAMP)
 bench: $(STAMP)
 	$(BIN)/multihead bench --out benchmarks
 
+# The tutorials as notebooks, generated from their jupytext scripts (never edit the .ipynb files by hand).
+notebooks: $(STAMP)
+	$(BIN)/jupytext --to ipynb docs/tutorial.py docs/tutorial.zh-CN.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs
+	$(BIN)/ruff format --check src tests benchmarks docs
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks docs
+	$(BIN)/ruff format src tests benchmarks docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -11,10 +11,11 @@ import torch
 from multihead.torch import causal_mask
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+README_ZH = README.with_name("README.zh-CN.md")
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def python_blocks(readme: Path = README) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", readme.read_text(encoding="utf-8"), flags=re.S)
 
 
 def test_readme_has_python_examples() -> None:
@@ -24,6 +25,13 @@ def test_readme_has_python_examples() -> None:
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_python_example_runs(index: int) -> None:
     exec(compile(python_blocks()[index], f"README.md block {index}", "exec"), {})
+
+
+def test_chinese_readme_examples_are_the_english_ones() -> None:
+    """The translation's examples are copied from README.md, which runs them."""
+    assert set(python_blocks(README_ZH)) <= set(python_blocks())
+    assert "make demo" in README_ZH.read_text(encoding="utf-8")
+    assert "README.zh-CN.md" in README.read_text(encoding="utf-8")
 
 
 def test_readme_causal_table_matches_causal_mask() -> None:

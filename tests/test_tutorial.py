@@ -1,0 +1,61 @@
+"""The tutorials run from top to bottom (their claims are asserts), write their figures, and the Chinese one has
+the same code as the English one."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import pytest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+TUTORIALS = ["tutorial.py", "tutorial.zh-CN.py"]
+FIGURES = ["scaled_dot_product.png", "masks.png", "dates_attention.png"]
+
+
+def cells(name: str, kind: str) -> list[str]:
+    return [cell.source for cell in jupytext.read(DOCS / name).cells if cell.cell_type == kind]
+
+
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "MULTIHEAD_TUTORIAL_OUT": str(tmp_path),
+        "MULTIHEAD_TUTORIAL_STEPS": "20",  # the full 1500 steps take two minutes; the code path is the same
+        "MPLBACKEND": "Agg",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    result = subprocess.run(
+        [sys.executable, str(DOCS / name)], env=env, cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "after 20 steps" in result.stdout
+    for figure in FIGURES:
+        assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG", figure
+
+
+def test_translation_has_the_same_code_cells() -> None:
+    english, chinese = cells("tutorial.py", "code"), cells("tutorial.zh-CN.py", "code")
+    assert len(english) > 10
+    assert chinese == english
+
+
+def test_translation_is_translated() -> None:
+    english, chinese = cells("tutorial.py", "markdown"), cells("tutorial.zh-CN.py", "markdown")
+    assert len(chinese) == len(english)
+    han = re.compile(r"[\u4e00-\u9fff]")
+    assert all(han.search(text) for text in chinese)
+    assert not any(han.search(text) for text in english)
+
+
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_notebook_is_generated_from_the_script(name: str) -> None:
+    notebook = jupytext.read(DOCS / name)
+    headings = [cell.source.splitlines()[0] for cell in notebook.cells if cell.cell_type == "markdown"]
+    assert sum(heading.startswith("## ") for heading in headings) >= 8
+    assert jupytext.writes(notebook, fmt="ipynb").startswith("{")
