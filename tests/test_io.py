@@ -162,3 +162,36 @@ def test_save_refuses_bad_targets(tmp_path: Path) -> None:
         save_weights(torch_module(), tmp_path / "missing" / "w.safetensors")
     with pytest.raises(ValueError, match=r"must be built"):
         save_weights(KerasMHA(2), tmp_path / "w.safetensors")
+
+
+def _transformer(d_ff: int) -> torch.nn.Module:
+    from multihead.torch import Transformer
+
+    torch.manual_seed(0)
+    return Transformer(10, 12, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=d_ff)
+
+
+@pytest.mark.parametrize("swap", ["atomic-exchange", "two-renames"])
+def test_save_model_replaces_the_directory_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str) -> None:
+    if swap == "two-renames":  # systems without renameat2(RENAME_EXCHANGE)
+        monkeypatch.setattr(mio, "_exchange", lambda first, second: False)
+    mio.save_model(_transformer(32), tmp_path / "saved")
+    mio.save_model(_transformer(48), tmp_path / "saved")
+    assert mio.load_model(tmp_path / "saved").config.d_ff == 48
+    assert [p.name for p in tmp_path.iterdir()] == ["saved"]  # no staging or previous directory left
+
+
+def test_save_model_refuses_a_directory_holding_other_files(tmp_path: Path) -> None:
+    mio.save_model(_transformer(32), tmp_path / "saved")
+    (tmp_path / "saved" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"also holds \['notes.txt'\]"):
+        mio.save_model(_transformer(48), tmp_path / "saved")
+    assert (tmp_path / "saved" / "notes.txt").read_text() == "mine"
+    assert mio.load_model(tmp_path / "saved").config.d_ff == 32
+
+
+def test_integer_tensor_for_a_float_weight_is_refused_by_name(saved: Path) -> None:
+    tensors = safetensors.numpy.load_file(saved)
+    tensors["k_proj.bias"] = tensors["k_proj.bias"].astype(np.int32)
+    safetensors.numpy.save_file(tensors, saved)
+    assert_refused_unchanged(torch_module(), saved, ValueError, r"tensor 'k_proj.bias' .* is stored as int32")

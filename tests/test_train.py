@@ -60,6 +60,35 @@ def _umask() -> int:
     return mask
 
 
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"lr": float("nan")}, ValueError, r"--lr must be a positive finite number, received nan"),
+        ({"minutes": float("inf")}, ValueError, r"--minutes must be a positive finite number, received inf"),
+        ({"seed": -1}, ValueError, r"--seed must be non-negative, received -1"),
+        ({"warmup": 0}, ValueError, r"--warmup must be positive, received 0"),
+        ({"steps": "6"}, TypeError, r"--steps must be an int, received '6' of type str"),
+    ],
+    ids=["lr-nan", "minutes-inf", "seed-negative", "warmup-zero", "steps-string"],
+)
+def test_train_options_are_checked(tmp_path: Path, overrides: dict, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        tiny(tmp_path / "run", **overrides)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_skips_a_damaged_newer_checkpoint_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    train(tiny(out, steps=6, checkpoint_every=3))
+    (out / "checkpoints" / "step-0000006" / "model.safetensors").unlink()
+    resumed = train(tiny(out, steps=6, checkpoint_every=3, resume=True))
+    assert [step for step, _ in resumed.losses] == list(range(1, 7))
+    assert "resuming from step-0000003" in capsys.readouterr().err
+    assert latest_checkpoint(out).name == "step-0000006"
+
+
 def test_resume_follows_the_uninterrupted_loss_curve(tmp_path: Path) -> None:
     whole = train(tiny(tmp_path / "whole", dropout=0.1))
     train(tiny(tmp_path / "parts", dropout=0.1, steps=3))

@@ -1,7 +1,8 @@
 """The ``multihead`` command line: train, translate, demo.
 
-User errors (unknown task, malformed TSV, unusable output directory, a run that is not ours or does not fit) are
-one line on stderr and exit status 2; set ``MULTIHEAD_DEBUG=1`` to see the traceback instead.
+User errors (unknown task, malformed TSV, unusable output directory, a run that is not ours, damaged or does not
+fit, a file the system refuses to read or write) are one line on stderr and exit status 2; set ``MULTIHEAD_DEBUG=1``
+to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from multihead.io import check_file_target
     from multihead.translate import Translator
 
+    if args.plot:  # before the model loads and translates, not after
+        check_file_target(args.plot, "--plot")
     translator = Translator(args.run)
     for index, text in enumerate(args.text):
         translation = translator.translate(text, beam=args.beam)
@@ -176,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside the training loop, which saves first and returns normally
         print("multihead: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (RunError, ValueError, FileNotFoundError) as error:
+    except (RunError, ValueError, OSError) as error:
         if os.environ.get("MULTIHEAD_DEBUG"):
             raise
         message = str(error).splitlines()[0] if str(error) else type(error).__name__

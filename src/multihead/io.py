@@ -2,13 +2,18 @@
 
 ``q_proj.weight`` is stored ``(out, in)`` as ``torch.nn.Linear`` keeps it (a Keras ``Dense`` kernel is its
 transpose). A file written from either front end loads into the other. Loading never unpickles anything, checks
-every tensor's name and shape before it changes a single weight, and saving replaces the file atomically, so an
-interrupted save leaves the previous file whole.
+every tensor's name, shape and kind of dtype before it changes a single weight, and saving replaces the file
+atomically, so an interrupted save leaves the previous file whole. :func:`save_model` replaces the model directory as a
+whole, so an interrupted save leaves the previous model loadable.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import glob
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -90,14 +95,22 @@ def umask_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~mask
 
 
+def check_file_target(path: PathLike, name: str = "path") -> Path:
+    """``path`` can become a file: its directory exists and it is not itself a directory."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"`{name}` must be in an existing directory, received {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"`{name}` must name a file, received {str(path)!r}, which is a directory")
+    return path
+
+
 def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(temporary_path)``, then move the result onto ``path`` in one step.
 
     A crash or kill at any moment leaves either the previous file or the new one, never part of one.
     """
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ValueError(f"`path` must be in an existing directory, received {str(path)!r}")
+    path = check_file_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -130,11 +143,16 @@ def read_weights(path: PathLike) -> dict[str, np.ndarray]:
         raise ValueError(f"{str(path)!r} is not a readable safetensors weights file ({error})") from None
 
 
+_KIND_NAMES = {"f": "floating", "i": "signed integer", "u": "unsigned integer", "b": "boolean"}
+
+
 def load_weights(module_or_layer: object, path: PathLike) -> None:
     """Load a safetensors file (from either front end) into a torch module or Keras layer.
 
-    Every name and shape is checked first: a missing, unexpected or wrongly shaped tensor raises ``ValueError``
-    naming it, and no weight is changed.
+    Every name, shape and kind of dtype is checked first: a missing, unexpected, wrongly shaped or wrongly typed
+    tensor raises ``ValueError`` naming it, and no weight is changed. Floating tensors load into floating weights
+    of any precision; an integer tensor where the model holds floats (or the reverse) is refused, since its bytes
+    would be read as other numbers.
     """
     adapter = _adapter(module_or_layer)
     tensors = read_weights(path)
@@ -152,23 +170,98 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
                 f"tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, "
                 f"the model expects {tuple(shape)}"
             )
+    # The export is the one view of the weights' dtypes that every front end's adapter offers.
+    for name, current in adapter.export().items():
+        if tensors[name].dtype.kind != current.dtype.kind:
+            raise ValueError(
+                f"tensor {name!r} in {str(path)!r} is stored as {tensors[name].dtype}, "
+                f"the model expects a {_KIND_NAMES.get(current.dtype.kind, current.dtype.kind)} dtype "
+                f"({current.dtype})"
+            )
     adapter.assign(tensors)
 
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 FRAMEWORKS = ("torch", "keras")
 
 
 def save_model(model: object, directory: PathLike) -> None:
-    """Save a Transformer (either front end) as ``config.json`` and ``model.safetensors`` in ``directory``."""
+    """Save a Transformer (either front end) as ``config.json`` and ``model.safetensors`` in ``directory``.
+
+    Both files are written into a hidden sibling directory, which then takes the place of ``directory`` in one
+    step: a kill at any moment leaves the previous model or the new one loadable, never new weights under an old
+    config.
+    A ``directory`` holding anything else is refused, since replacing it would lose those files.
+    """
     config = getattr(model, "config", None)
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"`model` must be a multihead Transformer, received {type(model).__name__}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_weights(model, directory / WEIGHTS_FILE)
-    atomic_write(directory / CONFIG_FILE, lambda tmp: Path(tmp).write_text(config.to_json() + "\n", encoding="utf-8"))
+    given = Path(directory)
+    if given.exists() and not given.is_dir():
+        raise ValueError(f"`directory` must be a directory or a new path, received {str(given)!r}, which is a file")
+    target = given.resolve()  # a symlinked directory is replaced where it really lies
+    if target.is_dir():
+        foreign = sorted(entry.name for entry in target.iterdir() if entry.name not in MODEL_FILES)
+        if foreign:
+            raise ValueError(
+                f"`directory` must be new or hold only a saved model ({', '.join(MODEL_FILES)}), "
+                f"received {str(given)!r}, which also holds {foreign}"
+            )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f"{glob.escape('.' + target.name)}.saving-*"):  # left by a killed save
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+    try:
+        save_weights(model, staging / WEIGHTS_FILE)
+        atomic_write(staging / CONFIG_FILE, lambda tmp: Path(tmp).write_text(config.to_json() + "\n", encoding="utf-8"))
+        os.chmod(staging, umask_mode(directory=True))
+        fsync_directory(staging)
+        replace_directory(staging, target)
+        fsync_directory(target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # after a swap it holds the previous model
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a directory's entries (a rename into it, a new file) survive a power cut."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_directory(staging: Path, target: Path) -> None:
+    """Move directory ``staging`` to ``target`` in one step; a previous ``target`` ends up at ``staging``."""
+    if not target.exists():
+        os.rename(staging, target)
+    elif not _exchange(staging, target):
+        # No atomic swap here: for the instant between the two renames, the previous model is at `previous`.
+        previous = staging.with_name(staging.name + ".previous")
+        os.rename(target, previous)
+        os.rename(staging, target)
+        os.rename(previous, staging)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # a C library older than glibc 2.28
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # kernel or file system without the swap
+        return False
+    raise OSError(code, os.strerror(code), str(second))
 
 
 def load_model(directory: PathLike, framework: str = "torch") -> Any:
@@ -181,7 +274,7 @@ def load_model(directory: PathLike, framework: str = "torch") -> Any:
     config_path = Path(directory) / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"no {CONFIG_FILE} in {str(directory)!r}: not a saved multihead model")
-    config = TransformerConfig.from_json(config_path.read_text(encoding="utf-8"))
+    config = read_config(config_path)
     if framework == "torch":
         from multihead.torch import Transformer
     else:
@@ -189,3 +282,17 @@ def load_model(directory: PathLike, framework: str = "torch") -> Any:
     model = Transformer.from_config(config)
     load_weights(model, Path(directory) / WEIGHTS_FILE)
     return model.eval() if framework == "torch" else model
+
+
+def read_config(path: Path) -> TransformerConfig:
+    """The :class:`TransformerConfig` in the JSON file ``path``; every refusal names the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    try:
+        return TransformerConfig.from_json(text)
+    except TypeError as error:
+        raise TypeError(f"{str(path)!r}: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{str(path)!r}: {error}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multihead.io import atomic_write
+from multihead.io import atomic_write, check_file_target
 from multihead.translate import Translation
 
 
@@ -14,6 +14,7 @@ def _label(token: str) -> str:
 
 def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
     """Save a grid of heatmaps (rows: layers, columns: heads) with source tokens across, target tokens down."""
+    path = check_file_target(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,8 +37,9 @@ def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
             axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
     figure.suptitle(f"{translation.source!r} → {translation.target!r}: cross-attention", fontsize=10)
     figure.tight_layout()
-    path = Path(path)
     suffix = path.suffix or ".png"
-    atomic_write(path, lambda tmp: figure.savefig(tmp, dpi=110, format=suffix.lstrip(".")))
-    plt.close(figure)
+    try:
+        atomic_write(path, lambda tmp: figure.savefig(tmp, dpi=110, format=suffix.lstrip(".")))
+    finally:
+        plt.close(figure)  # pyplot keeps every open figure alive
     return path

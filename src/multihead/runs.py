@@ -6,9 +6,10 @@
                                    trainer.json
 
 A checkpoint is written into a hidden temporary directory, every file flushed to disk, then renamed into place in
-one step; only then does ``latest`` (itself replaced atomically) point at it. A process killed at any moment
-leaves the previous checkpoint as the latest one; leftover temporary directories are never read, and are removed
-by the next save. Only the newest ``KEEP`` checkpoints are kept.
+one step (swapped in one step with an earlier checkpoint of the same step); only then does ``latest`` (itself
+replaced atomically) point at it. A process killed at any moment leaves the previous checkpoint as the latest one;
+leftover temporary directories are never read, and are removed by the next save. Only the newest ``KEEP``
+checkpoints are kept; older ones are renamed to temporary directories before they are deleted.
 """
 
 from __future__ import annotations
@@ -21,24 +22,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from multihead.io import atomic_write, umask_mode
+from multihead.io import atomic_write, fsync_directory, replace_directory, umask_mode
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 KEEP = 2
-REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "trainer.json")
+REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer.json")
 
 
 class RunError(ValueError):
     """A run directory that cannot be used: not ours, damaged, or not writable."""
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_writable(out: Path) -> None:
@@ -62,21 +55,21 @@ def save_checkpoint(out: Path, step: int, writers: Mapping[str, Callable[[Path],
             write(staging / name)
             with open(staging / name, "rb") as written:
                 os.fsync(written.fileno())
-        _fsync_directory(staging)
+        fsync_directory(staging)
         for written in staging.iterdir():
             os.chmod(written, umask_mode())
         os.chmod(staging, umask_mode(directory=True))
         final = root / f"step-{step:07d}"
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(staging, final)
-        _fsync_directory(root)
-    except BaseException:
+        replace_directory(staging, final)  # a checkpoint of the same step is swapped out, whole, to `staging`
+        fsync_directory(root)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     atomic_write(out / LATEST, lambda tmp: Path(tmp).write_text(final.name + "\n", encoding="utf-8"))
     for old in sorted(root.glob("step-*"))[:-KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
+        # Renamed first, so that a kill while deleting leaves a temporary directory, not a partial checkpoint.
+        doomed = root / f".tmp-{old.name}-removed"
+        os.rename(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     return final
 
 
@@ -84,22 +77,47 @@ def _complete(path: Path) -> bool:
     return path.is_dir() and all((path / name).is_file() for name in REQUIRED)
 
 
+def _pointed_at(out: Path) -> Path | None:
+    """The checkpoint ``latest`` names, or ``None`` when it names none (missing, not text, not a checkpoint name)."""
+    try:
+        name = (out / LATEST).read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return out / CHECKPOINTS / name if name.startswith("step-") and Path(name).name == name else None
+
+
 def latest_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or ``None`` if it has none."""
-    pointer = out / LATEST
-    if pointer.is_file():
-        named = out / CHECKPOINTS / pointer.read_text(encoding="utf-8").strip()
-        if _complete(named):
-            return named
+    """The newest complete checkpoint of a run, or ``None`` if it has none.
+
+    The one ``latest`` names, when it is complete; otherwise (``latest`` damaged, or a kill between a checkpoint's
+    rename and the update of ``latest``) the newest complete one by step.
+    """
+    named = _pointed_at(out)
+    if named is not None and _complete(named):
+        return named
     candidates = [path for path in sorted((out / CHECKPOINTS).glob("step-*")) if _complete(path)]
     return candidates[-1] if candidates else None
 
 
+def incomplete_checkpoints(out: Path, newer_than: str = "") -> str:
+    """``'step-0000500 lacks model.safetensors; ...'`` for the checkpoint directories (after ``newer_than``) that
+    miss a file, or ``''``. Saving never leaves one (it renames whole directories), so these were damaged."""
+    return "; ".join(
+        f"{path.name} lacks {', '.join(name for name in REQUIRED if not (path / name).is_file())}"
+        for path in sorted((out / CHECKPOINTS).glob("step-*"))
+        if path.name > newer_than and not _complete(path)
+    )
+
+
 def require_checkpoint(out: Path) -> Path:
+    """The newest complete checkpoint of the run ``out``; a :class:`RunError` saying why there is none."""
     if not out.exists():
         raise RunError(f"{str(out)!r} does not exist")
     checkpoint = latest_checkpoint(out)
     if checkpoint is None:
+        damaged = incomplete_checkpoints(out)
+        if damaged:
+            raise RunError(f"{str(out)!r} holds no complete checkpoint: {damaged}")
         raise RunError(f"{str(out)!r} is not a multihead run: it holds no complete checkpoint")
     return checkpoint
 

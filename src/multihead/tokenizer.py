@@ -5,6 +5,7 @@ Ids 0-3 are the specials: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``; the rest i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -60,10 +61,20 @@ class Tokenizer:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Tokenizer:
+        """The tokenizer :meth:`to_dict` described; anything that would give other ids is refused."""
         if (
             not isinstance(values, dict)
             or set(values) != {"kind", "symbols"}
             or not isinstance(values["symbols"], list)
         ):
             raise ValueError("a tokenizer must be a JSON object with 'kind' and 'symbols'")
-        return cls(values["kind"], values["symbols"])
+        symbols = values["symbols"]
+        wrong = [symbol for symbol in symbols if not isinstance(symbol, str) or not symbol or symbol in SPECIALS]
+        if wrong:
+            raise ValueError(
+                f"a tokenizer's symbols must be non-empty strings other than {SPECIALS}, received {wrong[:5]}"
+            )
+        repeated = sorted(symbol for symbol, count in Counter(symbols).items() if count > 1)
+        if repeated:
+            raise ValueError(f"a tokenizer's symbols must each appear once, received {repeated[:5]} more than once")
+        return cls(values["kind"], symbols)

@@ -17,15 +17,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from multihead.config import TransformerConfig
+from multihead.io import read_config, read_weights
 from multihead.runs import (
     RunError,
     check_writable,
+    incomplete_checkpoints,
     latest_checkpoint,
     read_json,
     save_checkpoint,
@@ -35,6 +38,7 @@ from multihead.tasks import Dataset, load_task
 from multihead.tokenizer import BOS, EOS, PAD, Tokenizer
 
 FORMAT = 1
+FRAMEWORKS = ("torch", "keras")
 
 
 @dataclass
@@ -67,15 +71,31 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.steps is None and self.minutes is None:
             raise ValueError("give --steps N or --minutes M (or both: whichever comes first)")
-        if self.steps is not None and self.steps <= 0:
-            raise ValueError(f"--steps must be positive, received {self.steps}")
-        if self.minutes is not None and self.minutes <= 0:
-            raise ValueError(f"--minutes must be positive, received {self.minutes}")
-        for name in ("batch_size", "eval_every", "checkpoint_every", "eval_examples"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive, received {getattr(self, name)}")
-        if self.framework not in ("torch", "keras"):
+        if self.steps is not None:
+            _check_count("--steps", self.steps)
+        if self.minutes is not None:
+            # nan or inf would never reach the deadline: a run without end
+            _check_positive_number("--minutes", self.minutes)
+        _check_positive_number("--lr", self.lr)
+        for name in ("batch_size", "warmup", "eval_every", "checkpoint_every", "eval_examples"):
+            _check_count(f"--{name.replace('_', '-')}", getattr(self, name))
+        _check_count("--seed", self.seed, minimum=0)  # NumPy seeds its batches with it: no negative seeds
+        if self.framework not in FRAMEWORKS:
             raise ValueError(f"--framework must be torch or keras, received {self.framework!r}")
+
+
+def _check_count(option: str, value: object, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{option} must be an int, received {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{option} must be {'positive' if minimum else 'non-negative'}, received {value}")
+
+
+def _check_positive_number(option: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{option} must be a number, received {value!r} of type {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{option} must be a positive finite number, received {value}")
 
 
 @dataclass
@@ -158,20 +178,83 @@ def checkpoint_files(
     }
 
 
-def load_setup(checkpoint: Path) -> tuple[Setup, dict[str, Any]]:
-    """The setup and ``trainer.json`` of a checkpoint."""
-    trainer = read_json(checkpoint / "trainer.json")
+def _check_trainer(trainer: object, path: Path) -> dict[str, Any]:
+    """``trainer.json`` as :func:`checkpoint_files` writes it; a :class:`RunError` naming the file otherwise."""
     if not isinstance(trainer, dict) or trainer.get("format") != FORMAT:
-        raise RunError(f"{str(checkpoint)!r} was not written by this version of multihead train")
-    tokenizers = read_json(checkpoint / "tokenizer.json")
+        found = trainer.get("format") if isinstance(trainer, dict) else type(trainer).__name__
+        raise RunError(f"{str(path)!r} was not written by this version of multihead train (format {found!r})")
+    missing = sorted({"framework", "step", "options", "optimizer", "losses", "evals"} - set(trainer))
+    options = trainer.get("options")
+    problem = None
+    if missing:
+        problem = f"it lacks {missing}"
+    elif trainer["framework"] not in FRAMEWORKS:
+        problem = f"framework {trainer['framework']!r} is not one of {FRAMEWORKS}"
+    elif isinstance(trainer["step"], bool) or not isinstance(trainer["step"], int) or trainer["step"] < 0:
+        problem = f"step {trainer['step']!r} is not a non-negative int"
+    elif not isinstance(options, dict) or not {"task", "data", "tokenizer"} <= set(options):
+        problem = "its options do not name the task, data and tokenizer"
+    elif not isinstance(trainer["optimizer"], dict):
+        problem = f"its optimizer is a {type(trainer['optimizer']).__name__}, not a JSON object"
+    else:
+        for name in ("losses", "evals"):
+            if not isinstance(trainer[name], list) or not all(_is_step_value(entry) for entry in trainer[name]):
+                problem = f"{name} is not a list of [step, value] pairs"
+    if problem is not None:
+        raise RunError(f"{str(path)!r} is damaged: {problem}")
+    return trainer
+
+
+def _is_step_value(entry: object) -> bool:
+    """``[step, value]``, as a loss or an evaluation is recorded."""
+    if not isinstance(entry, list) or len(entry) != 2:
+        return False
+    step, value = entry
+    json_booleans = isinstance(step, bool) or isinstance(value, bool)
+    return isinstance(step, int) and isinstance(value, Real) and not json_booleans
+
+
+def _read_tokenizers(path: Path) -> tuple[Tokenizer, Tokenizer]:
+    values = read_json(path)
+    if not isinstance(values, dict) or set(values) != {"source", "target"}:
+        raise RunError(f"{str(path)!r} is damaged: it must be a JSON object with 'source' and 'target' tokenizers")
     try:
-        config = TransformerConfig.from_json((checkpoint / "config.json").read_text(encoding="utf-8"))
-        source, target = Tokenizer.from_dict(tokenizers["source"]), Tokenizer.from_dict(tokenizers["target"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise RunError(f"{str(checkpoint)!r} holds a damaged configuration or tokenizer ({error})") from None
+        return Tokenizer.from_dict(values["source"]), Tokenizer.from_dict(values["target"])
+    except (TypeError, ValueError) as error:
+        raise RunError(f"{str(path)!r} is damaged: {error}") from None
+
+
+def load_setup(checkpoint: Path) -> tuple[Setup, dict[str, Any]]:
+    """The setup and ``trainer.json`` of a checkpoint, each file checked and all checked against each other."""
+    trainer = _check_trainer(read_json(checkpoint / "trainer.json"), checkpoint / "trainer.json")
+    try:
+        config = read_config(checkpoint / "config.json")
+    except (TypeError, ValueError) as error:
+        raise RunError(str(error)) from None
+    source, target = _read_tokenizers(checkpoint / "tokenizer.json")
+    sizes = {"src_vocab": (len(source), config.src_vocab), "tgt_vocab": (len(target), config.tgt_vocab)}
+    for name, (symbols, vocabulary) in sizes.items():
+        if symbols != vocabulary:
+            raise RunError(
+                f"{str(checkpoint / 'tokenizer.json')!r} does not fit {str(checkpoint / 'config.json')!r}: "
+                f"{symbols} symbols for the model's {name}={vocabulary}"
+            )
+    if config.pad_id != PAD:
+        raise RunError(f"{str(checkpoint / 'config.json')!r} has pad_id={config.pad_id}, the tokenizers pad with {PAD}")
     saved = trainer["options"]
-    dataset = load_task(saved["task"], data=saved["data"], tokenizer=saved["tokenizer"])
+    try:
+        dataset = load_task(saved["task"], data=saved["data"], tokenizer=saved["tokenizer"])
+    except TypeError as error:  # a task, data or tokenizer of the wrong kind: only damage writes that
+        raise RunError(f"{str(checkpoint / 'trainer.json')!r} is damaged: {error}") from None
     return Setup(dataset, source, target, config), trainer
+
+
+def read_optimizer_state(checkpoint: Path) -> dict[str, np.ndarray]:
+    """The tensors of a checkpoint's ``optimizer.safetensors``."""
+    try:
+        return read_weights(checkpoint / "optimizer.safetensors")
+    except (FileNotFoundError, ValueError) as error:
+        raise RunError(f"cannot resume: {error}") from None
 
 
 def prepare(options: TrainOptions) -> tuple[Setup, dict[str, Any] | None, Path | None]:
@@ -183,6 +266,9 @@ def prepare(options: TrainOptions) -> tuple[Setup, dict[str, Any] | None, Path |
     if out.exists() and not out.is_dir():
         raise RunError(f"cannot write to output directory {str(out)!r}: it is a file")
     if checkpoint is None:
+        damaged = incomplete_checkpoints(out)
+        if damaged:  # starting afresh would discard them
+            raise RunError(f"{str(out)!r} holds no complete checkpoint to resume: {damaged}")
         return make_setup(options), None, None
     setup, trainer = load_setup(checkpoint)
     saved = trainer["options"]
@@ -190,6 +276,9 @@ def prepare(options: TrainOptions) -> tuple[Setup, dict[str, Any] | None, Path |
         raise RunError(f"{str(out)!r} trained task {saved['data'] or saved['task']!r}; resume it with the same task")
     if trainer["framework"] != options.framework:
         raise RunError(f"{str(out)!r} was trained with --framework {trainer['framework']}; resume it with that")
+    skipped = incomplete_checkpoints(out, newer_than=checkpoint.name)
+    if skipped and _distributed()[0] == 0:
+        print(f"warning: resuming from {checkpoint.name}, the newest complete checkpoint: {skipped}", file=sys.stderr)
     return setup, trainer, checkpoint
 
 
@@ -235,11 +324,33 @@ def _distributed() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _restore_torch_optimizer(optimizer: Any, meta: dict[str, Any], checkpoint: Path) -> None:
+    """Load the optimizer state and torch RNG of a checkpoint; a :class:`RunError` if they do not fit the model."""
+    import torch
+
+    tensors = read_optimizer_state(checkpoint)
+    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    try:
+        state = {}
+        for index, names in meta["state"].items():
+            state[int(index)] = {name: torch.from_numpy(tensors[f"state.{index}.{name}"]) for name in names}
+            for name, value in state[int(index)].items():
+                if value.dim() and value.shape != parameters[int(index)].shape:  # a 0-d value is a count
+                    raise ValueError(f"state.{index}.{name} has shape {tuple(value.shape)}")
+        optimizer.load_state_dict({"param_groups": meta["param_groups"], "state": state})
+        torch.set_rng_state(torch.from_numpy(tensors["rng.torch"]))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as error:
+        raise RunError(
+            f"cannot resume: {str(checkpoint / 'optimizer.safetensors')!r} and the optimizer in trainer.json "
+            f"do not fit the model ({type(error).__name__}: {error})"
+        ) from None
+
+
 def train_torch(options: TrainOptions) -> Result:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
     from torch.nn.parallel import DistributedDataParallel
     from tqdm import tqdm
 
@@ -259,16 +370,7 @@ def train_torch(options: TrainOptions) -> Result:
     step, history = 0, {"losses": [], "evals": []}
     if checkpoint is not None:
         load_weights(model, checkpoint / "model.safetensors")
-        tensors = load_file(checkpoint / "optimizer.safetensors")
-        state = {
-            "param_groups": trainer["optimizer"]["param_groups"],
-            "state": {
-                int(index): {name: tensors[f"state.{index}.{name}"] for name in names}
-                for index, names in trainer["optimizer"]["state"].items()
-            },
-        }
-        optimizer.load_state_dict(state)
-        torch.set_rng_state(tensors["rng.torch"])
+        _restore_torch_optimizer(optimizer, trainer["optimizer"], checkpoint)
         step, history = trainer["step"], {"losses": trainer["losses"], "evals": trainer["evals"]}
     engine = DistributedDataParallel(model) if world > 1 else model
     total = options.steps if options.steps is not None else sys.maxsize

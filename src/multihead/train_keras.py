@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from multihead.runs import check_writable, save_checkpoint
+from multihead.runs import RunError, check_writable, save_checkpoint
 from multihead.tokenizer import BOS, EOS, PAD
 from multihead.train import (
     Interrupt,
@@ -24,7 +24,22 @@ from multihead.train import (
     encode_batch,
     exact_match,
     prepare,
+    read_optimizer_state,
 )
+
+
+def _restore_keras_optimizer(optimizer: Any, meta: dict[str, Any], checkpoint: Path) -> None:
+    """Assign a checkpoint's optimizer variables; a :class:`RunError`, with nothing assigned, if they do not fit."""
+    saved = read_optimizer_state(checkpoint)
+    expected = {f"keras.{index}": tuple(variable.shape) for index, variable in enumerate(optimizer.variables)}
+    stored = {name: tuple(value.shape) for name, value in saved.items()}
+    if meta.get("variables") != len(expected) or stored != expected:
+        raise RunError(
+            f"cannot resume: {str(checkpoint / 'optimizer.safetensors')!r} does not hold this model's "
+            f"{len(expected)} optimizer variables (trainer.json counts {meta.get('variables')!r})"
+        )
+    for index, variable in enumerate(optimizer.variables):
+        variable.assign(saved[f"keras.{index}"])
 
 
 def train_keras(options: TrainOptions) -> Result:
@@ -54,9 +69,7 @@ def train_keras(options: TrainOptions) -> Result:
     step, history = 0, {"losses": [], "evals": []}
     if checkpoint is not None:
         load_weights(model, checkpoint / "model.safetensors")
-        saved = safetensors.numpy.load_file(checkpoint / "optimizer.safetensors")
-        for index, variable in enumerate(optimizer.variables):
-            variable.assign(saved[f"keras.{index}"])
+        _restore_keras_optimizer(optimizer, trainer["optimizer"], checkpoint)
         step, history = trainer["step"], {"losses": trainer["losses"], "evals": trainer["evals"]}
     total = options.steps if options.steps is not None else sys.maxsize
     deadline = None if options.minutes is None else time.monotonic() + 60 * options.minutes

@@ -46,26 +46,37 @@ class KerasAdapter:
 
     def __init__(self, layer: keras.layers.Layer) -> None:
         self.layer = layer
+        self._build_from: Mapping[str, tuple[int, ...]] | None = None
+        self._probe: keras.layers.Layer | None = None  # an unbuilt layer's copy, built from a file's shapes
 
     def export(self) -> dict[str, np.ndarray]:
-        self._require_built()
+        layer = self.layer if self.layer.built or self._probe is None else self._probe
+        if not layer.built:
+            self._require_built()
         return {
             name: np.ascontiguousarray(
                 ops.convert_to_numpy(variable).T if transposed else ops.convert_to_numpy(variable)
             )
-            for name, (variable, transposed) in torch_layout_variables(self.layer).items()
+            for name, (variable, transposed) in torch_layout_variables(layer).items()
         }
 
     def shapes(self, stored: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        if not self.layer.built and hasattr(self.layer, "build_from_state"):
-            self.layer.build_from_state(stored)
-        self._require_built()
+        layer = self.layer
+        if not layer.built and hasattr(layer, "build_from_state"):
+            # A copy is built from the file's shapes to check them: a refused file leaves the layer unbuilt.
+            layer = self._probe = type(layer).from_config(layer.get_config())
+            layer.build_from_state(stored)
+            self._build_from = stored
+        elif not layer.built:
+            self._require_built()
         return {
             name: tuple(reversed(variable.shape)) if transposed else tuple(variable.shape)
-            for name, (variable, transposed) in torch_layout_variables(self.layer).items()
+            for name, (variable, transposed) in torch_layout_variables(layer).items()
         }
 
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
+        if self._build_from is not None:
+            self.layer.build_from_state(self._build_from)
         for name, (variable, transposed) in torch_layout_variables(self.layer).items():
             value = tensors[name].T if transposed else tensors[name]
             variable.assign(np.asarray(value, dtype=variable.dtype))

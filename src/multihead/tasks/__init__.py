@@ -7,6 +7,7 @@ drawn from an RNG seeded by ``(seed, step)``, so a run replays the same batches 
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import numpy as np
 
 from multihead.tasks.generated import GENERATORS
 from multihead.tasks.tsv import read_tsv
+from multihead.tokenizer import KINDS
 
 Pair = tuple[str, str]
 HELDOUT_SIZE = 1000
@@ -81,8 +83,14 @@ TASKS = tuple(GENERATORS)
 
 def load_task(name: str | None = None, *, data: str | None = None, tokenizer: str | None = None) -> Dataset:
     """A built-in task by name, or the parallel corpus in the TSV file ``data``."""
+    if tokenizer is not None and tokenizer not in KINDS:
+        raise ValueError(f"`tokenizer` must be one of {KINDS} or None, received {tokenizer!r}")
     if data is not None:
+        if not isinstance(data, str | os.PathLike):
+            raise TypeError(f"`data` must be a path to a TSV file, received {data!r} of type {type(data).__name__}")
         return _from_pairs(str(data), read_tsv(data), tokenizer or "char")
+    if not isinstance(name, str):
+        raise TypeError(f"the task `name` must be a str, received {name!r} of type {type(name).__name__}")
     if name not in GENERATORS:
         raise ValueError(f"unknown task {name!r}; built-in tasks are {', '.join(TASKS)} (or use --data FILE.tsv)")
     make, kind = GENERATORS[name]

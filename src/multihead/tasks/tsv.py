@@ -1,4 +1,4 @@
-"""A user's parallel corpus: one ``source<TAB>target`` pair per line (UTF-8)."""
+"""A user's parallel corpus: one ``source<TAB>target`` pair per line (UTF-8, with or without a byte order mark)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def read_tsv(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
     if not path.is_file():
         raise ValueError(f"{str(path)!r}: no such file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # editors on Windows often start UTF-8 files with a BOM
     except UnicodeDecodeError as error:
         raise ValueError(f"{str(path)!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     pairs = []

@@ -1,0 +1,577 @@
+"""Damaged weight, model and run files are refused without changing anything; the CLI's user errors are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+
+import multihead.io as mio
+import multihead.runs as runs
+import multihead.train as train_module
+from multihead.cli import main
+from multihead.io import load_model, load_weights, save_model, save_weights
+from multihead.runs import RunError, latest_checkpoint
+from multihead.torch import Transformer
+from multihead.train import TrainOptions, train
+from multihead.translate import Translator
+
+SMALL = dict(d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32)
+TINY_RUN = dict(task="reverse", batch_size=4, d_model=16, num_heads=2, layers=1, d_ff=32, warmup=5, progress=False)
+
+
+def model(**overrides: object) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(10, 12, **{**SMALL, **overrides}).eval()
+
+
+def state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in module.state_dict().items()}
+
+
+def assert_state_equal(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
+    after = module.state_dict()
+    assert after.keys() == before.keys()
+    for name, value in before.items():
+        assert torch.equal(after[name], value), f"{name} changed"
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (``None`` for directories)."""
+    return {
+        str(path.relative_to(root)): None if path.is_dir() else path.read_bytes() for path in sorted(root.rglob("*"))
+    }
+
+
+def header_of(data: bytes) -> tuple[int, str]:
+    size = int.from_bytes(data[:8], "little")
+    return size, data[8 : 8 + size].decode("utf-8")
+
+
+def with_header(data: bytes, edit: Callable[[str], str]) -> bytes:
+    """``data`` with its safetensors JSON header edited (the edit must keep the header's length)."""
+    size, header = header_of(data)
+    edited = edit(header).encode("utf-8")
+    assert len(edited) == size
+    return data[:8] + edited + data[8 + size :]
+
+
+def flip(data: bytes, position: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[position] ^= 0xFF
+    return bytes(damaged)
+
+
+# --- load_weights: damaged and foreign files --------------------------------------------------------------
+
+
+def _torch_zip(path: Path) -> None:
+    torch.save(model().state_dict(), path)
+
+
+def _torch_legacy_pickle(path: Path) -> None:
+    torch.save(model().state_dict(), path, _use_new_zipfile_serialization=False)
+
+
+def _npz(path: Path) -> None:
+    with open(path, "wb") as file:
+        np.savez(file, **{name: value.numpy() for name, value in model().state_dict().items()})
+
+
+def _directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+DAMAGES: dict[str, Callable[[Path], None]] = {
+    "header-length-only": lambda p: p.write_bytes(p.read_bytes()[:8]),
+    "header-cut": lambda p: p.write_bytes(p.read_bytes()[: 8 + header_of(p.read_bytes())[0] // 2]),
+    "data-cut": lambda p: p.write_bytes(p.read_bytes()[:-10]),
+    "header-length-huge": lambda p: p.write_bytes((2**40).to_bytes(8, "little") + p.read_bytes()[8:]),
+    "header-length-zero": lambda p: p.write_bytes(bytes(8) + p.read_bytes()[8:]),
+    "header-length-flipped": lambda p: p.write_bytes(flip(p.read_bytes(), 0)),
+    "header-first-byte-flipped": lambda p: p.write_bytes(flip(p.read_bytes(), 8)),
+    "header-middle-byte-flipped": lambda p: p.write_bytes(flip(p.read_bytes(), 8 + header_of(p.read_bytes())[0] // 2)),
+    "header-last-byte-flipped": lambda p: p.write_bytes(flip(p.read_bytes(), 7 + header_of(p.read_bytes())[0])),
+    "dtype-f16": lambda p: p.write_bytes(with_header(p.read_bytes(), lambda h: h.replace('"F32"', '"F16"', 1))),
+    "dtype-i32": lambda p: p.write_bytes(with_header(p.read_bytes(), lambda h: h.replace('"F32"', '"I32"', 1))),
+    "offsets-swapped": lambda p: p.write_bytes(
+        with_header(p.read_bytes(), lambda h: h.replace('"data_offsets":[0,', '"data_offsets":[1,', 1))
+    ),
+    "torch-save-zip": _torch_zip,
+    "torch-save-legacy-pickle": _torch_legacy_pickle,
+    "plain-pickle": lambda p: p.write_bytes(pickle.dumps({"q_proj.weight": np.zeros((2, 2))})),
+    "numpy-npz": _npz,
+    "json-text": lambda p: p.write_text('{"q_proj.weight": [[0.0]]}'),
+    "empty": lambda p: p.write_bytes(b""),
+    "directory": _directory,
+}
+
+
+@pytest.fixture
+def weights(tmp_path: Path) -> Path:
+    path = tmp_path / "model.safetensors"
+    save_weights(model(), path)
+    return path
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_weights_are_refused_and_change_nothing(weights: Path, damage: str) -> None:
+    DAMAGES[damage](weights)
+    target = model()
+    for parameter in target.parameters():
+        torch.nn.init.zeros_(parameter)
+    before = state(target)
+    # A directory is "no weights file", like a missing one (FileNotFoundError, as tests/test_io.py expects).
+    expected = (ValueError, FileNotFoundError) if damage == "directory" else ValueError
+    with pytest.raises(expected, match=re.escape(str(weights))):
+        load_weights(target, weights)
+    assert_state_equal(target, before)
+
+
+def test_a_flipped_data_byte_loads_exactly_the_stored_bytes(weights: Path) -> None:
+    """safetensors has no checksum: a flip in the data is not detectable, but must load as stored, nothing else."""
+    size, _ = header_of(weights.read_bytes())
+    weights.write_bytes(flip(weights.read_bytes(), 8 + size + 2))
+    target = model()
+    load_weights(target, weights)
+    stored = safetensors.numpy.load_file(weights)
+    for name, value in target.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), stored[name])
+
+
+def test_loading_never_unpickles(weights: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _torch_legacy_pickle(weights)
+
+    def unpickled(*args: object, **kwargs: object) -> None:
+        raise AssertionError("load_weights unpickled a file")
+
+    monkeypatch.setattr(pickle, "load", unpickled)
+    monkeypatch.setattr(pickle, "loads", unpickled)
+    monkeypatch.setattr(torch, "load", unpickled)
+    with pytest.raises(ValueError, match="is not a readable safetensors weights file"):
+        load_weights(model(), weights)
+
+
+# --- load_model: damaged model directories ----------------------------------------------------------------
+
+
+def _edit_config(directory: Path, **changes: object) -> None:
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+MODEL_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "config-binary": (lambda d: (d / "config.json").write_bytes(b"\xff\xfe\x00{"), r"config.json"),
+    "config-not-json": (lambda d: (d / "config.json").write_text("{src_vocab: 10"), r"must be JSON"),
+    "config-empty": (lambda d: (d / "config.json").write_text(""), r"must be JSON"),
+    "config-list": (lambda d: (d / "config.json").write_text("[10, 12]"), r"must be a JSON object, received list"),
+    "config-missing-field": (lambda d: (d / "config.json").write_text('{"src_vocab": 10}'), r"tgt_vocab"),
+    "config-wrong-type": (lambda d: _edit_config(d, d_model="16"), r"`d_model` must be an int"),
+    "config-unknown-key": (lambda d: _edit_config(d, heads=2), r"unknown Transformer config keys \['heads'\]"),
+    "config-other-model": (lambda d: _edit_config(d, d_ff=48), r"the model expects"),
+    "config-is-a-directory": (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), r"config.json"),
+    "weights-missing": (lambda d: (d / "model.safetensors").unlink(), r"model.safetensors"),
+    "weights-cut": (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00"), r"model.safetensors"),
+    "not-a-directory": (lambda d: (shutil.rmtree(d), d.write_text("hello")), r"config.json"),
+}
+
+
+@pytest.mark.parametrize("damage", list(MODEL_DAMAGES))
+def test_damaged_model_directories_are_refused_by_name(tmp_path: Path, damage: str) -> None:
+    directory = tmp_path / "saved"
+    save_model(model(), directory)
+    apply, message = MODEL_DAMAGES[damage]
+    apply(directory)
+    with pytest.raises((ValueError, TypeError, FileNotFoundError), match=message):
+        load_model(directory)
+
+
+# --- atomic writes ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["fsync", "chmod", "replace"])
+@pytest.mark.parametrize("error", [OSError, KeyboardInterrupt], ids=["os-error", "killed"])
+def test_interrupted_save_keeps_the_previous_file_and_no_litter(
+    weights: Path, monkeypatch: pytest.MonkeyPatch, stage: str, error: type[BaseException]
+) -> None:
+    previous = weights.read_bytes()
+
+    def dies(*args: object, **kwargs: object) -> None:
+        raise error("interrupted")
+
+    monkeypatch.setattr(mio.os, stage, dies)
+    with pytest.raises(error):
+        save_weights(model(d_ff=48), weights)
+    monkeypatch.undo()
+    assert weights.read_bytes() == previous
+    assert [p.name for p in weights.parent.iterdir()] == [weights.name]
+    load_weights(model(), weights)  # still the whole previous file, in the previous shapes
+
+
+def test_save_onto_a_directory_is_refused_by_name(tmp_path: Path) -> None:
+    target = tmp_path / "model.safetensors"
+    target.mkdir()
+    with pytest.raises(ValueError, match=re.escape(str(target))):
+        save_weights(model(), target)
+    assert target.is_dir()
+    assert list(target.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+def test_save_model_onto_a_file_is_refused_by_name(tmp_path: Path) -> None:
+    target = tmp_path / "saved"
+    target.write_text("not a directory")
+    with pytest.raises(ValueError, match=re.escape(str(target))):
+        save_model(model(), target)
+    assert target.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("killed_at", ["model.safetensors", "config.json"])
+def test_interrupted_save_model_leaves_the_previous_model_loadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, killed_at: str
+) -> None:
+    """Overwriting a saved model with one of another shape, killed at either file: the old model still loads."""
+    directory = tmp_path / "saved"
+    old = model()
+    save_model(old, directory)
+    original = mio.atomic_write
+
+    def killed(path: Path, write: Callable[[str], None]) -> None:
+        if Path(path).name == killed_at:
+            raise KeyboardInterrupt
+        original(path, write)
+
+    monkeypatch.setattr(mio, "atomic_write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_model(model(d_ff=48), directory)
+    monkeypatch.undo()
+    loaded = load_model(directory)
+    assert loaded.config == old.config
+    assert_state_equal(loaded, state(old))
+    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors"]
+
+
+# --- run directories: resume and translate from damaged checkpoints ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-step run (the held-out evaluation is skipped: only the files matter here)."""
+    out = tmp_path_factory.mktemp("runs") / "reverse"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module, "exact_match", lambda *args, **kwargs: 0.0)
+        train(TrainOptions(out=str(out), steps=2, checkpoint_every=2, **TINY_RUN))
+    return out
+
+
+@pytest.fixture
+def fast_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train_module, "exact_match", lambda *args, **kwargs: 0.0)
+
+
+def _trainer_without(key: str) -> Callable[[Path], None]:
+    def damage(checkpoint: Path) -> None:
+        trainer = json.loads((checkpoint / "trainer.json").read_text())
+        del trainer[key]
+        (checkpoint / "trainer.json").write_text(json.dumps(trainer))
+
+    return damage
+
+
+def _trainer_with(**changes: object) -> Callable[[Path], None]:
+    def damage(checkpoint: Path) -> None:
+        trainer = json.loads((checkpoint / "trainer.json").read_text())
+        (checkpoint / "trainer.json").write_text(json.dumps({**trainer, **changes}))
+
+    return damage
+
+
+def _small_tokenizer(checkpoint: Path) -> None:
+    tokenizer = {"kind": "char", "symbols": ["a", "b"]}
+    (checkpoint / "tokenizer.json").write_text(json.dumps({"source": tokenizer, "target": tokenizer}))
+
+
+RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "optimizer-garbage": (lambda c: (c / "optimizer.safetensors").write_bytes(b"not safetensors"), "optimizer"),
+    "optimizer-cut": (lambda c: (c / "optimizer.safetensors").write_bytes(b"\x08" + bytes(7)), "optimizer"),
+    "optimizer-missing": (lambda c: (c / "optimizer.safetensors").unlink(), "optimizer"),
+    "model-cut": (lambda c: (c / "model.safetensors").write_bytes(b"\x08" + bytes(7)), "model.safetensors"),
+    "model-missing": (lambda c: (c / "model.safetensors").unlink(), "model.safetensors|checkpoint"),
+    "trainer-without-optimizer": (_trainer_without("optimizer"), "trainer.json"),
+    "trainer-without-options": (_trainer_without("options"), "trainer.json"),
+    "trainer-without-step": (_trainer_without("step"), "trainer.json"),
+    "trainer-step-string": (_trainer_with(step="two"), "trainer.json"),
+    "tokenizer-not-the-models": (_small_tokenizer, "tokenizer"),
+}
+
+
+def undamaged(checkpoint: Path) -> None:
+    """A copy of the run as it is."""
+
+
+def damaged_run(run_dir: Path, tmp_path: Path, damage: Callable[[Path], None]) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    damage(latest_checkpoint(copy))
+    return copy
+
+
+@pytest.mark.usefixtures("fast_training")
+@pytest.mark.parametrize("damage", list(RUN_DAMAGES))
+def test_resume_from_a_damaged_checkpoint_is_refused_and_changes_nothing(
+    run_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    apply, message = RUN_DAMAGES[damage]
+    out = damaged_run(run_dir, tmp_path, apply)
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=message):  # RunError is a ValueError
+        train(TrainOptions(out=str(out), steps=3, checkpoint_every=3, resume=True, **TINY_RUN))
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("damage", ["trainer-without-options", "tokenizer-not-the-models", "model-cut"])
+def test_translate_from_a_damaged_checkpoint_is_refused(run_dir: Path, tmp_path: Path, damage: str) -> None:
+    apply, message = RUN_DAMAGES[damage]
+    out = damaged_run(run_dir, tmp_path, apply)
+    with pytest.raises(ValueError, match=message):
+        Translator(out).translate("abc")
+
+
+def test_translate_needs_no_optimizer_state(run_dir: Path, tmp_path: Path) -> None:
+    out = damaged_run(run_dir, tmp_path, RUN_DAMAGES["optimizer-garbage"][0])
+    assert isinstance(Translator(out).translate("abc").target, str)
+
+
+def test_a_damaged_latest_pointer_falls_back_or_is_refused_by_name(run_dir: Path, tmp_path: Path) -> None:
+    out = damaged_run(run_dir, tmp_path, undamaged)
+    (out / "latest").write_bytes(b"\xff\xfe\x00step")
+    try:
+        translator = Translator(out)
+    except ValueError as error:
+        refusal = str(error)
+    else:
+        refusal = None
+        assert translator.translate("abc").target is not None
+    assert refusal is None or "latest" in refusal, refusal
+
+
+def test_an_interrupted_checkpoint_rename_keeps_the_run_as_it_was(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = damaged_run(run_dir, tmp_path, undamaged)
+    before, latest = snapshot(out), latest_checkpoint(out)
+
+    def killed(source: object, target: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs.os, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runs.save_checkpoint(out, 9, {"trainer.json": runs.write_json({"format": 1})})
+    monkeypatch.undo()
+    assert latest_checkpoint(out) == latest
+    assert snapshot(out) == before
+
+
+def test_an_interrupted_latest_update_keeps_the_previous_latest_and_no_litter(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = damaged_run(run_dir, tmp_path, undamaged)
+    latest = latest_checkpoint(out)
+    files = {name: (latest / name).read_bytes() for name in runs.REQUIRED}
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mio.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runs.save_checkpoint(out, 9, {name: (lambda p, data=data: p.write_bytes(data)) for name, data in files.items()})
+    monkeypatch.undo()
+    assert latest_checkpoint(out) == latest
+    assert (out / "latest").read_text().strip() == latest.name
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "latest"]
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """Exit status and the non-empty stderr lines of ``multihead ARGS`` run in this process."""
+    try:
+        status = main(args)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def assert_usage_error(status: int, lines: list[str], option: str) -> None:
+    """argparse's refusal: a usage synopsis, then exactly one ``error:`` line naming the option."""
+    assert status == 2
+    assert not any("Traceback" in line for line in lines), lines
+    errors = [line for line in lines if "error:" in line]
+    assert len(errors) == 1, lines
+    assert errors[0].startswith("multihead"), lines
+    assert errors[0] == lines[-1], lines
+    assert option in errors[0], errors[0]
+    assert all(line.startswith(("usage:", " ")) for line in lines[:-1]), lines
+
+
+def assert_one_line_error(status: int, lines: list[str], fragment: str) -> None:
+    assert status == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("multihead: error: "), lines
+    assert "Traceback" not in lines[0]
+    assert re.search(fragment, lines[0]), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["train", "--steps", "1"], "--out"),
+        (["train", "--out", "OUT", "--steps", "0"], "--steps"),
+        (["train", "--out", "OUT", "--steps", "-3"], "--steps"),
+        (["train", "--out", "OUT", "--steps", "many"], "--steps"),
+        (["train", "--out", "OUT", "--steps", "1", "--batch-size", "0"], "--batch-size"),
+        (["train", "--out", "OUT", "--steps", "1", "--framework", "jax"], "--framework"),
+        (["train", "--out", "OUT", "--steps", "1", "--tokenizer", "byte"], "--tokenizer"),
+        (["train", "--out", "OUT", "--steps", "1", "--warmup", "0"], "--warmup"),
+        (["train", "--out", "OUT", "--steps", "1", "--minutes", "soon"], "--minutes"),
+        (["train", "--out", "OUT", "--steps", "1", "--task", "copy", "--data", "x.tsv"], "--data"),
+        (["translate", "RUN"], "text"),
+        (["translate", "RUN", "abc", "--beam", "0"], "--beam"),
+        (["demo", "--steps", "0"], "--steps"),
+    ],
+    ids=[
+        "no-out", "steps-zero", "steps-negative", "steps-word", "batch-size-zero", "framework-jax", "tokenizer-byte",
+        "warmup-zero", "minutes-word", "task-and-data", "translate-no-text", "beam-zero", "demo-steps-zero",
+    ],
+)  # fmt: skip
+def test_cli_usage_errors(
+    args: list[str], option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train_module, "train_torch", lambda options: pytest.fail("training started"))
+    args = [str(tmp_path / a) if a in ("OUT", "RUN") else a for a in args]
+    assert_usage_error(*run_main(args, capsys), option)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_minutes_not_a_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--minutes nan`` would never reach its deadline: training without end."""
+    monkeypatch.setattr(train_module, "train_torch", lambda options: pytest.fail("training started with minutes=nan"))
+    status, lines = run_main(["train", "--out", str(tmp_path / "run"), "--minutes", "nan", "--no-progress"], capsys)
+    assert_one_line_error(status, lines, r"--minutes")
+
+
+@pytest.mark.usefixtures("fast_training")
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--lr", "-1"], r"--lr|learning rate"),
+        (["--dropout", "1.5"], r"dropout"),
+        (["--d-model", "16", "--heads", "3"], r"num_heads|--heads"),
+        (["--minutes", "-1"], r"--minutes"),
+    ],
+    ids=["negative-lr", "dropout-above-one", "heads-do-not-divide", "negative-minutes"],
+)
+def test_cli_bad_hyperparameters_are_one_line_and_leave_no_run(
+    options: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--task", "reverse", "--out", str(out), "--steps", "1", "--no-progress", *options]
+    assert_one_line_error(*run_main(args, capsys), fragment)
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+
+
+USER_ERRORS = {  # case: what the one line must say
+    "translate-missing-run": r"does not exist",
+    "translate-run-is-a-file": r"is not a multihead run",
+    "translate-empty-text": r"nothing to translate",
+    "translate-plot-missing-directory": r"must be in an existing directory",
+    "translate-plot-is-a-directory": r"plot|directory",
+    "translate-damaged-trainer": r"trainer.json",
+    "resume-damaged-optimizer": r"optimizer",
+    "resume-other-task": r"trained task 'reverse'",
+    "data-is-a-directory": r"data|no such file",
+    "data-one-source": r"at least two different source lines",
+}
+
+
+@pytest.mark.usefixtures("fast_training")
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_cli_user_errors_are_one_line(
+    case: str, run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "one.tsv").write_text("a\tb\na\tc\n")
+    (tmp_path / "a-file").write_text("")
+    steps = ["--steps", "1"]
+    small = [*steps, "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--batch-size", "4"]
+    resume = ["train", "--task", "reverse", "--resume", *small[2:], "--no-progress", "--steps", "3"]
+    args = {
+        "translate-missing-run": lambda: ["translate", str(tmp_path / "absent"), "abc"],
+        "translate-run-is-a-file": lambda: ["translate", str(tmp_path / "a-file"), "abc"],
+        "translate-empty-text": lambda: ["translate", str(run_dir), ""],
+        "translate-plot-missing-directory": lambda: ["translate", str(run_dir), "abc", "--plot", str(tmp_path / "x/y")],
+        "translate-plot-is-a-directory": lambda: ["translate", str(run_dir), "abc", "--plot", str(tmp_path)],
+        "translate-damaged-trainer": lambda: [
+            "translate", str(damaged_run(run_dir, tmp_path, _trainer_without("options"))), "abc",
+        ],
+        "resume-damaged-optimizer": lambda: [
+            *resume, "--out", str(damaged_run(run_dir, tmp_path, RUN_DAMAGES["optimizer-garbage"][0])),
+        ],
+        "resume-other-task": lambda: [
+            *resume[:2], "copy", *resume[3:], "--out", str(damaged_run(run_dir, tmp_path, undamaged)),
+        ],
+        "data-is-a-directory": lambda: ["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), *steps],
+        "data-one-source": lambda: ["train", "--data", str(tmp_path / "one.tsv"), "--out", str(tmp_path / "r"), *steps],
+    }[case]()  # fmt: skip
+    assert_one_line_error(*run_main(args, capsys), USER_ERRORS[case])
+
+
+def _entry_point(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("MULTIHEAD_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "multihead", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.fixture
+def entry_point_cases(run_dir: Path, tmp_path: Path) -> dict[str, list[str]]:
+    return {
+        "usage-error": ["train", "--out", str(tmp_path / "new"), "--steps", "0"],
+        "missing-run": ["translate", str(tmp_path / "absent"), "abc"],
+        "damaged-trainer": ["translate", str(damaged_run(run_dir, tmp_path, _trainer_without("options"))), "abc"],
+    }
+
+
+@pytest.mark.parametrize("case", ["usage-error", "missing-run", "damaged-trainer"])
+def test_the_real_entry_point_reports_user_errors_without_a_traceback(
+    case: str, entry_point_cases: dict[str, list[str]]
+) -> None:
+    result = _entry_point(*entry_point_cases[case])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    if case == "usage-error":
+        assert_usage_error(result.returncode, lines, "--steps")
+    else:
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("multihead: error: "), result.stderr
+    assert result.stdout == ""
+
+
+def test_run_error_is_a_value_error() -> None:
+    assert issubclass(RunError, ValueError)
