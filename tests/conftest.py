@@ -11,8 +11,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 
 KERAS_TEST_FILES = ("test_keras_", "test_io")
+
+# Property tests: reproducible in CI (set CI=1): the same examples every run, no example database written (a
+# read-only checkout stays clean), and a failure prints the blob that replays it (@reproduce_failure).
+# Locally they explore new examples each run and remember failures in .hypothesis/ (git-ignored).
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, database=None)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from multihead.config import TransformerConfig
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
@@ -80,11 +81,15 @@ def test_beam_search_reorders_the_model_state() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((0, 0, 1, 2, 1), "`max_len` must be a positive int, received 0"),
-        ((5, -1, 1, 2, 1), "`bos_id` must be a non-negative int, received -1"),
-        ((5, 0, 1, 2, 0), "`beam_size` must be a positive int, received 0"),
+        ((0, 0, 1, 2, 1, 1.0), "`max_len` must be a positive int, received 0"),
+        ((9, 0, 1, 2, 1, 1.0), "`max_len` must be at most the model's max_len=8 positions, received 9"),
+        ((5, -1, 1, 2, 1, 1.0), "`bos_id` must be a non-negative int, received -1"),
+        ((5, 0, 12, 2, 1, 1.0), "`eos_id` must be < tgt_vocab=12, received eos_id=12"),
+        ((5, 0, 1, 2, 0, 1.0), "`beam_size` must be a positive int, received 0"),
+        ((5, 0, 1, 2, 2, float("inf")), "`length_penalty` must be finite, received inf"),
     ],
 )
 def test_generation_args_are_checked(args: tuple, message: str) -> None:
+    config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
     with pytest.raises(ValueError, match=message):
-        check_generation_args(*args)
+        check_generation_args(*args, config)

@@ -331,5 +331,5 @@ def test_token_validation() -> None:
         model(tokens(1, 2), torch.zeros(1, 2))
     with pytest.raises(ValueError, match=r"`src` must be 2-D \(B, L\)"):
         model.encode(torch.tensor([3, 4]))
-    with pytest.raises(ValueError, match="bos_id, eos_id and pad_id must be < tgt_vocab=23"):
+    with pytest.raises(ValueError, match="`eos_id` must be < tgt_vocab=23, received eos_id=30"):
         model.generate(tokens(1, 3), max_len=3, bos_id=1, eos_id=30)

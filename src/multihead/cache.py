@@ -48,6 +48,29 @@ class KVCacheBase:
     def values(self) -> Tensor | None:
         return None if self._values is None else self._values[:, :, : self.length]  # (B, Hkv, L, Dv)
 
+    def check_append(self, batch: int, new: int, kv_heads: int, key_dim: int, value_dim: int) -> None:
+        """Refuse, before anything is projected, keys and values that :meth:`append` could not take."""
+        if self.capacity is not None and self.length + new > self.capacity:
+            raise ValueError(
+                f"`cache`: KVCache capacity {self.capacity} exceeded: {self.length} cached + {new} new tokens"
+            )
+        if self._keys is None:
+            return
+        cached = (int(self._keys.shape[0]), int(self._keys.shape[1]), int(self._keys.shape[3]))
+        if cached != (batch, kv_heads, key_dim) or int(self._values.shape[3]) != value_dim:
+            raise ValueError(
+                f"`cache` holds keys (B, Hkv, L, Dk)={tuple(self._keys.shape)} and values of Dv="
+                f"{self._values.shape[3]}; this call brings B={batch}, Hkv={kv_heads}, Dk={key_dim}, Dv={value_dim} "
+                "(another batch, or another module's cache?)"
+            )
+
+    def check_reuse(self, batch: int) -> None:
+        """Refuse a cross-attention call whose batch differs from the memory cached."""
+        if self._keys is not None and int(self._keys.shape[0]) != batch:
+            raise ValueError(
+                f"`cache` holds the memory of a batch of {self._keys.shape[0]}, received a query batch of {batch}"
+            )
+
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``(B, Hkv, n, D)`` keys and values; return everything cached, ``(B, Hkv, L + n, D)``."""
         new = int(keys.shape[2])

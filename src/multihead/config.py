@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,23 @@ class TransformerConfig:
 
     @classmethod
     def from_json(cls, text: str) -> TransformerConfig:
+        if not isinstance(text, str | bytes | bytearray):
+            raise TypeError(
+                f"`text` must be a Transformer config as JSON text, received {text!r} of type {type(text).__name__}"
+            )
         try:
             values = json.loads(text)
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:  # bytes are decoded first
             raise ValueError(f"a Transformer config must be JSON, which this is not: {error}") from None
         return cls.from_dict(values)
+
+
+def config_fields(config: object) -> dict[str, Any]:
+    """The fields of a :class:`TransformerConfig`, or of a mapping checked as one."""
+    if isinstance(config, Mapping):
+        config = TransformerConfig.from_dict(dict(config))
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(
+            f"`config` must be a TransformerConfig or a dict of its fields, received {type(config).__name__}"
+        )
+    return dataclasses.asdict(config)

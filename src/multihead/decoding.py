@@ -10,22 +10,42 @@ and positions after it hold ``pad_id``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from numbers import Real
 
 import numpy as np
 
+from multihead.config import TransformerConfig
 from multihead.validation import check_non_negative_int, check_positive_int
 
 Step = Callable[[np.ndarray], np.ndarray]
 Reorder = Callable[[np.ndarray], None]
 
 
-def check_generation_args(max_len: object, bos_id: object, eos_id: object, pad_id: object, beam_size: object) -> None:
+def check_generation_args(
+    max_len: object,
+    bos_id: object,
+    eos_id: object,
+    pad_id: object,
+    beam_size: object,
+    length_penalty: object,
+    config: TransformerConfig,
+) -> None:
+    """A model's ``generate`` arguments, checked against its config before anything is computed."""
     check_positive_int("max_len", max_len)
-    check_non_negative_int("bos_id", bos_id)
-    check_non_negative_int("eos_id", eos_id)
-    check_non_negative_int("pad_id", pad_id)
+    if max_len > config.max_len:
+        raise ValueError(
+            f"`max_len` must be at most the model's max_len={config.max_len} positions, received {max_len}"
+        )
+    for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        if check_non_negative_int(name, token) >= config.tgt_vocab:
+            raise ValueError(f"`{name}` must be < tgt_vocab={config.tgt_vocab}, received {name}={token}")
     check_positive_int("beam_size", beam_size)
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, Real):
+        raise TypeError(f"`length_penalty` must be a float, received {length_penalty!r}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"`length_penalty` must be finite, received {length_penalty!r}")
 
 
 def greedy_search(step: Step, batch: int, *, max_len: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:

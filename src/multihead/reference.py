@@ -17,19 +17,51 @@ import numpy as np
 
 from multihead.masks import causal_diagonal
 from multihead.validation import (
+    DTypeError,
     check_attention_shapes,
     check_broadcastable,
+    check_flag,
     check_heads,
     check_mask_dtype,
+    check_module_inputs,
     check_padding_mask_shape,
+    check_scale,
     module_mask_shape,
 )
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def _array(name: str, x: object) -> np.ndarray:
+    """``x`` as a NumPy array; ``None`` and ragged nested sequences are refused by name."""
+    if x is None:
+        raise TypeError(f"`{name}` must be an array, received None")
+    try:
+        return np.asarray(x)
+    except ValueError:  # NumPy refuses nested sequences of unequal lengths
+        raise ValueError(f"`{name}` must be a rectangular array, received a ragged {type(x).__name__}") from None
+
+
+def _real(name: str, x: object) -> np.ndarray:
+    """``x`` as a float64 array; it must hold real numbers (ints or floats)."""
+    array = _array(name, x)
+    if array.dtype.kind not in "iuf":
+        raise DTypeError(f"`{name}` must hold real numbers, received dtype {array.dtype}")
+    return array.astype(np.float64)
 
 
 def _mask_kind(mask: np.ndarray) -> str:
     if mask.dtype == np.bool_:
         return "bool"
     return "float" if np.issubdtype(mask.dtype, np.floating) else "other"
+
+
+def _padding_mask(name: str, mask: object, batch: int, length: int) -> np.ndarray:
+    """A boolean ``(B, L)`` mask, ``True`` at real tokens."""
+    mask = _array(name, mask)
+    check_mask_dtype(name, _mask_kind(mask), mask.dtype, allow_float=False)
+    check_padding_mask_shape(name, mask.shape, batch, length)
+    return mask
 
 
 def attention(
@@ -46,10 +78,16 @@ def attention(
     q ``(B, H, Lq, Dk)``, k ``(B, Hkv, Lk, Dk)``, v ``(B, Hkv, Lk, Dv)``, mask broadcastable to
     ``(B, H, Lq, Lk)``. Returns ``out (B, H, Lq, Dv)`` and ``weights (B, H, Lq, Lk)``.
     """
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    q, k, v = _real("q", q), _real("k", k), _real("v", v)
     check_attention_shapes(q.shape, k.shape, v.shape)
+    check_flag("causal", causal)
+    scale = check_scale(scale)
     batch, heads, lq, dk = q.shape
     lk = k.shape[2]
+    if mask is not None:
+        mask = _array("mask", mask)
+        check_mask_dtype("mask", _mask_kind(mask), mask.dtype)
+        check_broadcastable("mask", mask.shape, (batch, heads, lq, lk), "(B, H, Lq, Lk)")
 
     # Key/value head j serves query heads j*G .. (j+1)*G - 1.
     group = heads // k.shape[1]
@@ -63,9 +101,6 @@ def attention(
     if causal:
         allowed = np.tril(allowed, k=causal_diagonal(lq, lk))
     if mask is not None:
-        mask = np.asarray(mask)
-        check_mask_dtype("mask", _mask_kind(mask), mask.dtype)
-        check_broadcastable("mask", mask.shape, (batch, heads, lq, lk), "(B, H, Lq, Lk)")
         if mask.dtype == np.bool_:
             allowed = allowed & mask
         else:
@@ -81,11 +116,56 @@ def attention(
     return weights @ v, weights
 
 
+def _check_params(params: object, num_heads: int, num_kv_heads: int) -> dict[str, np.ndarray]:
+    """The projections' weights and biases as float64 arrays, their shapes checked against the head counts."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"`params` must be a mapping of parameter names to arrays, received {type(params).__name__}")
+    arrays = {}
+    for projection in PROJECTIONS:
+        name = f"{projection}.weight"
+        if name not in params:
+            raise ValueError(f"`params` must hold {name!r}, received the keys {list(params)}")
+        arrays[name] = _real(f"params['{name}']", params[name])
+        if arrays[name].ndim != 2:
+            raise ValueError(f"`params['{name}']` must be 2-D (out, in), received shape {arrays[name].shape}")
+        if params.get(f"{projection}.bias") is not None:
+            bias = arrays[f"{projection}.bias"] = _real(f"params['{projection}.bias']", params[f"{projection}.bias"])
+            if bias.shape != arrays[name].shape[:1]:
+                raise ValueError(
+                    f"`params['{projection}.bias']` must have shape {arrays[name].shape[:1]} to match "
+                    f"`params['{name}']` {arrays[name].shape}, received shape {bias.shape}"
+                )
+    q_shape, k_shape, v_shape, out_shape = (arrays[f"{projection}.weight"].shape for projection in PROJECTIONS)
+    for name, shape, heads, label in (
+        ("q_proj.weight", q_shape, num_heads, "num_heads"),
+        ("k_proj.weight", k_shape, num_kv_heads, "num_kv_heads"),
+        ("v_proj.weight", v_shape, num_kv_heads, "num_kv_heads"),
+    ):
+        if shape[0] % heads:
+            raise ValueError(
+                f"`params['{name}']` must have a multiple of {label}={heads} rows (one block per head), "
+                f"received shape {shape}"
+            )
+    if q_shape[0] // num_heads != k_shape[0] // num_kv_heads:
+        raise ValueError(
+            f"`params['q_proj.weight']` {q_shape} gives {num_heads} query heads of dim {q_shape[0] // num_heads}, "
+            f"`params['k_proj.weight']` {k_shape} gives {num_kv_heads} key heads of dim {k_shape[0] // num_kv_heads}; "
+            f"the head dims must match"
+        )
+    value_width = num_heads * (v_shape[0] // num_kv_heads)  # H * Dv
+    if out_shape[1] != value_width:
+        raise ValueError(
+            f"`params['out_proj.weight']` must have H*Dv={value_width} columns for `params['v_proj.weight']` "
+            f"{v_shape}, received shape {out_shape}"
+        )
+    return arrays
+
+
 def _linear(x: np.ndarray, params: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     """``x Wᵀ + b`` with ``W`` stored ``(out, in)`` as in the PyTorch state dict."""
-    out = x @ np.asarray(params[f"{name}.weight"], dtype=np.float64).T
+    out = x @ params[f"{name}.weight"].T
     bias = params.get(f"{name}.bias")
-    return out if bias is None else out + np.asarray(bias, dtype=np.float64)
+    return out if bias is None else out + bias
 
 
 def multi_head_attention(
@@ -111,11 +191,29 @@ def multi_head_attention(
     Returns ``out (B, Lq, E)`` and per-head ``weights (B, H, Lq, Lk)``.
     """
     num_heads, num_kv_heads = check_heads(num_heads, num_kv_heads)
-    key = query if key is None else key
-    value = key if value is None else value
-    query, key, value = (np.asarray(x, dtype=np.float64) for x in (query, key, value))
+    check_flag("causal", causal)
+    params = _check_params(params, num_heads, num_kv_heads)
+    query = _real("query", query)
+    key = query if key is None else _real("key", key)
+    value = key if value is None else _real("value", value)
+    qdim, kdim, vdim = (params[f"{name}_proj.weight"].shape[1] for name in "qkv")
+    check_module_inputs(query.shape, key.shape, value.shape, qdim, kdim, vdim)
     batch, lq, _ = query.shape
     lk = key.shape[1]
+    full_mask = None
+    if mask is not None:
+        mask = _array("mask", mask)
+        check_mask_dtype("mask", _mask_kind(mask), mask.dtype)
+        full_mask = mask.reshape(module_mask_shape(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
+        check_broadcastable("mask", full_mask.shape, (batch, num_heads, lq, lk), "(B, H, Lq, Lk)")
+    if key_mask is not None:
+        keys = _padding_mask("key_mask", key_mask, batch, lk)[:, None, None, :]  # (B, 1, 1, Lk)
+        if full_mask is None or full_mask.dtype == np.bool_:
+            full_mask = keys if full_mask is None else full_mask & keys
+        else:
+            full_mask = np.where(keys, full_mask, -np.inf)
+    if query_mask is not None:
+        query_mask = _padding_mask("query_mask", query_mask, batch, lq)
 
     def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
         b, length, width = x.shape
@@ -125,22 +223,10 @@ def multi_head_attention(
     k = split_heads(_linear(key, params, "k_proj"), num_kv_heads)  # (B, Hkv, Lk, Dk)
     v = split_heads(_linear(value, params, "v_proj"), num_kv_heads)  # (B, Hkv, Lk, Dv)
 
-    full_mask = None if mask is None else np.asarray(mask).reshape(module_mask_shape(np.shape(mask)))
-    if key_mask is not None:
-        key_mask = np.asarray(key_mask)
-        check_padding_mask_shape("key_mask", key_mask.shape, batch, lk)
-        keys = key_mask.astype(bool)[:, None, None, :]  # (B, 1, 1, Lk)
-        if full_mask is None or full_mask.dtype == np.bool_:
-            full_mask = keys if full_mask is None else full_mask & keys
-        else:
-            full_mask = np.where(keys, full_mask, -np.inf)
-
     out, weights = attention(q, k, v, full_mask, causal=causal)  # (B, H, Lq, Dv)
-    out = out.transpose(0, 2, 1, 3).reshape(batch, lq, -1)  # (B, Lq, H*Dv)
+    out = out.transpose(0, 2, 1, 3).reshape(batch, lq, out.shape[1] * out.shape[3])  # (B, Lq, H*Dv)
     out = _linear(out, params, "out_proj")  # (B, Lq, E)
     if query_mask is not None:
-        query_mask = np.asarray(query_mask)
-        check_padding_mask_shape("query_mask", query_mask.shape, batch, lq)
         out = np.where(query_mask[:, :, None], out, 0.0)
         weights = np.where(query_mask[:, None, :, None], weights, 0.0)
     return out, weights

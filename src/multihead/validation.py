@@ -110,7 +110,11 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
         raise ValueError(f"`q`, `k`, `v` must share the batch size B, received q.shape={q}, k.shape={k}, v.shape={v}")
     if not _agree(k[1], v[1]):
         raise ValueError(f"`k` and `v` must have the same number of heads Hkv, received k.shape={k}, v.shape={v}")
-    if k[1] == 0 or (q[1] is not None and k[1] is not None and q[1] % k[1]):
+    if q[1] == 0 or k[1] == 0:
+        raise ValueError(
+            f"`q` and `k` must have at least one head, received q.shape={q} (H={q[1]}), k.shape={k} (Hkv={k[1]})"
+        )
+    if q[1] is not None and k[1] is not None and q[1] % k[1]:
         raise ValueError(
             f"the query heads H must be a multiple of the key/value heads Hkv, "
             f"received q.shape={q} (H={q[1]}), k.shape={k} (Hkv={k[1]})"
@@ -119,6 +123,8 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
         raise ValueError(f"`k` and `v` must have the same length Lk, received k.shape={k}, v.shape={v}")
     if not _agree(q[3], k[3]):
         raise ValueError(f"`q` and `k` must have the same head dim Dk, received q.shape={q}, k.shape={k}")
+    if q[3] == 0:
+        raise ValueError(f"`q` and `k` need a head dim Dk of at least 1 (scale 1/sqrt(Dk)), received q.shape={q}")
 
 
 def check_broadcastable(name: str, shape: Shape, target: Shape, layout: str) -> None:
@@ -136,18 +142,34 @@ def check_mask_dtype(name: str, kind: str, dtype: object, *, allow_float: bool =
     raise DTypeError(f"`{name}` must be {expected}, received dtype {dtype}")
 
 
+def check_features(name: str, shape: Shape, width: int) -> None:
+    """A batch-first sequence of feature vectors: ``(B, L, width)``."""
+    if len(shape) != 3:
+        raise ValueError(f"`{name}` must be 3-D (B, L, {width}), received {name}.shape={shape}")
+    if not _agree(shape[-1], width):
+        raise ValueError(f"`{name}` must have {width} features in its last dim, received {name}.shape={shape}")
+
+
+def check_same_batch(names: Sequence[str], shapes: Sequence[Shape]) -> None:
+    if not _agree(*(shape[0] for shape in shapes)):
+        received = ", ".join(f"{name}.shape={shape}" for name, shape in zip(names, shapes, strict=True))
+        raise ValueError(f"{', '.join(f'`{name}`' for name in names)} must share the batch size B, received {received}")
+
+
+def check_positions(name: str, offset: int, length: int, max_len: int) -> None:
+    """Tokens at positions ``offset .. offset + length - 1`` must lie within the positional table."""
+    if offset + length > max_len:
+        raise ValueError(
+            f"`{name}` would take positions {offset}..{offset + length - 1}, beyond the model's max_len={max_len}; "
+            f"received {name} of length {length}"
+        )
+
+
 def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim: int, vdim: int) -> None:
     """Batch-first module inputs: query ``(B, Lq, qdim)``, key ``(B, Lk, kdim)``, value ``(B, Lk, vdim)``."""
     for name, shape, dim in (("query", query, qdim), ("key", key, kdim), ("value", value, vdim)):
-        if len(shape) != 3:
-            raise ValueError(f"`{name}` must be 3-D (B, L, {dim}), received {name}.shape={shape}")
-        if not _agree(shape[-1], dim):
-            raise ValueError(f"`{name}` must have {dim} features in its last dim, received {name}.shape={shape}")
-    if not _agree(query[0], key[0], value[0]):
-        raise ValueError(
-            f"`query`, `key`, `value` must share the batch size B, "
-            f"received query.shape={query}, key.shape={key}, value.shape={value}"
-        )
+        check_features(name, shape, dim)
+    check_same_batch(("query", "key", "value"), (query, key, value))
     if not _agree(key[1], value[1]):
         raise ValueError(
             f"`key` and `value` must have the same length Lk, received key.shape={key}, value.shape={value}"
@@ -156,7 +178,7 @@ def check_module_inputs(query: Shape, key: Shape, value: Shape, qdim: int, kdim:
 
 def check_padding_mask_shape(name: str, shape: Shape, batch: int | None, length: int | None) -> None:
     """A ``key_mask`` is ``(B, Lk)``, a ``query_mask`` ``(B, Lq)``."""
-    layout = "(B, Lq)" if name == "query_mask" else "(B, Lk)"
+    layout = {"query_mask": "(B, Lq)", "key_mask": "(B, Lk)"}.get(name, "(B, L)")
     if len(shape) != 2 or not (_agree(shape[0], batch) and _agree(shape[1], length)):
         raise ValueError(f"`{name}` must have shape {layout}={(batch, length)}, received {name}.shape={tuple(shape)}")
 

@@ -18,6 +18,7 @@ from keras import ops
 from keras.src.backend import get_keras_mask
 
 from multihead.cache import KVCacheBase
+from multihead.keras.checks import check_hidden, check_key_mask
 from multihead.keras.functional import attention
 from multihead.keras.masks import Tensor, check_mask_tensor, is_tensor_like, restrict
 from multihead.validation import (
@@ -27,7 +28,6 @@ from multihead.validation import (
     check_heads,
     check_module_inputs,
     check_optional_positive_int,
-    check_padding_mask_shape,
     module_mask_shape,
     resolve_head_dim,
 )
@@ -181,7 +181,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # With a single tensor argument Keras would pass the query's padding mask (B, Lq) as `mask`, which here
         # means (Lq, Lk). In self-attention that padding mask is the key padding: hand it over as such.
         for name, x in (("query", query), ("key", key), ("value", value)):
-            if x is not None and not is_tensor_like(x):
+            if (x is not None or name == "query") and not is_tensor_like(x):
                 raise TypeError(f"`{name}` must be a tensor, received {type(x).__name__}")
         if key is None and value is None and kwargs.get("key_mask") is None:
             kwargs["key_mask"] = get_keras_mask(query)
@@ -224,18 +224,28 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
+        check_flag("causal", causal)
+        check_flag("return_weights", return_weights)
+        if training is not None:
+            check_flag("training", training)
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
+        for name, x, width in (("query", query, self.qdim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            check_hidden(name, x, width)
         check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
         reuse_memory = cache is not None and not self_attention and cache.length > 0
+        if reuse_memory:
+            cache.check_reuse(query.shape[0])
+        elif cache is not None:
+            new = query.shape[1] if self_attention else key.shape[1]
+            cache.check_append(query.shape[0], new, self.num_kv_heads, self._head_dim, self._value_head_dim)
         lk = cache.length if reuse_memory else key.shape[1]
         if cache is not None and self_attention and lk is not None:
             lk += cache.length
         full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], lk)
         if query_mask is not None:
-            check_mask_tensor("query_mask", query_mask, allow_float=False)
-            check_padding_mask_shape("query_mask", tuple(query_mask.shape), query.shape[0], query.shape[1])
+            check_key_mask("query_mask", query_mask, query.shape[0], query.shape[1])
             query_mask = ops.convert_to_tensor(query_mask)
             full_mask = restrict(full_mask, query_mask[:, None, :, None])  # (B, 1|H, Lq, 1|Lk)
 
@@ -280,10 +290,8 @@ class MultiHeadAttention(keras.layers.Layer):
             shape = module_mask_shape(tuple(mask.shape))
             check_broadcastable("mask", shape, (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
             mask = ops.reshape(ops.convert_to_tensor(mask), shape)  # (B|1, H|1, Lq|1, Lk|1)
-        if key_mask is None:
+        if check_key_mask("key_mask", key_mask, batch, lk) is None:
             return mask
-        check_mask_tensor("key_mask", key_mask, allow_float=False)
-        check_padding_mask_shape("key_mask", tuple(key_mask.shape), batch, lk)
         keys = ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)  # (B, 1, 1, Lk)
         return restrict(mask, keys)
 

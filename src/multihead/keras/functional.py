@@ -262,6 +262,9 @@ def attention(
     """
     scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
     check_flag("return_weights", return_weights)
+    check_flag("training", training)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, keras.random.SeedGenerator))):
+        raise TypeError(f"`seed` must be None, an int or a keras.random.SeedGenerator, received {seed!r}")
     dropout = dropout if training else 0.0
     if return_weights or dropout > 0.0:
         out, weights = _explicit(q, k, v, mask, causal, scale, dropout, seed)
@@ -277,6 +280,8 @@ def attention(
             causal=causal,
             scale=scale,
         )
-    if q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK:
+    # The blocked loop needs at least one score per block: an empty batch or query sequence skips it.
+    nonempty = q.shape[0] != 0 and q.shape[2] != 0
+    if nonempty and q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK:
         return _blocked(q, k, v, mask, causal, scale, block_size(q.shape[0], q.shape[1], q.shape[2]))
     return _explicit(q, k, v, mask, causal, scale, 0.0, None)[0]

@@ -21,6 +21,20 @@ def is_tensor_like(x: object) -> bool:
     return ops.is_tensor(x) or isinstance(x, (np.ndarray, KerasTensor))
 
 
+def concrete(x: Tensor) -> np.ndarray | None:
+    """The values of ``x`` when it has some now (eager), ``None`` for a symbolic or graph tensor."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, KerasTensor):
+        return None
+    if backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return None
+    return np.asarray(ops.convert_to_numpy(x))
+
+
 def dtype_kind(x: Tensor) -> str:
     """``"bool"``, ``"float"`` or ``"other"`` for a tensor's dtype."""
     dtype = backend.standardize_dtype(x.dtype)
@@ -54,13 +68,19 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
     """``(B, max_len)`` mask that is ``True`` at the first ``lengths[b]`` positions of row ``b`` (real tokens)."""
     check_non_negative_int("max_len", max_len)
     if not is_tensor_like(lengths):
-        lengths = np.asarray(lengths)
+        try:
+            lengths = np.asarray(lengths)
+        except ValueError as error:
+            raise TypeError(f"`lengths` must be a tensor or a list of ints, received {lengths!r}") from error
+        if lengths.dtype.kind in "OSU":
+            raise TypeError(f"`lengths` must be a tensor or a list of ints, received {lengths.tolist()!r}")
     if "int" not in backend.standardize_dtype(lengths.dtype):
         raise DTypeError(f"`lengths` must hold integers, received dtype {backend.standardize_dtype(lengths.dtype)}")
     if len(lengths.shape) != 1:
         raise ValueError(f"`lengths` must be 1-D (B,), received lengths.shape={tuple(lengths.shape)}")
-    if isinstance(lengths, np.ndarray) and lengths.size and (lengths.min() < 0 or lengths.max() > max_len):
-        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {lengths.tolist()}")
+    values = concrete(lengths)
+    if values is not None and values.size and (values.min() < 0 or values.max() > max_len):
+        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {values.tolist()}")
     positions = ops.expand_dims(ops.arange(max_len), 0)  # (1, L)
     return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))  # (B, L)
 

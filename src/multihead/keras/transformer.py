@@ -19,12 +19,20 @@ import numpy as np
 from keras import layers, ops
 
 from multihead.cache import DecoderCache
-from multihead.config import ACTIVATIONS, TransformerConfig
+from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.keras.attention import KVCache, MultiHeadAttention
-from multihead.keras.masks import Tensor, check_token_ids, padding_mask_from_tokens
+from multihead.keras.checks import NamedTensorArguments, check_hidden, check_key_mask
+from multihead.keras.masks import Tensor, check_token_ids, concrete, padding_mask_from_tokens
 from multihead.reference import sinusoidal_positions
-from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
+from multihead.validation import (
+    check_dropout,
+    check_flag,
+    check_non_negative_int,
+    check_positions,
+    check_positive_int,
+    check_same_batch,
+)
 
 __all__ = [
     "Decoder",
@@ -41,7 +49,7 @@ register = keras.saving.register_keras_serializable(package="multihead")
 
 
 @register
-class PositionalEncoding(layers.Layer):
+class PositionalEncoding(NamedTensorArguments, layers.Layer):
     """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout."""
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0, **kwargs: Any) -> None:
@@ -53,6 +61,8 @@ class PositionalEncoding(layers.Layer):
         self.table = sinusoidal_positions(max_len, d_model).astype("float32")  # derived, so never saved
 
     def call(self, x: Tensor, offset: int = 0, training: bool | None = None) -> Tensor:
+        check_hidden("x", x, self.d_model)
+        check_non_negative_int("offset", offset)
         length = x.shape[1]
         if length is not None and offset + length > self.max_len:
             raise ValueError(
@@ -67,7 +77,7 @@ class PositionalEncoding(layers.Layer):
 
 
 @register
-class FeedForward(layers.Layer):
+class FeedForward(NamedTensorArguments, layers.Layer):
     """Position-wise feed-forward block: ``linear2(dropout(activation(linear1(x))))``."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu", **kwargs: Any) -> None:
@@ -83,6 +93,7 @@ class FeedForward(layers.Layer):
         self.dropout = layers.Dropout(self.rate)
 
     def call(self, x: Tensor, training: bool | None = None) -> Tensor:
+        check_hidden("x", x, self.d_model)
         return self.linear2(self.dropout(self.linear1(x), training=training))
 
     def state_children(self) -> dict[str, layers.Layer]:
@@ -93,7 +104,7 @@ class FeedForward(layers.Layer):
         return {**super().get_config(), **config}
 
 
-class _Block(layers.Layer):
+class _Block(NamedTensorArguments, layers.Layer):
     """What the encoder and decoder layers share: sizes, and residual connections with LayerNorm."""
 
     def __init__(
@@ -130,6 +141,12 @@ class _Block(layers.Layer):
     def norm(self, name: str) -> layers.LayerNormalization:
         return layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name=name)
 
+    def check_input(self, x: object, key_mask: object, key_mask_name: str, cached: int = 0) -> None:
+        """``x (B, L, E)`` and its ``(B, cached + L)`` key mask."""
+        check_hidden("x", x, self.sizes["d_model"])
+        length = None if x.shape[1] is None else cached + x.shape[1]
+        check_key_mask(key_mask_name, key_mask, x.shape[0], length)
+
     def residual(self, x: Tensor, norm: layers.LayerNormalization, sublayer, training: bool | None) -> Tensor:
         if self.norm_first:
             return x + self.dropout(sublayer(norm(x)), training=training)
@@ -149,6 +166,7 @@ class EncoderLayer(_Block):
         self.norm1, self.norm2 = self.norm("norm1"), self.norm("norm2")
 
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
+        self.check_input(x, key_mask, "key_mask")
         x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, training=training), training)
         return self.residual(x, self.norm2, lambda h: self.feed_forward(h, training=training), training)
 
@@ -164,6 +182,8 @@ class EncoderLayer(_Block):
 @register
 class DecoderLayer(_Block):
     """Causal self-attention, cross-attention over the encoder memory, feed-forward; residuals and LayerNorm."""
+
+    tensor_arguments = ("x", "memory")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -184,6 +204,12 @@ class DecoderLayer(_Block):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """``x (B, Lt, E)``, ``memory (B, Ls, E)``; with ``return_weights`` also the cross-attention weights
         ``(B, H, Lt, Ls)``."""
+        for name, cache in (("self_cache", self_cache), ("cross_cache", cross_cache)):
+            if cache is not None and not isinstance(cache, KVCache):
+                raise TypeError(f"`{name}` must be a KVCache or None, received {type(cache).__name__}")
+        self.check_input(x, tgt_key_mask, "tgt_key_mask", 0 if self_cache is None else self_cache.length)
+        check_memory(memory, x, memory_key_mask)
+        check_flag("return_weights", return_weights)
 
         def self_attention(h: Tensor) -> Tensor:
             return self.self_attn(h, key_mask=tgt_key_mask, causal=True, cache=self_cache, training=training)
@@ -215,7 +241,25 @@ class DecoderLayer(_Block):
         }
 
 
-class _Stack(layers.Layer):
+def check_memory(memory: object, x: Tensor, memory_key_mask: object) -> None:
+    """The encoder output ``(B, Ls, E)`` for the decoder's ``x (B, Lt, E)``, and its ``(B, Ls)`` key mask."""
+    check_hidden("memory", memory, x.shape[-1])
+    check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
+    check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
+
+
+def check_decoder_cache(cache: object, num_layers: int) -> None:
+    if cache is None:
+        return
+    if not isinstance(cache, DecoderCache):
+        raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
+    if len(cache.self_attention) != num_layers:
+        raise ValueError(
+            f"`cache` must hold one KV cache per decoder layer ({num_layers}), received {len(cache.self_attention)}"
+        )
+
+
+class _Stack(NamedTensorArguments, layers.Layer):
     """A stack of layers with a final LayerNorm when ``norm_first``."""
 
     layer_type: type[_Block]
@@ -259,6 +303,8 @@ class Encoder(_Stack):
     layer_type = EncoderLayer
 
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
+        check_hidden("x", x, self.sizes["d_model"])
+        check_key_mask("key_mask", key_mask, x.shape[0], x.shape[1])
         for block in self.blocks:
             x = block(x, key_mask=key_mask, training=training)
         return self.finish(x)
@@ -267,6 +313,8 @@ class Encoder(_Stack):
 @register
 class Decoder(_Stack):
     """A stack of :class:`DecoderLayer`, with a final LayerNorm when ``norm_first``."""
+
+    tensor_arguments = ("x", "memory")
 
     layer_type = DecoderLayer
 
@@ -281,6 +329,12 @@ class Decoder(_Stack):
         training: bool | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """``x (B, Lt, E)``; with ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``."""
+        check_decoder_cache(cache, len(self.blocks))
+        check_hidden("x", x, self.sizes["d_model"])
+        length = None if x.shape[1] is None else x.shape[1] + (0 if cache is None else cache.length)
+        check_key_mask("tgt_key_mask", tgt_key_mask, x.shape[0], length)
+        check_memory(memory, x, memory_key_mask)
+        check_flag("return_weights", return_weights)
         cross_weights = []
         for index, block in enumerate(self.blocks):
             x = block(
@@ -301,7 +355,7 @@ class Decoder(_Stack):
 
 
 @register
-class Transformer(keras.Model):
+class Transformer(NamedTensorArguments, keras.Model):
     """Encoder-decoder Transformer for sequence-to-sequence tasks (a ``keras.Model``: ``fit`` works on
     ``((src, tgt_in), tgt_out)`` data).
 
@@ -309,6 +363,8 @@ class Transformer(keras.Model):
     self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
     a mask is not given, it is ``tokens != pad_id``.
     """
+
+    tensor_arguments = ("src", "tgt")
 
     def __init__(
         self,
@@ -343,10 +399,13 @@ class Transformer(keras.Model):
         self.output_proj = layers.Dense(tgt_vocab, name="output_proj")
 
     @classmethod
-    def from_config(cls, config: TransformerConfig | dict[str, Any]) -> Transformer:
+    def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
         """From a :class:`TransformerConfig` or the dict ``get_config()`` returns."""
-        values = asdict(config) if isinstance(config, TransformerConfig) else dict(config)
-        return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
+        name = config.get("name") if isinstance(config, Mapping) else None
+        if isinstance(config, Mapping):
+            config = {key: value for key, value in config.items() if key != "name"}
+        values = config_fields(config)
+        return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), name=name, **values)
 
     def get_config(self) -> dict[str, Any]:
         return {**asdict(self.config), "name": self.name}
@@ -370,9 +429,23 @@ class Transformer(keras.Model):
     def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.build()
 
-    def _check_tokens(self, name: str, tokens: object, vocab: int) -> Tensor:
+    def _check_tokens(self, name: str, tokens: object, vocab: int, offset: int = 0) -> Tensor:
+        """Token ids ``(B, L)`` in ``[0, vocab)`` (checked when they are known: eager calls), at positions
+        ``offset .. offset + L - 1`` within ``max_len``."""
         check_token_ids(name, tokens)
+        values = concrete(tokens)
+        if values is not None and values.size and (values.min() < 0 or values.max() >= vocab):
+            raise ValueError(
+                f"`{name}` must hold ids in [0, {vocab}), received ids from {values.min()} to {values.max()}"
+            )
+        if tokens.shape[1] is not None:
+            check_positions(name, offset, tokens.shape[1], self.config.max_len)
         return tokens
+
+    def _check_source(self, src: object, src_key_mask: object) -> Tensor:
+        src = self._check_tokens("src", src, self.config.src_vocab)
+        check_key_mask("src_key_mask", src_key_mask, src.shape[0], src.shape[1])
+        return src
 
     def _key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:
         if key_mask is None and self.config.pad_id is not None:
@@ -384,7 +457,7 @@ class Transformer(keras.Model):
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
-        src = self._check_tokens("src", src, self.config.src_vocab)
+        src = self._check_source(src, src_key_mask)
         key_mask = self._key_mask(src, src_key_mask)
         return self.encoder(self._embed(self.src_embed, src, 0, training), key_mask=key_mask, training=training)
 
@@ -404,10 +477,15 @@ class Transformer(keras.Model):
         those already cached, and ``tgt_key_mask`` covers every cached target token. With ``return_weights`` also
         each layer's cross-attention weights ``(B, H, Lt, Ls)``.
         """
-        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
-        if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
+        check_decoder_cache(cache, self.config.num_decoder_layers)
         offset = 0 if cache is None else cache.length
+        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab, offset)
+        check_hidden("memory", memory, self.config.d_model)
+        check_same_batch(("tgt", "memory"), (tuple(tgt.shape), tuple(memory.shape)))
+        check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
+        length = None if tgt.shape[1] is None else offset + tgt.shape[1]
+        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], length)
+        check_flag("return_weights", return_weights)
         if tgt_key_mask is None and self.config.pad_id is not None and cache is None:
             tgt_key_mask = padding_mask_from_tokens(tgt, self.config.pad_id)
         hidden = self.decoder(
@@ -434,7 +512,11 @@ class Transformer(keras.Model):
         """Teacher-forced logits ``(B, Lt, V)``; ``src`` may be the pair ``(src, tgt)``, as ``fit`` passes it."""
         if tgt is None and isinstance(src, (tuple, list)):
             src, tgt = src
-        src_key_mask = self._key_mask(self._check_tokens("src", src, self.config.src_vocab), src_key_mask)
+        src = self._check_source(src, src_key_mask)
+        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
+        check_same_batch(("src", "tgt"), (tuple(src.shape), tuple(tgt.shape)))
+        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], tgt.shape[1])
+        src_key_mask = self._key_mask(src, src_key_mask)
         memory = self.encode(src, src_key_mask=src_key_mask, training=training)
         return self.decode(tgt, memory, memory_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask, training=training)
 
@@ -460,11 +542,9 @@ class Transformer(keras.Model):
         first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else ``eos_id``).
         """
         pad_id = pad_id if pad_id is not None else self.config.pad_id if self.config.pad_id is not None else eos_id
-        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size)
+        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
-        if max(bos_id, eos_id, pad_id) >= self.config.tgt_vocab:
-            raise ValueError(f"bos_id, eos_id and pad_id must be < tgt_vocab={self.config.tgt_vocab}")
-        src = ops.convert_to_tensor(self._check_tokens("src", src, self.config.src_vocab))
+        src = ops.convert_to_tensor(self._check_source(src, src_key_mask))
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self.encode(src, src_key_mask=src_key_mask)
         batch = int(src.shape[0])

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from multihead.cache import KVCacheBase
+from multihead.torch.checks import check_hidden, check_key_mask
 from multihead.torch.functional import attention
 from multihead.torch.masks import check_mask_tensor, restrict
 from multihead.validation import (
@@ -21,7 +22,6 @@ from multihead.validation import (
     check_heads,
     check_module_inputs,
     check_optional_positive_int,
-    check_padding_mask_shape,
     check_positive_int,
     module_mask_shape,
     resolve_head_dim,
@@ -190,23 +190,28 @@ class MultiHeadAttention(nn.Module):
         """
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
+        check_flag("causal", causal)
+        check_flag("return_weights", return_weights)
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
+        for name, x, width in (("query", query, self.qdim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            check_hidden(name, x, width, self.q_proj.weight)
         check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
         batch, lq, _ = query.shape
         reuse_memory = cache is not None and not self_attention and cache.length > 0
+        if reuse_memory:
+            cache.check_reuse(batch)
+        elif cache is not None:
+            new = lq if self_attention else key.shape[1]
+            cache.check_append(batch, new, self.num_kv_heads, self.head_dim, self.value_head_dim)
         lk = cache.length if reuse_memory else key.shape[1]
         lk += cache.length if cache is not None and self_attention else 0
         if query_mask is not None:
-            check_mask_tensor("query_mask", query_mask, allow_float=False)
-            check_padding_mask_shape("query_mask", tuple(query_mask.shape), batch, lq)
+            check_key_mask("query_mask", query_mask, batch, lq)
             if cache is None and not return_weights:
                 full_mask = self._full_mask(mask, None, batch, lq, lk)
-                key_mask = self._checked_key_mask(key_mask, batch, lk)
+                key_mask = check_key_mask("key_mask", key_mask, batch, lk)
                 return self._forward_packed(query, key, value, full_mask, key_mask, query_mask, causal)
         full_mask = restrict(
             self._full_mask(mask, key_mask, batch, lq, lk), None if query_mask is None else query_mask[:, None, :, None]
@@ -256,9 +261,9 @@ class MultiHeadAttention(nn.Module):
         lk = key.shape[1]
         key_mask = torch.ones(batch, lk, dtype=torch.bool, device=key.device) if key_mask is None else key_mask
         q_rows, k_rows = query_mask.reshape(-1).nonzero()[:, 0], key_mask.reshape(-1).nonzero()[:, 0]  # (N,), (M,)
-        q = self.q_proj(query.reshape(batch * lq, -1).index_select(0, q_rows))  # (N, H*Dk)
-        k = self.k_proj(key.reshape(batch * lk, -1).index_select(0, k_rows))  # (M, Hkv*Dk)
-        v = self.v_proj(value.reshape(batch * lk, -1).index_select(0, k_rows))  # (M, Hkv*Dv)
+        q = self.q_proj(query.reshape(batch * lq, self.qdim).index_select(0, q_rows))  # (N, H*Dk)
+        k = self.k_proj(key.reshape(batch * lk, self.kdim).index_select(0, k_rows))  # (M, Hkv*Dk)
+        v = self.v_proj(value.reshape(batch * lk, self.vdim).index_select(0, k_rows))  # (M, Hkv*Dv)
         q_counts, k_counts = query_mask.sum(1).tolist(), key_mask.sum(1).tolist()
         dropout = self.dropout if self.training else 0.0
         outs = []
@@ -283,15 +288,8 @@ class MultiHeadAttention(nn.Module):
             check_mask_tensor("mask", mask)
             mask = mask.reshape(module_mask_shape(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
             check_broadcastable("mask", tuple(mask.shape), (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
-        key_mask = self._checked_key_mask(key_mask, batch, lk)
+        key_mask = check_key_mask("key_mask", key_mask, batch, lk)
         return mask if key_mask is None else restrict(mask, key_mask[:, None, None, :])  # (B, 1|H, 1|Lq, Lk)
-
-    @staticmethod
-    def _checked_key_mask(key_mask: torch.Tensor | None, batch: int, lk: int) -> torch.Tensor | None:
-        if key_mask is not None:
-            check_mask_tensor("key_mask", key_mask, allow_float=False)
-            check_padding_mask_shape("key_mask", tuple(key_mask.shape), batch, lk)
-        return key_mask
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

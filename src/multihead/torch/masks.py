@@ -22,6 +22,11 @@ def causal_mask(lq: int, lk: int, *, device: torch.device | str | None = None) -
     """
     check_non_negative_int("lq", lq)
     check_non_negative_int("lk", lk)
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"`device` must name a torch device, received {device!r}") from error
     ones = torch.ones(lq, lk, dtype=torch.bool, device=device)
     return ones.tril(diagonal=causal_diagonal(lq, lk))
 
@@ -34,7 +39,11 @@ def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.T
             [1, 1, 1, 0]], dtype=torch.int32)
     """
     check_non_negative_int("max_len", max_len)
-    lengths = torch.as_tensor(lengths)
+    if not isinstance(lengths, torch.Tensor):
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (RuntimeError, TypeError, ValueError) as error:
+            raise TypeError(f"`lengths` must be a tensor or a list of ints, received {lengths!r}") from error
     if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise DTypeError(f"`lengths` must hold integers, received dtype {lengths.dtype}")
     if lengths.dim() != 1:

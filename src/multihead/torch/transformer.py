@@ -9,7 +9,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,12 +18,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from multihead.cache import DecoderCache
-from multihead.config import ACTIVATIONS, TransformerConfig
+from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.reference import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
+from multihead.torch.checks import check_hidden, check_key_mask
 from multihead.torch.masks import check_token_ids, padding_mask_from_tokens
-from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
+from multihead.validation import (
+    check_dropout,
+    check_flag,
+    check_non_negative_int,
+    check_positions,
+    check_positive_int,
+    check_same_batch,
+)
 
 __all__ = [
     "Decoder",
@@ -54,6 +62,8 @@ class PositionalEncoding(nn.Module):
         self.register_buffer("table", table, persistent=False)  # derived, so never saved
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        check_hidden("x", x, self.d_model, None)  # the table follows x's dtype
+        check_non_negative_int("offset", offset)
         length = x.shape[1]
         if offset + length > self.max_len:
             raise ValueError(
@@ -76,6 +86,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_hidden("x", x, self.linear1.in_features, self.linear1.weight)
         hidden = F.relu(self.linear1(x)) if self.activation == "relu" else F.gelu(self.linear1(x))
         return self.linear2(self.dropout(hidden))
 
@@ -101,6 +112,11 @@ class _Block(nn.Module):
         self.norm1 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.norm2 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
 
+    def check_input(self, x: object, key_mask: object, key_mask_name: str, cached: int = 0) -> None:
+        """``x (B, L, E)`` and its ``(B, cached + L)`` key mask."""
+        check_hidden("x", x, self.self_attn.d_model, self.self_attn.q_proj.weight)
+        check_key_mask(key_mask_name, key_mask, x.shape[0], cached + x.shape[1])
+
     def residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
         if self.norm_first:
             return x + self.dropout(sublayer(norm(x)))
@@ -111,6 +127,7 @@ class EncoderLayer(_Block):
     """Self-attention then feed-forward, each with a residual connection and LayerNorm."""
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_input(x, key_mask, "key_mask")
         x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask))
         return self.residual(x, self.norm2, self.feed_forward)
 
@@ -144,6 +161,12 @@ class DecoderLayer(_Block):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x (B, Lt, E)``, ``memory (B, Ls, E)``; with ``return_weights`` also the cross-attention weights
         ``(B, H, Lt, Ls)``."""
+        for name, cache in (("self_cache", self_cache), ("cross_cache", cross_cache)):
+            if cache is not None and not isinstance(cache, KVCache):
+                raise TypeError(f"`{name}` must be a KVCache or None, received {type(cache).__name__}")
+        self.check_input(x, tgt_key_mask, "tgt_key_mask", 0 if self_cache is None else self_cache.length)
+        check_memory(memory, x, memory_key_mask, self.cross_attn.q_proj.weight)
+        check_flag("return_weights", return_weights)
         x = self.residual(
             x, self.norm1, lambda h: self.self_attn(h, key_mask=tgt_key_mask, causal=True, cache=self_cache)
         )
@@ -159,6 +182,24 @@ class DecoderLayer(_Block):
         x = self.residual(x, self.norm2, cross)
         x = self.residual(x, self.norm3, self.feed_forward)
         return (x, cross_weights[0]) if return_weights else x
+
+
+def check_memory(memory: object, x: torch.Tensor, memory_key_mask: object, parameter: torch.Tensor | None) -> None:
+    """The encoder output ``(B, Ls, E)`` for the decoder's ``x (B, Lt, E)``, and its ``(B, Ls)`` key mask."""
+    check_hidden("memory", memory, x.shape[-1], parameter)
+    check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
+    check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
+
+
+def check_decoder_cache(cache: object, num_layers: int) -> None:
+    if cache is None:
+        return
+    if not isinstance(cache, DecoderCache):
+        raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
+    if len(cache.self_attention) != num_layers:
+        raise ValueError(
+            f"`cache` must hold one KV cache per decoder layer ({num_layers}), received {len(cache.self_attention)}"
+        )
 
 
 class _Stack(nn.Module):
@@ -178,6 +219,7 @@ class _Stack(nn.Module):
     ) -> None:
         super().__init__()
         check_non_negative_int("num_layers", num_layers)
+        self.d_model = d_model
         self.layers = nn.ModuleList(
             self.layer_type(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
         )
@@ -190,6 +232,8 @@ class Encoder(_Stack):
     layer_type = EncoderLayer
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_hidden("x", x, self.d_model, next(self.parameters(), None))
+        check_key_mask("key_mask", key_mask, x.shape[0], x.shape[1])
         for layer in self.layers:
             x = layer(x, key_mask=key_mask)
         return x if self.norm is None else self.norm(x)
@@ -211,6 +255,12 @@ class Decoder(_Stack):
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """``x (B, Lt, E)``; with ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``."""
+        check_decoder_cache(cache, len(self.layers))
+        parameter = next(self.parameters(), None)
+        check_hidden("x", x, self.d_model, parameter)
+        check_key_mask("tgt_key_mask", tgt_key_mask, x.shape[0], x.shape[1] + (0 if cache is None else cache.length))
+        check_memory(memory, x, memory_key_mask, parameter)
+        check_flag("return_weights", return_weights)
         cross_weights = []
         for index, layer in enumerate(self.layers):
             x = layer(
@@ -281,17 +331,19 @@ class Transformer(nn.Module):
             nn.init.normal_(embedding.weight, std=d_model**-0.5)
 
     @classmethod
-    def from_config(cls, config: TransformerConfig | dict[str, Any]) -> Transformer:
+    def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
         """From a :class:`TransformerConfig` or a dict of its fields."""
-        values = asdict(config) if isinstance(config, TransformerConfig) else dict(config)
+        values = config_fields(config)
         return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
 
-    def _check_tokens(self, name: str, tokens: object, vocab: int) -> torch.Tensor:
+    def _check_tokens(self, name: str, tokens: object, vocab: int, offset: int = 0) -> torch.Tensor:
+        """Token ids ``(B, L)`` in ``[0, vocab)``, at positions ``offset .. offset + L - 1`` within ``max_len``."""
         check_token_ids(name, tokens)
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             raise ValueError(
                 f"`{name}` must hold ids in [0, {vocab}), received ids from {int(tokens.min())} to {int(tokens.max())}"
             )
+        check_positions(name, offset, tokens.shape[1], self.config.max_len)
         return tokens
 
     def _key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -302,9 +354,14 @@ class Transformer(nn.Module):
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return self.positional(embedding(tokens) * math.sqrt(self.config.d_model), offset)  # (B, L, E)
 
+    def _check_source(self, src: object, src_key_mask: object) -> torch.Tensor:
+        src = self._check_tokens("src", src, self.config.src_vocab)
+        check_key_mask("src_key_mask", src_key_mask, src.shape[0], src.shape[1])
+        return src
+
     def encode(self, src: torch.Tensor, *, src_key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
-        src = self._check_tokens("src", src, self.config.src_vocab)
+        src = self._check_source(src, src_key_mask)
         key_mask = self._key_mask(src, src_key_mask)
         return self.encoder(self._embed(self.src_embed, src), key_mask=key_mask)
 
@@ -324,10 +381,14 @@ class Transformer(nn.Module):
         positions after those already cached, and ``tgt_key_mask`` covers every cached target token. With
         ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``.
         """
-        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
-        if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
+        check_decoder_cache(cache, len(self.decoder.layers))
         offset = 0 if cache is None else cache.length
+        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab, offset)
+        check_hidden("memory", memory, self.config.d_model, self.output_proj.weight)
+        check_same_batch(("tgt", "memory"), (tuple(tgt.shape), tuple(memory.shape)))
+        check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
+        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], offset + tgt.shape[1])
+        check_flag("return_weights", return_weights)
         if tgt_key_mask is None and self.config.pad_id is not None and cache is None:
             tgt_key_mask = padding_mask_from_tokens(tgt, self.config.pad_id)
         hidden = self.decoder(
@@ -351,7 +412,11 @@ class Transformer(nn.Module):
         tgt_key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Teacher-forced logits ``(B, Lt, V)`` for ``src (B, Ls)`` and ``tgt (B, Lt)``."""
-        src_key_mask = self._key_mask(self._check_tokens("src", src, self.config.src_vocab), src_key_mask)
+        src = self._check_source(src, src_key_mask)
+        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
+        check_same_batch(("src", "tgt"), (tuple(src.shape), tuple(tgt.shape)))
+        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], tgt.shape[1])
+        src_key_mask = self._key_mask(src, src_key_mask)
         memory = self.encode(src, src_key_mask=src_key_mask)
         return self.decode(tgt, memory, memory_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask)
 
@@ -380,11 +445,9 @@ class Transformer(nn.Module):
         prefix; both give the same tokens.
         """
         pad_id = pad_id if pad_id is not None else self.config.pad_id if self.config.pad_id is not None else eos_id
-        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size)
+        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
-        if max(bos_id, eos_id, pad_id) >= self.config.tgt_vocab:
-            raise ValueError(f"bos_id, eos_id and pad_id must be < tgt_vocab={self.config.tgt_vocab}")
-        src = self._check_tokens("src", src, self.config.src_vocab)
+        src = self._check_source(src, src_key_mask)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self.encode(src, src_key_mask=src_key_mask)
         batch = src.shape[0]
