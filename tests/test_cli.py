@@ -38,3 +38,17 @@ def test_unknown_command_exits_2() -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["frobnicate"])
     assert exit_info.value.code == 2
+
+
+def test_bench_options_reach_the_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[list[str]] = []
+    monkeypatch.setattr("multihead.bench.main", lambda argv: received.append(argv) or 0)
+    assert main(["bench", "--out", "somewhere", "--cases", "paper-forward", "--repeats", "1"]) == 0
+    assert received == [["--out", "somewhere", "--cases", "paper-forward", "--repeats", "1"]]
+
+
+def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    assert "--generation" in capsys.readouterr().out

@@ -121,3 +121,15 @@ class DecoderCache:
     def reorder(self, rows: Any) -> None:
         for cache in (*self.self_attention, *self.cross_attention):
             cache.reorder(rows)
+
+
+def check_decoder_cache(cache: object, num_layers: int) -> None:
+    """``None``, or a model's :class:`DecoderCache` with one KV cache per decoder layer."""
+    if cache is None:
+        return
+    if not isinstance(cache, DecoderCache):
+        raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
+    if len(cache.self_attention) != num_layers:
+        raise ValueError(
+            f"`cache` must hold one KV cache per decoder layer ({num_layers}), received {len(cache.self_attention)}"
+        )

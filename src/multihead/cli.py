@@ -160,9 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="time our attention against its peers, each run in a fresh process (make bench)",
-        description="Options: --cases, --impls, --repeats, --budget, --out (see `python -m multihead.bench -h`).",
+        add_help=False,  # `multihead bench --help` shows the benchmark's own options
     )
-    bench.add_argument("options", nargs=argparse.REMAINDER, help="options passed to the benchmark")
     bench.set_defaults(handler=_bench)
     return parser
 
@@ -171,7 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from multihead.runs import RunError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `bench` hands every option on, in order, to the benchmark's own parser.
+    args, passed_on = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.options = passed_on
+    elif passed_on:
+        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from multihead.cache import DecoderCache
+from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.keras.attention import KVCache, MultiHeadAttention
@@ -246,17 +246,6 @@ def check_memory(memory: object, x: Tensor, memory_key_mask: object) -> None:
     check_hidden("memory", memory, x.shape[-1])
     check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
     check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
-
-
-def check_decoder_cache(cache: object, num_layers: int) -> None:
-    if cache is None:
-        return
-    if not isinstance(cache, DecoderCache):
-        raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
-    if len(cache.self_attention) != num_layers:
-        raise ValueError(
-            f"`cache` must hold one KV cache per decoder layer ({num_layers}), received {len(cache.self_attention)}"
-        )
 
 
 class _Stack(NamedTensorArguments, layers.Layer):

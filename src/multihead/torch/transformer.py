@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from multihead.cache import DecoderCache
+from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.reference import sinusoidal_positions
@@ -189,17 +189,6 @@ def check_memory(memory: object, x: torch.Tensor, memory_key_mask: object, param
     check_hidden("memory", memory, x.shape[-1], parameter)
     check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
     check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
-
-
-def check_decoder_cache(cache: object, num_layers: int) -> None:
-    if cache is None:
-        return
-    if not isinstance(cache, DecoderCache):
-        raise TypeError(f"`cache` must be a DecoderCache or None, received {type(cache).__name__}")
-    if len(cache.self_attention) != num_layers:
-        raise ValueError(
-            f"`cache` must hold one KV cache per decoder layer ({num_layers}), received {len(cache.self_attention)}"
-        )
 
 
 class _Stack(nn.Module):
