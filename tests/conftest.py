@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of test output
@@ -28,6 +29,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).name.startswith(KERAS_TEST_FILES):
             item.add_marker(pytest.mark.keras)
+
+
+@pytest.fixture(scope="module")
+def fused_kernel() -> Iterator[None]:
+    """Send every torch attention call without weights to the fused kernel, however small: for the files that test
+    that path (small inference calls otherwise take the explicit math, which is faster there)."""
+    import multihead.torch.functional as functional
+
+    saved = functional.SMALL_INFERENCE_SCORES
+    functional.SMALL_INFERENCE_SCORES = 0
+    yield
+    functional.SMALL_INFERENCE_SCORES = saved
 
 
 @pytest.fixture(autouse=True)

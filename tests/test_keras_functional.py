@@ -216,6 +216,8 @@ def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_torch_backend_delegates_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     import multihead.torch.functional as torch_functional
 
+    monkeypatch.setattr(torch_functional, "SMALL_INFERENCE_SCORES", 0)  # these sizes would take the explicit math
+
     calls = []
     fused = torch_functional._fused
     monkeypatch.setattr(torch_functional, "_fused", lambda *a: calls.append(True) or fused(*a))

@@ -17,6 +17,8 @@ from conftest import broadcast_shapes, randn, to_numpy
 from multihead import reference
 from multihead.torch import attention
 
+pytestmark = pytest.mark.usefixtures("fused_kernel")  # these tests are about the fused path's results
+
 
 @dataclass(frozen=True)
 class Size:
@@ -338,3 +340,15 @@ def test_causality_through_gradients(lq: int, lk: int, return_weights: bool) -> 
         assert torch.all(grad_k[:, :, visible + 1 :] == 0)
         assert torch.all(grad_v[:, :, visible + 1 :] == 0)
         assert torch.all(grad_v[:, :, : visible + 1].abs().sum(-1) > 0)
+
+
+def test_small_inference_takes_the_explicit_math(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small calls without gradients skip the kernel (faster there) and give what the kernel gives."""
+    q, k, v = randn(2, 4, 5, 8), randn(2, 2, 7, 8), randn(2, 2, 7, 6)
+    mask = torch.rand(2, 1, 5, 7) > 0.5
+    fused = attention(q, k, v, mask, causal=True)
+    monkeypatch.setattr(functional, "SMALL_INFERENCE_SCORES", 128 * 128)
+    monkeypatch.setattr(functional, "_fused", lambda *args: pytest.fail("the kernel ran for a small inference call"))
+    torch.testing.assert_close(attention(q, k, v, mask, causal=True), fused)
+    with pytest.raises(pytest.fail.Exception):
+        attention(q.requires_grad_(), k, v, mask, causal=True)  # gradients: the kernel's backward is faster

@@ -26,6 +26,8 @@ from multihead import reference
 from multihead.torch import MultiHeadAttention, attention, padding_mask
 from multihead.torch.transformer import Transformer
 
+pytestmark = pytest.mark.usefixtures("fused_kernel")  # these tests are about the fused path's results
+
 HALVES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 PATHS = pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
 

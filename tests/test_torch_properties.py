@@ -30,6 +30,8 @@ from conftest import state_dict_numpy, to_numpy
 from multihead import reference
 from multihead.torch import MultiHeadAttention, attention
 
+pytestmark = pytest.mark.usefixtures("fused_kernel")  # these tests are about the fused path's results
+
 PATHS = pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
 
 
