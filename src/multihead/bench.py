@@ -436,7 +436,9 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="multihead bench", description=__doc__.splitlines()[0])
+    from multihead.cli import OneLineErrorParser
+
+    parser = OneLineErrorParser(prog="multihead bench", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), help="(none: skip)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=list(IMPLEMENTATIONS))
     parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs per implementation and case")

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from multihead import __version__
 
@@ -104,10 +105,17 @@ class _TaskAction(argparse.Action):
         namespace.task_given = True
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr with status 2, like every other user error; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from multihead.tasks import TASKS
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="multihead", description="The Transformer's attention from scratch: train, translate, look inside."
     )
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
