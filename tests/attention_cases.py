@@ -188,3 +188,32 @@ def reference_gradients(
     grad_k = (scale * d_scores.swapaxes(-1, -2) @ q).reshape(batch, kv_heads, groups, lk, -1).sum(axis=2)
     grad_v = (weights.swapaxes(-1, -2) @ cotangent).reshape(batch, kv_heads, groups, lk, -1).sum(axis=2)
     return grad_q, grad_k, grad_v
+
+
+def check_error_budgets(
+    got: list[np.ndarray],
+    baseline: list[np.ndarray],
+    expected: list[np.ndarray],
+    names: list[str],
+    eps: float,
+    *,
+    floor_ulps: float = 1.0,
+    normwise: bool = False,
+) -> None:
+    """The flash-attention rule for half precision, on float64 arrays (output first, then gradients): the output
+    within 2x the plain same-dtype error, each gradient within 3x, plus ``floor_ulps * eps * max|expected|``; where
+    the plain implementation overflowed, the floor alone. ``normwise`` takes a gradient's floor from the whole
+    gradient (w.r.t. all inputs together) rather than from that input's part alone."""
+
+    def max_error(values: np.ndarray, exact: np.ndarray) -> float:
+        return float(np.abs(values - exact).max()) if np.isfinite(values).all() else np.inf
+
+    gradient_peak = max(np.abs(x).max() for x in expected[1:])
+    for index, (ours, plain, exact, name) in enumerate(zip(got, baseline, expected, names, strict=True)):
+        assert np.isfinite(ours).all(), f"{name} is not finite"
+        peak = gradient_peak if normwise and index > 0 else np.abs(exact).max()
+        floor = floor_ulps * eps * peak
+        plain_error = max_error(plain, exact)
+        budget = floor if np.isinf(plain_error) else (2 if index == 0 else 3) * plain_error + floor
+        error = max_error(ours, exact)
+        assert error <= budget, f"{name}: error {error:.3g} > budget {budget:.3g} (plain {plain_error:.3g})"

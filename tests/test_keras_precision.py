@@ -21,7 +21,7 @@ import pytest
 from keras import ops
 
 import multihead.keras.functional as functional
-from attention_cases import causal_allowed, reference_gradients
+from attention_cases import causal_allowed, check_error_budgets, reference_gradients
 from keras_helpers import BACKEND, numpy, tensor
 from multihead import reference
 from multihead.keras import MultiHeadAttention, attention, padding_mask
@@ -99,17 +99,8 @@ def check_budgets(
     floor_ulps: float = 1.0,
     normwise: bool = False,
 ) -> None:
-    """Output (first) within 2x the plain error, gradients within 3x, plus ``floor_ulps * eps * max|expected|``
-    (normwise: the whole gradient's max); where the plain version overflowed, the floor alone."""
-    gradient_peak = max(np.abs(x).max() for x in expected[1:])
-    for index, name in enumerate(["out", "grad q", "grad k", "grad v"]):
-        assert np.isfinite(got[index]).all(), f"{name} is not finite"
-        peak = gradient_peak if normwise and index > 0 else np.abs(expected[index]).max()
-        floor = floor_ulps * EPS[dtype] * peak
-        plain_error = np.abs(baseline[index] - expected[index]).max()
-        budget = floor if not np.isfinite(plain_error) else (2 if index == 0 else 3) * plain_error + floor
-        error = np.abs(got[index] - expected[index]).max()
-        assert error <= budget, f"{name}: error {error:.3g} > budget {budget:.3g} (plain {plain_error:.3g})"
+    names = ["out", "grad q", "grad k", "grad v"]
+    check_error_budgets(got, baseline, expected, names, EPS[dtype], floor_ulps=floor_ulps, normwise=normwise)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attention_cases import check_error_budgets
 from conftest import state_dict_numpy, to_numpy
 from multihead import reference
 from multihead.torch import MultiHeadAttention, attention, padding_mask
@@ -67,13 +68,6 @@ def output_and_gradients(
     return [out.detach(), *torch.autograd.grad((out * cotangent.to(dtype)).sum(), leaves)]
 
 
-def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """Largest absolute error; infinite when ``got`` is not finite (an overflowed or NaN result)."""
-    if not torch.isfinite(got).all():
-        return math.inf
-    return (got.double() - expected).abs().max().item()
-
-
 def check_budgets(
     ours: list[torch.Tensor],
     plains: list[torch.Tensor],
@@ -84,19 +78,9 @@ def check_budgets(
     floor_ulps: float = 1.0,
     normwise: bool = False,
 ) -> None:
-    """Output (first) within 2x the plain error, each gradient within 3x, plus ``floor_ulps * eps * max|expected|``;
-    where the plain implementation overflowed, the floor alone. ``normwise`` takes a gradient's floor from the whole
-    gradient (w.r.t. all inputs together) rather than from that input's part alone."""
-    eps = torch.finfo(dtype).eps
-    gradient_peak = max(x.abs().max().item() for x in expected[1:])
-    for index, (got, baseline, exact, name) in enumerate(zip(ours, plains, expected, names, strict=True)):
-        assert torch.isfinite(got).all(), f"{name} is not finite"
-        peak = gradient_peak if normwise and index > 0 else exact.abs().max().item()
-        floor = floor_ulps * eps * peak
-        plain_error = max_error(baseline, exact)
-        budget = floor if math.isinf(plain_error) else (2 if index == 0 else 3) * plain_error + floor
-        error = max_error(got, exact)
-        assert error <= budget, f"{name}: error {error:.3g} > budget {budget:.3g} (plain {plain_error:.3g})"
+    """:func:`attention_cases.check_error_budgets` on torch tensors."""
+    arrays = [[x.detach().double().numpy() for x in group] for group in (ours, plains, expected)]
+    check_error_budgets(*arrays, names, torch.finfo(dtype).eps, floor_ulps=floor_ulps, normwise=normwise)
 
 
 @dataclass(frozen=True)
