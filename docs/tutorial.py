@@ -249,16 +249,16 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 #
 # The built-in `dates` task asks the model to rewrite dates written in many ways ("21 November 2026", "Tue Mar 9
 # 2021", "the 4th of July 1976") as `YYYY-MM-DD`. The data is generated, so nothing is downloaded, and 1000
-# examples are held out for evaluation. `multihead.train` trains an encoder-decoder Transformer (2+2 layers,
+# examples are held out for evaluation. `multihead.app.train` trains an encoder-decoder Transformer (2+2 layers,
 # `d_model = 128`) on it; the command line does the same with `multihead train --task dates --steps 1500 --out
 # runs/dates`. About two minutes on two CPU cores; the model then gets at least 98% of the held-out dates exactly
 # right (the tests train only a few steps, so there the translations are still wrong). If the run directory
 # already exists, training resumes from its last checkpoint.
 
 # %%
-from multihead.plot import plot_cross_attention
-from multihead.train import TrainOptions, train
-from multihead.translate import Translator
+from multihead.app.plot import plot_cross_attention
+from multihead.app.train import TrainOptions, train
+from multihead.app.translate import Translator
 
 run = OUT / "dates"
 result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=True))

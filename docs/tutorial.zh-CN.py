@@ -262,7 +262,7 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 # 内置的 `dates` 任务要求模型把各种写法的日期
 # （“21 November 2026”“Tue Mar 9 2021”“the 4th of July 1976”）改写成 `YYYY-MM-DD`。
 # 数据是程序生成的，无需下载，并留出 1000 个样例用于评估。
-# `multihead.train` 在这个任务上训练一个编码器-解码器 Transformer
+# `multihead.app.train` 在这个任务上训练一个编码器-解码器 Transformer
 # （编码器和解码器各 2 层，`d_model = 128`）；命令行
 # `multihead train --task dates --steps 1500 --out runs/dates` 做的是同一件事。
 # 在两个 CPU 核心上大约需要两分钟；训练完成后，模型能把至少 98% 的留出日期完全转换正确
@@ -270,9 +270,9 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 # 如果运行目录已经存在，训练会从其中最新的检查点继续。
 
 # %%
-from multihead.plot import plot_cross_attention
-from multihead.train import TrainOptions, train
-from multihead.translate import Translator
+from multihead.app.plot import plot_cross_attention
+from multihead.app.train import TrainOptions, train
+from multihead.app.translate import Translator
 
 run = OUT / "dates"
 result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=True))

@@ -13,10 +13,10 @@ from torch import nn
 
 import multihead.torch.functional as functional
 from multihead import DTypeError, reference
+from multihead.app.tasks import load_task
+from multihead.app.tasks.tsv import read_tsv
+from multihead.app.tokenizers import Tokenizer
 from multihead.config import TransformerConfig
-from multihead.tasks import load_task
-from multihead.tasks.tsv import read_tsv
-from multihead.tokenizer import Tokenizer
 from multihead.torch import (
     Decoder,
     DecoderCache,

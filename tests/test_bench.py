@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multihead.bench import CASES, markdown, plot, run, run_generation
+from multihead.app.bench import CASES, markdown, plot, run, run_generation
 
 
 def test_run_measures_in_fresh_processes_and_reports(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from multihead import __version__
-from multihead.cli import DEMO_EXAMPLES, main
+from multihead.app.cli import DEMO_EXAMPLES, main
 
 
 def test_demo_trains_translates_and_plots(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,7 +24,7 @@ def test_demo_trains_translates_and_plots(tmp_path, capsys: pytest.CaptureFixtur
 
 def test_version() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "multihead.cli", "--version"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "multihead.app.cli", "--version"], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == f"multihead {__version__}"
 
@@ -42,7 +42,7 @@ def test_unknown_command_exits_2() -> None:
 
 def test_bench_options_reach_the_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
     received: list[list[str]] = []
-    monkeypatch.setattr("multihead.bench.main", lambda argv: received.append(argv) or 0)
+    monkeypatch.setattr("multihead.app.bench.main", lambda argv: received.append(argv) or 0)
     assert main(["bench", "--out", "somewhere", "--cases", "paper-forward", "--repeats", "1"]) == 0
     assert received == [["--out", "somewhere", "--cases", "paper-forward", "--repeats", "1"]]
 

@@ -17,15 +17,15 @@ import pytest
 import safetensors.numpy
 import torch
 
+import multihead.app.runs as runs
+import multihead.app.train as train_module
 import multihead.io as mio
-import multihead.runs as runs
-import multihead.train as train_module
-from multihead.cli import main
+from multihead.app.cli import main
+from multihead.app.runs import RunError, latest_checkpoint
+from multihead.app.train import TrainOptions, train
+from multihead.app.translate import Translator
 from multihead.io import load_model, load_weights, save_model, save_weights
-from multihead.runs import RunError, latest_checkpoint
 from multihead.torch import Transformer
-from multihead.train import TrainOptions, train
-from multihead.translate import Translator
 
 SMALL = dict(d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32)
 TINY_RUN = dict(task="reverse", batch_size=4, d_model=16, num_heads=2, layers=1, d_ff=32, warmup=5, progress=False)

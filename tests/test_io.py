@@ -10,6 +10,7 @@ import pytest
 import safetensors.numpy
 import torch
 
+import multihead.files
 import multihead.io as mio
 from keras_helpers import numpy, tensor
 from multihead.io import load_weights, save_weights
@@ -174,7 +175,7 @@ def _transformer(d_ff: int) -> torch.nn.Module:
 @pytest.mark.parametrize("swap", ["atomic-exchange", "two-renames"])
 def test_save_model_replaces_the_directory_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str) -> None:
     if swap == "two-renames":  # systems without renameat2(RENAME_EXCHANGE)
-        monkeypatch.setattr(mio, "_exchange", lambda first, second: False)
+        monkeypatch.setattr(multihead.files, "_exchange", lambda first, second: False)
     mio.save_model(_transformer(32), tmp_path / "saved")
     mio.save_model(_transformer(48), tmp_path / "saved")
     assert mio.load_model(tmp_path / "saved").config.d_ff == 48

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from multihead.tasks import TASKS, load_task
-from multihead.tasks.generated import number_words
-from multihead.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from multihead.app.tasks import TASKS, load_task
+from multihead.app.tasks.generated import number_words
+from multihead.app.tokenizers import BOS, EOS, PAD, UNK, Tokenizer
 
 
 @pytest.mark.parametrize("name", TASKS)

@@ -17,12 +17,12 @@ import pytest
 import safetensors.numpy
 import torch
 
-import multihead.runs as runs
-from multihead.cli import main
+import multihead.app.runs as runs
+from multihead.app.cli import main
+from multihead.app.runs import latest_checkpoint
+from multihead.app.train import TrainOptions, train
+from multihead.app.translate import Translator
 from multihead.io import save_weights
-from multihead.runs import latest_checkpoint
-from multihead.train import TrainOptions, train
-from multihead.translate import Translator
 
 TINY = dict(batch_size=16, d_model=16, num_heads=2, layers=1, d_ff=32, eval_every=1000, progress=False, warmup=5)
 
@@ -112,7 +112,7 @@ def test_an_interrupted_save_is_never_picked_up(tmp_path: Path, monkeypatch: pyt
 
         return original(out_dir, step, {**writers, "trainer.json": broken})
 
-    monkeypatch.setattr("multihead.train.save_checkpoint", dies_while_writing)
+    monkeypatch.setattr("multihead.app.train.save_checkpoint", dies_while_writing)
     with pytest.raises(KeyboardInterrupt):
         train(tiny(out, steps=6, resume=True))
     assert latest_checkpoint(out) == before

@@ -1,7 +1,7 @@
-"""``python -m multihead`` (and ``torchrun -m multihead``): the command line."""
+"""``python -m multihead`` (and ``torchrun -m multihead``): the command line of :mod:`multihead.app`."""
 
 import sys
 
-from multihead.cli import main
+from multihead.app.cli import main
 
 sys.exit(main())

@@ -9,14 +9,12 @@ whole, so an interrupted save leaves the previous model loadable.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import glob
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,10 +24,10 @@ import safetensors.numpy
 
 from multihead import __version__
 from multihead.config import TransformerConfig
+from multihead.files import PathLike, atomic_write, fsync_directory, replace_directory, umask_mode
 
-__all__ = ["atomic_write", "load_model", "load_weights", "save_model", "save_weights"]
+__all__ = ["load_model", "load_weights", "read_weights", "save_model", "save_weights"]
 
-PathLike = str | os.PathLike[str]
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
 
 
@@ -86,42 +84,6 @@ def _adapter(module_or_layer: object) -> StateAdapter:
         "`module_or_layer` must be a torch.nn.Module or a keras.layers.Layer, "
         f"received {type(module_or_layer).__name__}"
     )
-
-
-def umask_mode(directory: bool = False) -> int:
-    """The mode a plain ``open()``/``mkdir()`` would give: temporary files start private (0600/0700)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return (0o777 if directory else 0o666) & ~mask
-
-
-def check_file_target(path: PathLike, name: str = "path") -> Path:
-    """``path`` can become a file: its directory exists and it is not itself a directory."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ValueError(f"`{name}` must be in an existing directory, received {str(path)!r}")
-    if path.is_dir():
-        raise ValueError(f"`{name}` must name a file, received {str(path)!r}, which is a directory")
-    return path
-
-
-def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(temporary_path)``, then move the result onto ``path`` in one step.
-
-    A crash or kill at any moment leaves either the previous file or the new one, never part of one.
-    """
-    path = check_file_target(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as written:
-            os.fsync(written.fileno())
-        os.chmod(tmp, umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_weights(module_or_layer: object, path: PathLike) -> None:
@@ -222,46 +184,6 @@ def save_model(model: object, directory: PathLike) -> None:
         fsync_directory(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # after a swap it holds the previous model
-
-
-def fsync_directory(path: Path) -> None:
-    """Make a directory's entries (a rename into it, a new file) survive a power cut."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def replace_directory(staging: Path, target: Path) -> None:
-    """Move directory ``staging`` to ``target`` in one step; a previous ``target`` ends up at ``staging``."""
-    if not target.exists():
-        os.rename(staging, target)
-    elif not _exchange(staging, target):
-        # No atomic swap here: for the instant between the two renames, the previous model is at `previous`.
-        previous = staging.with_name(staging.name + ".previous")
-        os.rename(target, previous)
-        os.rename(staging, target)
-        os.rename(previous, staging)
-
-
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
-
-
-def _exchange(first: Path, second: Path) -> bool:
-    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the system cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:  # a C library older than glibc 2.28
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # kernel or file system without the swap
-        return False
-    raise OSError(code, os.strerror(code), str(second))
 
 
 def load_model(directory: PathLike, framework: str = "torch") -> Any:

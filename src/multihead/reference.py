@@ -233,13 +233,14 @@ def multi_head_attention(
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
-    """The paper's positional encodings ``(max_len, d_model)``.
+    """The paper's positional encodings ``(max_len, d_model)``, one entry at a time as section 3.5 writes them.
 
-    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model))``.
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model))``. The
+    models compute their own table (``multihead.positional``); this copy is the tests' independent check of it.
     """
-    positions = np.arange(max_len, dtype=np.float64)[:, None]  # (L, 1)
-    frequencies = 1.0 / 10000 ** (np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (ceil(E/2),)
     table = np.zeros((max_len, d_model))
-    table[:, 0::2] = np.sin(positions * frequencies)
-    table[:, 1::2] = np.cos(positions * frequencies[: d_model // 2])
+    for pos in range(max_len):
+        for dim in range(d_model):
+            angle = pos / 10000 ** ((dim - dim % 2) / d_model)
+            table[pos, dim] = np.sin(angle) if dim % 2 == 0 else np.cos(angle)
     return table

@@ -24,7 +24,7 @@ from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.keras.attention import KVCache, MultiHeadAttention
 from multihead.keras.checks import NamedTensorArguments, check_hidden, check_key_mask
 from multihead.keras.masks import Tensor, check_token_ids, concrete, padding_mask_from_tokens
-from multihead.reference import sinusoidal_positions
+from multihead.positional import sinusoidal_positions
 from multihead.validation import (
     check_dropout,
     check_flag,

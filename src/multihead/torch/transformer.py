@@ -20,7 +20,7 @@ from torch import nn
 from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.decoding import beam_search, check_generation_args, greedy_search
-from multihead.reference import sinusoidal_positions
+from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
 from multihead.torch.checks import check_hidden, check_key_mask
 from multihead.torch.masks import check_token_ids, padding_mask_from_tokens

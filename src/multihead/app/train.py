@@ -1,7 +1,7 @@
 """Training a translation Transformer on a built-in task or a TSV corpus, with checkpoints and resume.
 
-The PyTorch loop lives here; :mod:`multihead.train_keras` runs the same data through ``model.fit``. Both write the
-same run directory (see :mod:`multihead.runs`). Under ``torchrun`` the PyTorch loop trains data-parallel: every
+The PyTorch loop lives here; :mod:`multihead.app.train_keras` runs the same data through ``model.fit``. Both write the
+same run directory (see :mod:`multihead.app.runs`). Under ``torchrun`` the PyTorch loop trains data-parallel: every
 rank draws the same global batch, trains on its share, and DistributedDataParallel averages the gradients; only
 rank 0 writes checkpoints.
 
@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from multihead.config import TransformerConfig
-from multihead.io import read_config, read_weights
-from multihead.runs import (
+from multihead.app.runs import (
     RunError,
     check_writable,
     incomplete_checkpoints,
@@ -34,8 +32,10 @@ from multihead.runs import (
     save_checkpoint,
     write_json,
 )
-from multihead.tasks import Dataset, load_task
-from multihead.tokenizer import BOS, EOS, PAD, Tokenizer
+from multihead.app.tasks import Dataset, load_task
+from multihead.app.tokenizers import BOS, EOS, PAD, Tokenizer
+from multihead.config import TransformerConfig
+from multihead.io import read_config, read_weights
 
 FORMAT = 1
 FRAMEWORKS = ("torch", "keras")
@@ -314,7 +314,7 @@ class Result:
 
 def train(options: TrainOptions) -> Result:
     if options.framework == "keras":
-        from multihead.train_keras import train_keras
+        from multihead.app.train_keras import train_keras
 
         return train_keras(options)
     return train_torch(options)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multihead.tasks.generated import GENERATORS
-from multihead.tasks.tsv import read_tsv
-from multihead.tokenizer import KINDS
+from multihead.app.tasks.generated import GENERATORS
+from multihead.app.tasks.tsv import read_tsv
+from multihead.app.tokenizers import KINDS
 
 Pair = tuple[str, str]
 HELDOUT_SIZE = 1000

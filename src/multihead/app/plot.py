@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multihead.io import atomic_write, check_file_target
-from multihead.translate import Translation
+from multihead.app.translate import Translation
+from multihead.files import atomic_write, check_file_target
 
 
 def _label(token: str) -> str:

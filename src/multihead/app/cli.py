@@ -12,16 +12,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from multihead import __version__
+from multihead.app.console import EXIT_INTERRUPTED, EXIT_USAGE, OneLineErrorParser
 
 DEMO_EXAMPLES = ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021")
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
 def _train_options(args: argparse.Namespace):
-    from multihead.train import TrainOptions
+    from multihead.app.train import TrainOptions
 
     return TrainOptions(
         out=args.out, task=args.task if args.data is None else None, data=args.data, tokenizer=args.tokenizer,
@@ -42,7 +41,7 @@ def _report(result, out: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from multihead.train import train
+    from multihead.app.train import train
 
     result = train(_train_options(args))
     if int(os.environ.get("RANK", "0")) != 0:
@@ -51,8 +50,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from multihead.io import check_file_target
-    from multihead.translate import Translator
+    from multihead.app.translate import Translator
+    from multihead.files import check_file_target
 
     if args.plot:  # before the model loads and translates, not after
         check_file_target(args.plot, "--plot")
@@ -61,7 +60,7 @@ def _translate(args: argparse.Namespace) -> int:
         translation = translator.translate(text, beam=args.beam)
         print(translation.target)
         if args.plot and index == 0:
-            from multihead.plot import plot_cross_attention
+            from multihead.app.plot import plot_cross_attention
 
             path = plot_cross_attention(translation, args.plot)
             print(f"attention plot: {path}", file=sys.stderr)
@@ -69,9 +68,9 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from multihead.plot import plot_cross_attention
-    from multihead.train import TrainOptions, train
-    from multihead.translate import Translator
+    from multihead.app.plot import plot_cross_attention
+    from multihead.app.train import TrainOptions, train
+    from multihead.app.translate import Translator
 
     print(f"multihead {__version__} demo: train a Transformer to write dates as YYYY-MM-DD ({args.out})")
     options = TrainOptions(out=args.out, task="dates", steps=args.steps, resume=True, progress=not args.no_progress)
@@ -87,7 +86,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from multihead.bench import main as bench_main
+    from multihead.app.bench import main as bench_main
 
     return bench_main(args.options)
 
@@ -105,15 +104,8 @@ class _TaskAction(argparse.Action):
         namespace.task_given = True
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr with status 2, like every other user error; ``--help`` shows the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from multihead.tasks import TASKS
+    from multihead.app.tasks import TASKS
 
     parser = OneLineErrorParser(
         prog="multihead", description="The Transformer's attention from scratch: train, translate, look inside."
@@ -175,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from multihead.runs import RunError
+    from multihead.app.runs import RunError
 
     parser = build_parser()
     # `bench` hands every option on, in order, to the benchmark's own parser.

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from multihead.io import atomic_write, fsync_directory, replace_directory, umask_mode
+from multihead.files import atomic_write, fsync_directory, replace_directory, umask_mode
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"

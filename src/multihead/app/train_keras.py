@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from multihead.runs import RunError, check_writable, save_checkpoint
-from multihead.tokenizer import BOS, EOS, PAD
-from multihead.train import (
+from multihead.app.runs import RunError, check_writable, save_checkpoint
+from multihead.app.tokenizers import BOS, EOS, PAD
+from multihead.app.train import (
     Interrupt,
     Result,
     TrainOptions,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from multihead.runs import require_checkpoint
-from multihead.tokenizer import BOS, EOS, SPECIALS
-from multihead.train import load_setup
+from multihead.app.runs import require_checkpoint
+from multihead.app.tokenizers import BOS, EOS, SPECIALS
+from multihead.app.train import load_setup
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``multihead bench``: our attention against what users would pick instead, by the performance protocol.
 
-Every (implementation, case) is measured in a fresh process (``python -m multihead.bench --child IMPL CASE``):
+Every (implementation, case) is measured in a fresh process (``python -m multihead.app.bench --child IMPL CASE``):
 build, warm up, then time whole steps and take the median; peak memory is the process's peak RSS growth over
 its baseline taken after importing the framework (so it counts the model, inputs and attention, not the
 framework). Implementations are interleaved within each repeat, and the reported time is the median over
@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from multihead.io import atomic_write
+from multihead.app.console import OneLineErrorParser
+from multihead.files import atomic_write
 
 OURS = ("multihead-torch", "multihead-keras")
 PEERS = ("torch-mha", "torch-sdpa", "keras-mha", "tutorial")
@@ -297,7 +298,7 @@ def matmul_gflops() -> float:
 
 def _fresh_process(*options: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-m", "multihead.bench", *options], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "multihead.app.bench", *options], capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
         return {"error": (result.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -333,7 +334,7 @@ def run_generation(frameworks: list[str], tokens: int, repeats: int, log: Callab
 def run(cases: list[str], impls: list[str], repeats: int, budget_s: float, log: Callable[[str], None]) -> dict:
     rate = json.loads(
         subprocess.run(
-            [sys.executable, "-m", "multihead.bench", "--matmul"], capture_output=True, text=True, check=True
+            [sys.executable, "-m", "multihead.app.bench", "--matmul"], capture_output=True, text=True, check=True
         ).stdout
     )["gflops"]
     log(f"matmul rate: {rate:.1f} GFLOP/s (fp32, 2048³)")
@@ -436,8 +437,6 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from multihead.cli import OneLineErrorParser
-
     parser = OneLineErrorParser(prog="multihead bench", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), help="(none: skip)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=list(IMPLEMENTATIONS))

@@ -1,0 +1,96 @@
+"""Writing files so that no crash leaves half of one: atomic replacement of files and whole directories.
+
+Used by the weight format (:mod:`multihead.io`) and by the application's run directories. Each new file is written
+under a temporary name in the same directory, flushed to disk and renamed over the target in one step; a directory
+is replaced by swapping a fully written sibling into its place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+PathLike = str | os.PathLike[str]
+
+__all__ = ["atomic_write", "check_file_target", "fsync_directory", "replace_directory", "umask_mode"]
+
+
+def umask_mode(directory: bool = False) -> int:
+    """The mode a plain ``open()``/``mkdir()`` would give: temporary files start private (0600/0700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
+def check_file_target(path: PathLike, name: str = "path") -> Path:
+    """``path`` can become a file: its directory exists and it is not itself a directory."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"`{name}` must be in an existing directory, received {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"`{name}` must name a file, received {str(path)!r}, which is a directory")
+    return path
+
+
+def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(temporary_path)``, then move the result onto ``path`` in one step.
+
+    A crash or kill at any moment leaves either the previous file or the new one, never part of one.
+    """
+    path = check_file_target(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a directory's entries (a rename into it, a new file) survive a power cut."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_directory(staging: Path, target: Path) -> None:
+    """Move directory ``staging`` to ``target`` in one step; a previous ``target`` ends up at ``staging``."""
+    if not target.exists():
+        os.rename(staging, target)
+    elif not _exchange(staging, target):
+        # No atomic swap here: for the instant between the two renames, the previous model is at `previous`.
+        previous = staging.with_name(staging.name + ".previous")
+        os.rename(target, previous)
+        os.rename(staging, target)
+        os.rename(previous, staging)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # a C library older than glibc 2.28
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # kernel or file system without the swap
+        return False
+    raise OSError(code, os.strerror(code), str(second))
