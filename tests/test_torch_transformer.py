@@ -230,18 +230,17 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model(pad_id=PAD)
-    decode = model.decode
+    decode = model._decode  # what generate calls at every step
 
-    def row_0_ends_at_step_2(tgt, memory, **kwargs):
-        logits = decode(tgt, memory, **kwargs)
-        cache = kwargs.get("cache")
+    def row_0_ends_at_step_2(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights=False):
+        logits = decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
         position = cache.length if cache is not None else tgt.shape[1]  # tokens decoded, BOS included
         logits[:, -1, EOS] = -1e9
         if position == 2:
             logits[0, -1, EOS] = 1e9
         return logits
 
-    monkeypatch.setattr(model, "decode", row_0_ends_at_step_2)
+    monkeypatch.setattr(model, "_decode", row_0_ends_at_step_2)
     out = model.generate(tokens(3, 7), max_len=6, bos_id=BOS, eos_id=EOS, use_cache=use_cache)
     assert out.shape == (3, 6)
     assert out[0, 1] == EOS

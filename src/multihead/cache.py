@@ -1,13 +1,19 @@
-"""The KV cache's bookkeeping, shared by both front ends; each supplies four tensor operations.
+"""The KV cache's bookkeeping, written once for both front ends; each supplies four tensor operations.
 
 Keys and values are kept as ``(B, Hkv, L, D)``. Without a capacity the cache grows by concatenation; with one,
 buffers of that length are allocated on the first append and written in place of the next free positions.
+
+A module's call with a cache goes: :meth:`KVCacheBase.check_call` (before anything is computed), then
+:meth:`KVCacheBase.key_length` (the ``Lk`` its masks must cover), then :meth:`KVCacheBase.keys_and_values`.
+Self-attention appends the new tokens' keys and values; cross-attention projects the encoder memory into an empty
+cache once and reuses it afterwards.
 
 Notation: B batch, Hkv key/value heads, L cached length, n new tokens, D head dim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from multihead.validation import check_optional_positive_int
@@ -40,6 +46,10 @@ class KVCacheBase:
         """Rows ``rows`` of axis 0."""
         raise NotImplementedError
 
+    def _keep(self, x: Tensor) -> Tensor:
+        """``x`` laid out to be read at every later step (the first keys and values of a growing cache)."""
+        return x
+
     @property
     def keys(self) -> Tensor | None:
         return None if self._keys is None else self._keys[:, :, : self.length]  # (B, Hkv, L, Dk)
@@ -64,6 +74,35 @@ class KVCacheBase:
                 "(another batch, or another module's cache?)"
             )
 
+    def reuses_memory(self, self_attention: bool) -> bool:
+        """Whether a call reuses the projected memory already here (cross-attention after its first call)."""
+        return not self_attention and self.length > 0
+
+    def key_length(self, self_attention: bool, new: int | None) -> int | None:
+        """The keys a call attends, ``Lk``, once its ``new`` keys are in (``None``: not known yet)."""
+        if self.reuses_memory(self_attention):
+            return self.length
+        if self_attention:
+            return None if new is None else self.length + new
+        return new
+
+    def check_call(
+        self, self_attention: bool, batch: int, new: int | None, kv_heads: int, key_dim: int, value_dim: int
+    ) -> None:
+        """Refuse, before anything is projected, a call this cache cannot serve."""
+        if self.reuses_memory(self_attention):
+            self.check_reuse(batch)
+        elif new is not None:
+            self.check_append(batch, new, kv_heads, key_dim, value_dim)
+
+    def keys_and_values(
+        self, self_attention: bool, project: Callable[[], tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
+        """Everything a call attends: the reused memory, or what ``project()`` gives appended to the cache."""
+        if self.reuses_memory(self_attention):
+            return self.keys, self.values
+        return self._append(*project())
+
     def check_reuse(self, batch: int) -> None:
         """Refuse a cross-attention call whose batch differs from the memory cached."""
         if self._keys is not None and int(self._keys.shape[0]) != batch:
@@ -73,21 +112,28 @@ class KVCacheBase:
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``(B, Hkv, n, D)`` keys and values; return everything cached, ``(B, Hkv, L + n, D)``."""
+        batch, kv_heads, new, key_dim = (int(d) for d in keys.shape)
+        cached = None if self._keys is None else tuple(int(d) for d in self._keys.shape)
+        if cached is not None and (cached[0], cached[1], cached[3]) != (batch, kv_heads, key_dim):
+            raise ValueError(
+                f"cached keys have shape (B, Hkv, L, Dk)={tuple(self._keys.shape)}, "
+                f"received new keys of shape {tuple(keys.shape)}"
+            )
+        self.check_append(batch, new, kv_heads, key_dim, int(values.shape[3]))
+        return self._append(keys, values)
+
+    def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`append` for keys and values already checked by :meth:`check_append`."""
         new = int(keys.shape[2])
         if self._keys is None:
             if self.capacity is None:
-                self._keys, self._values = keys, values
+                self._keys, self._values = self._keep(keys), self._keep(values)
                 self.length = new
                 return self.keys, self.values
             self._keys, self._values = self._empty(keys, self.capacity), self._empty(values, self.capacity)
-        cached, received = tuple(self._keys.shape), tuple(keys.shape)
-        if cached[:2] != received[:2] or cached[3] != received[3]:
-            raise ValueError(f"cached keys have shape (B, Hkv, L, Dk)={cached}, received new keys of shape {received}")
         if self.capacity is None:
             self._keys, self._values = self._concat(self._keys, keys), self._concat(self._values, values)
         else:
-            if self.length + new > self.capacity:
-                raise ValueError(f"KVCache capacity {self.capacity} exceeded: {self.length} cached + {new} new tokens")
             self._keys = self._write(self._keys, keys, self.length)
             self._values = self._write(self._values, values, self.length)
         self.length += new

@@ -26,6 +26,8 @@ class TransformerConfig:
 
     ``pad_id``: when set, key padding masks default to ``tokens != pad_id`` and ``generate`` pads finished
     sequences with it (else with ``eos_id``). ``max_len``: the longest sequence the positional table covers.
+    ``tie_embeddings``: one vocabulary for source and target, whose embedding matrix is also the output
+    projection's weight (as in the paper); needs ``src_vocab == tgt_vocab``.
     """
 
     src_vocab: int
@@ -40,6 +42,7 @@ class TransformerConfig:
     norm_first: bool = False
     max_len: int = 512
     pad_id: int | None = None
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "max_len"):
@@ -50,6 +53,12 @@ class TransformerConfig:
         resolve_head_dim(self.d_model, self.num_heads, None)
         check_dropout("dropout", self.dropout)
         check_flag("norm_first", self.norm_first)
+        check_flag("tie_embeddings", self.tie_embeddings)
+        if self.tie_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                f"`tie_embeddings` needs one vocabulary for both sides, received src_vocab={self.src_vocab}, "
+                f"tgt_vocab={self.tgt_vocab}"
+            )
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, received {self.activation!r}")
         if self.pad_id is not None:

@@ -1,11 +1,17 @@
-"""Greedy and beam search, written once for both front ends.
+"""Generation, written once for both front ends: encode once, step, reorder beams, stop.
 
-A front end supplies ``step(prefix) -> log_probs``: given the token prefixes ``(N, t)`` decoded so far (NumPy
-int64), the log-probabilities ``(N, V)`` of the next token, computed with or without its KV cache. Beam search
-also needs ``reorder(rows)``: keep the model state (cache, encoder memory) of rows ``rows`` in that order.
+A Transformer's ``generate`` checks its arguments, encodes the source and hands a :class:`DecodingSession` to
+:func:`generate`. The session holds the encoder memory, its key mask and the decoder's cache; the front end supplies
+two tensor operations: the next-token log-probabilities of some tokens, and taking rows of a tensor.
+
+The searches work on ``step(prefix) -> log_probs``: given the token prefixes ``(N, t)`` decoded so far (NumPy
+int64), the log-probabilities ``(N, V)`` of the next token. Beam search also needs ``reorder(rows)``: keep the
+model state (cache, encoder memory) of rows ``rows`` in that order.
 
 Results hold the generated tokens after BOS, ``(B, T)`` with ``T <= max_len``: each row ends at its first EOS,
 and positions after it hold ``pad_id``.
+
+Notation: B batch, N = B (greedy) or B * beam_size rows, t tokens so far, V vocabulary.
 """
 
 from __future__ import annotations
@@ -13,14 +19,78 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from numbers import Real
+from typing import Any
 
 import numpy as np
 
+from multihead.cache import DecoderCache
 from multihead.config import TransformerConfig
 from multihead.validation import check_non_negative_int, check_positive_int
 
 Step = Callable[[np.ndarray], np.ndarray]
 Reorder = Callable[[np.ndarray], None]
+Tensor = Any
+
+
+class DecodingSession:
+    """The state of one ``generate`` call: encoder memory ``(N, Ls, E)``, its key mask ``(N, Ls)`` and the
+    decoder's cache (``None``: every step recomputes the whole prefix).
+
+    A front end subclasses it with :meth:`_log_probs` and :meth:`_take`.
+    """
+
+    def __init__(self, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None) -> None:
+        self.memory = memory
+        self.memory_key_mask = memory_key_mask
+        self.cache = cache
+
+    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
+        """Log-probabilities ``(N, V)`` of the token after ``tokens (N, n)``: the new tokens when there is a cache
+        (which they extend), else whole prefixes."""
+        raise NotImplementedError
+
+    def _take(self, x: Tensor, rows: np.ndarray) -> Tensor:
+        """Rows ``rows`` of ``x``'s first axis."""
+        raise NotImplementedError
+
+    def step(self, prefix: np.ndarray) -> np.ndarray:
+        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
+        return self._log_probs(prefix if self.cache is None else prefix[:, self.cache.length :])
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Keep rows ``rows``, in that order, of everything the session holds."""
+        self.memory = self._take(self.memory, rows)
+        if self.memory_key_mask is not None:
+            self.memory_key_mask = self._take(self.memory_key_mask, rows)
+        if self.cache is not None:
+            self.cache.reorder(rows)
+
+
+def generate(
+    session: DecodingSession,
+    batch: int,
+    *,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+) -> np.ndarray:
+    """Greedy search (``beam_size=1``) or beam search over a session of ``batch`` sources; int64 ``(B, T)``."""
+    search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    if beam_size == 1:
+        return greedy_search(session.step, batch, **search)
+    session.reorder(np.repeat(np.arange(batch), beam_size))  # row b * beam_size + j is beam j of sequence b
+    return beam_search(session.step, session.reorder, batch, beam_size=beam_size, length_penalty=length_penalty,
+                       **search)  # fmt: skip
+
+
+def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -> int:
+    """What pads finished rows: ``pad_id`` if given, else the config's, else ``eos_id``."""
+    if pad_id is not None:
+        return pad_id
+    return config.pad_id if config.pad_id is not None else eos_id
 
 
 def check_generation_args(

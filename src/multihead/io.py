@@ -42,6 +42,18 @@ class StateAdapter(Protocol):
 
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None: ...
 
+    def weight_objects(self) -> Mapping[str, object]:
+        """name → the framework object holding that weight; tied weights (one object, several names) share one."""
+        ...
+
+
+def _aliases(adapter: StateAdapter) -> list[list[str]]:
+    """Groups of names that are one weight (tied embeddings); the file holds it under each of them."""
+    groups: dict[int, list[str]] = {}
+    for name, weight in adapter.weight_objects().items():
+        groups.setdefault(id(weight), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
 
 class _TorchAdapter:
     def __init__(self, module: Any) -> None:
@@ -68,6 +80,9 @@ class _TorchAdapter:
             for name, array in tensors.items()
         }
         self.module.load_state_dict(converted, strict=True)
+
+    def weight_objects(self) -> Mapping[str, object]:
+        return self.module.state_dict(keep_vars=True)
 
 
 def _adapter(module_or_layer: object) -> StateAdapter:
@@ -139,6 +154,14 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
                 f"tensor {name!r} in {str(path)!r} is stored as {tensors[name].dtype}, "
                 f"the model expects a {_KIND_NAMES.get(current.dtype.kind, current.dtype.kind)} dtype "
                 f"({current.dtype})"
+            )
+    for names in _aliases(adapter):
+        first = tensors[names[0]]
+        different = [name for name in names[1:] if not np.array_equal(tensors[name], first)]
+        if different:
+            raise ValueError(
+                f"tensors {[names[0], *different]} in {str(path)!r} differ, but the model ties them into one weight "
+                "(tie_embeddings): the file is not of this model"
             )
     adapter.assign(tensors)
 

@@ -197,3 +197,27 @@ def module_mask_shape(shape: Sequence[int]) -> Shape:
     if len(shape) == 4:
         return shape
     raise ValueError(f"`mask` must be 2-D (Lq, Lk), 3-D (B, Lq, Lk) or 4-D (B, H, Lq, Lk), received mask.shape={shape}")
+
+
+def check_implementation(value: object, choices: Sequence[str], *, return_weights: bool = False) -> str:
+    """One of a front end's attention paths; ``"fused"`` cannot return the weights, which no kernel gives."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"`implementation` must be one of {tuple(choices)}, received {value!r}")
+    if value == "fused" and return_weights:
+        raise ValueError(
+            "`implementation`='fused' cannot return the weights (no fused kernel computes them); "
+            "use 'explicit' or 'auto' with return_weights=True"
+        )
+    return value
+
+
+def check_packed_lengths(name: str, lengths: object, total: int, total_name: str) -> list[int]:
+    """The lengths of packed sequences: non-negative ints (a list or a 1-D integer tensor) summing to ``total``."""
+    values = lengths.tolist() if hasattr(lengths, "tolist") else lengths
+    if not isinstance(values, Sequence) or isinstance(values, str):
+        raise TypeError(f"`{name}` must be a sequence of ints, received {type(lengths).__name__}")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in values):
+        raise ValueError(f"`{name}` must hold non-negative ints, received {list(values)[:8]}")
+    if sum(values) != total:
+        raise ValueError(f"`{name}` must sum to {total_name}={total}, received {list(values)[:8]} (sum {sum(values)})")
+    return list(values)

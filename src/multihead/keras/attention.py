@@ -1,6 +1,10 @@
-"""Multi-head attention as a Keras 3 layer: a thin layer around :func:`multihead.keras.attention`.
+"""Multi-head attention as a Keras 3 layer around :func:`multihead.keras.attention`.
 
-The layer only projects, splits heads, calls the attention function, merges heads and projects out.
+The layer projects, splits heads, calls the attention function, merges heads and projects out; with a
+:class:`KVCache` it appends to it (self-attention) or projects the memory into it once (cross-attention).
+
+``call`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own public
+entry point has checked theirs.
 
 Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
 Dv value head dim, E = d_model (output width).
@@ -19,13 +23,14 @@ from keras.src.backend import get_keras_mask
 
 from multihead.cache import KVCacheBase
 from multihead.keras.checks import check_hidden, check_key_mask
-from multihead.keras.functional import attention
+from multihead.keras.functional import IMPLEMENTATIONS, _attention
 from multihead.keras.masks import Tensor, check_mask_tensor, is_tensor_like, restrict
 from multihead.validation import (
     check_broadcastable,
     check_dropout,
     check_flag,
     check_heads,
+    check_implementation,
     check_module_inputs,
     check_optional_positive_int,
     module_mask_shape,
@@ -58,6 +63,11 @@ class KVCache(KVCacheBase):
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
 
 
+def _keys(key_mask: Tensor | None) -> Tensor | None:
+    """A ``(B, L)`` key mask in the attention's layout ``(B, 1, 1, L)``."""
+    return None if key_mask is None else ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)
+
+
 @keras.saving.register_keras_serializable(package="multihead")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (self, cross, grouped-query), batch first.
@@ -72,6 +82,8 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: dropout on the attention probabilities, with ``training=True`` only.
         use_bias: whether the four projections have a bias.
         seed: seed of the dropout's random generator.
+        implementation: the attention path, as :func:`multihead.keras.attention`'s ``implementation``: ``"auto"``
+            (default), ``"explicit"``, ``"fused"`` or ``"blocked"``.
         **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``, ...).
 
     Sublayers ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` are ``Dense`` (kernel ``(in, out)``), created in
@@ -100,6 +112,7 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: float = 0.0,
         use_bias: bool = True,
         seed: int | None = None,
+        implementation: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -114,6 +127,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"`seed` must be an int or None, received {seed!r}")
         self.seed = seed
+        self.implementation = check_implementation(implementation, IMPLEMENTATIONS)
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True
         self._build_shapes: dict[str, Shape] | None = None
@@ -234,66 +248,74 @@ class MultiHeadAttention(keras.layers.Layer):
         for name, x, width in (("query", query, self.qdim), ("key", key, self.kdim), ("value", value, self.vdim)):
             check_hidden(name, x, width)
         check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
-        reuse_memory = cache is not None and not self_attention and cache.length > 0
-        if reuse_memory:
-            cache.check_reuse(query.shape[0])
-        elif cache is not None:
-            new = query.shape[1] if self_attention else key.shape[1]
-            cache.check_append(query.shape[0], new, self.num_kv_heads, self._head_dim, self._value_head_dim)
-        lk = cache.length if reuse_memory else key.shape[1]
-        if cache is not None and self_attention and lk is not None:
-            lk += cache.length
-        full_mask = self._full_mask(mask, key_mask, query.shape[0], query.shape[1], lk)
+        batch, lq = query.shape[0], query.shape[1]
+        lk = key.shape[1]
+        if cache is not None:
+            new = lq if self_attention else lk
+            cache.check_call(self_attention, batch, new, self.num_kv_heads, self._head_dim, self._value_head_dim)
+            lk = cache.key_length(self_attention, new)
+        mask = self._check_mask(mask, batch, lq, lk)
+        check_key_mask("key_mask", key_mask, batch, lk)
+        check_key_mask("query_mask", query_mask, batch, lq)
+        if key_mask is not None:
+            mask = restrict(mask, _keys(key_mask))  # (B|1, H|1, Lq|1, Lk)
         if query_mask is not None:
-            check_key_mask("query_mask", query_mask, query.shape[0], query.shape[1])
             query_mask = ops.convert_to_tensor(query_mask)
-            full_mask = restrict(full_mask, query_mask[:, None, :, None])  # (B, 1|H, Lq, 1|Lk)
+            mask = restrict(mask, query_mask[:, None, :, None])  # (B, 1|H, Lq, 1|Lk)
+        result = self._attend(query, key, value, mask, causal, return_weights, bool(training), cache, self_attention)
+        if query_mask is None:
+            return result
+        out, weights = result if return_weights else (result, None)
+        out = ops.where(query_mask[:, :, None], out, ops.zeros_like(out))
+        return (out, weights) if return_weights else out
+
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        return_weights: bool,
+        training: bool,
+        cache: KVCache | None,
+        self_attention: bool,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`call` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
+        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory."""
+        if not self.built:  # the Transformer's layers call this directly, not through Keras' __call__
+            self.build(tuple(query.shape), tuple(key.shape), tuple(value.shape))
 
         def split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
             batch, length = ops.shape(x)[0], ops.shape(x)[1]
             return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
 
-        q = split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
-        if reuse_memory:
-            k, v = cache.keys, cache.values
-        else:
+        def project() -> tuple[Tensor, Tensor]:
             k = split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, new, Dk)
             v = split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, new, Dv)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, Hkv, Lk, D)
-        result = attention(
-            q,
-            k,
-            v,
-            full_mask,
-            causal=causal,
-            dropout=self.dropout,
-            return_weights=return_weights,
-            training=bool(training),
-            seed=self.seed_generator,
+            return k, v
+
+        q = split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
+        k, v = project() if cache is None else cache.keys_and_values(self_attention, project)  # (B, Hkv, Lk, D)
+        dropout = self.dropout if training else 0.0
+        result = _attention(
+            q, k, v, mask, causal, None, dropout, return_weights, self.seed_generator, self.implementation
         )
         out, weights = result if return_weights else (result, None)
         batch, lq = ops.shape(query)[0], ops.shape(query)[1]
         out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, lq, self.num_heads * self._value_head_dim))
         # out: (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
-        if query_mask is not None:
-            out = ops.where(query_mask[:, :, None], out, ops.zeros_like(out))
         return (out, weights) if return_weights else out
 
-    def _full_mask(
-        self, mask: Tensor | None, key_mask: Tensor | None, batch: int | None, lq: int | None, lk: int | None
-    ) -> Tensor | None:
-        """``mask`` in the 4-D functional layout, AND the key padding; validated against this call's sizes."""
-        if mask is not None:
-            check_mask_tensor("mask", mask)
-            shape = module_mask_shape(tuple(mask.shape))
-            check_broadcastable("mask", shape, (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
-            mask = ops.reshape(ops.convert_to_tensor(mask), shape)  # (B|1, H|1, Lq|1, Lk|1)
-        if check_key_mask("key_mask", key_mask, batch, lk) is None:
-            return mask
-        keys = ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)  # (B, 1, 1, Lk)
-        return restrict(mask, keys)
+    def _check_mask(self, mask: object, batch: int | None, lq: int | None, lk: int | None) -> Tensor | None:
+        """``mask`` in the 4-D functional layout ``(B|1, H|1, Lq|1, Lk|1)``, checked against this call's sizes."""
+        if mask is None:
+            return None
+        check_mask_tensor("mask", mask)
+        shape = module_mask_shape(tuple(mask.shape))
+        check_broadcastable("mask", shape, (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
+        return ops.reshape(ops.convert_to_tensor(mask), shape)
 
     def compute_mask(self, inputs: Tensor, previous_mask: Tensor | None = None) -> Tensor | None:
         # Output position i belongs to query i: the query's padding mask carries on, never an attention mask.
@@ -310,6 +332,7 @@ class MultiHeadAttention(keras.layers.Layer):
             dropout=self.dropout,
             use_bias=self.use_bias,
             seed=self.seed,
+            implementation=self.implementation,
         )
         return config
 

@@ -2,15 +2,19 @@
 
     Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
 
-Three internal paths, one set of rules (those of ``multihead.torch.attention``), tested to agree:
+Paths, one set of rules (those of :mod:`multihead.masks`, as the PyTorch front end follows them), tested to agree;
+``implementation`` chooses:
 
-- explicit matmul-softmax-matmul in ``keras.ops``: when the weights are requested or dropout is active (it draws
-  from Keras' seeded random ops);
-- on the torch backend otherwise: PyTorch's fused ``scaled_dot_product_attention`` through
-  :func:`multihead.torch.attention`;
-- on other backends, when there are more than ``KEY_BLOCK`` keys: keys in blocks with an online softmax
-  (running max and sum), so the ``Lq × Lk`` score matrix never exists and memory grows linearly with length.
-  TensorFlow has no fused attention kernel, and Keras' own layer materialises every score.
+- ``"explicit"``: matmul-softmax-matmul in ``keras.ops``; the only path that returns the weights or drops out
+  (with Keras' seeded random ops);
+- ``"fused"``: the backend's fused kernel: PyTorch's ``scaled_dot_product_attention`` (through
+  :func:`multihead.torch.attention`) on the torch backend; TensorFlow has none;
+- ``"blocked"``: keys in blocks with an online softmax (running max and sum), so the ``Lq × Lk`` score matrix never
+  exists and memory grows linearly with length (Keras' own layer materialises every score);
+- ``"auto"``: explicit for weights and dropout; otherwise fused where the backend has a kernel, blocked beyond
+  ``KEY_BLOCK`` keys, explicit below.
+
+The public function checks its arguments; ``_attention`` is the unchecked path the layers call.
 
 Notation: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length, Lk key length,
 Dk query/key head dim, Dv value head dim.
@@ -23,7 +27,15 @@ import math
 import keras
 from keras import backend, ops
 
-from multihead.keras.masks import Tensor, causal_block, check_mask_tensor, dtype_kind, is_tensor_like, restrict
+from multihead.keras.masks import (
+    Tensor,
+    causal_block,
+    check_mask_tensor,
+    dtype_kind,
+    is_tensor_like,
+    open_dead_rows,
+    restrict,
+)
 from multihead.masks import causal_diagonal
 from multihead.validation import (
     DTypeError,
@@ -31,10 +43,13 @@ from multihead.validation import (
     check_broadcastable,
     check_dropout,
     check_flag,
+    check_implementation,
     check_scale,
 )
 
-__all__ = ["KEY_BLOCK", "attention"]
+__all__ = ["IMPLEMENTATIONS", "KEY_BLOCK", "attention"]
+
+IMPLEMENTATIONS = ("auto", "explicit", "fused", "blocked")
 
 KEY_BLOCK = 1024
 """The key length above which the blocked path is taken, and its largest block."""
@@ -52,7 +67,15 @@ def block_size(batch: int | None, heads: int, lq: int) -> int:
 
 
 def _check_inputs(
-    q: object, k: object, v: object, mask: object, causal: object, scale: object, dropout: object
+    q: object,
+    k: object,
+    v: object,
+    mask: object,
+    causal: object,
+    scale: object,
+    dropout: object,
+    return_weights: object,
+    implementation: object,
 ) -> float | None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not is_tensor_like(x):
@@ -69,6 +92,20 @@ def _check_inputs(
         check_broadcastable("mask", tuple(mask.shape), target, "(B, H, Lq, Lk)")
     check_flag("causal", causal)
     check_dropout("dropout", dropout)
+    check_flag("return_weights", return_weights)
+    check_implementation(implementation, IMPLEMENTATIONS, return_weights=return_weights)
+    if implementation == "blocked" and return_weights:
+        raise ValueError("`implementation`='blocked' cannot return the weights; use 'explicit' or 'auto'")
+    if implementation == "fused" and backend.backend() not in FUSED_BACKENDS:
+        raise ValueError(
+            f"`implementation`='fused' needs a backend with a fused attention kernel {FUSED_BACKENDS}, "
+            f"received the {backend.backend()} backend"
+        )
+    if implementation == "blocked" and (q.shape[2] is None or k.shape[2] is None):
+        raise ValueError(
+            f"`implementation`='blocked' needs static lengths Lq and Lk, received q.shape={tuple(q.shape)}, "
+            f"k.shape={tuple(k.shape)}"
+        )
     return check_scale(scale)
 
 
@@ -115,16 +152,7 @@ def _explicit(
         mask = _rank4(mask, dtype)
     if causal:
         mask = restrict(mask, causal_block(lq, lk, 0, lk))
-    live = None
-    if mask is not None:
-        # Open fully masked rows to every key (no row of -inf reaches the softmax, whose backward would give
-        # NaN), then zero their weights.
-        allowed = mask if dtype_kind(mask) == "bool" else ops.logical_not(ops.isinf(mask) & (mask < 0))
-        live = ops.any(allowed, axis=-1, keepdims=True)  # (..., Lq|1, 1)
-        if dtype_kind(mask) == "bool":
-            mask = ops.logical_or(mask, ops.logical_not(live))
-        else:
-            mask = ops.where(live, mask, ops.zeros_like(mask))
+    mask, live = open_dead_rows(mask)
 
     groups = q.shape[1] // k.shape[1]
     k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
@@ -220,6 +248,53 @@ def _blocked(
     return ops.cast(out, dtype)
 
 
+FUSED_BACKENDS = ("torch",)
+"""Backends with a fused attention kernel of exactly our semantics."""
+
+
+def _attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    scale: float | None,
+    dropout: float,
+    return_weights: bool,
+    seed: int | keras.random.SeedGenerator | None,
+    implementation: str,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`attention` on checked arguments; ``dropout`` is 0 outside training."""
+    path = implementation
+    if implementation == "auto":
+        if return_weights or dropout > 0.0:
+            path = "explicit"
+        elif backend.backend() in FUSED_BACKENDS:
+            path = "fused"
+        else:
+            long_keys = q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK
+            path = "blocked" if long_keys else "explicit"
+    if path == "explicit":
+        out, weights = _explicit(q, k, v, mask, causal, scale, dropout, seed)
+        return (out, weights) if return_weights else out
+    # The blocked loop needs at least one score per block; nor does a kernel have work: an empty batch or query
+    # sequence takes the explicit math.
+    if q.shape[0] == 0 or q.shape[2] == 0:
+        return _explicit(q, k, v, mask, causal, scale, 0.0, None)[0]
+    if path == "fused":
+        return _fused(q, k, v, mask, causal, scale)
+    return _blocked(q, k, v, mask, causal, scale, block_size(q.shape[0], q.shape[1], q.shape[2]))
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None) -> Tensor:
+    """The backend's fused kernel (see ``FUSED_BACKENDS``)."""
+    from multihead.torch.functional import _attention as torch_attention
+
+    mask = None if mask is None else _rank4(mask, backend.standardize_dtype(q.dtype))
+    q, k, v = (ops.convert_to_tensor(x) for x in (q, k, v))
+    return torch_attention(q, k, v, mask, causal, scale, 0.0, False, "auto")
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -232,6 +307,7 @@ def attention(
     return_weights: bool = False,
     training: bool = False,
     seed: int | keras.random.SeedGenerator | None = None,
+    implementation: str = "auto",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention.
 
@@ -249,6 +325,8 @@ def attention(
         return_weights: also return the per-head weights ``(B, H, Lq, Lk)`` (before dropout).
         training: whether dropout applies.
         seed: an int or a ``keras.random.SeedGenerator`` for the dropout.
+        implementation: ``"auto"`` (default), ``"explicit"``, ``"fused"`` or ``"blocked"`` (see the module's
+            docstring). Only ``"explicit"`` (and ``"auto"``) return weights or drop out.
 
     Returns:
         ``out (B, H, Lq, Dv)`` in the inputs' dtype, or ``(out, weights)``. Query rows that may attend no key
@@ -260,28 +338,11 @@ def attention(
         >>> tuple(attention(q, k, v, causal=True).shape)
         (2, 8, 5, 64)
     """
-    scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
-    check_flag("return_weights", return_weights)
+    scale = _check_inputs(q, k, v, mask, causal, scale, dropout, return_weights, implementation)
     check_flag("training", training)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, keras.random.SeedGenerator))):
         raise TypeError(f"`seed` must be None, an int or a keras.random.SeedGenerator, received {seed!r}")
     dropout = dropout if training else 0.0
-    if return_weights or dropout > 0.0:
-        out, weights = _explicit(q, k, v, mask, causal, scale, dropout, seed)
-        return (out, weights) if return_weights else out
-    if backend.backend() == "torch":
-        from multihead.torch.functional import attention as torch_attention
-
-        return torch_attention(
-            ops.convert_to_tensor(q),
-            ops.convert_to_tensor(k),
-            ops.convert_to_tensor(v),
-            None if mask is None else ops.convert_to_tensor(mask),
-            causal=causal,
-            scale=scale,
-        )
-    # The blocked loop needs at least one score per block: an empty batch or query sequence skips it.
-    nonempty = q.shape[0] != 0 and q.shape[2] != 0
-    if nonempty and q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK:
-        return _blocked(q, k, v, mask, causal, scale, block_size(q.shape[0], q.shape[1], q.shape[2]))
-    return _explicit(q, k, v, mask, causal, scale, 0.0, None)[0]
+    if dropout > 0.0 and implementation in ("fused", "blocked"):
+        raise ValueError(f"`implementation`={implementation!r} cannot drop out; use 'explicit' or 'auto'")
+    return _attention(q, k, v, mask, causal, scale, dropout, return_weights, seed, implementation)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from keras import KerasTensor, backend, ops
 
+from multihead import masks
 from multihead.masks import causal_diagonal
 from multihead.validation import DTypeError, check_mask_dtype, check_non_negative_int
 
@@ -104,15 +105,39 @@ def padding_mask_from_tokens(tokens: Tensor, pad_id: int) -> Tensor:
     return ops.not_equal(tokens, pad_id)
 
 
-def restrict(mask: Tensor | None, allowed: Tensor | None) -> Tensor | None:
-    """Combine a bool or float ``mask`` with a bool ``allowed`` by AND (for a float mask: ``-inf`` where not allowed).
+class _KerasMaskOps:
+    """The tensor operations of the shared mask rules (:mod:`multihead.masks`), in ``keras.ops``."""
 
-    Either may be ``None``; shapes broadcast.
-    """
-    if allowed is None:
-        return mask
-    if mask is None:
-        return allowed
-    if dtype_kind(mask) == "bool":
-        return ops.logical_and(mask, allowed)
-    return ops.where(allowed, mask, ops.cast(float("-inf"), mask.dtype))
+    def is_bool(self, mask: Tensor) -> bool:
+        return dtype_kind(mask) == "bool"
+
+    def logical_and(self, a: Tensor, b: Tensor) -> Tensor:
+        return ops.logical_and(a, b)
+
+    def logical_or(self, a: Tensor, b: Tensor) -> Tensor:
+        return ops.logical_or(a, b)
+
+    def logical_not(self, a: Tensor) -> Tensor:
+        return ops.logical_not(a)
+
+    def is_neg_inf(self, x: Tensor) -> Tensor:
+        return ops.logical_and(ops.isinf(x), ops.less(x, 0))
+
+    def any_last(self, x: Tensor) -> Tensor:
+        return ops.any(x, axis=-1, keepdims=True)
+
+    def where(self, condition: Tensor, x: Tensor, y: float) -> Tensor:
+        return ops.where(condition, x, ops.cast(y, x.dtype))
+
+
+OPS = _KerasMaskOps()
+
+
+def restrict(mask: Tensor | None, allowed: Tensor | None) -> Tensor | None:
+    """``mask`` (bool, or float added to the scores) AND the boolean ``allowed``; see :mod:`multihead.masks`."""
+    return masks.restrict(mask, allowed, OPS)
+
+
+def open_dead_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """See :func:`multihead.masks.open_dead_rows`."""
+    return masks.open_dead_rows(mask, OPS)

@@ -2,7 +2,8 @@
 
 A ``Dense`` kernel is ``(in, out)``; ``torch.nn.Linear.weight`` is ``(out, in)``: the file holds the transpose.
 Composite layers of this package list their children in ``state_children()`` (name → sublayer), which gives
-the dotted names, ``q_proj.weight`` and so on.
+the dotted names, ``q_proj.weight`` and so on; a layer of ours with weights of its own lists them in
+``state_variables()``. Tied weights appear under each of their names, as in a PyTorch state dict.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def _leaf_variables(layer: keras.layers.Layer) -> dict[str, tuple[keras.Variable
         return {"weight": (layer.gamma, False), "bias": (layer.beta, False)}
     if isinstance(layer, keras.layers.Embedding):
         return {"weight": (layer.embeddings, False)}
+    if hasattr(layer, "state_variables"):  # a layer of ours with weights of its own
+        return layer.state_variables()
     return None
 
 
@@ -80,6 +83,10 @@ class KerasAdapter:
         for name, (variable, transposed) in torch_layout_variables(self.layer).items():
             value = tensors[name].T if transposed else tensors[name]
             variable.assign(np.asarray(value, dtype=variable.dtype))
+
+    def weight_objects(self) -> dict[str, keras.Variable]:
+        layer = self.layer if self.layer.built or self._probe is None else self._probe
+        return {name: variable for name, (variable, _) in torch_layout_variables(layer).items()}
 
     def _require_built(self) -> None:
         if not self.layer.built:

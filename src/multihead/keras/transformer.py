@@ -4,6 +4,10 @@ The same parts, names and arguments as :mod:`multihead.torch.transformer`, and t
 composite layer lists its children in ``state_children()``), so one safetensors file serves both front ends.
 Post-norm as in the paper by default; pre-norm with ``norm_first=True``.
 
+Every public layer checks its arguments in ``call`` and then runs ``_forward``, the unchecked path; layers call each
+other's ``_forward`` (Keras' own layers, ``Dense`` and the rest, through their ``__call__``), so a model call is
+checked once, where it enters. Key masks travel inside as ``(B, 1, 1, L)``, the attention's 4-D layout.
+
 Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary size.
 """
 
@@ -18,10 +22,10 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from multihead import decoding
 from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
-from multihead.decoding import beam_search, check_generation_args, greedy_search
-from multihead.keras.attention import KVCache, MultiHeadAttention
+from multihead.keras.attention import KVCache, MultiHeadAttention, _keys
 from multihead.keras.checks import NamedTensorArguments, check_hidden, check_key_mask
 from multihead.keras.masks import Tensor, check_token_ids, concrete, padding_mask_from_tokens
 from multihead.positional import sinusoidal_positions
@@ -44,6 +48,7 @@ __all__ = [
     "Transformer",
 ]
 
+Shape = tuple[int | None, ...]
 LAYER_NORM_EPS = 1e-5  # PyTorch's default, so both front ends compute the same function
 register = keras.saving.register_keras_serializable(package="multihead")
 
@@ -69,8 +74,11 @@ class PositionalEncoding(NamedTensorArguments, layers.Layer):
                 f"positions {offset}..{offset + length - 1} exceed max_len={self.max_len}; "
                 "build the model with a larger max_len"
             )
-        positions = ops.convert_to_tensor(self.table)[offset : offset + ops.shape(x)[1]]  # (L, E)
-        return self.dropout(x + ops.cast(positions, x.dtype), training=training)
+        return self._forward(x, offset, training)
+
+    def _forward(self, x: Tensor, offset: int | Tensor, training: bool | None) -> Tensor:
+        positions = ops.slice(ops.convert_to_tensor(self.table), (offset, 0), (ops.shape(x)[1], self.d_model))
+        return self.dropout(x + ops.cast(positions, x.dtype), training=training)  # positions: (L, E)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate}
@@ -92,8 +100,17 @@ class FeedForward(NamedTensorArguments, layers.Layer):
         self.linear2 = layers.Dense(d_model, name="linear2")
         self.dropout = layers.Dropout(self.rate)
 
+    def build(self, x_shape: Shape) -> None:
+        # The configured width, not the received one: a call of the wrong width is refused, not built for.
+        self.linear1.build((None, None, self.d_model))
+        self.linear2.build((None, None, self.d_ff))
+        self.built = True
+
     def call(self, x: Tensor, training: bool | None = None) -> Tensor:
         check_hidden("x", x, self.d_model)
+        return self._forward(x, training)
+
+    def _forward(self, x: Tensor, training: bool | None) -> Tensor:
         return self.linear2(self.dropout(self.linear1(x), training=training))
 
     def state_children(self) -> dict[str, layers.Layer]:
@@ -131,6 +148,11 @@ class _Block(NamedTensorArguments, layers.Layer):
         self.dropout = layers.Dropout(check_dropout("dropout", dropout))
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation, name="feed_forward")
 
+    @property
+    def hidden_shape(self) -> Shape:
+        """What the sublayers are built for: the configured width (a call of another width is refused)."""
+        return (None, None, self.sizes["d_model"])
+
     def attention(self, name: str) -> MultiHeadAttention:
         return MultiHeadAttention(self.sizes["num_heads"], d_model=self.sizes["d_model"], dropout=self.rate, name=name)
 
@@ -165,10 +187,23 @@ class EncoderLayer(_Block):
         self.self_attn = self.attention("self_attn")
         self.norm1, self.norm2 = self.norm("norm1"), self.norm("norm2")
 
+    def build(self, x_shape: Shape) -> None:
+        hidden = self.hidden_shape
+        self.self_attn.build(hidden, hidden, hidden)
+        self.feed_forward.build(hidden)
+        for norm in (self.norm1, self.norm2):
+            norm.build(hidden)
+        self.built = True
+
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
         self.check_input(x, key_mask, "key_mask")
-        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, training=training), training)
-        return self.residual(x, self.norm2, lambda h: self.feed_forward(h, training=training), training)
+        return self._forward(x, _keys(key_mask), training)
+
+    def _forward(self, x: Tensor, mask: Tensor | None, training: bool | None) -> Tensor:
+        """``mask``: the key padding as ``(B, 1, 1, L)``."""
+        attend = self.self_attn._attend
+        x = self.residual(x, self.norm1, lambda h: attend(h, h, h, mask, False, False, training, None, True), training)
+        return self.residual(x, self.norm2, lambda h: self.feed_forward._forward(h, training), training)
 
     def state_children(self) -> dict[str, layers.Layer]:
         return {
@@ -191,6 +226,15 @@ class DecoderLayer(_Block):
         self.cross_attn = self.attention("cross_attn")
         self.norm1, self.norm2, self.norm3 = self.norm("norm1"), self.norm("norm2"), self.norm("norm3")
 
+    def build(self, x_shape: Shape, memory_shape: Shape | None = None) -> None:
+        hidden = self.hidden_shape
+        self.self_attn.build(hidden, hidden, hidden)
+        self.cross_attn.build(hidden, hidden, hidden)
+        self.feed_forward.build(hidden)
+        for norm in (self.norm1, self.norm2, self.norm3):
+            norm.build(hidden)
+        self.built = True
+
     def call(
         self,
         x: Tensor,
@@ -210,16 +254,32 @@ class DecoderLayer(_Block):
         self.check_input(x, tgt_key_mask, "tgt_key_mask", 0 if self_cache is None else self_cache.length)
         check_memory(memory, x, memory_key_mask)
         check_flag("return_weights", return_weights)
+        _check_layer_caches(self, self_cache, cross_cache, x.shape[0], x.shape[1], memory.shape[1])
+        return self._forward(
+            x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), self_cache, cross_cache, return_weights, training
+        )
+
+    def _forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None,
+        memory_mask: Tensor | None,
+        self_cache: KVCache | None,
+        cross_cache: KVCache | None,
+        return_weights: bool,
+        training: bool | None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Masks as ``(B, 1, 1, L)``."""
 
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn(h, key_mask=tgt_key_mask, causal=True, cache=self_cache, training=training)
+            return self.self_attn._attend(h, h, h, tgt_mask, True, False, training, self_cache, True)
 
         cross_weights = []
 
         def cross_attention(h: Tensor) -> Tensor:
-            out = self.cross_attn(
-                h, memory, key_mask=memory_key_mask, cache=cross_cache, return_weights=return_weights, training=training
-            )
+            out = self.cross_attn._attend(h, memory, memory, memory_mask, False, return_weights, training, cross_cache,
+                                          False)  # fmt: skip
             if return_weights:
                 cross_weights.append(out[1])
                 return out[0]
@@ -227,7 +287,7 @@ class DecoderLayer(_Block):
 
         x = self.residual(x, self.norm1, self_attention, training)
         x = self.residual(x, self.norm2, cross_attention, training)
-        x = self.residual(x, self.norm3, lambda h: self.feed_forward(h, training=training), training)
+        x = self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, training), training)
         return (x, cross_weights[0]) if return_weights else x
 
     def state_children(self) -> dict[str, layers.Layer]:
@@ -239,6 +299,23 @@ class DecoderLayer(_Block):
             "norm2": self.norm2,
             "norm3": self.norm3,
         }
+
+
+def _check_layer_caches(
+    layer: DecoderLayer, self_cache: KVCache | None, cross_cache: KVCache | None, batch: int, new: int, memory: int
+) -> None:
+    """A decoder layer's caches can serve a call of ``new`` target tokens over ``memory`` memory positions."""
+    for module, cache, length, is_self in (
+        (layer.self_attn, self_cache, new, True),
+        (layer.cross_attn, cross_cache, memory, False),
+    ):
+        if cache is not None:
+            cache.check_call(is_self, batch, length, module.num_kv_heads, module.head_dim, module.value_head_dim)
+
+
+def _check_decoder_cache_call(cache: DecoderCache, blocks: list, batch: int, new: int, memory: int) -> None:
+    for layer, self_cache, cross_cache in zip(blocks, cache.self_attention, cache.cross_attention, strict=True):
+        _check_layer_caches(layer, self_cache, cross_cache, batch, new, memory)
 
 
 def check_memory(memory: object, x: Tensor, memory_key_mask: object) -> None:
@@ -274,6 +351,13 @@ class _Stack(NamedTensorArguments, layers.Layer):
         self.blocks = [self.layer_type(*block, name=f"layers_{i}") for i in range(num_layers)]
         self.norm = layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name="norm") if norm_first else None
 
+    def build(self, x_shape: Shape, *_: Shape) -> None:
+        for block in self.blocks:
+            block.build(x_shape)
+        if self.norm is not None:
+            self.norm.build((None, None, self.sizes["d_model"]))
+        self.built = True
+
     def finish(self, x: Tensor) -> Tensor:
         return x if self.norm is None else self.norm(x)
 
@@ -294,8 +378,11 @@ class Encoder(_Stack):
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
         check_hidden("x", x, self.sizes["d_model"])
         check_key_mask("key_mask", key_mask, x.shape[0], x.shape[1])
+        return self._forward(x, _keys(key_mask), training)
+
+    def _forward(self, x: Tensor, mask: Tensor | None, training: bool | None) -> Tensor:
         for block in self.blocks:
-            x = block(x, key_mask=key_mask, training=training)
+            x = block._forward(x, mask, training)
         return self.finish(x)
 
 
@@ -306,6 +393,9 @@ class Decoder(_Stack):
     tensor_arguments = ("x", "memory")
 
     layer_type = DecoderLayer
+
+    def build(self, x_shape: Shape, memory_shape: Shape | None = None) -> None:
+        super().build(x_shape)
 
     def call(
         self,
@@ -324,17 +414,31 @@ class Decoder(_Stack):
         check_key_mask("tgt_key_mask", tgt_key_mask, x.shape[0], length)
         check_memory(memory, x, memory_key_mask)
         check_flag("return_weights", return_weights)
+        if cache is not None:
+            _check_decoder_cache_call(cache, self.blocks, x.shape[0], x.shape[1], memory.shape[1])
+        return self._forward(x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), cache, return_weights, training)
+
+    def _forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None,
+        memory_mask: Tensor | None,
+        cache: DecoderCache | None,
+        return_weights: bool,
+        training: bool | None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         cross_weights = []
         for index, block in enumerate(self.blocks):
-            x = block(
+            x = block._forward(
                 x,
                 memory,
-                tgt_key_mask=tgt_key_mask,
-                memory_key_mask=memory_key_mask,
-                self_cache=None if cache is None else cache.self_attention[index],
-                cross_cache=None if cache is None else cache.cross_attention[index],
-                return_weights=return_weights,
-                training=training,
+                tgt_mask,
+                memory_mask,
+                None if cache is None else cache.self_attention[index],
+                None if cache is None else cache.cross_attention[index],
+                return_weights,
+                training,
             )
             if return_weights:
                 x, weights = x
@@ -344,13 +448,36 @@ class Decoder(_Stack):
 
 
 @register
+class TiedProjection(layers.Layer):
+    """The output projection of a model with tied embeddings: ``x @ Eᵀ + bias``, with ``E`` an ``Embedding``'s
+    matrix ``(V, E)``, as the paper shares it. Its weight is that embedding's, stored under this layer's name too."""
+
+    def __init__(self, embedding: layers.Embedding, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def build(self, input_shape: Any = None) -> None:
+        self.bias = self.add_weight(shape=(self.embedding.input_dim,), initializer="zeros", name="bias")
+        self.built = True
+
+    def call(self, x: Tensor) -> Tensor:
+        kernel = ops.cast(self.embedding.embeddings, x.dtype)  # (V, E)
+        return ops.matmul(x, ops.transpose(kernel)) + ops.cast(self.bias, x.dtype)  # (B, L, V)
+
+    def state_variables(self) -> dict[str, tuple[keras.Variable, bool]]:
+        """Weights under their PyTorch state-dict names, with whether the file stores them transposed."""
+        return {"weight": (self.embedding.embeddings, False), "bias": (self.bias, False)}
+
+
+@register
 class Transformer(NamedTensorArguments, keras.Model):
     """Encoder-decoder Transformer for sequence-to-sequence tasks (a ``keras.Model``: ``fit`` works on
     ``((src, tgt_in), tgt_out)`` data).
 
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
     self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
-    a mask is not given, it is ``tokens != pad_id``.
+    a mask is not given, it is ``tokens != pad_id``. With ``tie_embeddings`` (one vocabulary for both sides), the
+    source embedding, the target embedding and the output projection share one matrix, as in the paper.
     """
 
     tensor_arguments = ("src", "tgt")
@@ -370,22 +497,29 @@ class Transformer(NamedTensorArguments, keras.Model):
         norm_first: bool = False,
         max_len: int = 512,
         pad_id: int | None = None,
+        tie_embeddings: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
-            activation, norm_first, max_len, pad_id,
+            activation, norm_first, max_len, pad_id, tie_embeddings,
         )  # fmt: skip
         # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
         embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
         self.src_embed = layers.Embedding(src_vocab, d_model, embeddings_initializer=embedding_init, name="src_embed")
-        self.tgt_embed = layers.Embedding(tgt_vocab, d_model, embeddings_initializer=embedding_init, name="tgt_embed")
+        if tie_embeddings:
+            self.tgt_embed = self.src_embed
+            self.output_proj = TiedProjection(self.src_embed, name="output_proj")
+        else:
+            self.tgt_embed = layers.Embedding(
+                tgt_vocab, d_model, embeddings_initializer=embedding_init, name="tgt_embed"
+            )
+            self.output_proj = layers.Dense(tgt_vocab, name="output_proj")
         self.positional = PositionalEncoding(d_model, max_len, dropout, name="positional")
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")
         self.decoder = Decoder(num_decoder_layers, *stack, name="decoder")
-        self.output_proj = layers.Dense(tgt_vocab, name="output_proj")
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -409,11 +543,16 @@ class Transformer(NamedTensorArguments, keras.Model):
         }
 
     def build(self, input_shape: Any = None) -> None:
-        """Create every weight by running a one-token forward pass."""
-        if not self.built:
-            tokens = ops.zeros((1, 1), dtype="int32")
-            self.decode(tokens, self.encode(tokens))
-            self.built = True
+        """Create every weight (the sizes are the config's, whatever ``input_shape`` says)."""
+        if self.built:
+            return
+        hidden = (None, None, self.config.d_model)
+        for embedding in (self.src_embed, self.tgt_embed):
+            embedding.build((None, None))
+        self.encoder.build(hidden)
+        self.decoder.build(hidden, hidden)
+        self.output_proj.build(hidden)
+        self.built = True
 
     def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.build()
@@ -441,14 +580,18 @@ class Transformer(NamedTensorArguments, keras.Model):
             return padding_mask_from_tokens(tokens, self.config.pad_id)
         return key_mask
 
-    def _embed(self, embedding: layers.Embedding, tokens: Tensor, offset: int, training: bool | None) -> Tensor:
-        return self.positional(embedding(tokens) * math.sqrt(self.config.d_model), offset=offset, training=training)
+    def _embed(
+        self, embedding: layers.Embedding, tokens: Tensor, offset: int | Tensor, training: bool | None
+    ) -> Tensor:
+        return self.positional._forward(embedding(tokens) * math.sqrt(self.config.d_model), offset, training)
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
         src = self._check_source(src, src_key_mask)
-        key_mask = self._key_mask(src, src_key_mask)
-        return self.encoder(self._embed(self.src_embed, src, 0, training), key_mask=key_mask, training=training)
+        return self._encode(src, self._key_mask(src, src_key_mask), training)
+
+    def _encode(self, src: Tensor, src_key_mask: Tensor | None, training: bool | None) -> Tensor:
+        return self.encoder._forward(self._embed(self.src_embed, src, 0, training), _keys(src_key_mask), training)
 
     def decode(
         self,
@@ -475,16 +618,31 @@ class Transformer(NamedTensorArguments, keras.Model):
         length = None if tgt.shape[1] is None else offset + tgt.shape[1]
         check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], length)
         check_flag("return_weights", return_weights)
-        if tgt_key_mask is None and self.config.pad_id is not None and cache is None:
-            tgt_key_mask = padding_mask_from_tokens(tgt, self.config.pad_id)
-        hidden = self.decoder(
+        if cache is not None:
+            _check_decoder_cache_call(cache, self.decoder.blocks, tgt.shape[0], tgt.shape[1], memory.shape[1])
+        if tgt_key_mask is None and cache is None:
+            tgt_key_mask = self._key_mask(tgt, None)
+        return self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training)
+
+    def _decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_key_mask: Tensor | None,
+        tgt_key_mask: Tensor | None,
+        cache: DecoderCache | None,
+        return_weights: bool,
+        training: bool | None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        offset = 0 if cache is None else cache.length
+        hidden = self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset, training),
             memory,
-            tgt_key_mask=tgt_key_mask,
-            memory_key_mask=memory_key_mask,
-            cache=cache,
-            return_weights=return_weights,
-            training=training,
+            _keys(tgt_key_mask),
+            _keys(memory_key_mask),
+            cache,
+            return_weights,
+            training,
         )
         if return_weights:
             return self.output_proj(hidden[0]), hidden[1]
@@ -506,8 +664,8 @@ class Transformer(NamedTensorArguments, keras.Model):
         check_same_batch(("src", "tgt"), (tuple(src.shape), tuple(tgt.shape)))
         check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], tgt.shape[1])
         src_key_mask = self._key_mask(src, src_key_mask)
-        memory = self.encode(src, src_key_mask=src_key_mask, training=training)
-        return self.decode(tgt, memory, memory_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask, training=training)
+        memory = self._encode(src, src_key_mask, training)
+        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, False, training)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(self.config.num_decoder_layers, KVCache, capacity)
@@ -530,37 +688,34 @@ class Transformer(NamedTensorArguments, keras.Model):
         Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max_len``; each row stops at its
         first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else ``eos_id``).
         """
-        pad_id = pad_id if pad_id is not None else self.config.pad_id if self.config.pad_id is not None else eos_id
-        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
+        pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
+        decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
         src = ops.convert_to_tensor(self._check_source(src, src_key_mask))
         src_key_mask = self._key_mask(src, src_key_mask)
-        memory = self.encode(src, src_key_mask=src_key_mask)
-        batch = int(src.shape[0])
-        if beam_size > 1:  # row b * beam_size + j is beam j of sequence b
-            memory = ops.repeat(memory, beam_size, axis=0)
-            src_key_mask = None if src_key_mask is None else ops.repeat(src_key_mask, beam_size, axis=0)
-        state = {"memory": memory, "mask": src_key_mask, "cache": self.new_cache() if use_cache else None}
+        memory = self._encode(src, src_key_mask, False)
+        session = _Decoding(self, memory, src_key_mask, self.new_cache() if use_cache else None)
+        return decoding.generate(
+            session, int(src.shape[0]), max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+            beam_size=beam_size, length_penalty=length_penalty,
+        )  # fmt: skip
 
-        def step(prefix: np.ndarray) -> np.ndarray:
-            tokens = prefix[:, state["cache"].length :] if use_cache else prefix
-            logits = self.decode(
-                ops.convert_to_tensor(tokens.astype("int32")),
-                state["memory"],
-                memory_key_mask=state["mask"],
-                cache=state["cache"],
-            )
-            return np.asarray(ops.convert_to_numpy(ops.log_softmax(ops.cast(logits[:, -1], "float32"))))
 
-        def reorder(rows: np.ndarray) -> None:
-            index = ops.convert_to_tensor(rows)
-            state["memory"] = ops.take(state["memory"], index, axis=0)
-            if state["mask"] is not None:
-                state["mask"] = ops.take(state["mask"], index, axis=0)
-            if state["cache"] is not None:
-                state["cache"].reorder(rows)
+class _Decoding(decoding.DecodingSession):
+    """One eager ``generate`` call of a Keras :class:`Transformer`."""
 
-        search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-        if beam_size == 1:
-            return greedy_search(step, batch, **search)
-        return beam_search(step, reorder, batch, beam_size=beam_size, length_penalty=length_penalty, **search)
+    def __init__(
+        self, model: Transformer, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
+    ) -> None:
+        super().__init__(memory, memory_key_mask, cache)
+        self.model = model
+
+    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
+        logits = self.model._decode(
+            ops.convert_to_tensor(tokens.astype("int32")), self.memory, self.memory_key_mask, None, self.cache, False,
+            False,
+        )  # fmt: skip
+        return np.asarray(ops.convert_to_numpy(ops.log_softmax(ops.cast(logits[:, -1], "float32"))))
+
+    def _take(self, x: Tensor, rows: np.ndarray) -> Tensor:
+        return ops.take(x, ops.convert_to_tensor(rows), axis=0)

@@ -1,9 +1,15 @@
-"""Multi-head attention for PyTorch: a thin module around :func:`multihead.torch.attention`.
+"""Multi-head attention for PyTorch: a module around :func:`multihead.torch.attention`.
 
-The module only projects, splits heads, calls the attention function, merges heads and projects out.
+The module projects, splits heads, calls the attention function, merges heads and projects out. Two things it adds:
+a :class:`KVCache` for decoding (self-attention appends to it; cross-attention projects the memory into it once),
+and, for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
+(:func:`multihead.torch.packed_attention`).
+
+``forward`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own
+public entry point has checked theirs.
 
 Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
-Dv value head dim, E = d_model (output width).
+Dv value head dim, E = d_model (output width); packed: N real queries and M real keys in the batch.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from torch import nn
 
 from multihead.cache import KVCacheBase
 from multihead.torch.checks import check_hidden, check_key_mask
-from multihead.torch.functional import attention
+from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
 from multihead.torch.masks import check_mask_tensor, restrict
 from multihead.validation import (
     check_broadcastable,
     check_dropout,
     check_flag,
     check_heads,
+    check_implementation,
     check_module_inputs,
     check_optional_positive_int,
     check_positive_int,
@@ -60,30 +67,40 @@ class KVCache(KVCacheBase):
     def _take(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return x.index_select(0, torch.as_tensor(rows, device=x.device))
 
+    def _keep(self, x: torch.Tensor) -> torch.Tensor:
+        # Projected keys arrive as a transposed view; matmul would copy it to contiguous memory at every step.
+        return x.contiguous()
 
-def _sequence_mask(
-    mask: torch.Tensor | None, query_rows: torch.Tensor, key_rows: torch.Tensor, b: int, causal: bool
-) -> tuple[torch.Tensor | None, bool]:
-    """Sequence ``b``'s part of a ``(B|1, H|1, Lq|1, Lk|1)`` mask, at its real query and key positions.
 
-    Causal alignment follows the original positions. When the real positions are prefixes whose lengths keep
-    the batch's offset ``Lk - Lq``, the kernel's own causal masking is exact; otherwise it is written out.
+def _sequence_masks(
+    mask: torch.Tensor | None, query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool
+) -> tuple[list[torch.Tensor | None] | None, bool]:
+    """Each sequence's part of a ``(B|1, H|1, Lq|1, Lk|1)`` mask at its real query and key positions, and whether
+    :func:`packed_attention`'s own causal rule gives the causal masking of the original positions.
+
+    It does when every sequence's real positions are prefixes whose lengths keep the batch's offset ``Lk - Lq``;
+    otherwise the causal rule of the original positions is written into the masks.
     """
-    q_pos, k_pos = query_rows.nonzero()[:, 0], key_rows.nonzero()[:, 0]  # (n,), (m,)
-    if mask is not None:
-        mask = mask[b if mask.shape[0] > 1 else 0]  # (H|1, Lq|1, Lk|1)
-        mask = mask.index_select(1, q_pos) if mask.shape[1] > 1 else mask
-        mask = mask.index_select(2, k_pos) if mask.shape[2] > 1 else mask
-        mask = mask[None]  # (1, H|1, n|1, m|1)
-    if not causal:
-        return mask, False
-    n, m = len(q_pos), len(k_pos)
-    offset = len(key_rows) - len(query_rows)
-    prefixes = (n == 0 or int(q_pos[-1]) == n - 1) and (m == 0 or int(k_pos[-1]) == m - 1)
-    if prefixes and m - n == offset:
-        return mask, True
-    allowed = k_pos[None, :] <= q_pos[:, None] + offset  # (n, m)
-    return restrict(mask, allowed), False
+    offset = key_mask.shape[1] - query_mask.shape[1]
+    positions = [(q.nonzero()[:, 0], k.nonzero()[:, 0]) for q, k in zip(query_mask, key_mask, strict=True)]
+    prefix_causal = causal and all(
+        (len(q) == 0 or int(q[-1]) == len(q) - 1) and (len(k) == 0 or int(k[-1]) == len(k) - 1)
+        and len(k) - len(q) == offset
+        for q, k in positions
+    )  # fmt: skip
+    if mask is None and not (causal and not prefix_causal):
+        return None, prefix_causal
+    masks = []
+    for b, (q_pos, k_pos) in enumerate(positions):
+        mask_b = None
+        if mask is not None:
+            mask_b = mask[b if mask.shape[0] > 1 else 0]  # (H|1, Lq|1, Lk|1)
+            mask_b = mask_b.index_select(1, q_pos) if mask_b.shape[1] > 1 else mask_b
+            mask_b = mask_b.index_select(2, k_pos) if mask_b.shape[2] > 1 else mask_b  # (H|1, n|1, m|1)
+        if causal and not prefix_causal:
+            mask_b = restrict(mask_b, k_pos[None, :] <= q_pos[:, None] + offset)  # AND (n, m)
+        masks.append(mask_b)
+    return masks, prefix_causal
 
 
 class MultiHeadAttention(nn.Module):
@@ -99,6 +116,8 @@ class MultiHeadAttention(nn.Module):
         qdim, kdim, vdim: input widths of query, key and value; default ``d_model``.
         dropout: dropout on the attention probabilities, in training only.
         bias: whether the four projections have a bias.
+        implementation: the attention path, as :func:`multihead.torch.attention`'s ``implementation``:
+            ``"auto"`` (default), ``"fused"`` or ``"explicit"``.
 
     Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` are ``nn.Linear``; head ``h`` owns rows
     ``h*Dk:(h+1)*Dk`` of ``q_proj``.
@@ -123,6 +142,7 @@ class MultiHeadAttention(nn.Module):
         vdim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        implementation: str = "auto",
     ) -> None:
         super().__init__()
         d_model = check_positive_int("d_model", d_model)
@@ -140,6 +160,7 @@ class MultiHeadAttention(nn.Module):
         self.value_head_dim = value_head_dim
         self.qdim, self.kdim, self.vdim = qdim, kdim, vdim
         self.dropout = check_dropout("dropout", dropout)
+        self.implementation = check_implementation(implementation, IMPLEMENTATIONS)
         bias = check_flag("bias", bias)
 
         self.q_proj = nn.Linear(qdim, num_heads * head_dim, bias=bias)
@@ -151,6 +172,7 @@ class MultiHeadAttention(nn.Module):
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, value_head_dim={self.value_head_dim}, dropout={self.dropout}"
+            + ("" if self.implementation == "auto" else f", implementation={self.implementation!r}")
         )
 
     def forward(
@@ -199,51 +221,56 @@ class MultiHeadAttention(nn.Module):
             check_hidden(name, x, width, self.q_proj.weight)
         check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
         batch, lq, _ = query.shape
-        reuse_memory = cache is not None and not self_attention and cache.length > 0
-        if reuse_memory:
-            cache.check_reuse(batch)
-        elif cache is not None:
-            new = lq if self_attention else key.shape[1]
-            cache.check_append(batch, new, self.num_kv_heads, self.head_dim, self.value_head_dim)
-        lk = cache.length if reuse_memory else key.shape[1]
-        lk += cache.length if cache is not None and self_attention else 0
-        if query_mask is not None:
-            check_key_mask("query_mask", query_mask, batch, lq)
-            if cache is None and not return_weights:
-                full_mask = self._full_mask(mask, None, batch, lq, lk)
-                key_mask = check_key_mask("key_mask", key_mask, batch, lk)
-                return self._forward_packed(query, key, value, full_mask, key_mask, query_mask, causal)
-        full_mask = restrict(
-            self._full_mask(mask, key_mask, batch, lq, lk), None if query_mask is None else query_mask[:, None, :, None]
-        )
+        lk = key.shape[1]
+        if cache is not None:
+            new = lq if self_attention else lk
+            cache.check_call(self_attention, batch, new, self.num_kv_heads, self.head_dim, self.value_head_dim)
+            lk = cache.key_length(self_attention, new)
+        mask = self._check_mask(mask, batch, lq, lk)
+        check_key_mask("key_mask", key_mask, batch, lk)
+        check_key_mask("query_mask", query_mask, batch, lq)
+        if query_mask is not None and cache is None and not return_weights:
+            return self._attend_packed(query, key, value, mask, key_mask, query_mask, causal)
+        mask = restrict(mask, None if key_mask is None else key_mask[:, None, None, :])  # (B|1, H|1, Lq|1, Lk)
+        mask = restrict(mask, None if query_mask is None else query_mask[:, None, :, None])
+        result = self._attend(query, key, value, mask, causal, return_weights, cache, self_attention)
+        if query_mask is None:
+            return result
+        out, weights = result if return_weights else (result, None)
+        out = out.masked_fill(~query_mask[:, :, None], 0.0)
+        return (out, weights) if return_weights else out
 
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+        return_weights: bool,
+        cache: KVCache | None,
+        self_attention: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
+        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory."""
+        batch, lq, _ = query.shape
         q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-        if reuse_memory:
-            k, v = cache.keys, cache.values
-        else:
+
+        def project() -> tuple[torch.Tensor, torch.Tensor]:
             new = key.shape[1]
             k = self.k_proj(key).view(batch, new, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = self.v_proj(value).view(batch, new, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
-            # k: (B, Hkv, new, Dk), v: (B, Hkv, new, Dv)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, Hkv, Lk, D)
-        result = attention(
-            q,
-            k,
-            v,
-            full_mask,
-            causal=causal,
-            dropout=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
-        )
+            return k, v  # (B, Hkv, new, Dk), (B, Hkv, new, Dv)
+
+        k, v = project() if cache is None else cache.keys_and_values(self_attention, project)  # (B, Hkv, Lk, D)
+        dropout = self.dropout if self.training else 0.0
+        result = _attention(q, k, v, mask, causal, None, dropout, return_weights, self.implementation)
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
-        if query_mask is not None:
-            out = out.masked_fill(~query_mask[:, :, None], 0.0)
         return (out, weights) if return_weights else out
 
-    def _forward_packed(
+    def _attend_packed(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -253,10 +280,7 @@ class MultiHeadAttention(nn.Module):
         query_mask: torch.Tensor,
         causal: bool,
     ) -> torch.Tensor:
-        """Project and attend only the real queries and keys, one sequence at a time; padded rows stay zero.
-
-        N is the number of real queries in the batch, M the number of real keys; ``n``/``m`` a sequence's.
-        """
+        """Project and attend only the real queries and keys (:func:`packed_attention`); padded rows stay zero."""
         batch, lq, _ = query.shape
         lk = key.shape[1]
         key_mask = torch.ones(batch, lk, dtype=torch.bool, device=key.device) if key_mask is None else key_mask
@@ -264,32 +288,31 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(query.reshape(batch * lq, self.qdim).index_select(0, q_rows))  # (N, H*Dk)
         k = self.k_proj(key.reshape(batch * lk, self.kdim).index_select(0, k_rows))  # (M, Hkv*Dk)
         v = self.v_proj(value.reshape(batch * lk, self.vdim).index_select(0, k_rows))  # (M, Hkv*Dv)
-        q_counts, k_counts = query_mask.sum(1).tolist(), key_mask.sum(1).tolist()
-        dropout = self.dropout if self.training else 0.0
-        outs = []
-        for b, q_b, k_b, v_b in zip(range(batch), q.split(q_counts), k.split(k_counts), v.split(k_counts), strict=True):
-            if not q_counts[b]:
-                continue
-            q_b = q_b.view(1, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, H, n, Dk)
-            k_b = k_b.view(1, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (1, Hkv, m, Dk)
-            v_b = v_b.view(1, -1, self.num_kv_heads, self.value_head_dim).transpose(1, 2)  # (1, Hkv, m, Dv)
-            mask_b, causal_b = _sequence_mask(mask, query_mask[b], key_mask[b], b, causal)
-            out_b = attention(q_b, k_b, v_b, mask_b, causal=causal_b, dropout=dropout)  # (1, H, n, Dv)
-            outs.append(out_b[0].transpose(0, 1).reshape(-1, self.num_heads * self.value_head_dim))  # (n, H*Dv)
-        packed = self.out_proj(torch.cat(outs) if outs else q.new_empty(0, self.num_heads * self.value_head_dim))
+        masks, packed_causal = _sequence_masks(mask, query_mask, key_mask, causal)
+        out = _packed_attention(
+            q.view(-1, self.num_heads, self.head_dim),  # (N, H, Dk)
+            k.view(-1, self.num_kv_heads, self.head_dim),  # (M, Hkv, Dk)
+            v.view(-1, self.num_kv_heads, self.value_head_dim),  # (M, Hkv, Dv)
+            query_mask.sum(1).tolist(),
+            key_mask.sum(1).tolist(),
+            masks,
+            packed_causal,
+            None,
+            self.dropout if self.training else 0.0,
+            self.implementation,
+        )  # (N, H, Dv)
+        packed = self.out_proj(out.reshape(-1, self.num_heads * self.value_head_dim))  # (N, E)
         out = packed.new_zeros(batch * lq, self.d_model).index_copy(0, q_rows, packed)  # (B*Lq, E)
         return out.view(batch, lq, self.d_model)
 
-    def _full_mask(
-        self, mask: torch.Tensor | None, key_mask: torch.Tensor | None, batch: int, lq: int, lk: int
-    ) -> torch.Tensor | None:
-        """``mask`` in the 4-D functional layout, AND the key padding; validated against this call's sizes."""
-        if mask is not None:
-            check_mask_tensor("mask", mask)
-            mask = mask.reshape(module_mask_shape(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
-            check_broadcastable("mask", tuple(mask.shape), (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
-        key_mask = check_key_mask("key_mask", key_mask, batch, lk)
-        return mask if key_mask is None else restrict(mask, key_mask[:, None, None, :])  # (B, 1|H, 1|Lq, Lk)
+    def _check_mask(self, mask: object, batch: int, lq: int, lk: int) -> torch.Tensor | None:
+        """``mask`` in the 4-D functional layout ``(B|1, H|1, Lq|1, Lk|1)``, checked against this call's sizes."""
+        if mask is None:
+            return None
+        check_mask_tensor("mask", mask)
+        mask = mask.reshape(module_mask_shape(mask.shape))
+        check_broadcastable("mask", tuple(mask.shape), (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
+        return mask
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

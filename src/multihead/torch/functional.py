@@ -1,39 +1,49 @@
-"""Scaled dot-product attention for PyTorch: one pure function, two internal paths.
+"""Scaled dot-product attention for PyTorch: pure functions over ``(B, H, L, D)`` tensors, two internal paths.
 
     Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
 
-``attention`` dispatches to ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels: flash on CPU,
-flash / memory-efficient / cuDNN on GPU) and uses the explicit matmul-softmax-matmul when the caller asks for the
-weights, which no fused kernel returns, and for small inference calls on CPU, where it is faster. Both paths
-follow the same rules and are tested to agree.
+``attention`` runs ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels: flash on CPU, flash /
+memory-efficient / cuDNN on GPU) or the explicit matmul-softmax-matmul, as ``implementation`` says. ``"auto"``
+takes the explicit math when the caller asks for the weights, which no fused kernel returns, and for small
+inference calls on CPU, where it is faster; the kernel otherwise. Both paths follow the same rules (those of
+:mod:`multihead.masks`) and are tested to agree. ``packed_attention`` is the same attention over sequences packed
+one after another without padding (variable-length attention).
+
+The public functions check their arguments; ``_attention`` is the unchecked path the modules call once they have
+checked theirs.
 
 Notation: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq query length, Lk key length,
-Dk query/key head dim, Dv value head dim.
+Dk query/key head dim, Dv value head dim; packed: N queries and M keys in all, n and m of one sequence.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from multihead.torch.masks import causal_mask, check_mask_tensor, restrict
+from multihead.torch.masks import _causal_mask, check_mask_tensor, open_dead_rows, restrict
 from multihead.validation import (
     DTypeError,
     check_attention_shapes,
     check_broadcastable,
     check_dropout,
     check_flag,
+    check_implementation,
+    check_packed_lengths,
     check_scale,
 )
 
-__all__ = ["attention"]
+__all__ = ["IMPLEMENTATIONS", "attention", "packed_attention"]
+
+IMPLEMENTATIONS = ("auto", "fused", "explicit")
+"""``attention``'s paths: ``"fused"`` the PyTorch kernel, ``"explicit"`` the matmul-softmax-matmul, ``"auto"`` the
+faster one that can give what is asked."""
 
 
-def _check_inputs(
-    q: object, k: object, v: object, mask: object, causal: object, scale: object, dropout: object
-) -> float | None:
+def _check_tensors(q: object, k: object, v: object) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
@@ -43,15 +53,22 @@ def _check_inputs(
         raise DTypeError(f"`q`, `k`, `v` must share one dtype, received {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device:
         raise ValueError(f"`q`, `k`, `v` must be on one device, received {q.device}, {k.device}, {v.device}")
-    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
-    if mask is not None:
-        check_mask_tensor("mask", mask)
-        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        check_broadcastable("mask", tuple(mask.shape), target, "(B, H, Lq, Lk)")
-        if mask.device != q.device:
-            raise ValueError(f"`mask` must be on the inputs' device {q.device}, received {mask.device}")
+
+
+def _check_mask(name: str, mask: object, target: tuple[int, ...], layout: str, device: torch.device) -> None:
+    check_mask_tensor(name, mask)
+    check_broadcastable(name, tuple(mask.shape), target, layout)
+    if mask.device != device:
+        raise ValueError(f"`{name}` must be on the inputs' device {device}, received {mask.device}")
+
+
+def _check_options(
+    causal: object, scale: object, dropout: object, return_weights: object, implementation: object
+) -> float | None:
     check_flag("causal", causal)
     check_dropout("dropout", dropout)
+    check_flag("return_weights", return_weights)
+    check_implementation(implementation, IMPLEMENTATIONS, return_weights=return_weights)
     return check_scale(scale)
 
 
@@ -60,25 +77,9 @@ def _combined_mask(mask: torch.Tensor | None, causal: bool, q: torch.Tensor, k: 
     if mask is not None:
         mask = mask[(None,) * (4 - mask.dim())]  # (B|1, H|1, Lq|1, Lk|1)
         mask = mask if mask.dtype == torch.bool else mask.to(q.dtype)
-    if causal:
-        mask = restrict(mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
+    if causal and q.shape[-2] > 1:  # one query (a decoding step) may attend every key
+        mask = restrict(mask, _causal_mask(q.shape[-2], k.shape[-2], q.device))
     return mask
-
-
-def _open_dead_rows(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Open every fully masked row to all keys; return the mask and ``live`` ``(..., Lq|1, 1)``, which is
-    ``False`` on exactly those rows, so the caller can zero them. ``(None, None)`` when nothing is masked.
-
-    No kernel then sees a row without a finite score: a float mask's ``-inf`` row would give NaN in the explicit
-    softmax's backward, and GPU kernels that keep a ``-inf`` log-sum-exp turn it into NaN gradients.
-    """
-    if mask is None:
-        return None, None
-    allowed = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
-    live = allowed.any(dim=-1, keepdim=True)  # (..., Lq|1, 1)
-    if mask.dtype == torch.bool:
-        return mask | ~live, live
-    return mask.masked_fill(~live, 0.0), live
 
 
 # PyTorch's CPU SDPA kernels (torch >= 2.5) already give zero output and zero, finite gradients for rows that
@@ -112,7 +113,7 @@ def _explicit(
     scale: float | None,
     dropout: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    mask, live = _open_dead_rows(_combined_mask(mask, causal, q, k))
+    mask, live = open_dead_rows(_combined_mask(mask, causal, q, k))
     compute = torch.promote_types(q.dtype, torch.float32)
     groups = _kv_groups(q, k)
     k = k.repeat_interleave(groups, dim=1) if groups > 1 else k  # (B, H, Lk, Dk)
@@ -140,13 +141,16 @@ def _fused(
     causal: bool,
     scale: float | None,
     dropout: float,
+    guard_dead_rows: bool,
 ) -> torch.Tensor:
+    """PyTorch's kernel; ``guard_dead_rows`` opens and zeroes fully masked rows around it, for kernels that do not
+    give them zeros with finite gradients themselves."""
     # SDPA's own is_causal is top-left aligned; it equals our bottom-right rule only when Lq == Lk.
     use_kernel_causal = causal and mask is None and q.shape[-2] == k.shape[-2]
     mask = _combined_mask(mask, causal and not use_kernel_causal, q, k)
     live = None
-    if q.device.type not in KERNELS_ZERO_DEAD_ROWS:
-        mask, live = _open_dead_rows(mask)
+    if guard_dead_rows:
+        mask, live = open_dead_rows(mask)
     out = F.scaled_dot_product_attention(
         q,
         k,
@@ -160,6 +164,27 @@ def _fused(
     return out if live is None else out.masked_fill(~live, 0.0)
 
 
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    dropout: float,
+    return_weights: bool,
+    implementation: str,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention` on arguments already checked."""
+    explicit = return_weights or implementation == "explicit"
+    if implementation == "auto" and _small_inference(q, k, v, dropout):
+        explicit = True
+    if not explicit:
+        return _fused(q, k, v, mask, causal, scale, dropout, q.device.type not in KERNELS_ZERO_DEAD_ROWS)
+    out, weights = _explicit(q, k, v, mask, causal, scale, dropout)
+    return (out, weights) if return_weights else out
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -170,6 +195,7 @@ def attention(
     scale: float | None = None,
     dropout: float = 0.0,
     return_weights: bool = False,
+    implementation: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention.
 
@@ -185,8 +211,11 @@ def attention(
         scale: multiplies the scores; default ``1/sqrt(Dk)``.
         dropout: probability of dropping an attention weight. Applied whenever it is > 0: a module passes 0
             outside training.
-        return_weights: also return the per-head weights ``(B, H, Lq, Lk)`` (before dropout). This takes the
-            explicit path, since no fused kernel returns them.
+        return_weights: also return the per-head weights ``(B, H, Lq, Lk)`` (before dropout). No fused kernel
+            returns them, so this takes the explicit path.
+        implementation: ``"auto"`` (default): the explicit math for weights and for small inference calls on CPU
+            (at most 128×128 scores per head, no gradients, no dropout), PyTorch's fused kernel otherwise;
+            ``"fused"``: always the kernel (not with ``return_weights``); ``"explicit"``: always the math.
 
     Returns:
         ``out (B, H, Lq, Dv)`` in the inputs' dtype, or ``(out, weights)``. Query rows that may attend no key
@@ -197,10 +226,98 @@ def attention(
         >>> attention(q, k, v, causal=True).shape
         torch.Size([2, 8, 5, 64])
     """
-    scale = _check_inputs(q, k, v, mask, causal, scale, dropout)
-    check_flag("return_weights", return_weights)
-    if return_weights:
-        return _explicit(q, k, v, mask, causal, scale, dropout)
-    if _small_inference(q, k, v, dropout):
-        return _explicit(q, k, v, mask, causal, scale, dropout)[0]
-    return _fused(q, k, v, mask, causal, scale, dropout)
+    _check_tensors(q, k, v)
+    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    if mask is not None:
+        _check_mask("mask", mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), "(B, H, Lq, Lk)", q.device)
+    scale = _check_options(causal, scale, dropout, return_weights, implementation)
+    return _attention(q, k, v, mask, causal, scale, dropout, return_weights, implementation)
+
+
+def _packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_lengths: Sequence[int],
+    key_lengths: Sequence[int],
+    masks: Sequence[torch.Tensor | None] | None,
+    causal: bool,
+    scale: float | None,
+    dropout: float,
+    implementation: str,
+) -> torch.Tensor:
+    """:func:`packed_attention` on arguments already checked: one :func:`attention` call per sequence."""
+    outs = []
+    for index, (q_b, k_b, v_b) in enumerate(
+        zip(q.split(query_lengths), k.split(key_lengths), v.split(key_lengths), strict=True)
+    ):
+        if not len(q_b):
+            continue
+        mask = None if masks is None or masks[index] is None else masks[index][None]  # (1, H|1, n|1, m|1)
+        # (n, H, D) -> (1, H, n, D)
+        q_b, k_b, v_b = (x.transpose(0, 1)[None] for x in (q_b, k_b, v_b))
+        out = _attention(q_b, k_b, v_b, mask, causal, scale, dropout, False, implementation)  # (1, H, n, Dv)
+        outs.append(out[0].transpose(0, 1))  # (n, H, Dv)
+    return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
+
+
+def packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_lengths: Sequence[int] | torch.Tensor,
+    key_lengths: Sequence[int] | torch.Tensor,
+    *,
+    masks: Sequence[torch.Tensor | None] | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout: float = 0.0,
+    implementation: str = "auto",
+) -> torch.Tensor:
+    """Attention over sequences packed one after another, without padding (variable-length attention).
+
+    Sequence ``b`` owns the next ``query_lengths[b]`` rows of ``q`` and the next ``key_lengths[b]`` rows of ``k``
+    and ``v``; its queries attend only its keys, so a batch of sequences of different lengths costs what its real
+    tokens cost. Each sequence follows :func:`attention`'s rules.
+
+    Args:
+        q: ``(N, H, Dk)``, ``N = sum(query_lengths)``.
+        k: ``(M, Hkv, Dk)``, ``M = sum(key_lengths)``; ``H`` a multiple of ``Hkv``.
+        v: ``(M, Hkv, Dv)``.
+        query_lengths, key_lengths: ``B`` non-negative ints (or 1-D integer tensors).
+        masks: ``None``, or one mask per sequence (``None`` or broadcastable to ``(H, n, m)``), bool or float.
+        causal: bottom-right aligned within each sequence (query ``i`` of ``n`` sees key ``j`` of ``m`` iff
+            ``j <= i + m - n``), combined with the masks by AND.
+        scale, dropout, implementation: as in :func:`attention`.
+
+    Returns:
+        ``out (N, H, Dv)``.
+
+    Example:
+        >>> q = k = v = torch.randn(7, 4, 16)  # sequences of 3 and 4 tokens
+        >>> packed_attention(q, k, v, [3, 4], [3, 4], causal=True).shape
+        torch.Size([7, 4, 16])
+    """
+    _check_tensors(q, k, v)
+    for name, x, layout in (("q", q, "(N, H, Dk)"), ("k", k, "(M, Hkv, Dk)"), ("v", v, "(M, Hkv, Dv)")):
+        if x.dim() != 3:
+            raise ValueError(f"`{name}` must be 3-D {layout}, received {name}.shape={tuple(x.shape)}")
+    check_attention_shapes(*((1, x.shape[1], x.shape[0], x.shape[2]) for x in (q, k, v)))
+    query_lengths = check_packed_lengths("query_lengths", query_lengths, q.shape[0], "N = q.shape[0]")
+    key_lengths = check_packed_lengths("key_lengths", key_lengths, k.shape[0], "M = k.shape[0]")
+    if len(query_lengths) != len(key_lengths):
+        raise ValueError(
+            f"`query_lengths` and `key_lengths` must describe the same B sequences, "
+            f"received {len(query_lengths)} and {len(key_lengths)} lengths"
+        )
+    if masks is not None:
+        if not isinstance(masks, Sequence) or len(masks) != len(query_lengths):
+            raise ValueError(
+                f"`masks` must be None or a sequence of {len(query_lengths)} masks (one per sequence), "
+                f"received {type(masks).__name__} of length {len(masks) if isinstance(masks, Sequence) else '?'}"
+            )
+        for index, (mask, n, m) in enumerate(zip(masks, query_lengths, key_lengths, strict=True)):
+            if mask is not None:
+                _check_mask(f"masks[{index}]", mask, (q.shape[1], n, m), "(H, n, m)", q.device)
+    scale = _check_options(causal, scale, dropout, False, implementation)
+    return _packed_attention(q, k, v, query_lengths, key_lengths, masks, causal, scale, dropout, implementation)

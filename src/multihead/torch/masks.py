@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from multihead import masks
 from multihead.masks import causal_diagonal
 from multihead.validation import DTypeError, check_mask_dtype, check_non_negative_int
 
@@ -27,8 +28,12 @@ def causal_mask(lq: int, lk: int, *, device: torch.device | str | None = None) -
             device = torch.device(device)
         except (RuntimeError, TypeError) as error:
             raise ValueError(f"`device` must name a torch device, received {device!r}") from error
-    ones = torch.ones(lq, lk, dtype=torch.bool, device=device)
-    return ones.tril(diagonal=causal_diagonal(lq, lk))
+    return _causal_mask(lq, lk, device)
+
+
+def _causal_mask(lq: int, lk: int, device: torch.device | None) -> torch.Tensor:
+    """:func:`causal_mask` on checked arguments."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=causal_diagonal(lq, lk))
 
 
 def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.Tensor:
@@ -80,15 +85,39 @@ def check_mask_tensor(name: str, mask: object, *, allow_float: bool = True) -> N
     check_mask_dtype(name, kind, mask.dtype, allow_float=allow_float)
 
 
-def restrict(mask: torch.Tensor | None, allowed: torch.Tensor | None) -> torch.Tensor | None:
-    """Combine a bool or float ``mask`` with a bool ``allowed`` by AND (for a float mask: ``-inf`` where not allowed).
+class _TorchMaskOps:
+    """The tensor operations of the shared mask rules (:mod:`multihead.masks`), on torch tensors."""
 
-    Either may be ``None``; shapes broadcast.
-    """
-    if allowed is None:
-        return mask
-    if mask is None:
-        return allowed
-    if mask.dtype == torch.bool:
-        return mask & allowed
-    return mask.masked_fill(~allowed, float("-inf"))
+    def is_bool(self, mask: torch.Tensor) -> bool:
+        return mask.dtype == torch.bool
+
+    def logical_and(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a & b
+
+    def logical_or(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a | b
+
+    def logical_not(self, a: torch.Tensor) -> torch.Tensor:
+        return ~a
+
+    def is_neg_inf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.isneginf(x)
+
+    def any_last(self, x: torch.Tensor) -> torch.Tensor:
+        return x.any(dim=-1, keepdim=True)
+
+    def where(self, condition: torch.Tensor, x: torch.Tensor, y: float) -> torch.Tensor:
+        return torch.where(condition, x, y)
+
+
+OPS = _TorchMaskOps()
+
+
+def restrict(mask: torch.Tensor | None, allowed: torch.Tensor | None) -> torch.Tensor | None:
+    """``mask`` (bool, or float added to the scores) AND the boolean ``allowed``; see :mod:`multihead.masks`."""
+    return masks.restrict(mask, allowed, OPS)
+
+
+def open_dead_rows(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """See :func:`multihead.masks.open_dead_rows`."""
+    return masks.open_dead_rows(mask, OPS)

@@ -3,13 +3,17 @@
 Post-norm as in the paper (``x = LayerNorm(x + Sublayer(x))``) by default; pre-norm
 (``x = x + Sublayer(LayerNorm(x))``, with a final LayerNorm after each stack) with ``norm_first=True``.
 
+Every public module checks its arguments in ``forward`` and then runs ``_forward``, the unchecked path; modules
+call each other's ``_forward``, so a model call is checked once, where it enters. Key masks travel inside as
+``(B, 1, 1, L)``, the attention's 4-D layout.
+
 Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary size.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from multihead import decoding
 from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
-from multihead.decoding import beam_search, check_generation_args, greedy_search
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
 from multihead.torch.checks import check_hidden, check_key_mask
@@ -47,6 +51,11 @@ __all__ = [
 LAYER_NORM_EPS = 1e-5
 
 
+def _keys(key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A ``(B, L)`` key mask in the attention's layout ``(B, 1, 1, L)``."""
+    return None if key_mask is None else key_mask[:, None, None, :]
+
+
 class PositionalEncoding(nn.Module):
     """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout.
 
@@ -70,7 +79,10 @@ class PositionalEncoding(nn.Module):
                 f"positions {offset}..{offset + length - 1} exceed max_len={self.max_len}; "
                 "build the model with a larger max_len"
             )
-        return self.dropout(x + self.table[offset : offset + length].to(x.dtype))
+        return self._forward(x, offset)
+
+    def _forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        return self.dropout(x + self.table[offset : offset + x.shape[1]].to(x.dtype))
 
 
 class FeedForward(nn.Module):
@@ -87,6 +99,9 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_hidden("x", x, self.linear1.in_features, self.linear1.weight)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = F.relu(self.linear1(x)) if self.activation == "relu" else F.gelu(self.linear1(x))
         return self.linear2(self.dropout(hidden))
 
@@ -117,10 +132,15 @@ class _Block(nn.Module):
         check_hidden("x", x, self.self_attn.d_model, self.self_attn.q_proj.weight)
         check_key_mask(key_mask_name, key_mask, x.shape[0], cached + x.shape[1])
 
-    def residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
+    def residual(
+        self, x: torch.Tensor, norm: nn.LayerNorm, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+            return x + self._drop(sublayer(norm(x)))
+        return norm(x + self._drop(sublayer(x)))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(x) if self.training and self.dropout.p > 0.0 else x
 
 
 class EncoderLayer(_Block):
@@ -128,8 +148,12 @@ class EncoderLayer(_Block):
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         self.check_input(x, key_mask, "key_mask")
-        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask))
-        return self.residual(x, self.norm2, self.feed_forward)
+        return self._forward(x, _keys(key_mask))
+
+    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``mask``: the key padding as ``(B, 1, 1, L)``."""
+        x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask, False, False, None, True))
+        return self.residual(x, self.norm2, self.feed_forward._forward)
 
 
 class DecoderLayer(_Block):
@@ -167,20 +191,36 @@ class DecoderLayer(_Block):
         self.check_input(x, tgt_key_mask, "tgt_key_mask", 0 if self_cache is None else self_cache.length)
         check_memory(memory, x, memory_key_mask, self.cross_attn.q_proj.weight)
         check_flag("return_weights", return_weights)
+        _check_layer_caches(self, self_cache, cross_cache, x.shape[0], x.shape[1], memory.shape[1])
+        return self._forward(
+            x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), self_cache, cross_cache, return_weights
+        )
+
+    def _forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None,
+        memory_mask: torch.Tensor | None,
+        self_cache: KVCache | None,
+        cross_cache: KVCache | None,
+        return_weights: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Masks as ``(B, 1, 1, L)``."""
         x = self.residual(
-            x, self.norm1, lambda h: self.self_attn(h, key_mask=tgt_key_mask, causal=True, cache=self_cache)
+            x, self.norm1, lambda h: self.self_attn._attend(h, h, h, tgt_mask, True, False, self_cache, True)
         )
         cross_weights = []
 
         def cross(h: torch.Tensor) -> torch.Tensor:
-            out = self.cross_attn(h, memory, key_mask=memory_key_mask, cache=cross_cache, return_weights=return_weights)
+            out = self.cross_attn._attend(h, memory, memory, memory_mask, False, return_weights, cross_cache, False)
             if return_weights:
                 cross_weights.append(out[1])
                 return out[0]
             return out
 
         x = self.residual(x, self.norm2, cross)
-        x = self.residual(x, self.norm3, self.feed_forward)
+        x = self.residual(x, self.norm3, self.feed_forward._forward)
         return (x, cross_weights[0]) if return_weights else x
 
 
@@ -214,6 +254,9 @@ class _Stack(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS) if norm_first else None
 
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.norm is None else self.norm(x)
+
 
 class Encoder(_Stack):
     """A stack of :class:`EncoderLayer`, with a final LayerNorm when ``norm_first``."""
@@ -223,9 +266,12 @@ class Encoder(_Stack):
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_hidden("x", x, self.d_model, next(self.parameters(), None))
         check_key_mask("key_mask", key_mask, x.shape[0], x.shape[1])
+        return self._forward(x, _keys(key_mask))
+
+    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x, key_mask=key_mask)
-        return x if self.norm is None else self.norm(x)
+            x = layer._forward(x, mask)
+        return self.finish(x)
 
 
 class Decoder(_Stack):
@@ -250,22 +296,52 @@ class Decoder(_Stack):
         check_key_mask("tgt_key_mask", tgt_key_mask, x.shape[0], x.shape[1] + (0 if cache is None else cache.length))
         check_memory(memory, x, memory_key_mask, parameter)
         check_flag("return_weights", return_weights)
+        if cache is not None:
+            _check_decoder_cache_call(cache, self.layers, x.shape[0], x.shape[1], memory.shape[1])
+        return self._forward(x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), cache, return_weights)
+
+    def _forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None,
+        memory_mask: torch.Tensor | None,
+        cache: DecoderCache | None,
+        return_weights: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         cross_weights = []
         for index, layer in enumerate(self.layers):
-            x = layer(
+            x = layer._forward(
                 x,
                 memory,
-                tgt_key_mask=tgt_key_mask,
-                memory_key_mask=memory_key_mask,
-                self_cache=None if cache is None else cache.self_attention[index],
-                cross_cache=None if cache is None else cache.cross_attention[index],
-                return_weights=return_weights,
+                tgt_mask,
+                memory_mask,
+                None if cache is None else cache.self_attention[index],
+                None if cache is None else cache.cross_attention[index],
+                return_weights,
             )
             if return_weights:
                 x, weights = x
                 cross_weights.append(weights)
-        x = x if self.norm is None else self.norm(x)
+        x = self.finish(x)
         return (x, cross_weights) if return_weights else x
+
+
+def _check_layer_caches(
+    layer: DecoderLayer, self_cache: KVCache | None, cross_cache: KVCache | None, batch: int, new: int, memory: int
+) -> None:
+    """A decoder layer's caches can serve a call of ``new`` target tokens over ``memory`` memory positions."""
+    for module, cache, length, is_self in (
+        (layer.self_attn, self_cache, new, True),
+        (layer.cross_attn, cross_cache, memory, False),
+    ):
+        if cache is not None:
+            cache.check_call(is_self, batch, length, module.num_kv_heads, module.head_dim, module.value_head_dim)
+
+
+def _check_decoder_cache_call(cache: DecoderCache, layers: nn.ModuleList, batch: int, new: int, memory: int) -> None:
+    for layer, self_cache, cross_cache in zip(layers, cache.self_attention, cache.cross_attention, strict=True):
+        _check_layer_caches(layer, self_cache, cross_cache, batch, new, memory)
 
 
 class Transformer(nn.Module):
@@ -273,7 +349,8 @@ class Transformer(nn.Module):
 
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
     self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
-    a mask is not given, it is ``tokens != pad_id``.
+    a mask is not given, it is ``tokens != pad_id``. With ``tie_embeddings`` (one vocabulary for both sides), the
+    source embedding, the target embedding and the output projection share one matrix, as in the paper.
 
     Example:
         >>> model = Transformer(20, 20, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
@@ -300,11 +377,12 @@ class Transformer(nn.Module):
         norm_first: bool = False,
         max_len: int = 512,
         pad_id: int | None = None,
+        tie_embeddings: bool = False,
     ) -> None:
         super().__init__()
         config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
-            activation, norm_first, max_len, pad_id,
+            activation, norm_first, max_len, pad_id, tie_embeddings,
         )  # fmt: skip
         self.config = config
         self.src_embed = nn.Embedding(src_vocab, d_model)
@@ -318,6 +396,10 @@ class Transformer(nn.Module):
         # the positional encodings. (nn.Embedding's default N(0, 1) would drown the positions 11-fold at E=128.)
         for embedding in (self.src_embed, self.tgt_embed):
             nn.init.normal_(embedding.weight, std=d_model**-0.5)
+        if tie_embeddings:
+            self.tgt_embed.weight = self.src_embed.weight
+            self.output_proj.weight = self.src_embed.weight
+            nn.init.zeros_(self.output_proj.bias)
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -328,10 +410,10 @@ class Transformer(nn.Module):
     def _check_tokens(self, name: str, tokens: object, vocab: int, offset: int = 0) -> torch.Tensor:
         """Token ids ``(B, L)`` in ``[0, vocab)``, at positions ``offset .. offset + L - 1`` within ``max_len``."""
         check_token_ids(name, tokens)
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise ValueError(
-                f"`{name}` must hold ids in [0, {vocab}), received ids from {int(tokens.min())} to {int(tokens.max())}"
-            )
+        if tokens.numel():
+            low, high = torch.aminmax(tokens)
+            if int(low) < 0 or int(high) >= vocab:
+                raise ValueError(f"`{name}` must hold ids in [0, {vocab}), received ids from {int(low)} to {int(high)}")
         check_positions(name, offset, tokens.shape[1], self.config.max_len)
         return tokens
 
@@ -341,7 +423,7 @@ class Transformer(nn.Module):
         return key_mask
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        return self.positional(embedding(tokens) * math.sqrt(self.config.d_model), offset)  # (B, L, E)
+        return self.positional._forward(embedding(tokens) * math.sqrt(self.config.d_model), offset)  # (B, L, E)
 
     def _check_source(self, src: object, src_key_mask: object) -> torch.Tensor:
         src = self._check_tokens("src", src, self.config.src_vocab)
@@ -351,8 +433,10 @@ class Transformer(nn.Module):
     def encode(self, src: torch.Tensor, *, src_key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
         src = self._check_source(src, src_key_mask)
-        key_mask = self._key_mask(src, src_key_mask)
-        return self.encoder(self._embed(self.src_embed, src), key_mask=key_mask)
+        return self._encode(src, self._key_mask(src, src_key_mask))
+
+    def _encode(self, src: torch.Tensor, src_key_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.encoder._forward(self._embed(self.src_embed, src), _keys(src_key_mask))
 
     def decode(
         self,
@@ -378,15 +462,29 @@ class Transformer(nn.Module):
         check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
         check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], offset + tgt.shape[1])
         check_flag("return_weights", return_weights)
-        if tgt_key_mask is None and self.config.pad_id is not None and cache is None:
-            tgt_key_mask = padding_mask_from_tokens(tgt, self.config.pad_id)
-        hidden = self.decoder(
+        if cache is not None:
+            _check_decoder_cache_call(cache, self.decoder.layers, tgt.shape[0], tgt.shape[1], memory.shape[1])
+        if tgt_key_mask is None and cache is None:
+            tgt_key_mask = self._key_mask(tgt, None)
+        return self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
+
+    def _decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        memory_key_mask: torch.Tensor | None,
+        tgt_key_mask: torch.Tensor | None,
+        cache: DecoderCache | None,
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        offset = 0 if cache is None else cache.length
+        hidden = self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset),
             memory,
-            tgt_key_mask=tgt_key_mask,
-            memory_key_mask=memory_key_mask,
-            cache=cache,
-            return_weights=return_weights,
+            _keys(tgt_key_mask),
+            _keys(memory_key_mask),
+            cache,
+            return_weights,
         )
         if return_weights:
             return self.output_proj(hidden[0]), hidden[1]
@@ -406,13 +504,12 @@ class Transformer(nn.Module):
         check_same_batch(("src", "tgt"), (tuple(src.shape), tuple(tgt.shape)))
         check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], tgt.shape[1])
         src_key_mask = self._key_mask(src, src_key_mask)
-        memory = self.encode(src, src_key_mask=src_key_mask)
-        return self.decode(tgt, memory, memory_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask)
+        memory = self._encode(src, src_key_mask)
+        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
 
-    @torch.no_grad()
     def generate(
         self,
         src: torch.Tensor,
@@ -433,36 +530,35 @@ class Transformer(nn.Module):
         ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of recomputing the whole
         prefix; both give the same tokens.
         """
-        pad_id = pad_id if pad_id is not None else self.config.pad_id if self.config.pad_id is not None else eos_id
-        check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
+        pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
+        decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
         src = self._check_source(src, src_key_mask)
-        src_key_mask = self._key_mask(src, src_key_mask)
-        memory = self.encode(src, src_key_mask=src_key_mask)
-        batch = src.shape[0]
-        if beam_size > 1:  # row b * beam_size + j is beam j of sequence b
-            memory = memory.repeat_interleave(beam_size, dim=0)
-            src_key_mask = None if src_key_mask is None else src_key_mask.repeat_interleave(beam_size, dim=0)
-        state = {"memory": memory, "mask": src_key_mask, "cache": self.new_cache() if use_cache else None}
+        with torch.inference_mode():
+            src_key_mask = self._key_mask(src, src_key_mask)
+            memory = self._encode(src, src_key_mask)
+            # Buffers for every step up front: a cache growing by concatenation would reallocate them at each step.
+            session = _Decoding(self, memory, src_key_mask, self.new_cache(capacity=max_len) if use_cache else None)
+            tokens = decoding.generate(
+                session, src.shape[0], max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                beam_size=beam_size, length_penalty=length_penalty,
+            )  # fmt: skip
+        return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
-        def step(prefix: np.ndarray) -> np.ndarray:
-            tokens = torch.from_numpy(prefix).to(memory.device)
-            if use_cache:
-                tokens = tokens[:, state["cache"].length :]
-            logits = self.decode(tokens, state["memory"], memory_key_mask=state["mask"], cache=state["cache"])
-            return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu().numpy()  # (N, V)
 
-        def reorder(rows: np.ndarray) -> None:
-            index = torch.from_numpy(rows).to(memory.device)
-            state["memory"] = state["memory"].index_select(0, index)
-            if state["mask"] is not None:
-                state["mask"] = state["mask"].index_select(0, index)
-            if state["cache"] is not None:
-                state["cache"].reorder(index)
+class _Decoding(decoding.DecodingSession):
+    """One ``generate`` call of a PyTorch :class:`Transformer`."""
 
-        search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-        if beam_size == 1:
-            tokens = greedy_search(step, batch, **search)
-        else:
-            tokens = beam_search(step, reorder, batch, beam_size=beam_size, length_penalty=length_penalty, **search)
-        return torch.from_numpy(tokens).to(src.device)
+    def __init__(
+        self, model: Transformer, memory: torch.Tensor, memory_key_mask: torch.Tensor | None, cache: DecoderCache | None
+    ) -> None:
+        super().__init__(memory, memory_key_mask, cache)
+        self.model = model
+
+    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = torch.from_numpy(tokens).to(self.memory.device)
+        logits = self.model._decode(tokens, self.memory, self.memory_key_mask, None, self.cache)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu().numpy()  # (N, V)
+
+    def _take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+        return x.index_select(0, torch.from_numpy(rows).to(x.device))
