@@ -14,7 +14,8 @@ import pytest
 import torch
 from hypothesis import settings
 
-KERAS_TEST_FILES = ("test_keras_", "test_io")
+TESTS = Path(__file__).parent
+KERAS_TESTS = (TESTS / "keras", TESTS / "test_io.py")  # what `make test` runs once per Keras backend
 
 # Property tests: reproducible in CI (set CI=1): the same examples every run, no example database written (a
 # read-only checkout stays clean), and a failure prints the blob that replays it (@reproduce_failure).
@@ -27,7 +28,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that `make test` runs again under KERAS_BACKEND=torch."""
     for item in items:
-        if Path(str(item.fspath)).name.startswith(KERAS_TEST_FILES):
+        path = Path(str(item.fspath))
+        if any(path == place or place in path.parents for place in KERAS_TESTS):
             item.add_marker(pytest.mark.keras)
 
 

@@ -3,7 +3,7 @@
 Runs under every Keras backend. Errors are measured against float64 computed from the same half-precision values
 (``reference.attention`` and hand-written gradients) and compared with a plain implementation (einsum -> softmax
 -> einsum in the half dtype): ours may be at most 2x its error on outputs and 3x on gradients, plus a floor of
-``eps * max|reference|``. Half outputs with large logits and fully masked rows are in test_keras_functional.py;
+``eps * max|reference|``. Half outputs with large logits and fully masked rows are in keras/test_functional.py;
 this file adds gradients, the error budgets and determinism.
 
 Notation: B batch, H heads, Hkv key/value heads, Lq/Lk lengths, D head dim, eps the dtype's epsilon.
@@ -194,7 +194,7 @@ def test_half_precision_large_logits_and_fully_masked_rows(mask_kind: str, path:
     """Logits in the thousands (float16 holds at most 65504) and every 3rd row fully masked: finite outputs and
     gradients, zero output and zero query gradient on the masked rows, and the error budget elsewhere.
 
-    The floor is that of test_keras_functional.py's half outputs, 4 eps * max|expected|, normwise over the whole
+    The floor is that of keras/test_functional.py's half outputs, 4 eps * max|expected|, normwise over the whole
     gradient: rows one-hot to within e^-40 have true q/k gradients ~1e-20, far below any rounding of the rest.
     """
     config = Setup(2, 2, 12, 16, magnitude=40.0)

@@ -4,7 +4,7 @@ Errors are measured against float64 computed from the same half-precision values
 implementation (matmul -> softmax -> matmul entirely in the half dtype): ours may be at most 2x its error on
 outputs and 3x on gradients, plus a floor of ``eps * max|reference|`` (what rounding the result to the half dtype
 alone may cost: two half-ulps at the top of the range). The output budget of ``multihead.torch.attention`` without
-masks is in test_torch_functional.py; this file adds gradients, masks, causal, GQA, the module and large logits.
+masks is in torch/test_functional.py; this file adds gradients, masks, causal, GQA, the module and large logits.
 
 Notation: B batch, H heads, Hkv key/value heads, Lq/Lk lengths, D head dim, E d_model, eps the dtype's epsilon.
 """
@@ -176,7 +176,7 @@ def test_half_precision_large_logits_gradients(
     """Logits in the thousands; at m=80 the unscaled fp16 dot products pass 65504 and the plain fp16 version is
     inf/NaN, so only the floor remains.
 
-    The floor is the one test_torch_functional.py gives half outputs, 4 eps * max|expected|, taken normwise over
+    The floor is the one torch/test_functional.py gives half outputs, 4 eps * max|expected|, taken normwise over
     the whole gradient (q, k, v together). Per input it would be meaningless here: rows one-hot to within e^-40
     have true q/k gradients ~1e-20, and the plain baseline's error swings with such rows (on the same q, k, v it
     is 0.13 without the causal mask and 0.007 with it). Fused kernels compute the softmax backward as
