@@ -1,16 +1,16 @@
-"""Built-in tasks, TSV corpora and tokenizers."""
+"""Built-in tasks and the character and word tokenizers."""
 
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from multihead.app.tasks import TASKS, load_task
-from multihead.app.tasks.generated import number_words
-from multihead.app.tokenizers import BOS, EOS, PAD, UNK, Tokenizer
+from multihead.app.data import TASKS, load_task
+from multihead.app.generated import number_words
+from multihead.app.tokenizers import BOS, EOS, PAD, UNK
+from multihead.app.tokenizers import SymbolTokenizer as Tokenizer
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -55,42 +55,6 @@ def test_unknown_task() -> None:
         load_task("weather")
 
 
-def test_tsv_corpus(tmp_path: Path) -> None:
-    path = tmp_path / "corpus.tsv"
-    lines = [f"source {i}\ttarget {i}" for i in range(60)]
-    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
-    task = load_task(data=str(path), tokenizer="word")
-    assert task.tokenizer == "word"
-    heldout = set(task.heldout)
-    assert heldout
-    assert not heldout & set(task.batch(0, 0, 500))
-    assert len(heldout) + len({pair for pair in task.batch(0, 0, 2000)}) == 60
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ("a\tb\nno tab here\n", r"line 2: expected 'source<TAB>target', received 'no tab here'"),
-        ("a\tb\tc\n", r"line 1: expected"),
-        ("a\t \n", r"line 1: expected"),
-        ("\n\n", r"holds no 'source<TAB>target' lines"),
-    ],
-)
-def test_malformed_tsv(tmp_path: Path, content: str, message: str) -> None:
-    path = tmp_path / "bad.tsv"
-    path.write_text(content, encoding="utf-8")
-    with pytest.raises(ValueError, match=message):
-        load_task(data=str(path))
-
-
-def test_missing_and_binary_tsv(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="no such file"):
-        load_task(data=str(tmp_path / "absent.tsv"))
-    (tmp_path / "binary.tsv").write_bytes(b"\xff\xfe\x00a\tb")
-    with pytest.raises(ValueError, match="is not UTF-8 text"):
-        load_task(data=str(tmp_path / "binary.tsv"))
-
-
 @pytest.mark.parametrize("kind", ["char", "word"])
 def test_tokenizer_round_trip(kind: str) -> None:
     texts = ["the 4th of July 1976", "21 November 2026", "zebra"]
@@ -111,7 +75,7 @@ def test_tokenizer_unknown_symbols_and_stop_at_eos() -> None:
     assert unknown == ["z"]
     assert tokenizer.decode([*ids[:2], EOS, *ids[:2]]) == "ab"
     assert tokenizer.decode(ids) == "ab<unk>"
-    with pytest.raises(ValueError, match="tokenizer kind must be one of"):
+    with pytest.raises(ValueError, match="kind must be 'char' or 'word', received 'bytes'"):
         Tokenizer("bytes", [])
     with pytest.raises(ValueError, match="'kind' and 'symbols'"):
         Tokenizer.from_dict({"kind": "char"})

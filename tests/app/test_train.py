@@ -20,7 +20,7 @@ import torch
 import multihead.app.runs as runs
 from multihead.app.cli import main
 from multihead.app.runs import latest_checkpoint
-from multihead.app.train import TrainOptions, train
+from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
 from multihead.io import save_weights
 
@@ -50,7 +50,7 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path: Pa
     assert sorted(p.name for p in checkpoint.iterdir()) == [
         "config.json", "model.safetensors", "optimizer.safetensors", "tokenizer.json", "trainer.json",
     ]  # fmt: skip
-    assert Translator(tmp_path / "run").translate("abcd").target is not None
+    assert isinstance(Translator(tmp_path / "run").translate(["abcd"])[0], str)
     assert oct(checkpoint.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
 
 
@@ -105,14 +105,14 @@ def test_an_interrupted_save_is_never_picked_up(tmp_path: Path, monkeypatch: pyt
     before = latest_checkpoint(out)
     original = runs.save_checkpoint
 
-    def dies_while_writing(out_dir, step, writers):
+    def dies_while_writing(out_dir, name, writers, **kwargs):
         def broken(path: Path) -> None:
             path.write_bytes(b"half")
             raise KeyboardInterrupt  # as if killed here
 
-        return original(out_dir, step, {**writers, "trainer.json": broken})
+        return original(out_dir, name, {**writers, "trainer.json": broken}, **kwargs)
 
-    monkeypatch.setattr("multihead.app.train.save_checkpoint", dies_while_writing)
+    monkeypatch.setattr("multihead.app.training.save_checkpoint", dies_while_writing)
     with pytest.raises(KeyboardInterrupt):
         train(tiny(out, steps=6, resume=True))
     assert latest_checkpoint(out) == before
@@ -156,7 +156,7 @@ def test_translate_prints_and_plots(trained: Path, tmp_path: Path, capsys: pytes
 
 
 def test_translation_exposes_every_layer_and_head(trained: Path) -> None:
-    translation = Translator(trained).translate("21 Nov 2026")
+    translation = Translator(trained).attention("21 Nov 2026")
     assert len(translation.cross_attention) == 1  # one decoder layer
     heads, rows, columns = translation.cross_attention[0].shape
     assert (heads, columns) == (2, len("21 Nov 2026"))
@@ -166,7 +166,7 @@ def test_translation_exposes_every_layer_and_head(trained: Path) -> None:
 
 def test_unknown_characters_warn(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["translate", str(trained), "21 Novémber 2026"]) == 0
-    assert "warning: 'é' not in the training vocabulary, read as <unk>" in capsys.readouterr().err
+    assert "warning: text 1: 'é' not in the training vocabulary, read as <unk>" in capsys.readouterr().err
 
 
 def test_keras_framework_writes_the_same_run_format(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_keras_framework_writes_the_same_run_format(tmp_path: Path) -> None:
     assert json.loads((checkpoint / "trainer.json").read_text())["framework"] == "keras"
     resumed = train(tiny(tmp_path / "run", framework="keras", steps=6, checkpoint_every=2, resume=True))
     assert resumed.step == 6
-    assert Translator(tmp_path / "run").translate("abc").target is not None
+    assert isinstance(Translator(tmp_path / "run").translate(["abc"])[0], str)
 
 
 # --- data-parallel ---------------------------------------------------------------------------------------
@@ -229,14 +229,15 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def _damage(run: Path, tmp_path: Path, what: str) -> Path:
+    """A copy of ``run`` with every checkpoint damaged (one damaged checkpoint would be skipped for an older one)."""
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    checkpoint = latest_checkpoint(copy)
-    if what == "shape":
-        config = json.loads((checkpoint / "config.json").read_text())
-        (checkpoint / "config.json").write_text(json.dumps({**config, "d_ff": 48}))
-    else:
-        (checkpoint / "model.safetensors").write_bytes(b"\x80\x04not ours")
+    for checkpoint in (copy / "checkpoints").glob("step-*"):
+        if what == "shape":
+            config = json.loads((checkpoint / "config.json").read_text())
+            (checkpoint / "config.json").write_text(json.dumps({**config, "d_ff": 48}))
+        else:
+            (checkpoint / "model.safetensors").write_bytes(b"\x80\x04not ours")
     return copy
 
 
@@ -244,7 +245,7 @@ def _damage(run: Path, tmp_path: Path, what: str) -> Path:
     ("case", "message"),
     [
         ("unknown-task", "unknown task 'weather'"),
-        ("missing-tsv", "no such file"),
+        ("missing-tsv", "does not exist"),
         ("malformed-tsv", "line 2: expected 'source<TAB>target'"),
         ("unwritable-out", "cannot write to output directory"),
         ("existing-run", "already holds a run; pass --resume"),

@@ -1,19 +1,85 @@
 """What the command line says and how it exits: one-line errors with status 2, warnings, progress bars.
 
-User errors (bad arguments, unreadable data, a run that cannot be used) are one line on stderr in the user's own
-terms, with exit status 2 and nothing written; ``MULTIHEAD_DEBUG=1`` shows the traceback instead.
+A user error (a bad argument, unreadable data, a run that cannot be used) is a :class:`UserError`: one line on
+stderr in the user's own terms (the flags they typed), exit status 2, nothing written. ``MULTIHEAD_DEBUG=1`` shows
+the traceback instead. Under ``torchrun`` only rank 0 speaks.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import os
+import sys
+from typing import Any, NoReturn, TextIO
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
+class UserError(ValueError):
+    """Something the user can fix: reported as one line, exit status 2."""
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr with status 2, like every other user error; ``--help`` shows the usage."""
+    """Usage errors are one line on stderr with status 2, like every other user error; ``--help`` shows the usage.
+
+    Under ``torchrun`` only rank 0 prints it.
+    """
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n" if is_main_rank() else None)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def rank() -> int:
+    """This process's rank under ``torchrun`` (0 otherwise)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_rank() -> bool:
+    return rank() == 0
+
+
+def say(message: str, file: TextIO | None = None) -> None:
+    """Print on rank 0 only."""
+    if is_main_rank():
+        print(message, file=file or sys.stdout, flush=True)
+
+
+def warn(message: str) -> None:
+    say(f"warning: {message}", sys.stderr)
+
+
+def progress_bar(total: int | None, initial: int = 0, enabled: bool = True, unit: str = "step") -> Any:
+    """A tqdm bar on stderr (rank 0 only), redrawn at most every 30 s when stderr is not a terminal (a log file)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, initial=initial, disable=not enabled or not is_main_rank(), unit=unit, dynamic_ncols=True,
+        file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30.0, leave=sys.stderr.isatty(),
+    )  # fmt: skip
+
+
+def quiet_frameworks() -> None:
+    """Keep TensorFlow's and absl's start-up INFO lines (oneDNN notices and the like) out of the user's terminal.
+
+    Must run before TensorFlow is imported; a user's own TF_CPP_MIN_LOG_LEVEL wins.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    try:
+        import absl.logging
+    except ImportError:
+        return
+    absl.logging.set_verbosity(absl.logging.ERROR)

@@ -1,29 +1,63 @@
-"""Attention maps: every decoder layer's cross-attention, one heatmap per head."""
+"""Pictures of a run: every decoder layer's cross-attention (one heatmap per head), and its history.
+
+Subwords are merged back into words on the attention maps: a source word's column is the sum of its subwords'
+columns (the attention it receives), a target word's row the mean of its subwords' rows (each row sums to 1).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from multihead.app.translate import Translation
 from multihead.files import atomic_write, check_file_target
 
+__all__ = ["plot_cross_attention", "plot_history", "words"]
 
-def _label(token: str) -> str:
-    return {" ": "␣", "<eos>": "⟨eos⟩"}.get(token, token)
+SHOWN = {" ": "␣", "<eos>": "⟨eos⟩"}
 
 
-def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
-    """Save a grid of heatmaps (rows: layers, columns: heads) with source tokens across, target tokens down."""
-    path = check_file_target(path)
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    layers = translation.cross_attention
+    return plt
+
+
+def words(pieces: Sequence[str], starts: Sequence[bool]) -> list[tuple[str, list[int]]]:
+    """Group token positions into words: ``[(word, [positions])]``, subword marks removed."""
+    groups: list[tuple[str, list[int]]] = []
+    for position, (piece, start) in enumerate(zip(pieces, starts, strict=True)):
+        text = SHOWN.get(piece, piece.replace("▁", ""))
+        if start or not groups:
+            groups.append((text, [position]))
+        else:
+            word, positions = groups[-1]
+            groups[-1] = (word + text, [*positions, position])
+    return groups
+
+
+def merge_words(weights: np.ndarray, rows: list[list[int]], columns: list[list[int]]) -> np.ndarray:
+    """``(H, Lt, Ls)`` token attention → ``(H, rows, columns)`` word attention: columns summed, rows averaged."""
+    by_column = np.stack([weights[..., c].sum(-1) for c in columns], axis=-1)  # (H, Lt, words)
+    return np.stack([by_column[:, r].mean(1) for r in rows], axis=1)  # (H, words, words)
+
+
+def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
+    """Save a grid of heatmaps (rows: layers, columns: heads) with source words across, target words down."""
+    path = check_file_target(path)
+    plt = _pyplot()
+    source = words(translation.source_tokens, translation.source_word_starts)
+    target = words(translation.target_tokens, translation.target_word_starts)
+    layers = [merge_words(w, [p for _, p in target], [p for _, p in source]) for w in translation.cross_attention]
     heads = layers[0].shape[0]
-    width, height = len(translation.source_tokens), len(translation.target_tokens)
-    cell = 0.28
+    width, height = len(source), len(target)
+    cell = 0.28 if max(len(w) for w, _ in source) <= 2 else 0.45
     figure, axes = plt.subplots(
         len(layers), heads, squeeze=False,
         figsize=(max(3.0, heads * (width * cell + 1.0)), max(2.5, len(layers) * (height * cell + 1.2))),
@@ -32,14 +66,43 @@ def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
         for head in range(heads):
             axis = axes[layer][head]
             axis.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
-            axis.set_xticks(range(width), [_label(t) for t in translation.source_tokens], fontsize=7)
-            axis.set_yticks(range(height), [_label(t) for t in translation.target_tokens], fontsize=7)
+            axis.set_xticks(range(width), [w for w, _ in source], fontsize=7, rotation=90 if cell > 0.3 else 0)
+            axis.set_yticks(range(height), [w for w, _ in target], fontsize=7)
             axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
     figure.suptitle(f"{translation.source!r} → {translation.target!r}: cross-attention", fontsize=10)
     figure.tight_layout()
+    _save(figure, path)
+    return path
+
+
+def plot_history(history: dict[str, Any], path: str | Path) -> Path:
+    """Training loss (and validation loss) and the validation metric over steps."""
+    path = Path(path)
+    plt = _pyplot()
+    metric = history.get("metric", "bleu")
+    figure, loss_axis = plt.subplots(figsize=(7, 4))
+    steps, losses = zip(*history["losses"], strict=True) if history["losses"] else ((), ())
+    loss_axis.plot(steps, losses, color="tab:blue", linewidth=0.6, alpha=0.6, label="training loss")
+    evals = [e for e in history["evals"] if "checkpoint" not in e]
+    if any("valid_loss" in e for e in evals):
+        loss_axis.plot([e["step"] for e in evals], [e["valid_loss"] for e in evals], "o-", color="tab:purple",
+                       markersize=3, label="validation loss")  # fmt: skip
+    loss_axis.set_xlabel("step")
+    loss_axis.set_ylabel("loss per target token")
+    loss_axis.legend(loc="upper left", fontsize=8)
+    if evals:
+        score_axis = loss_axis.twinx()
+        score_axis.plot([e["step"] for e in evals], [e[metric] for e in evals], "s-", color="tab:red", markersize=3)
+        score_axis.set_ylabel({"bleu": "validation BLEU", "accuracy": "held-out exact match"}[metric], color="tab:red")
+    figure.tight_layout()
+    _save(figure, path)
+    return path
+
+
+def _save(figure: Any, path: Path) -> None:
+    plt = _pyplot()
     suffix = path.suffix or ".png"
     try:
         atomic_write(path, lambda tmp: figure.savefig(tmp, dpi=110, format=suffix.lstrip(".")))
     finally:
         plt.close(figure)  # pyplot keeps every open figure alive
-    return path

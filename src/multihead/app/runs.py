@@ -1,37 +1,80 @@
-"""Run directories and their checkpoints, written so that no crash can leave a checkpoint half-written.
+"""Run directories and their checkpoints: the one module that writes and reads the checkpoint format.
 
     runs/NAME/
       latest                       the name of the newest complete checkpoint
-      checkpoints/step-0000500/    config.json, model.safetensors, tokenizer.json, optimizer.safetensors,
-                                   trainer.json
+      best                         the checkpoint with the best validation BLEU (corpus runs)
+      history.json, history.png    loss and validation scores over the run
+      checkpoints/step-0000500/    config.json, model.safetensors, optimizer.safetensors, trainer.json,
+                                   tokenizer.json (+ subwords.json for a subword vocabulary)
+      checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
 
 A checkpoint is written into a hidden temporary directory, every file flushed to disk, then renamed into place in
-one step (swapped in one step with an earlier checkpoint of the same step); only then does ``latest`` (itself
+one step (swapped in one step with an earlier checkpoint of the same name); only then does ``latest`` (itself
 replaced atomically) point at it. A process killed at any moment leaves the previous checkpoint as the latest one;
-leftover temporary directories are never read, and are removed by the next save. Only the newest ``KEEP``
-checkpoints are kept; older ones are renamed to temporary directories before they are deleted.
+leftover temporary directories are never read, and are removed by the next save. Only the newest ``keep`` step
+checkpoints are kept, besides the one ``best`` names; older ones are renamed to temporary directories before they
+are deleted.
+
+A checkpoint is self-contained: translating needs nothing but it (never the training corpus).
+:func:`open_checkpoint` reads one and, for ``latest``, falls back to the newest intact one when the newest is
+damaged (truncated, corrupt or foreign files), warning once with the damaged file's name.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from multihead.app.console import UserError, warn
+from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
+from multihead.config import TransformerConfig
 from multihead.files import atomic_write, fsync_directory, replace_directory, umask_mode
+from multihead.io import read_config
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-KEEP = 2
-REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer.json")
+CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
+CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"
+TOKENIZER = "tokenizer.json"
+REQUIRED = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, TRAINER)  # what a step checkpoint holds, at least
+HISTORY = "history.json"
+FORMAT = 2  # of trainer.json
+FRAMEWORKS = ("torch", "keras")
+STEP_NAME = re.compile(r"step-(\d{7,})")
+
+Loaded = TypeVar("Loaded")
 
 
-class RunError(ValueError):
+class RunError(UserError):
     """A run directory that cannot be used: not ours, damaged, or not writable."""
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint holds besides its weights and optimizer state (which the trainer or translator loads)."""
+
+    path: Path
+    config: TransformerConfig
+    source: Tokenizer
+    target: Tokenizer
+    trainer: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return self.trainer["step"]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.trainer["options"]
+
+
+# --- writing ----------------------------------------------------------------------------------------------
 
 
 def check_writable(out: Path) -> None:
@@ -43,87 +86,74 @@ def check_writable(out: Path) -> None:
         raise RunError(f"cannot write to output directory {str(out)!r}: {error.strerror or error}") from None
 
 
-def save_checkpoint(out: Path, step: int, writers: Mapping[str, Callable[[Path], None]]) -> Path:
-    """Write one checkpoint: ``writers`` maps each file name to a function writing that file at the given path."""
+def write_json(values: Any) -> Callable[[Path], None]:
+    return lambda path: path.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def save_checkpoint(
+    out: Path,
+    name: str,
+    writers: Mapping[str, Callable[[Path], None]],
+    *,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``name`` (``step-N`` or ``average``): ``writers`` maps each file name to a function writing
+    that file at the given path; ``tokenizers`` adds their files. ``latest`` then names a new step checkpoint."""
     root = out / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:07d}-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
     try:
-        for name, write in writers.items():
-            write(staging / name)
-            with open(staging / name, "rb") as written:
-                os.fsync(written.fileno())
-        fsync_directory(staging)
+        for file_name, write in writers.items():
+            write(staging / file_name)
+        if tokenizers is not None:
+            save_tokenizers(*tokenizers, staging)
         for written in staging.iterdir():
+            with open(written, "rb") as handle:
+                os.fsync(handle.fileno())
             os.chmod(written, umask_mode())
+        fsync_directory(staging)
         os.chmod(staging, umask_mode(directory=True))
-        final = root / f"step-{step:07d}"
-        replace_directory(staging, final)  # a checkpoint of the same step is swapped out, whole, to `staging`
+        final = root / name
+        replace_directory(staging, final)  # a checkpoint of the same name is swapped out, whole, to `staging`
         fsync_directory(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    atomic_write(out / LATEST, lambda tmp: Path(tmp).write_text(final.name + "\n", encoding="utf-8"))
-    for old in sorted(root.glob("step-*"))[:-KEEP]:
+    if STEP_NAME.fullmatch(name):
+        point(out, LATEST, final.name)
+        _rotate(out, keep)
+    return final
+
+
+def point(out: Path, pointer: str, name: str) -> None:
+    """Make ``RUN/latest`` or ``RUN/best`` name checkpoint ``name`` (atomically)."""
+    atomic_write(out / pointer, lambda tmp: Path(tmp).write_text(name + "\n", encoding="utf-8"))
+
+
+def _rotate(out: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` step checkpoints and the one ``best`` names."""
+    protected = _pointed_at(out, BEST)
+    root = out / CHECKPOINTS
+    for old in _step_checkpoints(out)[:-keep]:
+        if old == protected:
+            continue
         # Renamed first, so that a kill while deleting leaves a temporary directory, not a partial checkpoint.
         doomed = root / f".tmp-{old.name}-removed"
         os.rename(old, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
-    return final
 
 
-def _complete(path: Path) -> bool:
-    return path.is_dir() and all((path / name).is_file() for name in REQUIRED)
+def write_history(out: Path, history: dict[str, Any]) -> None:
+    atomic_write(out / HISTORY, lambda tmp: write_json(history)(Path(tmp)))
 
 
-def _pointed_at(out: Path) -> Path | None:
-    """The checkpoint ``latest`` names, or ``None`` when it names none (missing, not text, not a checkpoint name)."""
-    try:
-        name = (out / LATEST).read_bytes().decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return out / CHECKPOINTS / name if name.startswith("step-") and Path(name).name == name else None
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or ``None`` if it has none.
-
-    The one ``latest`` names, when it is complete; otherwise (``latest`` damaged, or a kill between a checkpoint's
-    rename and the update of ``latest``) the newest complete one by step.
-    """
-    named = _pointed_at(out)
-    if named is not None and _complete(named):
-        return named
-    candidates = [path for path in sorted((out / CHECKPOINTS).glob("step-*")) if _complete(path)]
-    return candidates[-1] if candidates else None
-
-
-def incomplete_checkpoints(out: Path, newer_than: str = "") -> str:
-    """``'step-0000500 lacks model.safetensors; ...'`` for the checkpoint directories (after ``newer_than``) that
-    miss a file, or ``''``. Saving never leaves one (it renames whole directories), so these were damaged."""
-    return "; ".join(
-        f"{path.name} lacks {', '.join(name for name in REQUIRED if not (path / name).is_file())}"
-        for path in sorted((out / CHECKPOINTS).glob("step-*"))
-        if path.name > newer_than and not _complete(path)
-    )
-
-
-def require_checkpoint(out: Path) -> Path:
-    """The newest complete checkpoint of the run ``out``; a :class:`RunError` saying why there is none."""
-    if not out.exists():
-        raise RunError(f"{str(out)!r} does not exist")
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is None:
-        damaged = incomplete_checkpoints(out)
-        if damaged:
-            raise RunError(f"{str(out)!r} holds no complete checkpoint: {damaged}")
-        raise RunError(f"{str(out)!r} is not a multihead run: it holds no complete checkpoint")
-    return checkpoint
-
-
-def write_json(values: Any) -> Callable[[Path], None]:
-    return lambda path: path.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+# --- reading ----------------------------------------------------------------------------------------------
 
 
 def read_json(path: Path) -> Any:
@@ -131,3 +161,168 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RunError(f"{str(path)!r} is not a readable JSON file of a multihead run ({error})") from None
+
+
+def _step_checkpoints(out: Path) -> list[Path]:
+    root = out / CHECKPOINTS
+    return sorted(path for path in root.glob("step-*") if STEP_NAME.fullmatch(path.name) and path.is_dir())
+
+
+def _pointed_at(out: Path, pointer: str) -> Path | None:
+    """The checkpoint ``latest`` or ``best`` names, or ``None`` when it names none (missing, not text, not ours)."""
+    try:
+        name = (out / pointer).read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if (STEP_NAME.fullmatch(name) or name == AVERAGE) and (out / CHECKPOINTS / name).is_dir():
+        return out / CHECKPOINTS / name
+    return None
+
+
+def _is_step_value(entry: object) -> bool:
+    """``[step, value]``, as a training loss is recorded."""
+    if not isinstance(entry, list) or len(entry) != 2:
+        return False
+    step, value = entry
+    json_booleans = isinstance(step, bool) or isinstance(value, bool)
+    return isinstance(step, int) and isinstance(value, Real) and not json_booleans
+
+
+def _check_trainer(trainer: object, path: Path) -> dict[str, Any]:
+    """``trainer.json`` as the trainer writes it; a :class:`RunError` naming the file otherwise."""
+    if not isinstance(trainer, dict) or trainer.get("format") != FORMAT:
+        found = trainer.get("format") if isinstance(trainer, dict) else type(trainer).__name__
+        raise RunError(f"{str(path)!r} was not written by this version of multihead train (format {found!r})")
+    missing = sorted({"framework", "step", "options", "optimizer", "losses", "evals", "data"} - set(trainer))
+    options = trainer.get("options")
+    problem = None
+    if missing:
+        problem = f"it lacks {missing}"
+    elif trainer["framework"] not in FRAMEWORKS:
+        problem = f"framework {trainer['framework']!r} is not one of {FRAMEWORKS}"
+    elif isinstance(trainer["step"], bool) or not isinstance(trainer["step"], int) or trainer["step"] < 0:
+        problem = f"step {trainer['step']!r} is not a non-negative int"
+    elif not isinstance(options, dict) or not {"task", "data", "tokenizer"} <= set(options):
+        problem = "its options do not name the task, data and tokenizer"
+    elif not isinstance(trainer["optimizer"], dict):
+        problem = f"its optimizer is a {type(trainer['optimizer']).__name__}, not a JSON object"
+    elif not isinstance(trainer["losses"], list) or not all(_is_step_value(entry) for entry in trainer["losses"]):
+        problem = "losses is not a list of [step, value] pairs"
+    elif not isinstance(trainer["evals"], list) or not all(
+        isinstance(entry, dict) and isinstance(entry.get("step"), int) for entry in trainer["evals"]
+    ):
+        problem = "evals is not a list of evaluations"
+    if problem is not None:
+        raise RunError(f"{str(path)!r} is damaged: {problem}")
+    return trainer
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """A checkpoint's config, tokenizers and ``trainer.json``, each file checked and all checked against each
+    other; a :class:`RunError` naming the damaged file."""
+    trainer = _check_trainer(read_json(path / TRAINER), path / TRAINER)
+    try:
+        config = read_config(path / CONFIG)
+    except (TypeError, ValueError, OSError) as error:
+        raise RunError(str(error)) from None
+    try:
+        source, target = load_tokenizers(path)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    sizes = {"src_vocab": (len(source), config.src_vocab), "tgt_vocab": (len(target), config.tgt_vocab)}
+    for name, (symbols, vocabulary) in sizes.items():
+        if symbols != vocabulary:
+            raise RunError(
+                f"{str(path / 'tokenizer.json')!r} does not fit {str(path / CONFIG)!r}: "
+                f"{symbols} symbols for the model's {name}={vocabulary}"
+            )
+    if config.pad_id != PAD:
+        raise RunError(f"{str(path / CONFIG)!r} has pad_id={config.pad_id}, the tokenizers pad with {PAD}")
+    return Checkpoint(path, config, source, target, trainer)
+
+
+def has_checkpoints(out: Path) -> bool:
+    return bool(_step_checkpoints(out)) or _pointed_at(out, LATEST) is not None
+
+
+def check_run(out: Path) -> None:
+    """``out`` is an existing run directory; a :class:`RunError` in the user's terms otherwise."""
+    if not out.exists():
+        raise RunError(f"{str(out)!r} does not exist")
+    if not out.is_dir() or not (out / CHECKPOINTS).is_dir():
+        raise RunError(f"{str(out)!r} is not a multihead run: it has no {CHECKPOINTS}/ directory")
+
+
+def open_checkpoint(
+    out: Path, which: str | None, load: Callable[[Checkpoint], Loaded], doing: str = "using"
+) -> tuple[Checkpoint, Loaded]:
+    """Read the checkpoint ``which`` names and ``load`` it (the caller's loading of weights, optimizer state...).
+
+    ``which``: ``"latest"``, ``"best"``, ``"average"``, ``"step-N"`` (or just ``N``), or ``None`` for ``best`` when
+    the run has one, else ``latest``. Only ``latest`` falls back: when its checkpoint (or a file ``load`` reads) is
+    damaged, the newest intact one is used, with one warning naming what was damaged (``"{doing} step-N, the newest
+    intact checkpoint: ..."``). A chosen checkpoint that is damaged, or a run with no intact checkpoint, is refused
+    in one line.
+    """
+    check_run(out)
+    if which is None:
+        which = BEST if _pointed_at(out, BEST) is not None else LATEST
+    if which == LATEST:
+        candidates = _step_checkpoints(out)[::-1]
+        named = _pointed_at(out, LATEST)
+        if named is not None and named in candidates:  # normally the newest; first either way
+            candidates.remove(named)
+            candidates.insert(0, named)
+        if not candidates:
+            raise RunError(f"{str(out)!r} is not a multihead run: it holds no checkpoint")
+    else:
+        candidates = [_named_checkpoint(out, which)]
+    damaged = []
+    for path in candidates:
+        try:
+            checkpoint = read_checkpoint(path)
+            loaded = load(checkpoint)
+        except (RunError, ValueError, OSError) as error:
+            damaged.append(f"{path.name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+            continue
+        if damaged:
+            warn(f"{doing} {path.name}, the newest intact checkpoint: damaged {'; '.join(damaged)}")
+        return checkpoint, loaded
+    if which != LATEST:
+        raise RunError(f"checkpoint {which!r} of {str(out)!r} is damaged: {damaged[0].split(': ', 1)[1]}")
+    raise RunError(f"{str(out)!r} holds no intact checkpoint ({'; '.join(damaged)})")
+
+
+def _named_checkpoint(out: Path, which: str) -> Path:
+    """The checkpoint a ``--checkpoint`` value names, which must exist."""
+    if which in (BEST, AVERAGE):
+        path = _pointed_at(out, BEST) if which == BEST else out / CHECKPOINTS / AVERAGE
+        if path is None or not path.is_dir():
+            raise RunError(
+                f"{str(out)!r} has no {which} checkpoint (only corpus runs with validation BLEU have "
+                f"{'one' if which == BEST else 'an average, with --average'}); use --checkpoint latest"
+            )
+        return path
+    digits = which.removeprefix("step-")
+    if not digits.isdigit():
+        raise RunError(f"--checkpoint must be latest, best, average or step-N, received {which!r}")
+    path = out / CHECKPOINTS / checkpoint_name(int(digits))
+    if not path.is_dir():
+        kept = ", ".join(p.name for p in _step_checkpoints(out)) or "none"
+        raise RunError(f"{str(out)!r} has no checkpoint {path.name} (it keeps: {kept})")
+    return path
+
+
+def _complete(path: Path) -> bool:
+    """Whether a checkpoint has every file a save writes (a kill during a save leaves none that lacks one)."""
+    return all((path / name).is_file() for name in (CONFIG, WEIGHTS, TRAINER, TOKENIZER))
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The complete checkpoint ``latest`` names, else the newest complete one; ``None`` if there is none. (Whether
+    its files are intact is for :func:`open_checkpoint` to find out.)"""
+    named = _pointed_at(out, LATEST)
+    if named is not None and _complete(named):
+        return named
+    complete = [path for path in _step_checkpoints(out) if _complete(path)]
+    return complete[-1] if complete else None

@@ -1,52 +1,94 @@
-"""Character- and word-level tokenizers, saved with the model as JSON.
+"""Tokenizers: characters and words for the built-in tasks, learned subwords for real corpora.
 
-Ids 0-3 are the specials: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``; the rest is the vocabulary seen in training.
+Ids 0-3 are the specials of every tokenizer: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``.
+
+- ``char`` and ``word`` (whitespace) keep the vocabulary seen in training, saved as our own JSON.
+- ``subword``: byte-pair encoding learned with Hugging Face ``tokenizers`` (NFKC, words marked by ``▁`` and
+  punctuation split off, which is lossless: decoding gives back the text, spaces and all). It is saved in that
+  library's own ``tokenizer.json`` format. For a corpus the default is one joint vocabulary for both languages.
+
+A run keeps its tokenizers in every checkpoint: ``tokenizer.json`` names them (``{"source": ..., "target": ...}``),
+and each subword vocabulary is a file of its own beside it.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-KINDS = ("char", "word")
+KINDS = ("char", "word", "subword")
+MANIFEST = "tokenizer.json"
+
+__all__ = ["BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "SubwordTokenizer", "SymbolTokenizer", "Tokenizer"]
 
 
-class Tokenizer:
-    """Maps text to ids and back; ``kind`` is ``"char"`` (every character a token) or ``"word"`` (whitespace)."""
+class Tokenizer(Protocol):
+    """What training, translation and the plots need of a tokenizer."""
+
+    kind: str
+
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str) -> tuple[list[int], list[str]]:
+        """Ids of ``text`` (no BOS/EOS) and the pieces that were not in the vocabulary (read as ``<unk>``)."""
+        ...
+
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of many texts at once (unknown pieces read as ``<unk>`` silently)."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` up to the first ``<eos>``, without specials."""
+        ...
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """The token of each id, as it reads (for plots)."""
+        ...
+
+    def word_starts(self, ids: Sequence[int]) -> list[bool]:
+        """Whether each token begins a new word (subwords after the first continue it)."""
+        ...
+
+
+class SymbolTokenizer:
+    """Every character (``char``) or every whitespace-separated word (``word``) is a symbol of the vocabulary."""
 
     def __init__(self, kind: str, symbols: Iterable[str]) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"tokenizer kind must be one of {KINDS}, received {kind!r}")
+        if kind not in ("char", "word"):
+            raise ValueError(f"a symbol tokenizer's kind must be 'char' or 'word', received {kind!r}")
         self.kind = kind
         self.symbols = list(SPECIALS) + [s for s in dict.fromkeys(symbols) if s not in SPECIALS]
         self.ids = {symbol: index for index, symbol in enumerate(self.symbols)}
 
     @classmethod
-    def build(cls, kind: str, texts: Iterable[str]) -> Tokenizer:
+    def build(cls, kind: str, texts: Iterable[str]) -> SymbolTokenizer:
         """The vocabulary of ``texts``, in sorted order (so it does not depend on the order of the data)."""
         symbols = set()
         for text in texts:
-            symbols.update(cls.split_text(kind, text))
+            symbols.update(cls._split(kind, text))
         return cls(kind, sorted(symbols))
 
     @staticmethod
-    def split_text(kind: str, text: str) -> list[str]:
+    def _split(kind: str, text: str) -> list[str]:
         return list(text) if kind == "char" else text.split()
 
     def __len__(self) -> int:
         return len(self.symbols)
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
-        """Ids of ``text`` (no BOS/EOS) and the symbols that were not in the vocabulary (mapped to ``<unk>``)."""
-        pieces = self.split_text(self.kind, text)
+        pieces = self._split(self.kind, text)
         unknown = [piece for piece in pieces if piece not in self.ids]
         return [self.ids.get(piece, UNK) for piece in pieces], unknown
 
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text)[0] for text in texts]
+
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids`` up to the first ``<eos>``, without specials other than ``<unk>``."""
         pieces = []
         for index in ids:
             if index == EOS:
@@ -56,11 +98,17 @@ class Tokenizer:
             pieces.append(self.symbols[index] if 0 <= index < len(self.symbols) else SPECIALS[UNK])
         return ("" if self.kind == "char" else " ").join(pieces)
 
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.symbols[index] for index in ids]
+
+    def word_starts(self, ids: Sequence[int]) -> list[bool]:
+        return [True] * len(ids)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "symbols": self.symbols[len(SPECIALS) :]}
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Tokenizer:
+    def from_dict(cls, values: dict[str, Any]) -> SymbolTokenizer:
         """The tokenizer :meth:`to_dict` described; anything that would give other ids is refused."""
         if (
             not isinstance(values, dict)
@@ -78,3 +126,146 @@ class Tokenizer:
         if repeated:
             raise ValueError(f"a tokenizer's symbols must each appear once, received {repeated[:5]} more than once")
         return cls(values["kind"], symbols)
+
+
+class SubwordTokenizer:
+    """Byte-pair encoding learned with Hugging Face ``tokenizers``; decodes to plain text (no ``▁``)."""
+
+    kind = "subword"
+    MARK = "▁"  # begins every word
+
+    def __init__(self, model: Any) -> None:
+        self.model = model  # a tokenizers.Tokenizer
+        for index, special in enumerate(SPECIALS):
+            if model.token_to_id(special) != index:
+                raise ValueError(f"a subword vocabulary must give {special!r} the id {index}")
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> SubwordTokenizer:
+        from tokenizers import Tokenizer as HuggingFaceTokenizer
+        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+        model = HuggingFaceTokenizer(models.BPE(unk_token=SPECIALS[UNK]))
+        model.normalizer = normalizers.NFKC()
+        model.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")]
+        )
+        model.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False)
+        model.train_from_iterator(texts, trainer)
+        return cls(model)
+
+    def __len__(self) -> int:
+        return self.model.get_vocab_size()
+
+    def encode(self, text: str) -> tuple[list[int], list[str]]:
+        encoding = self.model.encode(text, add_special_tokens=False)
+        normalized = self.model.normalizer.normalize_str(text)
+        unknown = [
+            normalized[start:end]
+            for index, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
+            if index == UNK
+        ]
+        return encoding.ids, unknown
+
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self.model.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        kept = []
+        for index in ids:
+            if index == EOS:
+                break
+            kept.append(index)
+        return self.model.decode(kept, skip_special_tokens=True)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.model.id_to_token(index) for index in ids]
+
+    def word_starts(self, ids: Sequence[int]) -> list[bool]:
+        """A token starts a word when it carries the word mark, or when it is punctuation split off a word."""
+        starts = []
+        for piece in self.pieces(ids):
+            starts.append(piece.startswith(self.MARK) or piece in SPECIALS or not piece[:1].isalnum())
+        return starts
+
+    def to_json(self) -> str:
+        return self.model.to_str()
+
+    @classmethod
+    def from_json(cls, text: str) -> SubwordTokenizer:
+        from tokenizers import Tokenizer as HuggingFaceTokenizer
+
+        try:
+            model = HuggingFaceTokenizer.from_str(text)
+        except Exception as error:  # the library raises a bare Exception for malformed files
+            raise ValueError(f"not a Hugging Face tokenizers file ({str(error).splitlines()[0]})") from None
+        return cls(model)
+
+
+def build_tokenizers(
+    kind: str, sources: Sequence[str], targets: Sequence[str], *, vocab_size: int, joint: bool
+) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers learned on training texts (one shared object when ``joint``)."""
+    if kind == "subword":
+        if joint:
+            shared = SubwordTokenizer.train([*sources, *targets], vocab_size)
+            return shared, shared
+        return SubwordTokenizer.train(sources, vocab_size), SubwordTokenizer.train(targets, vocab_size)
+    if joint:
+        shared = SymbolTokenizer.build(kind, [*sources, *targets])
+        return shared, shared
+    return SymbolTokenizer.build(kind, sources), SymbolTokenizer.build(kind, targets)
+
+
+def subword_file(side: str, joint: bool) -> str:
+    return "subwords.json" if joint else f"subwords.{side}.json"
+
+
+def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> list[str]:
+    """Write the manifest and any subword vocabulary into ``directory``; return the file names written."""
+    joint = source is target
+    manifest, written = {}, [MANIFEST]
+    for side, tokenizer in (("source", source), ("target", target)):
+        if isinstance(tokenizer, SubwordTokenizer):
+            name = subword_file(side, joint)
+            manifest[side] = {"kind": "subword", "file": name}
+            if name not in written:
+                (directory / name).write_text(tokenizer.to_json(), encoding="utf-8")
+                written.append(name)
+        else:
+            manifest[side] = tokenizer.to_dict()
+    manifest["joint"] = joint
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return written
+
+
+def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
+    """The tokenizers :func:`save_tokenizers` wrote; ``ValueError`` naming the damaged file otherwise."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable tokenizer manifest ({error})") from None
+    if not isinstance(manifest, dict) or not {"source", "target"} <= set(manifest):
+        raise ValueError(f"{str(path)!r} must be a JSON object with 'source' and 'target' tokenizers")
+    loaded: dict[str, Tokenizer] = {}
+    sides = {}
+    for side in ("source", "target"):
+        entry = manifest[side]
+        if isinstance(entry, dict) and entry.get("kind") == "subword":
+            name = entry.get("file")
+            if not isinstance(name, str) or Path(name).name != name:
+                raise ValueError(f"{str(path)!r} names no subword file for the {side}")
+            if name not in loaded:
+                try:
+                    loaded[name] = SubwordTokenizer.from_json((directory / name).read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, ValueError) as error:
+                    raise ValueError(f"{str(directory / name)!r} is damaged: {error}") from None
+            sides[side] = loaded[name]
+        else:
+            try:
+                sides[side] = SymbolTokenizer.from_dict(entry)
+            except ValueError as error:
+                raise ValueError(f"{str(path)!r} is damaged: {error}") from None
+    return sides["source"], sides["target"]

@@ -1,142 +1,116 @@
-"""The Keras training path: the same data, schedule and run directory as the PyTorch loop, through ``model.fit``.
+"""The Keras trainer under :mod:`multihead.app.training`: the same data, schedule, records and run directory as the
+PyTorch one, one compiled ``train_on_batch`` step at a time, on any Keras backend.
 
-``fit`` runs in chunks of ``checkpoint_every`` steps; a checkpoint (weights in the shared safetensors layout,
-the optimizer's variables, the step) is written after each chunk. Ctrl-C and ``--minutes`` stop ``fit`` at the
-next batch boundary, and the steps done so far are saved.
+The loss is the PyTorch trainer's: cross-entropy with label smoothing, summed over target tokens (padding
+excluded) and divided by their number. Gradients are clipped by their global norm, as
+``torch.nn.utils.clip_grad_norm_`` does.
+
+Notation: B batch, Lt target length, V target vocabulary.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
+from keras import ops
 
-from multihead.app.runs import RunError, check_writable, save_checkpoint
+from multihead.app.batching import Batch
+from multihead.app.runs import OPTIMIZER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
-from multihead.app.train import (
-    Interrupt,
-    Result,
-    TrainOptions,
-    checkpoint_files,
-    encode_batch,
-    exact_match,
-    prepare,
-    read_optimizer_state,
-)
+from multihead.config import TransformerConfig
+from multihead.io import load_weights, read_weights, save_weights
+from multihead.keras import Transformer
 
 
-def _restore_keras_optimizer(optimizer: Any, meta: dict[str, Any], checkpoint: Path) -> None:
-    """Assign a checkpoint's optimizer variables; a :class:`RunError`, with nothing assigned, if they do not fit."""
-    saved = read_optimizer_state(checkpoint)
-    expected = {f"keras.{index}": tuple(variable.shape) for index, variable in enumerate(optimizer.variables)}
-    stored = {name: tuple(value.shape) for name, value in saved.items()}
-    if meta.get("variables") != len(expected) or stored != expected:
-        raise RunError(
-            f"cannot resume: {str(checkpoint / 'optimizer.safetensors')!r} does not hold this model's "
-            f"{len(expected)} optimizer variables (trainer.json counts {meta.get('variables')!r})"
-        )
-    for index, variable in enumerate(optimizer.variables):
-        variable.assign(saved[f"keras.{index}"])
+def token_loss(label_smoothing: float) -> Any:
+    """Mean per target token of the (label-smoothed) cross-entropy, padding excluded."""
+
+    def loss(targets: Any, logits: Any) -> Any:
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B, Lt, V)
+        targets = ops.cast(targets, "int32")
+        picked = ops.take_along_axis(log_probs, ops.expand_dims(targets, -1), axis=-1)[..., 0]  # (B, Lt)
+        per_token = -(1.0 - label_smoothing) * picked - label_smoothing * ops.mean(log_probs, axis=-1)
+        real = ops.cast(ops.not_equal(targets, PAD), "float32")
+        return ops.sum(per_token * real) / ops.maximum(ops.sum(real), 1.0)
+
+    return loss
 
 
-def train_keras(options: TrainOptions) -> Result:
-    import keras
-    import safetensors.numpy
-    from keras import ops
-    from tqdm import tqdm
+class KerasTrainer:
+    framework = "keras"
 
-    from multihead.io import load_weights, save_weights
-    from multihead.keras import Transformer
+    def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        keras.utils.set_random_seed(options["seed"])
+        self.model = Transformer.from_config(config)
+        self.model.build()
+        self.configure(options)
+        if checkpoint is not None:
+            load_weights(self.model, checkpoint.path / WEIGHTS)
+            self._restore_optimizer(checkpoint)
 
-    setup, trainer, checkpoint = prepare(options)
-    check_writable(Path(options.out))
-    keras.utils.set_random_seed(options.seed)
-
-    class Schedule(keras.optimizers.schedules.LearningRateSchedule):
-        def __call__(self, step: Any) -> Any:
-            step = ops.maximum(ops.cast(step, "float32") + 1.0, 1.0)
-            return options.lr * ops.minimum(step / options.warmup, ops.sqrt(options.warmup / step))
-
-    model = Transformer.from_config(setup.config)
-    model.build()
-    optimizer = keras.optimizers.Adam(Schedule(), beta_1=0.9, beta_2=0.98, epsilon=1e-9)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD)
-    model.compile(optimizer=optimizer, loss=loss)
-    optimizer.build(model.trainable_variables)
-    step, history = 0, {"losses": [], "evals": []}
-    if checkpoint is not None:
-        load_weights(model, checkpoint / "model.safetensors")
-        _restore_keras_optimizer(optimizer, trainer["optimizer"], checkpoint)
-        step, history = trainer["step"], {"losses": trainer["losses"], "evals": trainer["evals"]}
-    total = options.steps if options.steps is not None else sys.maxsize
-    deadline = None if options.minutes is None else time.monotonic() + 60 * options.minutes
-
-    class Batches(keras.utils.PyDataset):
-        def __init__(self, start: int, count: int) -> None:
-            super().__init__()
-            self.start, self.count = start, count
-
-        def __len__(self) -> int:
-            return self.count
-
-        def __getitem__(self, index: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
-            pairs = setup.dataset.batch(options.seed, self.start + index, options.batch_size)
-            src, tgt_in, tgt_out = (a.astype("int32") for a in encode_batch(pairs, setup.source, setup.target))
-            return (src, tgt_in), tgt_out
-
-    progress = tqdm(
-        total=None if options.steps is None else total, initial=step, disable=not options.progress,
-        unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30.0,
-    )  # fmt: skip
-
-    def generate(src: np.ndarray, max_len: int) -> np.ndarray:
-        return model.generate(ops.convert_to_tensor(src.astype("int32")), max_len=max_len, bos_id=BOS, eos_id=EOS)
-
-    def save() -> None:
-        tensors = {f"keras.{i}": np.asarray(ops.convert_to_numpy(v)) for i, v in enumerate(optimizer.variables)}
-        save_checkpoint(
-            Path(options.out),
-            step,
-            checkpoint_files(
-                setup, options, step, history, lambda path: save_weights(model, path),
-                lambda path: safetensors.numpy.save_file(tensors, str(path)), {"variables": len(tensors)},
-            ),
+    def configure(self, options: dict[str, Any]) -> None:
+        """(Re)compile with the options that may change on resume (gradient clipping, label smoothing)."""
+        previous = getattr(self, "optimizer", None)
+        self.optimizer = keras.optimizers.Adam(
+            learning_rate=options["lr"], beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+            global_clipnorm=options["clip"] or None,
         )  # fmt: skip
+        self.optimizer.build(self.model.trainable_variables)
+        if previous is not None:  # keep the moments and the step count through a recompile
+            for mine, theirs in zip(self.optimizer.variables, previous.variables, strict=True):
+                mine.assign(theirs)
+        self.model.compile(optimizer=self.optimizer, loss=token_loss(options["label_smoothing"]))
 
-    interrupted = False
-    with Interrupt() as interrupt:
+    def pad_to(self) -> int:
+        return 8
 
-        class Watch(keras.callbacks.Callback):
-            done = 0
+    def train_step(self, batch: Batch, lr: float) -> float:
+        self.optimizer.learning_rate.assign(lr)
+        src, tgt_in, tgt_out = (a.astype("int32") for a in (batch.src, batch.tgt_in, batch.tgt_out))
+        return float(self.model.train_on_batch((src, tgt_in), tgt_out))
 
-            def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-                self.done = batch + 1
-                progress.update(1)
-                progress.set_postfix(loss=f"{(logs or {}).get('loss', float('nan')):.4f}", refresh=False)
-                if interrupt.requested or (deadline is not None and time.monotonic() >= deadline):
-                    self.model.stop_training = True
+    def loss_sum(self, batch: Batch) -> float:
+        logits = self.model((batch.src.astype("int32"), batch.tgt_in.astype("int32")), training=False)
+        log_probs = np.asarray(ops.convert_to_numpy(ops.log_softmax(ops.cast(logits, "float32"), axis=-1)))
+        picked = np.take_along_axis(log_probs, batch.tgt_out[..., None], axis=-1)[..., 0]  # (B, Lt)
+        return float(-(picked * (batch.tgt_out != PAD)).sum())
 
-        while step < total and not interrupted:
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            count = min(options.checkpoint_every - step % options.checkpoint_every, total - step)
-            watch = Watch()
-            fitted = model.fit(Batches(step, count), epochs=1, verbose=0, callbacks=[watch], shuffle=False)
-            previous, step = step, step + watch.done
-            # fit reports the mean loss over the chunk's batches
-            history["losses"].append([step, float(fitted.history["loss"][-1])])
-            interrupted = interrupt.requested
-            if step // options.eval_every > previous // options.eval_every:
-                accuracy = exact_match(generate, setup, setup.dataset.heldout[: options.eval_examples])
-                history["evals"].append([step, accuracy])
-                progress.write(f"step {step}: loss {history['losses'][-1][1]:.4f}, held-out exact match {accuracy:.3f}")
-            save()
-    progress.close()
-    if step == 0 or (history["losses"] and history["losses"][-1][0] != step) or not history["losses"]:
-        save()
-    accuracy = None if interrupted else exact_match(generate, setup, setup.dataset.heldout)
-    losses = [tuple(x) for x in history["losses"]]
-    return Result(step, accuracy, len(setup.dataset.heldout), interrupted, losses, model)
+    def generate(self, src: np.ndarray, max_len: int) -> np.ndarray:
+        return self.model.generate(src.astype("int32"), max_len=max_len, bos_id=BOS, eos_id=EOS)
+
+    def agree(self, flag: bool) -> bool:
+        return flag
+
+    def write_weights(self, path: Path) -> None:
+        save_weights(self.model, path)
+
+    def load_weights(self, path: Path) -> None:
+        load_weights(self.model, path)
+
+    def write_optimizer(self, path: Path) -> dict[str, Any]:
+        import safetensors.numpy
+
+        tensors = {f"keras.{i}": np.asarray(ops.convert_to_numpy(v)) for i, v in enumerate(self.optimizer.variables)}
+        safetensors.numpy.save_file(tensors, str(path))
+        return {"variables": len(tensors)}
+
+    def _restore_optimizer(self, checkpoint: Checkpoint) -> None:
+        """Assign a checkpoint's optimizer variables; a :class:`RunError`, with nothing assigned, if they do not fit."""
+        path = checkpoint.path / OPTIMIZER
+        try:
+            saved = read_weights(path)
+        except (FileNotFoundError, ValueError) as error:
+            raise RunError(f"cannot resume: {error}") from None
+        expected = {f"keras.{index}": tuple(variable.shape) for index, variable in enumerate(self.optimizer.variables)}
+        stored = {name: tuple(value.shape) for name, value in saved.items()}
+        count = checkpoint.trainer["optimizer"].get("variables")
+        if count != len(expected) or stored != expected:
+            raise RunError(
+                f"cannot resume: {str(path)!r} does not hold this model's {len(expected)} optimizer variables "
+                f"(trainer.json counts {count!r})"
+            )
+        for index, variable in enumerate(self.optimizer.variables):
+            variable.assign(saved[f"keras.{index}"])

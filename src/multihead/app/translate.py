@@ -1,62 +1,164 @@
-"""Translating with a trained run, and what its cross-attention looked at."""
+"""Translating with a trained run: many sentences in length-sorted batches, and one sentence's cross-attention.
+
+The run's checkpoint holds everything needed (config, weights, tokenizers): the training corpus is never read.
+Every input is checked before any is translated, so a bad line stops the command before it prints anything.
+
+Notation: B batch, Ls source length, T generated length, H heads, Lt target length.
+"""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from multihead.app.runs import require_checkpoint
-from multihead.app.tokenizers import BOS, EOS, SPECIALS
-from multihead.app.train import load_setup
+from multihead.app.console import UserError, progress_bar, warn
+from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
+from multihead.app.tokenizers import BOS, EOS, PAD
+
+Ids = list[int]
+Generate = Callable[[np.ndarray, int], np.ndarray]  # src (B, Ls), max_len -> tokens (B, T)
+BATCH_TOKENS = 6000
+"""Source tokens per translation batch (times the beam): large batches amortise each decoding step's fixed cost."""
 
 
 @dataclass
 class Translation:
+    """One sentence, its translation, their tokens, and every decoder layer's cross-attention ``(H, Lt, Ls)``."""
+
     source: str
     target: str
     source_tokens: list[str]
     target_tokens: list[str]
-    cross_attention: list[np.ndarray]  # per decoder layer, (H, Lt, Ls)
+    source_word_starts: list[bool]
+    target_word_starts: list[bool]
+    cross_attention: list[np.ndarray]
+
+
+def length_limit(source_length: int, longest_target: int, model_max_len: int) -> int:
+    """How many tokens a translation of ``source_length`` tokens may take: what training saw, or twice the source
+    for longer inputs, within the positions the model has."""
+    return max(1, min(model_max_len - 1, max(longest_target + 1, 2 * source_length + 10)))
+
+
+def translate_ids(
+    generate: Generate,
+    sources: Sequence[Ids],
+    *,
+    limit: Callable[[int], int],
+    batch_tokens: int = BATCH_TOKENS,
+    progress: bool = False,
+) -> list[Ids]:
+    """Translate token-id sequences in batches of similar length; the results come back in input order, each cut
+    at its first EOS (included)."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[Ids] = [[] for _ in sources]
+    bar = progress_bar(len(sources), enabled=progress, unit="sentence")
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and (stop + 1 - start) * len(sources[order[stop]]) <= batch_tokens:
+            stop += 1
+        rows = order[start:stop]
+        longest = len(sources[rows[-1]])
+        src = np.full((len(rows), longest), PAD, dtype=np.int64)  # (B, Ls)
+        for row, index in enumerate(rows):
+            src[row, : len(sources[index])] = sources[index]
+        for row, tokens in zip(rows, generate(src, limit(longest)), strict=True):
+            tokens = tokens.tolist()
+            results[row] = tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+        bar.update(len(rows))
+        start = stop
+    bar.close()
+    return results
 
 
 class Translator:
-    """A run's latest checkpoint, loaded in PyTorch, ready to translate."""
+    """A run's checkpoint, loaded in PyTorch (whatever trained it), ready to translate."""
 
-    def __init__(self, run: str | Path) -> None:
+    def __init__(self, run: str | Path, checkpoint: str | None = None) -> None:
         import torch
 
         from multihead.io import load_weights
         from multihead.torch import Transformer
 
-        checkpoint = require_checkpoint(Path(run))
-        self.setup, _ = load_setup(checkpoint)
-        self.model = Transformer.from_config(self.setup.config).eval()
-        load_weights(self.model, checkpoint / "model.safetensors")
+        def load(found: Checkpoint) -> Any:
+            model = Transformer.from_config(found.config).eval()
+            load_weights(model, found.path / WEIGHTS)
+            return model
+
+        self.checkpoint, self.model = open_checkpoint(Path(run), checkpoint, load)
+        self.source, self.target = self.checkpoint.source, self.checkpoint.target
+        self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
         self.torch = torch
 
-    def translate(self, text: str, *, beam: int = 1, max_len: int | None = None) -> Translation:
+    def _encode(self, texts: Sequence[str], names: Sequence[str]) -> list[Ids]:
+        """Every text's ids, checked all together before anything is translated."""
+        encoded = []
+        max_len = self.checkpoint.config.max_len
+        for text, name in zip(texts, names, strict=True):
+            if not text.strip():
+                raise UserError(f"nothing to translate: {name} is empty")
+            ids, unknown = self.source.encode(text)
+            if len(ids) > max_len:
+                raise UserError(f"{name} is {len(ids)} tokens long; this model reads at most {max_len}")
+            if unknown:
+                shown = ", ".join(repr(piece) for piece in dict.fromkeys(unknown))
+                warn(f"{name}: {shown} not in the training vocabulary, read as <unk>")
+            encoded.append(ids)
+        return encoded
+
+    def _limit(self, source_length: int) -> int:
+        return length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
+
+    def generate(self, beam: int = 1, length_penalty: float = 0.6) -> Generate:
         torch = self.torch
-        ids, unknown = self.setup.source.encode(text)
-        if unknown:
-            shown = "".join(dict.fromkeys(unknown)) if self.setup.source.kind == "char" else " ".join(unknown)
-            print(f"warning: {shown!r} not in the training vocabulary, read as {SPECIALS[3]}", file=sys.stderr)
-        if not ids:
-            raise ValueError("nothing to translate: the text is empty")
-        limit = max_len or self.setup.config.max_len - 1
+
+        def generate(src: np.ndarray, max_len: int) -> np.ndarray:
+            out = self.model.generate(
+                torch.from_numpy(src), max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam,
+                length_penalty=length_penalty,
+            )  # fmt: skip
+            return out.numpy()
+
+        return generate
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        *,
+        beam: int = 1,
+        length_penalty: float = 0.6,
+        names: Sequence[str] | None = None,
+        progress: bool = False,
+    ) -> list[str]:
+        """Translations of ``texts``, in order. ``names`` say how errors and warnings refer to each text."""
+        names = names or [f"text {i + 1}" for i in range(len(texts))]
+        sources = self._encode(texts, names)
+        outputs = translate_ids(
+            self.generate(beam, length_penalty), sources, limit=self._limit, batch_tokens=BATCH_TOKENS // beam,
+            progress=progress,
+        )  # fmt: skip
+        return [self.target.decode(ids) for ids in outputs]
+
+    def attention(self, text: str, *, beam: int = 1, length_penalty: float = 0.6) -> Translation:
+        """One sentence's translation with every decoder layer's cross-attention."""
+        torch = self.torch
+        (ids,) = self._encode([text], ["the text"])
+        (out,) = translate_ids(self.generate(beam, length_penalty), [ids], limit=self._limit)
         src = torch.tensor([ids])
-        out = self.model.generate(src, max_len=limit, bos_id=BOS, eos_id=EOS, beam_size=beam)[0].tolist()
-        generated = out[: out.index(EOS) + 1] if EOS in out else out
         with torch.no_grad():
             memory = self.model.encode(src)
-            _, weights = self.model.decode(torch.tensor([[BOS, *generated[:-1]]]), memory, return_weights=True)
-        target = self.setup.target
+            _, weights = self.model.decode(torch.tensor([[BOS, *out[:-1]]]), memory, return_weights=True)
         return Translation(
             source=text,
-            target=target.decode(generated),
-            source_tokens=[self.setup.source.symbols[i] for i in ids],
-            target_tokens=[target.symbols[i] for i in generated],
-            cross_attention=[w[0].numpy() for w in weights],
+            target=self.target.decode(out),
+            source_tokens=self.source.pieces(ids),
+            target_tokens=self.target.pieces(out),
+            source_word_starts=self.source.word_starts(ids),
+            target_word_starts=self.target.word_starts(out),
+            cross_attention=[w[0].numpy() for w in weights],  # per layer (H, Lt, Ls)
         )

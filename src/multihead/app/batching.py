@@ -1,0 +1,123 @@
+"""Batches: token ids padded into arrays, and the order a corpus is trained in.
+
+A built-in task draws a fresh batch of ``batch_size`` sentences at every step. A corpus is trained epoch by
+epoch in batches of at most ``batch_tokens`` padded tokens: each epoch sorts the sentences by length (ties broken
+at random), cuts the sorted list into batches, and shuffles the batches, so that a batch wastes little on padding
+and the order differs between epochs. Everything is drawn from RNGs seeded with ``(seed, step)`` or
+``(seed, epoch)``, so a resumed run replays the batches an uninterrupted one would have seen.
+
+Notation: B batch, Ls source length, Lt target length (with BOS or EOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from multihead.app.tokenizers import BOS, EOS, PAD
+
+Ids = list[int]
+
+
+@dataclass
+class Batch:
+    """``src (B, Ls)``, ``tgt_in (B, Lt)`` = BOS + target, ``tgt_out (B, Lt)`` = target + EOS, padded with PAD."""
+
+    src: np.ndarray
+    tgt_in: np.ndarray
+    tgt_out: np.ndarray
+
+    @property
+    def target_tokens(self) -> int:
+        """The tokens the loss is taken over (not padding)."""
+        return int((self.tgt_out != PAD).sum())
+
+    def rows(self, start: int, step: int) -> Batch:
+        """Rows ``start::step`` (a data-parallel rank's share)."""
+        return Batch(self.src[start::step], self.tgt_in[start::step], self.tgt_out[start::step])
+
+
+def round_up(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def make_batch(sources: Sequence[Ids], targets: Sequence[Ids], pad_to: int = 1) -> Batch:
+    """Padded arrays of ``sources`` and ``targets``; lengths rounded up to a multiple of ``pad_to`` (fewer distinct
+    shapes, for frameworks that compile one program per shape)."""
+    length_src = round_up(max(map(len, sources)), pad_to)
+    length_tgt = round_up(max(map(len, targets)) + 1, pad_to)
+    src = np.full((len(sources), length_src), PAD, dtype=np.int64)
+    tgt_in = np.full((len(targets), length_tgt), PAD, dtype=np.int64)
+    tgt_out = np.full_like(tgt_in, PAD)
+    for row, (s, t) in enumerate(zip(sources, targets, strict=True)):
+        src[row, : len(s)] = s
+        tgt_in[row, : len(t) + 1] = [BOS, *t]
+        tgt_out[row, : len(t) + 1] = [*t, EOS]
+    return Batch(src, tgt_in, tgt_out)
+
+
+def padded_tokens(sources: Sequence[Ids], targets: Sequence[Ids], rows: Sequence[int]) -> int:
+    """What a batch of ``rows`` costs: rows times its longer padded side."""
+    longest = max(max(len(sources[i]), len(targets[i]) + 1) for i in rows)
+    return len(rows) * longest
+
+
+def length_batches(sources: Sequence[Ids], targets: Sequence[Ids], order: Sequence[int], max_tokens: int) -> list[Ids]:
+    """Cut ``order`` (indices, sorted by length) into consecutive batches of at most ``max_tokens`` padded tokens."""
+    batches, current, longest = [], [], 0
+    for index in order:
+        length = max(len(sources[index]), len(targets[index]) + 1)
+        if current and (len(current) + 1) * max(longest, length) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class CorpusBatches:
+    """The training batches of a corpus, step by step over shuffled, length-bucketed epochs."""
+
+    def __init__(self, sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, seed: int) -> None:
+        self.sources, self.targets = sources, targets
+        self.max_tokens, self.seed = max_tokens, seed
+        self._epoch, self._first_step, self._batches = -1, 0, []
+
+    def _layout(self, epoch: int) -> list[Ids]:
+        rng = np.random.default_rng([self.seed, epoch])
+        lengths = np.array([max(len(s), len(t) + 1) for s, t in zip(self.sources, self.targets, strict=True)])
+        order = np.lexsort((rng.random(len(lengths)), lengths))  # by length, ties at random
+        batches = length_batches(self.sources, self.targets, order.tolist(), self.max_tokens)
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def epoch_of(self, step: int) -> float:
+        """Epochs completed at optimizer step ``step`` (fractional)."""
+        self.rows(step)
+        return self._epoch + (step - self._first_step) / len(self._batches)
+
+    def rows(self, step: int) -> Ids:
+        """The sentence indices of the batch at ``step`` (0-based)."""
+        if step < self._first_step:
+            self._epoch, self._first_step, self._batches = -1, 0, []
+        while step >= self._first_step + len(self._batches):
+            self._first_step += len(self._batches)
+            self._epoch += 1
+            self._batches = self._layout(self._epoch)
+        return self._batches[step - self._first_step]
+
+    def batch(self, step: int, pad_to: int = 1) -> Batch:
+        rows = self.rows(step)
+        return make_batch([self.sources[i] for i in rows], [self.targets[i] for i in rows], pad_to)
+
+
+def evaluation_batches(
+    sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, pad_to: int = 1
+) -> Iterator[tuple[Ids, Batch]]:
+    """The whole of a validation set in length-sorted batches, with each batch's row indices."""
+    order = sorted(range(len(sources)), key=lambda i: (max(len(sources[i]), len(targets[i]) + 1), i))
+    for rows in length_batches(sources, targets, order, max_tokens):
+        yield rows, make_batch([sources[i] for i in rows], [targets[i] for i in rows], pad_to)

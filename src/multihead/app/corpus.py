@@ -1,0 +1,117 @@
+"""Parallel corpora from files, as WMT, Multi30k, Moses and Tatoeba/Anki distribute them.
+
+- Two line-aligned files, source and target (``train.de`` and ``train.en``), plain or ``.gz``: line ``i`` of one
+  translates line ``i`` of the other.
+- One TSV file (plain or ``.gz``): the first two tab-separated columns are source and target; further columns
+  (the attribution column of Tatoeba/Anki exports) are ignored.
+
+Everything that would make a bad corpus is refused before anything is written, in one line naming the file and the
+line: a missing file, invalid UTF-8, a truncated ``.gz``, files of different line counts, a line empty on one side
+only. Lines empty on both sides are skipped; surrounding whitespace is stripped. A corpus's fingerprint (bytes and
+SHA-256 of each file) lets a resumed run check that it is given the corpus it trained on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from multihead.app.console import UserError
+
+Pair = tuple[str, str]
+__all__ = ["Pair", "fingerprint", "read_lines", "read_parallel"]
+
+
+def _check_file(option: str, path: Path) -> None:
+    if not path.exists():
+        raise UserError(f"{option}: {str(path)!r} does not exist")
+    if path.is_dir():
+        raise UserError(f"{option}: {str(path)!r} is a directory; give a file (TSV, or one file per language)")
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as file:
+        yield from file
+
+
+def read_lines(path: str | os.PathLike[str], option: str) -> list[str]:
+    """The lines of a UTF-8 text file (plain or ``.gz``), without line ends; a :class:`UserError` naming ``option``,
+    the file and the line for anything unreadable."""
+    path = Path(path)
+    _check_file(option, path)
+    lines = []
+    number = 0
+    try:
+        for number, raw in enumerate(_raw_lines(path), start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # editors on Windows often start UTF-8 with a BOM
+                raw = raw[3:]
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"{option}: {str(path)!r} line {number} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise UserError(f"{option}: {str(path)!r} is a truncated or damaged gzip file ({error})") from None
+    except OSError as error:
+        raise UserError(f"{option}: cannot read {str(path)!r}: {error.strerror or error}") from None
+    return lines
+
+
+def _pairs_from_tsv(path: Path, option: str) -> list[Pair]:
+    pairs = []
+    for number, line in enumerate(read_lines(path, option), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
+            raise UserError(
+                f"{option}: {str(path)!r} line {number}: expected 'source<TAB>target', received {line[:60]!r}"
+            )
+        pairs.append((fields[0].strip(), fields[1].strip()))
+    return pairs
+
+
+def _pairs_from_files(source: Path, target: Path, option: str) -> list[Pair]:
+    sources, targets = read_lines(source, option), read_lines(target, option)
+    if len(sources) != len(targets):
+        raise UserError(
+            f"{option}: {str(source)!r} has {len(sources)} lines but {str(target)!r} has {len(targets)}; "
+            "the two files must be line-aligned translations"
+        )
+    pairs = []
+    for number, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
+        src, tgt = src.strip(), tgt.strip()
+        if bool(src) != bool(tgt):
+            empty, other = (source, target) if not src else (target, source)
+            raise UserError(f"{option}: line {number} is empty in {str(empty)!r} but not in {str(other)!r}")
+        if src:
+            pairs.append((src, tgt))
+    return pairs
+
+
+def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> list[Pair]:
+    """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths)."""
+    if len(paths) not in (1, 2):
+        raise UserError(f"{option} takes one TSV file or two line-aligned files, received {len(paths)} paths")
+    files = [Path(path) for path in paths]
+    pairs = _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(*files, option)
+    if not pairs:
+        raise UserError(f"{option}: {' and '.join(repr(str(f)) for f in files)} hold no sentence pairs")
+    return pairs
+
+
+def fingerprint(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, object]]:
+    """Each file's name, size and SHA-256: what a resumed run checks its corpus against."""
+    prints = []
+    for path in map(Path, paths):
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            for block in iter(lambda file=file: file.read(1 << 20), b""):
+                digest.update(block)
+        prints.append({"name": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return prints

@@ -1,0 +1,669 @@
+"""Training a translation Transformer on a built-in task or a parallel corpus: the scaffold both frameworks share.
+
+:class:`Training` builds a run (fresh, or resumed from its newest intact checkpoint), then steps, evaluates and
+saves; a framework's :class:`Trainer` (``train_torch``, ``train_keras``) only builds the model and optimizer and
+runs one step, one loss evaluation, one batch of translations. So resume, the learning-rate schedule, batches,
+the progress bar, the history and the evaluation records are the same whichever framework trains, one record per
+step. The run directory is described in :mod:`multihead.app.runs`.
+
+Defaults are a recipe per kind of data (``RECIPES``): small and fast for the built-in tasks (fresh examples every
+step, no dropout); for a corpus, the paper's recipe sized for a CPU and a corpus of ~30k pairs (joint subwords,
+tied embeddings, batches by token count, label smoothing, warm-up then inverse square root decay, validation BLEU).
+
+Notation: B batch, Ls source length, Lt target length, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from numbers import Real
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from multihead.app.batching import Batch, CorpusBatches, evaluation_batches, make_batch
+from multihead.app.console import UserError, is_main_rank, progress_bar, say, warn
+from multihead.app.corpus import fingerprint
+from multihead.app.data import Corpus, Task, load_corpus, load_task
+from multihead.app.evaluate import exact_match, score
+from multihead.app.runs import (
+    AVERAGE,
+    BEST,
+    FORMAT,
+    OPTIMIZER,
+    WEIGHTS,
+    Checkpoint,
+    RunError,
+    check_writable,
+    checkpoint_name,
+    has_checkpoints,
+    latest_checkpoint,
+    open_checkpoint,
+    point,
+    save_checkpoint,
+    write_history,
+    write_json,
+)
+from multihead.app.schedule import learning_rate
+from multihead.app.tokenizers import KINDS, PAD, Tokenizer, build_tokenizers
+from multihead.app.translate import length_limit, translate_ids
+from multihead.config import TransformerConfig
+
+FRAMEWORKS = ("torch", "keras")
+
+# Every option's flag, for messages in the user's words.
+FLAGS = {
+    "out": "--out", "task": "--task", "data": "--data", "valid": "--valid", "framework": "--framework",
+    "steps": "--steps", "minutes": "--minutes", "tokenizer": "--tokenizer", "vocab_size": "--vocab-size",
+    "joint": "--joint-vocab", "batch_size": "--batch-size", "batch_tokens": "--batch-tokens", "lr": "--lr",
+    "warmup": "--warmup", "clip": "--clip", "label_smoothing": "--label-smoothing", "d_model": "--d-model",
+    "num_heads": "--heads", "layers": "--layers", "d_ff": "--d-ff", "dropout": "--dropout",
+    "eval_every": "--eval-every", "eval_examples": "--eval-examples", "checkpoint_every": "--checkpoint-every",
+    "keep": "--keep", "average": "--average", "patience": "--patience", "seed": "--seed",
+}  # fmt: skip
+
+# What --resume may change; every other option would change the model or the data.
+RESUMABLE = (
+    "steps", "minutes", "lr", "warmup", "clip", "label_smoothing", "batch_size", "batch_tokens", "eval_every",
+    "eval_examples", "checkpoint_every", "keep", "average", "patience",
+)  # fmt: skip
+
+RECIPES: dict[str, dict[str, Any]] = {
+    # Built-in tasks: fresh examples every step, so no dropout; small and quick.
+    "task": dict(
+        framework="torch", tokenizer=None, vocab_size=None, joint=False, batch_size=64, batch_tokens=None, lr=1e-3,
+        warmup=300, clip=0.0, label_smoothing=0.0, d_model=128, num_heads=4, layers=2, d_ff=256, dropout=0.0,
+        eval_every=500, eval_examples=200, checkpoint_every=500, keep=2, average=0, patience=0, seed=0,
+    ),
+    # Corpora of ~30k pairs on a CPU (Multi30k: docs/translation.md): the paper's recipe, sized to the budget.
+    "corpus": dict(
+        framework="torch", tokenizer="subword", vocab_size=8000, joint=True, batch_size=None, batch_tokens=4096,
+        lr=1.5e-3, warmup=200, clip=1.0, label_smoothing=0.1, d_model=256, num_heads=4, layers=3, d_ff=1024,
+        dropout=0.1, eval_every=200, eval_examples=None, checkpoint_every=100, keep=5, average=5, patience=0, seed=0,
+    ),
+}  # fmt: skip
+CORPUS_MAX_LEN = 256
+
+
+@dataclass
+class TrainOptions:
+    """Everything a training run is made of; ``None`` takes the recipe's value (see ``RECIPES``) or, on resume, the
+    run's. Saved, resolved, in each checkpoint's ``trainer.json``."""
+
+    out: str
+    task: str | None = None
+    data: Sequence[str] | None = None
+    valid: Sequence[str] | None = None
+    framework: str | None = None
+    steps: int | None = None
+    minutes: float | None = None
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    joint: bool | None = None
+    batch_size: int | None = None
+    batch_tokens: int | None = None
+    lr: float | None = None
+    warmup: int | None = None
+    clip: float | None = None
+    label_smoothing: float | None = None
+    d_model: int | None = None
+    num_heads: int | None = None
+    layers: int | None = None
+    d_ff: int | None = None
+    dropout: float | None = None
+    eval_every: int | None = None
+    eval_examples: int | None = None
+    checkpoint_every: int | None = None
+    keep: int | None = None
+    average: int | None = None
+    patience: int | None = None
+    seed: int | None = None
+    progress: bool = True
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, str):
+            self.data = [self.data]
+        if isinstance(self.valid, str):
+            self.valid = [self.valid]
+        if self.task is not None and self.data is not None:
+            raise UserError("give --task or --data, not both")
+        if self.valid is not None and self.data is None:
+            raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
+        for name in ("steps", "batch_size", "batch_tokens", "warmup", "eval_every", "checkpoint_every", "keep",
+                     "eval_examples", "d_model", "num_heads", "layers", "d_ff", "vocab_size"):  # fmt: skip
+            _check_count(FLAGS[name], getattr(self, name))
+        for name in ("average", "patience", "seed"):  # NumPy seeds batches with the seed: no negative seeds
+            _check_count(FLAGS[name], getattr(self, name), minimum=0)
+        for name in ("minutes", "lr"):  # nan or inf would never reach a deadline or would train nothing
+            _check_number(FLAGS[name], getattr(self, name), positive=True)
+        for name in ("clip", "label_smoothing", "dropout"):
+            _check_number(FLAGS[name], getattr(self, name), positive=False)
+        for name in ("label_smoothing", "dropout"):
+            if getattr(self, name) is not None and getattr(self, name) >= 1:
+                raise UserError(f"{FLAGS[name]} must be in [0, 1), received {getattr(self, name)}")
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise UserError(f"--framework must be torch or keras, received {self.framework!r}")
+        if self.tokenizer is not None and self.tokenizer not in KINDS:
+            raise UserError(f"--tokenizer must be one of {', '.join(KINDS)}, received {self.tokenizer!r}")
+        if self.steps is None and self.minutes is None and not self.resume:
+            raise UserError("give --steps N or --minutes M (or both: whichever comes first)")
+
+
+def _check_count(flag: str, value: object, *, minimum: int = 1) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{flag} must be an int, received {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise UserError(f"{flag} must be {'positive' if minimum else 'non-negative'}, received {value}")
+
+
+def _check_number(flag: str, value: object, *, positive: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{flag} must be a number, received {value!r} of type {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "positive" if positive else "non-negative"
+        raise UserError(f"{flag} must be a {kind} finite number, received {value}")
+
+
+def _in_flags(message: str) -> str:
+    """A config error in the user's words: ``d_model=7`` and `` `num_heads` `` become ``--d-model 7``, ``--heads``."""
+    for name, flag in FLAGS.items():
+        message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag} ")
+    return message
+
+
+# --- what a run is made of --------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    """A run's data, tokenizers, model configuration and resolved options."""
+
+    options: dict[str, Any]
+    data: Task | Corpus
+    source: Tokenizer
+    target: Tokenizer
+    config: TransformerConfig
+    corpus_ids: tuple[list[list[int]], list[list[int]]] | None  # a corpus's training pairs as ids
+    facts: dict[str, Any]  # saved in trainer.json: fingerprints, longest target
+
+    @property
+    def is_corpus(self) -> bool:
+        return isinstance(self.data, Corpus)
+
+
+def _resolve(options: TrainOptions, kind: str, saved: dict[str, Any] | None) -> dict[str, Any]:
+    """The options in force: those given, else the run's (on resume), else the recipe's."""
+    base = RECIPES[kind] if saved is None else saved
+    resolved = {}
+    for field in fields(options):
+        if field.name not in ("out", "progress", "resume"):
+            given = getattr(options, field.name)
+            resolved[field.name] = given if given is not None else base.get(field.name)
+    if saved is None and kind == "corpus" and options.tokenizer in ("char", "word") and options.joint is None:
+        resolved["joint"] = True
+    if resolved["average"]:
+        resolved["keep"] = max(resolved["keep"], resolved["average"])
+    return resolved
+
+
+def _encode_corpus(
+    pairs: Sequence[tuple[str, str]], source: Tokenizer, target: Tokenizer, max_len: int
+) -> tuple[list[list[int]], list[list[int]], int]:
+    """Ids of the pairs that fit the model's positions, and how many did not."""
+    sources = source.encode_all([s for s, _ in pairs])
+    targets = target.encode_all([t for _, t in pairs])
+    kept = [i for i in range(len(pairs)) if len(sources[i]) <= max_len and len(targets[i]) + 1 <= max_len]
+    return [sources[i] for i in kept], [targets[i] for i in kept], len(pairs) - len(kept)
+
+
+def _config(options: dict[str, Any], source: Tokenizer, target: Tokenizer, max_len: int) -> TransformerConfig:
+    try:
+        return TransformerConfig(
+            len(source), len(target), d_model=options["d_model"], num_heads=options["num_heads"],
+            num_encoder_layers=options["layers"], num_decoder_layers=options["layers"], d_ff=options["d_ff"],
+            dropout=options["dropout"], max_len=max_len, pad_id=PAD, tie_embeddings=source is target,
+        )  # fmt: skip
+    except ValueError as error:
+        raise UserError(_in_flags(str(error))) from None
+
+
+def _load_data(options: TrainOptions, saved: dict[str, Any] | None) -> Task | Corpus:
+    if options.data is not None:
+        return load_corpus(options.data, options.valid)
+    name = options.task or (saved["task"] if saved else "dates")
+    return load_task(name)
+
+
+def new_setup(options: TrainOptions) -> Setup:
+    """The setup of a fresh run: data read, tokenizers learned, model sized."""
+    data = _load_data(options, None)
+    kind = "corpus" if isinstance(data, Corpus) else "task"
+    resolved = _resolve(options, kind, None)
+    if isinstance(data, Task):
+        resolved.update(task=data.name, data=None, valid=None, tokenizer=resolved["tokenizer"] or data.tokenizer)
+        sample = data.vocabulary_sample()
+        source, target = build_tokenizers(
+            resolved["tokenizer"], [s for s, _ in sample], [t for _, t in sample],
+            vocab_size=resolved["vocab_size"] or 0, joint=resolved["joint"],
+        )  # fmt: skip
+        longest = max(
+            len(tokenizer.encode(text)[0]) for s, t in sample for tokenizer, text in ((source, s), (target, t))
+        )
+        config = _config(resolved, source, target, max(64, 2 * longest + 2))
+        facts = {"longest_target": max(len(target.encode(t)[0]) for _, t in sample)}
+        return Setup(resolved, data, source, target, config, None, facts)
+    resolved.update(task=None, data=list(options.data), valid=list(options.valid) if options.valid else None)
+    say(f"learning a {resolved['tokenizer']} vocabulary from {len(data.train)} sentence pairs")
+    source, target = build_tokenizers(
+        resolved["tokenizer"], [s for s, _ in data.train], [t for _, t in data.train],
+        vocab_size=resolved["vocab_size"], joint=resolved["joint"],
+    )  # fmt: skip
+    config = _config(resolved, source, target, CORPUS_MAX_LEN)
+    sources, targets, dropped = _encode_corpus(data.train, source, target, CORPUS_MAX_LEN)
+    if dropped:
+        warn(f"--data: {dropped} sentence pairs longer than {CORPUS_MAX_LEN} tokens are left out of training")
+    facts = {
+        "train": fingerprint(options.data),
+        "valid": fingerprint(options.valid) if options.valid else None,
+        "longest_target": max(map(len, targets)),
+    }
+    return Setup(resolved, data, source, target, config, (sources, targets), facts)
+
+
+def resumed_setup(options: TrainOptions, checkpoint: Checkpoint) -> Setup:
+    """The setup of the run ``checkpoint`` belongs to; options that would change its model or data are refused."""
+    saved = checkpoint.options
+    given = asdict(options)
+    for name in FLAGS:
+        if name in RESUMABLE or name in ("out", "task", "data", "valid") or given.get(name) is None:
+            continue
+        if given[name] != saved.get(name):
+            raise UserError(
+                f"{FLAGS[name]} {given[name]} would change the run, which has {FLAGS[name]} {saved.get(name)}: "
+                f"--resume continues a run as it was built; it may change only {', '.join(FLAGS[n] for n in RESUMABLE)}"
+            )
+    if saved["task"] is not None:
+        if options.data is not None:
+            raise UserError(f"{str(checkpoint.path.parents[1])!r} trained task {saved['task']!r}, not --data")
+        if options.task is not None and options.task != saved["task"]:
+            raise UserError(f"{str(checkpoint.path.parents[1])!r} trained task {saved['task']!r}; --task "
+                            f"{options.task} would change it")  # fmt: skip
+    elif options.data is None:
+        raise UserError(
+            f"{str(checkpoint.path.parents[1])!r} trained on --data {' '.join(saved['data'])}; give --data again "
+            "(the same corpus) to continue training"
+        )
+    resolved = _resolve(options, "corpus" if saved["task"] is None else "task", saved)
+    data = _load_data(options, saved)
+    facts = checkpoint.trainer["data"]
+    if isinstance(data, Corpus):
+        for flag, paths, key in (("--data", options.data, "train"), ("--valid", options.valid, "valid")):
+            now = fingerprint(paths) if paths else None
+            if now is not None and facts.get(key) is not None:
+                now = [{**entry, "name": old["name"]} for entry, old in zip(now, facts[key], strict=False)]
+            if now != facts.get(key):
+                raise UserError(
+                    f"{flag} {' '.join(paths or []) or '(none)'} is not the corpus this run trained on "
+                    "(its size or SHA-256 differs); --resume needs the same files"
+                )
+        resolved.update(data=list(options.data), valid=list(options.valid) if options.valid else None)
+        sources, targets, _ = _encode_corpus(data.train, checkpoint.source, checkpoint.target, CORPUS_MAX_LEN)
+        corpus_ids = (sources, targets)
+    else:
+        corpus_ids = None
+    return Setup(resolved, data, checkpoint.source, checkpoint.target, checkpoint.config, corpus_ids, dict(facts))
+
+
+# --- the framework's part ---------------------------------------------------------------------------------
+
+
+class Trainer(Protocol):
+    """What a framework supplies: the model and its optimizer, and the computations on them."""
+
+    framework: str
+    model: Any
+
+    def train_step(self, batch: Batch, lr: float) -> float:
+        """One optimizer step; the mean loss per target token of the whole (global) batch."""
+        ...
+
+    def loss_sum(self, batch: Batch) -> float:
+        """The summed cross-entropy (no smoothing, no dropout) over the batch's target tokens."""
+        ...
+
+    def generate(self, src: np.ndarray, max_len: int) -> np.ndarray:
+        """Greedy translations ``(B, T)`` of ``src (B, Ls)``."""
+        ...
+
+    def write_weights(self, path: Path) -> None: ...
+
+    def load_weights(self, path: Path) -> None: ...
+
+    def write_optimizer(self, path: Path) -> dict[str, Any]:
+        """Write the optimizer state (and RNG state); return what ``trainer.json`` keeps about it."""
+        ...
+
+    def agree(self, flag: bool) -> bool:
+        """Whether any rank raised ``flag`` (data-parallel runs stop together)."""
+        ...
+
+    def pad_to(self) -> int:
+        """Batch lengths are rounded up to a multiple of this (fewer shapes for a compiling framework)."""
+        ...
+
+
+def make_trainer(
+    framework: str, setup_config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None
+) -> Trainer:
+    if framework == "keras":
+        from multihead.app.train_keras import KerasTrainer
+
+        return KerasTrainer(setup_config, options, checkpoint)
+    from multihead.app.train_torch import TorchTrainer
+
+    return TorchTrainer(setup_config, options, checkpoint)
+
+
+# --- the scaffold -----------------------------------------------------------------------------------------
+
+
+class Interrupt:
+    """Turns SIGINT into a flag checked between steps, so a checkpoint is saved before exiting."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: Any = None
+
+    def __enter__(self) -> Interrupt:
+        self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+
+@dataclass
+class Result:
+    step: int
+    interrupted: bool
+    losses: list[tuple[int, float]]
+    accuracy: float | None = None  # a task's exact match on its held-out set
+    heldout: int = 0
+    scores: dict[str, Any] | None = None  # a corpus's validation scores (BLEU, chrF)
+    checkpoint: str | None = None  # the checkpoint the final scores are of
+    model: Any = None  # the trained model (this rank's copy under torchrun)
+
+
+class Training:
+    """One run: :meth:`build`, then :meth:`step` until done, :meth:`evaluate` and :meth:`save` along the way."""
+
+    def __init__(self, options: TrainOptions) -> None:
+        self.options = options
+        self.out = Path(options.out)
+
+    # build ---------------------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        """Check the output directory, then set up afresh or from the newest intact checkpoint."""
+        out, options = self.out, self.options
+        if out.exists() and not out.is_dir():
+            raise RunError(f"cannot write to output directory {str(out)!r}: it is a file")
+        existing = out.exists() and has_checkpoints(out)
+        if options.resume and not existing:
+            why = "does not exist" if not out.exists() else "holds no run"
+            raise RunError(f"--resume: {str(out)!r} {why}; drop --resume to start a new run there")
+        if existing and not options.resume:
+            raise RunError(f"{str(out)!r} already holds a run; pass --resume to continue it, or choose another --out")
+        if existing:
+            framework = options.framework
+
+            def load(found: Checkpoint) -> Trainer:
+                if framework is not None and found.trainer["framework"] != framework:
+                    raise UserError(
+                        f"{str(out)!r} was trained with --framework {found.trainer['framework']}; resume it with that"
+                    )
+                return make_trainer(found.trainer["framework"], found.config, found.options, found)
+
+            self.checkpoint, self.trainer = open_checkpoint(out, "latest", load, doing="resuming from")
+            self.setup = resumed_setup(options, self.checkpoint)
+            self.trainer.configure(self.setup.options)
+            trainer_json = self.checkpoint.trainer
+            self.step_count = trainer_json["step"]
+            self.history = {key: trainer_json[key] for key in ("losses", "evals")}
+            self.seconds, self.tokens = trainer_json.get("seconds", 0.0), trainer_json.get("tokens", 0)
+        else:
+            self.setup = new_setup(options)
+            if is_main_rank():
+                check_writable(out)
+            self.checkpoint = None
+            self.trainer = make_trainer(self.setup.options["framework"], self.setup.config, self.setup.options, None)
+            self.step_count, self.history, self.seconds, self.tokens = 0, {"losses": [], "evals": []}, 0.0, 0
+        o = self.setup.options
+        self.batches = (
+            CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"]) if self.setup.is_corpus else None
+        )
+
+    # step ----------------------------------------------------------------------------------------------
+
+    def batch(self, step: int) -> Batch:
+        """The training batch of ``step`` (0-based): the same whichever framework, rank or resume."""
+        o = self.setup.options
+        if self.batches is not None:
+            return self.batches.batch(step, self.trainer.pad_to())
+        pairs = self.setup.data.batch(o["seed"], step, o["batch_size"])
+        sources = self.setup.source.encode_all([s for s, _ in pairs])
+        targets = self.setup.target.encode_all([t for _, t in pairs])
+        return make_batch(sources, targets, self.trainer.pad_to())
+
+    def step(self) -> float:
+        o = self.setup.options
+        batch = self.batch(self.step_count)
+        loss = self.trainer.train_step(batch, learning_rate(self.step_count + 1, peak=o["lr"], warmup=o["warmup"]))
+        self.step_count += 1
+        self.tokens += batch.target_tokens
+        self.history["losses"].append([self.step_count, loss])
+        return loss
+
+    # evaluate ------------------------------------------------------------------------------------------
+
+    def _translate(self, sources: Sequence[str]) -> list[str]:
+        setup = self.setup
+        ids = setup.source.encode_all(sources)
+        limit = lambda length: length_limit(length, setup.facts["longest_target"], setup.config.max_len)  # noqa: E731
+        return [setup.target.decode(out) for out in translate_ids(self.trainer.generate, ids, limit=limit)]
+
+    def evaluate(self, count: int | None) -> dict[str, Any]:
+        """Held-out exact match (a task), or validation loss, BLEU and chrF with greedy decoding (a corpus), on the
+        first ``count`` held-out examples (all when ``None``)."""
+        setup = self.setup
+        if isinstance(setup.data, Task):
+            pairs = setup.data.heldout[:count]
+            translations = self._translate([s for s, _ in pairs])
+            return {"accuracy": exact_match(translations, [t for _, t in pairs]), "examples": len(pairs)}
+        pairs = setup.data.valid[:count]
+        sources = setup.source.encode_all([s for s, _ in pairs])
+        targets = setup.target.encode_all([t for _, t in pairs])
+        summed = sum(self.trainer.loss_sum(batch) for _, batch in evaluation_batches(sources, targets, 4096))
+        translations = self._translate([s for s, _ in pairs])
+        scores = score(translations, [t for _, t in pairs])
+        return {"valid_loss": summed / sum(len(t) + 1 for t in targets), **scores, "examples": len(pairs)}
+
+    @property
+    def metric(self) -> str:
+        return "bleu" if self.setup.is_corpus else "accuracy"
+
+    def record(self, evaluation: dict[str, Any]) -> bool:
+        """Keep an evaluation in the history; whether it is the best so far."""
+        best = max((e[self.metric] for e in self.history["evals"] if self.metric in e), default=-math.inf)
+        self.history["evals"].append({"step": self.step_count, "seconds": round(self.seconds, 1), **evaluation})
+        return evaluation[self.metric] > best
+
+    # save ----------------------------------------------------------------------------------------------
+
+    def trainer_json(self, optimizer: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "framework": self.setup.options["framework"], "step": self.step_count,
+            "options": self.setup.options, "optimizer": optimizer, "data": self.setup.facts,
+            "seconds": round(self.seconds, 3), "tokens": self.tokens, **self.history,
+        }  # fmt: skip
+
+    def save(self) -> None:
+        """Write a checkpoint of this step (rank 0 only) and the run's history files."""
+        if not is_main_rank():
+            return
+        meta: dict[str, Any] = {}
+
+        def write_optimizer(path: Path) -> None:
+            meta.update(self.trainer.write_optimizer(path))
+
+        writers = {
+            "config.json": lambda path: path.write_text(self.setup.config.to_json() + "\n", encoding="utf-8"),
+            WEIGHTS: self.trainer.write_weights,
+            OPTIMIZER: write_optimizer,
+            "trainer.json": lambda path: write_json(self.trainer_json(meta))(path),
+        }
+        save_checkpoint(
+            self.out, checkpoint_name(self.step_count), writers, tokenizers=(self.setup.source, self.setup.target),
+            keep=self.setup.options["keep"],
+        )  # fmt: skip
+        self.write_history()
+
+    def write_history(self) -> None:
+        history = {"metric": self.metric, **self.history, "seconds": round(self.seconds, 1), "tokens": self.tokens}
+        write_history(self.out, history)
+        try:
+            from multihead.app.plot import plot_history
+
+            plot_history(history, self.out / "history.png")
+        except ImportError:  # matplotlib is optional for training
+            pass
+
+    def average(self, count: int) -> Path | None:
+        """Average the weights of the last ``count`` checkpoints into ``checkpoints/average``."""
+        import safetensors.numpy
+
+        from multihead.io import read_weights
+
+        kept = sorted((self.out / "checkpoints").glob("step-*"))[-count:]
+        if len(kept) < 2:
+            return None
+        stacks = [read_weights(path / WEIGHTS) for path in kept]
+        averaged = {
+            name: np.mean([s[name] for s in stacks], axis=0).astype(stacks[-1][name].dtype) for name in stacks[-1]
+        }
+        latest = kept[-1]
+        writers = {
+            name: (lambda path, source=latest / name: path.write_bytes(source.read_bytes()))
+            for name in ("config.json", "trainer.json")
+        }
+        writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
+        return save_checkpoint(self.out, AVERAGE, writers, tokenizers=(self.setup.source, self.setup.target))
+
+    # the whole run -------------------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        o = self.setup.options
+        total = o["steps"]
+        deadline = None if o["minutes"] is None else time.monotonic() + 60 * o["minutes"]
+        bar = progress_bar(total, self.step_count, self.options.progress)
+        interrupted, stale = False, 0
+        started, tokens_before = time.monotonic(), self.tokens
+        with Interrupt() as interrupt:
+            while total is None or self.step_count < total:
+                out_of_time = deadline is not None and time.monotonic() >= deadline
+                early = o["patience"] and stale >= o["patience"]
+                if self.trainer.agree(interrupt.requested or out_of_time or bool(early)):
+                    interrupted = interrupt.requested
+                    if early:
+                        say(f"stopping early: no better validation {self.metric} in {stale} evaluations")
+                    break
+                tick = time.monotonic()
+                loss = self.step()
+                self.seconds += time.monotonic() - tick
+                bar.update(1)
+                postfix = {
+                    "loss": f"{loss:.3f}",
+                    "tok/s": f"{(self.tokens - tokens_before) / (time.monotonic() - started):.0f}",
+                }
+                if deadline is not None:
+                    left = max(0, int(deadline - time.monotonic()))
+                    postfix["left"] = f"{left // 60}:{left % 60:02d}"
+                bar.set_postfix(postfix, refresh=False)  # drawing is bar.update's job, at most every mininterval
+                saved = False
+                if is_main_rank() and self.step_count % o["eval_every"] == 0:
+                    evaluation = self.evaluate(o["eval_examples"])
+                    improved = self.record(evaluation)
+                    stale = 0 if improved else stale + 1
+                    bar.write(self._describe(evaluation))
+                    if improved and self.setup.is_corpus:
+                        self.save()
+                        saved = True
+                        point(self.out, BEST, checkpoint_name(self.step_count))
+                if self.step_count % o["checkpoint_every"] == 0 and not saved:
+                    self.save()
+        bar.close()
+        if latest_checkpoint(self.out) is None or latest_checkpoint(self.out).name != checkpoint_name(self.step_count):
+            self.save()
+        return self.finish(interrupted)
+
+    def _describe(self, evaluation: dict[str, Any]) -> str:
+        loss = self.history["losses"][-1][1]
+        if "accuracy" in evaluation:
+            return f"step {self.step_count}: loss {loss:.4f}, held-out exact match {evaluation['accuracy']:.3f}"
+        return (
+            f"step {self.step_count}: loss {loss:.3f}, validation loss {evaluation['valid_loss']:.3f}, "
+            f"BLEU {evaluation['bleu']:.2f}, chrF {evaluation['chrf']:.2f}"
+        )
+
+    def consider(self, evaluation: dict[str, Any], checkpoint: str) -> None:
+        """Record an evaluation of ``checkpoint``; ``best`` names it when it is the best so far."""
+        if self.record(evaluation):
+            point(self.out, BEST, checkpoint)
+
+    def finish(self, interrupted: bool) -> Result:
+        """The final evaluation: a task's held-out exact match; for a corpus, the last step and the average of the
+        last checkpoints are evaluated too, and the result is the best checkpoint's scores."""
+        losses = [tuple(x) for x in self.history["losses"]]
+        result = Result(self.step_count, interrupted, losses, model=self.trainer.model)
+        if interrupted or not is_main_rank():
+            return result
+        if isinstance(self.setup.data, Task):
+            result.accuracy = self.evaluate(None)["accuracy"]
+            result.heldout = len(self.setup.data.heldout)
+            return result
+        o = self.setup.options
+        if not self.history["evals"] or self.history["evals"][-1]["step"] != self.step_count:
+            self.consider(self.evaluate(o["eval_examples"]), checkpoint_name(self.step_count))
+        averaged = self.average(o["average"]) if o["average"] else None
+        if averaged is not None:
+            self.trainer.load_weights(averaged / WEIGHTS)
+            evaluation = {**self.evaluate(o["eval_examples"]), "checkpoint": AVERAGE}
+            say(f"average of the last {o['average']} checkpoints: BLEU {evaluation['bleu']:.2f}")
+            self.consider(evaluation, AVERAGE)
+        self.write_history()
+        best = max((e for e in self.history["evals"] if "bleu" in e), key=lambda e: e["bleu"])
+        result.scores = {k: best[k] for k in ("bleu", "bleu_lowercase", "chrf", "examples", "signature")}
+        result.checkpoint = best.get("checkpoint", checkpoint_name(best["step"]))
+        return result
+
+
+def train(options: TrainOptions) -> Result:
+    """Train as ``options`` say: build, step until done, save; the final evaluation in the result."""
+    training = Training(options)
+    training.build()
+    return training.run()
