@@ -251,5 +251,3 @@ def test_interrupted_save_model_leaves_the_previous_model_loadable(
     assert loaded.config == old.config
     assert_state_equal(loaded, state(old))
     assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors"]
-
-

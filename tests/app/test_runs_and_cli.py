@@ -200,9 +200,10 @@ def test_an_interrupted_latest_update_keeps_the_previous_latest_and_no_litter(
     def killed(*args: object) -> None:
         raise KeyboardInterrupt
 
+    writers = {name: (lambda p, data=data: p.write_bytes(data)) for name, data in files.items()}
     monkeypatch.setattr(mio.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        runs.save_checkpoint(out, "step-0000009", {name: (lambda p, data=data: p.write_bytes(data)) for name, data in files.items()})
+        runs.save_checkpoint(out, "step-0000009", writers)
     monkeypatch.undo()
     assert latest_checkpoint(out) == latest
     assert (out / "latest").read_text().strip() == latest.name
