@@ -214,6 +214,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
         check_flag("causal", causal)
         check_flag("return_weights", return_weights)
+        check_implementation(self.implementation, IMPLEMENTATIONS, return_weights=return_weights)
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
