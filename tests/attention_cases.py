@@ -185,8 +185,8 @@ def reference_gradients(
     d_weights = cotangent @ v_rep.swapaxes(-1, -2)  # (B, H, Lq, Lk)
     d_scores = weights * (d_weights - (d_weights * weights).sum(axis=-1, keepdims=True))
     grad_q = scale * d_scores @ k_rep
-    grad_k = (scale * d_scores.swapaxes(-1, -2) @ q).reshape(batch, kv_heads, groups, lk, -1).sum(axis=2)
-    grad_v = (weights.swapaxes(-1, -2) @ cotangent).reshape(batch, kv_heads, groups, lk, -1).sum(axis=2)
+    grad_k = (scale * d_scores.swapaxes(-1, -2) @ q).reshape(batch, kv_heads, groups, lk, q.shape[-1]).sum(axis=2)
+    grad_v = (weights.swapaxes(-1, -2) @ cotangent).reshape(batch, kv_heads, groups, lk, v.shape[-1]).sum(axis=2)
     return grad_q, grad_k, grad_v
 
 

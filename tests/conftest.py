@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of test output
+if os.environ.get("KERAS_BACKEND") == "jax":
+    os.environ.setdefault("JAX_ENABLE_X64", "1")  # JAX has no float64 without it; the tests compare float64 results
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import settings
+from torch.overrides import TorchFunctionMode
+
+from multihead.cache import KVCacheBase
 
 TESTS = Path(__file__).parent
 KERAS_TESTS = (TESTS / "keras", TESTS / "test_io.py")  # what `make test` runs once per Keras backend
@@ -31,18 +36,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(str(item.fspath))
         if any(path == place or place in path.parents for place in KERAS_TESTS):
             item.add_marker(pytest.mark.keras)
-
-
-@pytest.fixture(scope="module")
-def fused_kernel() -> Iterator[None]:
-    """Send every torch attention call without weights to the fused kernel, however small: for the files that test
-    that path (small inference calls otherwise take the explicit math, which is faster there)."""
-    import multihead.torch.functional as functional
-
-    saved = functional.SMALL_INFERENCE_SCORES
-    functional.SMALL_INFERENCE_SCORES = 0
-    yield
-    functional.SMALL_INFERENCE_SCORES = saved
 
 
 @pytest.fixture(autouse=True)
@@ -69,3 +62,47 @@ def broadcast_shapes(full: tuple[int, ...] = (2, 3, 4, 5)) -> list[tuple[int, ..
         for keep in itertools.product([True, False], repeat=rank):
             shapes.add(tuple(d if kept else 1 for d, kept in zip(full[-rank:], keep, strict=True)))
     return sorted(shapes, key=lambda s: (len(s), s))
+
+
+# Tests parametrized over the two attention paths, with the ids they have always had: the fused kernel cannot return
+# the weights, so the explicit path is also the one that does.
+PATHS = pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
+
+
+def path_for(return_weights: bool) -> str:
+    """The ``implementation`` a :data:`PATHS` test passes."""
+    return "explicit" if return_weights else "fused"
+
+
+class TorchCalls(TorchFunctionMode):
+    """Record every torch function and tensor method called inside ``with TorchCalls() as calls:``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Callable] = []
+
+    def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
+        self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+    def count(self, *funcs: Callable) -> int:
+        return sum(call in funcs for call in self.calls)
+
+
+class NumpyKVCache(KVCacheBase):
+    """The shared KV cache bookkeeping over NumPy arrays: a third front end, written only for the tests.
+
+    Unused buffer positions hold NaN, so reading past the cached length would show."""
+
+    def _concat(self, cached: np.ndarray, new: np.ndarray) -> np.ndarray:
+        return np.concatenate([cached, new], axis=2)
+
+    def _empty(self, like: np.ndarray, length: int) -> np.ndarray:
+        return np.full((like.shape[0], like.shape[1], length, like.shape[3]), np.nan)
+
+    def _write(self, buffer: np.ndarray, new: np.ndarray, start: int) -> np.ndarray:
+        buffer[:, :, start : start + new.shape[2]] = new
+        return buffer
+
+    def _take(self, x: np.ndarray, rows: object) -> np.ndarray:
+        return x[np.asarray(rows)]

@@ -22,15 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from attention_cases import check_error_budgets
-from conftest import state_dict_numpy, to_numpy
+from conftest import PATHS, path_for, state_dict_numpy, to_numpy
 from multihead import reference
 from multihead.torch import MultiHeadAttention, attention, padding_mask
 from multihead.torch.transformer import Transformer
 
-pytestmark = pytest.mark.usefixtures("fused_kernel")  # these tests are about the fused path's results
-
 HALVES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-PATHS = pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
 
 
 def softmax_attention(
@@ -156,7 +153,9 @@ def test_half_precision_output_and_gradient_budget(setup: Setup, return_weights:
     allowed = combine(setup.allowed(), mask)
 
     def ours(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        result = attention(q, k, v, mask, causal=setup.causal, return_weights=return_weights)
+        result = attention(
+            q, k, v, mask, causal=setup.causal, return_weights=return_weights, implementation=path_for(return_weights)
+        )
         return result[0] if return_weights else result
 
     expected = output_and_gradients(lambda *x: oracle(*x, allowed), (q, k, v), cotangent, torch.float64)
@@ -192,7 +191,9 @@ def test_half_precision_large_logits_gradients(
         assert dots > torch.finfo(torch.float16).max
 
     def ours(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        result = attention(q, k, v, causal=causal, return_weights=return_weights)
+        result = attention(
+            q, k, v, causal=causal, return_weights=return_weights, implementation=path_for(return_weights)
+        )
         return result[0] if return_weights else result
 
     allowed = setup.allowed()
@@ -224,7 +225,8 @@ def test_half_precision_fully_masked_rows_are_zero_with_zero_gradients(
     q, k, v = (x.to(dtype).requires_grad_() for x in (q, k, v))
     mask = dead_row_mask(9, 7, mask_kind, dtype)
     dead = torch.arange(9) % 3 == 0
-    result = attention(q, k, v, mask, dropout=dropout, return_weights=return_weights)
+    implementation = path_for(return_weights)
+    result = attention(q, k, v, mask, dropout=dropout, return_weights=return_weights, implementation=implementation)
     out = result[0] if return_weights else result
     assert out.dtype == dtype
     assert torch.isfinite(out).all()
@@ -296,7 +298,8 @@ def test_module_half_precision_output_and_gradient_budget(
 ) -> None:
     """Self-attention, gradients w.r.t. the input ``x`` (through query, key and value alike)."""
     length = 48
-    module = MultiHeadAttention(64, 4, num_kv_heads=setup.num_kv_heads).to(dtype).eval()
+    module = MultiHeadAttention(64, 4, num_kv_heads=setup.num_kv_heads, implementation=path_for(return_weights))
+    module = module.to(dtype).eval()
     generator = torch.Generator().manual_seed(7)
     x = torch.randn(2, length, 64, generator=generator).to(dtype)
     cotangent = torch.randn(2, length, 64, generator=generator).to(dtype)
@@ -326,7 +329,7 @@ def test_module_half_precision_output_and_gradient_budget(
 def test_module_half_precision_fully_padded_sequence(return_weights: bool, dtype: torch.dtype) -> None:
     """A sequence with no real key: every query row attends nothing, so the module gives ``out_proj.bias``
     exactly, with zero gradient to the queries; large inputs neither overflow nor make NaN."""
-    module = MultiHeadAttention(32, 4, dropout=0.2).to(dtype).train()
+    module = MultiHeadAttention(32, 4, dropout=0.2, implementation=path_for(return_weights)).to(dtype).train()
     query = (torch.randn(2, 5, 32) * 30).to(dtype).requires_grad_()
     memory = (torch.randn(2, 6, 32) * 30).to(dtype).requires_grad_()
     key_mask = padding_mask([4, 0], 6)
@@ -369,7 +372,8 @@ def assert_bitwise_equal(first: list[torch.Tensor], second: list[torch.Tensor]) 
 def test_module_forward_backward_is_bitwise_repeatable(
     dropout: float, dtype: torch.dtype, return_weights: bool
 ) -> None:
-    module = MultiHeadAttention(32, 4, num_kv_heads=2, dropout=dropout).to(dtype)
+    module = MultiHeadAttention(32, 4, num_kv_heads=2, dropout=dropout, implementation=path_for(return_weights))
+    module = module.to(dtype)
     module.train(dropout > 0)
     x = torch.randn(3, 11, 32).to(dtype)
     key_mask = padding_mask([11, 6, 0], 11)

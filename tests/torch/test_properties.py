@@ -26,13 +26,9 @@ from attention_cases import (
     with_edges,
     with_junk,
 )
-from conftest import state_dict_numpy, to_numpy
+from conftest import PATHS, path_for, state_dict_numpy, to_numpy
 from multihead import reference
 from multihead.torch import MultiHeadAttention, attention
-
-pytestmark = pytest.mark.usefixtures("fused_kernel")  # these tests are about the fused path's results
-
-PATHS = pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "explicit"])
 
 
 def as_tensor(x: np.ndarray | None, dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
@@ -54,7 +50,9 @@ def call(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``multihead.torch.attention`` on arrays: ``(out, weights)``, weights ``None`` on the fused path."""
     q, k, v, mask = (as_tensor(x, dtype) for x in (q, k, v, mask))
-    result = attention(q, k, v, mask, causal=causal, return_weights=return_weights)
+    result = attention(
+        q, k, v, mask, causal=causal, return_weights=return_weights, implementation=path_for(return_weights)
+    )
     return result if return_weights else (result, None)
 
 
@@ -140,7 +138,10 @@ def test_finite_inputs_give_finite_outputs_weights_and_gradients(
 ) -> None:
     q, k, v, mask = case.arrays()
     q, k, v = (as_tensor(x, dtype).requires_grad_() for x in (q, k, v))
-    result = attention(q, k, v, as_tensor(mask, dtype), causal=case.causal, return_weights=return_weights)
+    result = attention(
+        q, k, v, as_tensor(mask, dtype), causal=case.causal, return_weights=return_weights,
+        implementation=path_for(return_weights),
+    )  # fmt: skip
     out, weights = result if return_weights else (result, None)
     dead = torch.tensor(~case.allowed(mask).any(axis=-1))  # (B, H, Lq): fully masked rows
     assert torch.isfinite(out).all()
@@ -191,9 +192,11 @@ class ModuleCase:
             key_mask=rng.random((self.batch, self.lk)) >= 0.4,
         )
 
-    def build(self) -> MultiHeadAttention:
+    def build(self, implementation: str = "auto") -> MultiHeadAttention:
         widths = {"kdim": 5, "vdim": 3} if self.cross else {}
-        module = MultiHeadAttention(self.heads * self.head_dim, self.heads, num_kv_heads=self.kv_heads, **widths)
+        module = MultiHeadAttention(
+            self.heads * self.head_dim, self.heads, num_kv_heads=self.kv_heads, implementation=implementation, **widths
+        )
         module = module.double()
         generator = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
@@ -300,7 +303,7 @@ def test_oracle_module_empty_inputs(batch: int, lq: int) -> None:
 def test_module_query_mask_with_empty_sizes(batch: int, lq: int, lk: int) -> None:
     """An empty batch, query or key sequence with a ``query_mask`` gives what it gives without one (zeros at the
     padded queries), as the module does for these sizes without it."""
-    module = MultiHeadAttention(6, 2).double()
+    module = MultiHeadAttention(6, 2, implementation="fused").double()
     query, memory = torch.randn(batch, lq, 6, dtype=torch.float64), torch.randn(batch, lk, 6, dtype=torch.float64)
     query_mask = torch.arange(lq).expand(batch, lq) % 2 == 0  # (B, Lq)
     expected = module(query, memory).masked_fill(~query_mask[..., None], 0.0)
@@ -311,7 +314,7 @@ def test_module_query_mask_with_empty_sizes(batch: int, lq: int, lk: int) -> Non
 @settings(max_examples=60, deadline=None)
 @given(case=module_cases())
 def test_module_matches_reference(case: ModuleCase, return_weights: bool) -> None:
-    module = case.build()
+    module = case.build(path_for(return_weights))
     arrays = case.arrays(module)
     result = module_call(module, arrays, case.causal, return_weights=return_weights)
     out, weights = result if return_weights else (result, None)
@@ -331,7 +334,7 @@ def test_module_matches_reference(case: ModuleCase, return_weights: bool) -> Non
 def test_module_padded_keys_and_queries_cannot_change_the_output(
     case: ModuleCase, junk: float, return_weights: bool
 ) -> None:
-    module = case.build()
+    module = case.build(path_for(return_weights))
     arrays = case.as_cross(module, case.arrays(module))
     padded = ~arrays["key_mask"]  # (B, Lk)
     junk_arrays = dict(
