@@ -1,13 +1,16 @@
-"""The NumPy oracle against hand-computed cases: the tests of everything else stand on it."""
+"""The NumPy oracle against hand-computed cases: the tests of everything else stand on it. Also what it refuses:
+the same bad inputs as the front ends, with the same messages."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 
-from multihead import reference
+from multihead import DTypeError, reference
 
 
 def test_single_query_two_keys_by_hand() -> None:
@@ -119,22 +122,90 @@ def test_multi_head_key_mask_equals_explicit_mask() -> None:
     np.testing.assert_allclose(implicit, explicit, rtol=1e-15)
 
 
-@pytest.mark.parametrize(
-    ("q", "k", "v", "message"),
-    [
-        ((2, 1, 3, 4), (2, 1, 3, 5), (2, 1, 3, 4), "same head dim Dk"),
-        ((2, 1, 3, 4), (1, 1, 3, 4), (2, 1, 3, 4), "batch size"),
-        ((2, 3, 3, 4), (2, 2, 3, 4), (2, 2, 3, 4), "multiple of the key/value heads"),
-        ((2, 3, 4), (2, 3, 4), (2, 3, 4), "4-D"),
-    ],
-)
-def test_shape_errors(q: tuple, k: tuple, v: tuple, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        reference.attention(np.zeros(q), np.zeros(k), np.zeros(v))
+# --- bad inputs ---------------------------------------------------------------------------------------------
 
 
-def test_integer_mask_is_rejected() -> None:
-    with pytest.raises(TypeError, match="boolean"):
-        reference.attention(
-            np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.ones((2, 2), int)
-        )
+class Case(NamedTuple):
+    call: Callable[[], Any]
+    match: str  # must name the argument
+    error: type[Exception] | tuple[type[Exception], ...] = (ValueError, TypeError)  # DTypeError is both
+
+
+RNG = np.random.default_rng(0)
+RQ, RK, RV = RNG.normal(size=(2, 4, 5, 8)), RNG.normal(size=(2, 2, 7, 8)), RNG.normal(size=(2, 2, 7, 6))
+RX, RM = RNG.normal(size=(2, 5, 16)), RNG.normal(size=(2, 7, 6))
+# A module of d_model 16, 4 query heads over 2 key/value heads of 4 dims, keys and values 6 wide.
+PARAMS = {
+    f"{name}.{kind}": RNG.normal(size=shape[:1] if kind == "bias" else shape)
+    for name, shape in {"q_proj": (16, 16), "k_proj": (8, 6), "v_proj": (8, 6), "out_proj": (16, 16)}.items()
+    for kind in ("weight", "bias")
+}
+
+
+def ref_mha(query: Any = RX, key: Any = RM, value: Any = None, params: Any = PARAMS, **kwargs: Any) -> Any:
+    return reference.multi_head_attention(query, key, value, params, **{"num_heads": 4, "num_kv_heads": 2, **kwargs})
+
+
+def zeros_qkv(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    return np.zeros(q), np.zeros(k), np.zeros(v)
+
+
+REFERENCE_CASES = {
+    "q-string": Case(lambda: reference.attention("q", RK, RV), r"`q`"),
+    "q-ragged": Case(lambda: reference.attention([[1.0], [1.0, 2.0]], RK, RV), r"`q`"),
+    "k-rank": Case(lambda: reference.attention(RQ, RK[0], RV), r"`k` must be 4-D", ValueError),
+    "all-rank-3": Case(lambda: reference.attention(*zeros_qkv((2, 3, 4), (2, 3, 4), (2, 3, 4))), "4-D", ValueError),
+    "head-dim": Case(
+        lambda: reference.attention(*zeros_qkv((2, 1, 3, 4), (2, 1, 3, 5), (2, 1, 3, 4))),
+        "same head dim Dk",
+        ValueError,
+    ),
+    "batch": Case(
+        lambda: reference.attention(*zeros_qkv((2, 1, 3, 4), (1, 1, 3, 4), (2, 1, 3, 4))), "batch size", ValueError
+    ),
+    "heads-3-of-2": Case(
+        lambda: reference.attention(*zeros_qkv((2, 3, 3, 4), (2, 2, 3, 4), (2, 2, 3, 4))),
+        "multiple of the key/value heads",
+        ValueError,
+    ),
+    "gqa": Case(lambda: reference.attention(RQ, RK[:, :1].repeat(3, 1), RV[:, :1].repeat(3, 1)), r"Hkv=3"),
+    "mask-int": Case(
+        lambda: reference.attention(RQ, RK, RV, np.ones((5, 7), int)), r"`mask` must be boolean", DTypeError
+    ),
+    "mask-shape": Case(lambda: reference.attention(RQ, RK, RV, np.ones((7, 5), bool)), r"mask.shape=\(7, 5\)"),
+    "causal-string": Case(lambda: reference.attention(RQ, RK, RV, causal="no"), r"`causal`", TypeError),
+    "causal-int": Case(lambda: reference.attention(RQ, RK, RV, causal=1), r"`causal`", TypeError),
+    "scale-string": Case(lambda: reference.attention(RQ, RK, RV, scale="1"), r"`scale`", TypeError),
+    "scale-nan": Case(lambda: reference.attention(RQ, RK, RV, scale=float("nan")), r"`scale`", ValueError),
+    "mha-num-heads-zero": Case(lambda: ref_mha(num_heads=0), r"`num_heads` must be a positive int", ValueError),
+    "mha-kv-heads-indivisible": Case(lambda: ref_mha(num_kv_heads=3), r"num_kv_heads=3", ValueError),
+    "mha-num-heads-mismatch": Case(lambda: ref_mha(num_heads=3, num_kv_heads=None), r"num_heads"),
+    "mha-query-none": Case(lambda: ref_mha(query=None), r"`query`"),
+    "mha-query-2d": Case(lambda: ref_mha(query=RX[0]), r"`query` must be 3-D", ValueError),
+    "mha-query-width": Case(lambda: ref_mha(query=RX[..., :8]), r"`query`.*16", ValueError),
+    "mha-key-batch": Case(lambda: ref_mha(key=RM[:1]), r"`query`.*`key`.*batch|batch.*query.shape", ValueError),
+    "mha-params-none": Case(lambda: ref_mha(params=None), r"`params`", TypeError),
+    "mha-params-missing": Case(lambda: ref_mha(params={"q_proj.weight": PARAMS["q_proj.weight"]}), r"k_proj.weight"),
+    "mha-params-wrong-shape": Case(
+        lambda: ref_mha(params={**PARAMS, "q_proj.weight": PARAMS["q_proj.weight"][:12]}), r"q_proj.weight"
+    ),
+    "mha-key-mask-float": Case(lambda: ref_mha(key_mask=np.ones((2, 7))), r"`key_mask` must be boolean", DTypeError),
+    "mha-key-mask-shape": Case(lambda: ref_mha(key_mask=np.ones((2, 5), bool)), r"`key_mask`.*\(2, 5\)", ValueError),
+    "mha-mask-1d": Case(lambda: ref_mha(mask=np.ones(7, bool)), r"`mask` must be 2-D", ValueError),
+    "mha-causal-string": Case(lambda: ref_mha(causal="yes"), r"`causal`", TypeError),
+}
+
+
+def test_reference_parameters_are_those_of_a_working_module() -> None:
+    """The refusals below are each one bad argument away from a call that works."""
+    out, weights = ref_mha()
+    assert out.shape == (2, 5, 16)
+    assert weights.shape == (2, 4, 5, 7)
+    assert reference.attention(RQ, RK, RV)[0].shape == (2, 4, 5, 6)
+
+
+@pytest.mark.parametrize("case", list(REFERENCE_CASES))
+def test_reference_refuses_what_the_front_ends_refuse(case: str) -> None:
+    bad = REFERENCE_CASES[case]
+    with pytest.raises(bad.error, match=bad.match):
+        bad.call()

@@ -5,16 +5,19 @@ Notation: B batch, Lq/Lk lengths, E d_model, H heads.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from conftest import randn, state_dict_numpy, to_numpy
+from conftest import TorchCalls, randn, state_dict_numpy, to_numpy
 from multihead import reference
-from multihead.torch import MultiHeadAttention, causal_mask, padding_mask
+from multihead.torch import KVCache, MultiHeadAttention, causal_mask, padding_mask
+from multihead.torch.functional import IMPLEMENTATIONS
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,9 @@ class Config:
     def __str__(self) -> str:
         return self.name
 
-    def build(self) -> MultiHeadAttention:
-        module = MultiHeadAttention(self.d_model, self.num_heads, **self.options).double().eval()
+    def build(self, implementation: str = "auto") -> MultiHeadAttention:
+        module = MultiHeadAttention(self.d_model, self.num_heads, implementation=implementation, **self.options)
+        module = module.double().eval()
         with torch.no_grad():  # non-zero biases, so a dropped bias would show
             for parameter in module.parameters():
                 parameter.uniform_(-0.5, 0.5)
@@ -227,13 +231,6 @@ def test_from_torch_copies_dropout_and_dtype() -> None:
     assert all(p.dtype == torch.float64 for p in ours.parameters())
 
 
-def test_from_torch_refuses_what_it_cannot_copy() -> None:
-    with pytest.raises(TypeError, match=r"torch\.nn\.MultiheadAttention, received Linear"):
-        MultiHeadAttention.from_torch(nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="add_bias_kv"):
-        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, add_bias_kv=True))
-
-
 # --- the tutorials' configurations -----------------------------------------------------------------------
 
 
@@ -307,5 +304,74 @@ def test_eval_is_deterministic_and_training_drops_out() -> None:
     assert torch.equal(module(x), dropped)
 
 
-def test_repr_names_the_sizes() -> None:
-    assert "num_heads=8, num_kv_heads=2, head_dim=64" in repr(MultiHeadAttention(512, 8, num_kv_heads=2))
+@pytest.mark.parametrize(
+    "options",
+    [{"num_kv_heads": 2}, {"head_dim": 7, "value_head_dim": 5, "dropout": 0.25, "implementation": "explicit"}],
+    ids=["gqa", "head-dims-dropout-explicit"],
+)
+def test_repr_reports_the_configuration(options: dict) -> None:
+    """The repr holds every size and choice of the module as ``name=value``, values as Python literals."""
+    module = MultiHeadAttention(512, 8, **options)
+    reported = dict(item.split("=", 1) for item in module.extra_repr().split(", "))
+    names = ["d_model", "num_heads", "num_kv_heads", "head_dim", "value_head_dim", "dropout"]
+    expected = {name: getattr(module, name) for name in names}
+    if module.implementation != "auto":  # the default goes unsaid
+        expected["implementation"] = module.implementation
+    assert {name: ast.literal_eval(value) for name, value in reported.items()} == expected
+
+
+# --- implementation ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "gradients"])
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("variant", ["causal+key-mask", "float+key-mask", "causal+query-mask", "4d"])
+def test_every_implementation_matches_reference(variant: str, implementation: str, grad: bool) -> None:
+    config = Config("gqa", 24, 6, {"num_kv_heads": 2}, lq=7, lk=7, cross=False)
+    module = config.build(implementation)
+    query, key, value = config.inputs(module)
+    kwargs = mask_variants(query.shape[0], config.num_heads, query.shape[1], key.shape[1])[variant]
+    with torch.set_grad_enabled(grad):
+        out = module(query, key, value, **kwargs)
+    expected, _ = reference_call(module, query, key, value, **kwargs)
+    np.testing.assert_allclose(to_numpy(out), expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_every_implementation_decodes_token_by_token_like_the_reference(implementation: str) -> None:
+    config = Config("gqa", 24, 6, {"num_kv_heads": 2}, lq=6, cross=False)
+    module = config.build(implementation)
+    x = randn(2, 6, 24)
+    cache = KVCache()
+    with torch.no_grad():
+        steps = torch.cat([module(x[:, t : t + 1], cache=cache, causal=True) for t in range(6)], 1)
+    expected, _ = reference_call(module, x, x, x, causal=True)
+    np.testing.assert_allclose(to_numpy(steps), expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "packed-query-mask"])
+def test_the_module_takes_the_path_it_is_given(padded: bool) -> None:
+    x = randn(2, 5, 16)
+    real = padding_mask([5, 3], 5)
+    kwargs = {"key_mask": real, "query_mask": real} if padded else {}
+
+    def kernel_ran(implementation: str, grad: bool) -> bool:
+        module = Config("self", 16, 4).build(implementation)
+        with TorchCalls() as calls, torch.set_grad_enabled(grad):
+            module(x, causal=True, **kwargs)
+        return calls.count(F.scaled_dot_product_attention) > 0
+
+    assert kernel_ran("fused", grad=False)
+    assert not kernel_ran("explicit", grad=True)
+    assert not kernel_ran("auto", grad=False)  # a small inference call on CPU: the explicit math
+    assert kernel_ran("auto", grad=True)  # gradients: the kernel
+
+
+def test_explicit_module_can_return_weights_and_fused_equals_it() -> None:
+    config = Config("cross", 16, 4)
+    explicit, fused = config.build("explicit"), config.build("fused")
+    fused.load_state_dict(explicit.state_dict())
+    query, key, value = config.inputs(explicit)
+    out, weights = explicit(query, key, value, return_weights=True)
+    assert weights.shape == (3, 4, 5, 7)
+    torch.testing.assert_close(fused(query, key, value), out, atol=1e-12, rtol=0)

@@ -1,4 +1,5 @@
-"""KV-cache decoding and the encoder-decoder Transformer, PyTorch front end.
+"""KV-cache decoding and the encoder-decoder Transformer, PyTorch front end: its parts, what a call checks and
+where (once, where it enters), generation, tied embeddings, saving.
 
 Notation: B batch, Ls/Lt source/target length, E d_model, V vocabulary.
 """
@@ -6,16 +7,25 @@ Notation: B batch, Ls/Lt source/target length, E d_model, V vocabulary.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
+from torch import nn
 
-from multihead.config import TransformerConfig
-from multihead.io import load_model, save_model
+import multihead.torch.transformer as transformer_module
+from conftest import TorchCalls
+from multihead.io import load_model, load_weights, save_model, save_weights
 from multihead.reference import sinusoidal_positions
 from multihead.torch import (
+    Decoder,
     DecoderLayer,
+    Encoder,
     EncoderLayer,
     FeedForward,
     KVCache,
@@ -72,21 +82,6 @@ def test_cross_attention_cache_projects_memory_once() -> None:
     torch.testing.assert_close(torch.cat(steps, 1), module(x, memory))
 
 
-def test_cache_refuses_overflow_and_mismatched_shapes() -> None:
-    cache = KVCache(capacity=2)
-    cache.append(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4))
-    with pytest.raises(ValueError, match="capacity 2 exceeded: 2 cached \\+ 1 new"):
-        cache.append(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
-    growing = KVCache()
-    growing.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
-    with pytest.raises(ValueError, match=r"received new keys of shape \(1, 3, 1, 4\)"):
-        growing.append(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))
-    with pytest.raises(TypeError, match="`cache` must be a KVCache"):
-        MultiHeadAttention(8, 2)(torch.zeros(1, 1, 8), cache={})
-    with pytest.raises(ValueError, match="`capacity` must be a positive int, received 0"):
-        KVCache(0)
-
-
 def test_cache_reorder_keeps_rows() -> None:
     cache = KVCache()
     keys = torch.arange(3.0)[:, None, None, None].expand(3, 1, 2, 2)
@@ -105,8 +100,7 @@ def test_positional_encoding_is_the_papers_table() -> None:
     encoding = PositionalEncoding(16, max_len=50)
     x = torch.zeros(2, 7, 16)
     np.testing.assert_allclose(encoding(x, offset=3)[0].numpy(), table[3:10], atol=1e-6)
-    with pytest.raises(ValueError, match=r"positions 45..51 exceed max_len=50"):
-        encoding(x, offset=45)
+    np.testing.assert_allclose(encoding(x, offset=43)[0].numpy(), table[43:50], atol=1e-6)  # up to the last position
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -116,8 +110,6 @@ def test_feed_forward(activation: str) -> None:
     hidden = block.linear1(x)
     expected = block.linear2(torch.relu(hidden) if activation == "relu" else torch.nn.functional.gelu(hidden))
     torch.testing.assert_close(block(x), expected)
-    with pytest.raises(ValueError, match=r"`activation` must be one of \('relu', 'gelu'\), received 'tanh'"):
-        FeedForward(8, 16, activation="tanh")
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
@@ -280,35 +272,7 @@ def test_learns_to_reverse_sequences() -> None:
     assert exact > 0.9
 
 
-# --- configuration and saving ----------------------------------------------------------------------------
-
-
-def test_config_json_round_trip() -> None:
-    config = TransformerConfig(11, 12, d_model=16, num_heads=2, norm_first=True, activation="gelu", pad_id=0)
-    assert TransformerConfig.from_json(config.to_json()) == config
-    assert Transformer.from_config(config).config == config
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"d_model": 30, "num_heads": 4}, r"d_model=30, num_heads=4"),
-        ({"activation": "tanh"}, r"`activation` must be one of"),
-        ({"dropout": 1.5}, r"`dropout` must be in \[0, 1\)"),
-        ({"pad_id": 50}, r"`pad_id` must be a token of both vocabularies \(< 10\), received 50"),
-        ({"max_len": 0}, r"`max_len` must be a positive int"),
-    ],
-)
-def test_config_validation(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        Transformer(10, 12, **kwargs)
-
-
-def test_config_rejects_unknown_keys_and_bad_json() -> None:
-    with pytest.raises(ValueError, match=r"unknown Transformer config keys \['heads'\]"):
-        TransformerConfig.from_dict({"src_vocab": 3, "tgt_vocab": 3, "heads": 2})
-    with pytest.raises(ValueError, match="must be JSON"):
-        TransformerConfig.from_json("{not json")
+# --- saving ----------------------------------------------------------------------------------------------
 
 
 def test_save_and_load_model(tmp_path) -> None:
@@ -322,13 +286,280 @@ def test_save_and_load_model(tmp_path) -> None:
     torch.testing.assert_close(loaded(src, tgt), model(src, tgt))
 
 
-def test_token_validation() -> None:
+# --- tied embeddings ---------------------------------------------------------------------------------------
+
+VOCAB = 23
+
+
+def tied_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(VOCAB, VOCAB, **SMALL, tie_embeddings=True).double().eval()
+
+
+def test_tied_embeddings_are_one_matrix() -> None:
+    model = tied_model()
+    assert model.src_embed.weight is model.tgt_embed.weight
+    assert model.output_proj.weight is model.src_embed.weight
+    untied = Transformer(VOCAB, VOCAB, **SMALL)
+    shared = VOCAB * SMALL["d_model"]
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in untied.parameters()) - 2 * shared
+    assert {"src_embed.weight", "tgt_embed.weight", "output_proj.weight"} <= set(model.state_dict())  # the file format
+    assert torch.equal(model.output_proj.bias, torch.zeros(VOCAB))
+
+
+def test_tied_embeddings_get_the_gradients_of_all_three_uses() -> None:
+    """The shared matrix's gradient is the sum of those of the source embedding, the target embedding and the
+    output projection, each non-zero: an untied copy of the same weights shows them apart."""
+    tied = tied_model()
+    untied = Transformer(VOCAB, VOCAB, **SMALL).double().eval()
+    untied.load_state_dict(tied.state_dict())
+    src, tgt = tokens(2, 6, vocab=VOCAB), tokens(2, 5, vocab=VOCAB, seed=1)
+    tied_loss, untied_loss = tied(src, tgt).square().mean(), untied(src, tgt).square().mean()
+    torch.testing.assert_close(tied_loss, untied_loss)
+    (shared,) = torch.autograd.grad(tied_loss, tied.src_embed.weight)
+    uses = torch.autograd.grad(
+        untied_loss, (untied.src_embed.weight, untied.tgt_embed.weight, untied.output_proj.weight)
+    )
+    for grad in uses:
+        assert grad.abs().sum() > 0
+    torch.testing.assert_close(shared, sum(uses), atol=1e-12, rtol=1e-10)
+
+
+def test_tied_model_round_trips_through_weights_files_and_model_directories(tmp_path: Path) -> None:
+    model = tied_model()
+    with torch.no_grad():
+        model.src_embed.weight.add_(torch.randn(VOCAB, SMALL["d_model"], dtype=torch.float64))
+        model.output_proj.bias.normal_()
+    src, tgt = tokens(2, 6, vocab=VOCAB), tokens(2, 5, vocab=VOCAB, seed=1)
+
+    save_weights(model, tmp_path / "tied.safetensors")
+    other = tied_model(seed=1)
+    load_weights(other, tmp_path / "tied.safetensors")
+    assert other.src_embed.weight is other.tgt_embed.weight is other.output_proj.weight  # still one matrix
+    torch.testing.assert_close(other(src, tgt), model(src, tgt))
+
+    save_model(model, tmp_path / "run")
+    loaded = load_model(tmp_path / "run")
+    assert loaded.config.tie_embeddings
+    assert loaded.src_embed.weight is loaded.tgt_embed.weight is loaded.output_proj.weight
+    torch.testing.assert_close(loaded(src.long(), tgt), model.float()(src, tgt))
+
+    untied = Transformer(VOCAB, VOCAB, **SMALL).double().eval()  # a tied file is also an untied model's
+    load_weights(untied, tmp_path / "tied.safetensors")
+    torch.testing.assert_close(untied(src, tgt), other(src, tgt))
+
+
+@pytest.mark.parametrize("source", ["edited-copy", "untied-model"])
+def test_a_file_whose_tied_copies_differ_is_refused_by_name(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "weights.safetensors"
+    if source == "edited-copy":
+        save_weights(tied_model(), path)
+        tensors = safetensors.numpy.load_file(path)
+        tensors["output_proj.weight"] = tensors["output_proj.weight"] + 1.0
+        safetensors.numpy.save_file(tensors, path)
+        match = r"tensors \['src_embed.weight', 'output_proj.weight'\] in .* differ, but the model ties them"
+    else:
+        save_weights(Transformer(VOCAB, VOCAB, **SMALL), path)
+        match = r"tensors \['src_embed.weight', 'tgt_embed.weight', 'output_proj.weight'\] in .* differ"
+    target = tied_model(seed=2)
+    before = {name: value.clone() for name, value in target.state_dict().items()}
+    with pytest.raises(ValueError, match=match):
+        load_weights(target, path)
+    for name, value in target.state_dict().items():
+        assert torch.equal(value, before[name]), f"{name} changed by a refused load"
+
+
+# --- validate once: a call is checked where it enters --------------------------------------------------------
+
+OUR_MODULES = (MultiHeadAttention, EncoderLayer, DecoderLayer, Encoder, Decoder, FeedForward, PositionalEncoding)
+
+
+@contextmanager
+def public_entries(model: nn.Module) -> Iterator[list[str]]:
+    """Record every checked entry point (a public ``forward``) of ``model``'s own submodules that runs."""
+    entered: list[str] = []
+    handles = [
+        sub.register_forward_pre_hook(lambda *_, name=name: entered.append(name))
+        for name, sub in model.named_modules()
+        if name and isinstance(sub, OUR_MODULES)
+    ]
+    try:
+        yield entered
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> Counter:
+    """Count the calls of ``module.name`` by its first argument (an argument name, for the checks)."""
+    original: Callable = getattr(module, name)
+    calls: Counter = Counter()
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls[args[0]] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def test_a_transformer_call_checks_its_inputs_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = small_model(pad_id=PAD)
+    src, tgt = tokens(3, 7), tokens(3, 6, vocab=23, seed=1)
+    token_checks = count_calls(monkeypatch, transformer_module, "check_token_ids")
+    mask_checks = count_calls(monkeypatch, transformer_module, "check_key_mask")
+    with public_entries(model) as entered, TorchCalls() as calls:
+        model(src, tgt, src_key_mask=src != PAD)
+    assert token_checks == {"src": 1, "tgt": 1}
+    assert mask_checks == {"src_key_mask": 1, "tgt_key_mask": 1}
+    assert entered == []  # the layers ran through their unchecked paths
+    assert calls.count(torch.aminmax, torch.Tensor.aminmax) == 2  # one range check per token tensor ...
+    assert calls.count(torch.Tensor.min, torch.Tensor.max, torch.min, torch.max) == 0  # ... and no other
+
+
+@pytest.mark.parametrize("method", ["encode", "decode", "decode-cached"])
+def test_the_other_entry_points_check_once_too(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model()
-    with pytest.raises(ValueError, match=r"`src` must hold ids in \[0, 20\), received ids from 3 to 25"):
-        model(torch.tensor([[3, 25]]), tokens(1, 2))
-    with pytest.raises(TypeError, match="`tgt` must hold integer token ids"):
-        model(tokens(1, 2), torch.zeros(1, 2))
-    with pytest.raises(ValueError, match=r"`src` must be 2-D \(B, L\)"):
-        model.encode(torch.tensor([3, 4]))
-    with pytest.raises(ValueError, match="`eos_id` must be < tgt_vocab=23, received eos_id=30"):
-        model.generate(tokens(1, 3), max_len=3, bos_id=1, eos_id=30)
+    src, tgt = tokens(2, 7), tokens(2, 4, vocab=23, seed=1)
+    memory = model.encode(src)
+    token_checks = count_calls(monkeypatch, transformer_module, "check_token_ids")
+    with public_entries(model) as entered:
+        if method == "encode":
+            model.encode(src)
+        else:
+            model.decode(tgt, memory, cache=model.new_cache() if method == "decode-cached" else None)
+    assert token_checks == {"src" if method == "encode" else "tgt": 1}
+    assert entered == []
+
+
+# What makes the host wait for the device: reading a tensor's values into Python.
+SYNCS = (
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__bool__,
+    torch.Tensor.__index__,
+    torch.Tensor.min,
+    torch.Tensor.max,
+    torch.min,
+    torch.max,
+    torch.aminmax,
+    torch.Tensor.aminmax,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
+def test_generate_checks_once_however_many_tokens_it_makes(beam_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks and their host synchronisations happen once per call, none per generated token (the search's
+    own reading of each step's log-probabilities aside)."""
+    model = small_model(pad_id=PAD)
+    with torch.no_grad():
+        model.output_proj.bias[EOS] = -1e9  # no sequence ends early: every call makes max_len tokens
+    src = tokens(2, 7)
+    token_checks = count_calls(monkeypatch, transformer_module, "check_token_ids")
+    syncs, entries = [], []
+    for max_len in (2, 9):
+        token_checks.clear()
+        with public_entries(model) as entered, TorchCalls() as calls:
+            out = model.generate(src, max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam_size)
+        assert out.shape == (2, max_len)
+        assert token_checks == {"src": 1}
+        syncs.append(calls.count(*SYNCS))
+        entries.append(entered)
+    assert syncs[0] == syncs[1], f"{syncs[1] - syncs[0]} more host synchronisations for 7 more tokens"
+    assert entries == [[], []]
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_the_model_equals_its_public_parts_called_one_by_one(norm_first: bool) -> None:
+    """The unchecked internal paths compute what the checked public calls of each part compute."""
+    model = small_model(norm_first, pad_id=PAD)
+    src, tgt = tokens(3, 7), tokens(3, 6, vocab=23, seed=1)
+    src[1, 4:], tgt[2, 3:] = PAD, PAD
+    src_mask, tgt_mask = src != PAD, tgt != PAD
+    scale = math.sqrt(SMALL["d_model"])
+
+    x = model.positional(model.src_embed(src) * scale)
+    encoder_in = x
+    for layer in model.encoder.layers:
+        x = layer(x, key_mask=src_mask)
+    memory = x if model.encoder.norm is None else model.encoder.norm(x)
+    torch.testing.assert_close(model.encoder(encoder_in, key_mask=src_mask), memory)
+    torch.testing.assert_close(model.encode(src), memory)
+
+    y = model.positional(model.tgt_embed(tgt) * scale)
+    decoder_in = y
+    for layer in model.decoder.layers:
+        y = layer(y, memory, tgt_key_mask=tgt_mask, memory_key_mask=src_mask)
+    y = y if model.decoder.norm is None else model.decoder.norm(y)
+    torch.testing.assert_close(model.decoder(decoder_in, memory, tgt_key_mask=tgt_mask, memory_key_mask=src_mask), y)
+    logits = model.output_proj(y)
+    torch.testing.assert_close(model(src, tgt), logits)
+    torch.testing.assert_close(model.decode(tgt, memory, memory_key_mask=src_mask, tgt_key_mask=tgt_mask), logits)
+
+    # Token by token through each layer's public call with its caches, and through the model's.
+    caches = [(KVCache(), KVCache()) for _ in model.decoder.layers]
+    model_cache = model.new_cache()
+    for t in range(tgt.shape[1]):
+        h = model.positional(model.tgt_embed(tgt[:, t : t + 1]) * scale, offset=t)
+        for layer, (self_cache, cross_cache) in zip(model.decoder.layers, caches, strict=True):
+            h = layer(h, memory, memory_key_mask=src_mask, self_cache=self_cache, cross_cache=cross_cache)
+        h = h if model.decoder.norm is None else model.decoder.norm(h)
+        step = model.decode(tgt[:, t : t + 1], memory, memory_key_mask=src_mask, cache=model_cache)
+        torch.testing.assert_close(step, model.output_proj(h), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_layers_with_masks_equal_their_sublayers(norm_first: bool) -> None:
+    encoder_layer = EncoderLayer(16, 4, 32, dropout=0.0, norm_first=norm_first).eval()
+    decoder_layer = DecoderLayer(16, 4, 32, dropout=0.0, norm_first=norm_first).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
+    x_mask, memory_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]), torch.rand(2, 6) > 0.3
+    memory_mask[:, 0] = True
+
+    def residual(layer: nn.Module, h: torch.Tensor, norm: nn.LayerNorm, sublayer: Callable) -> torch.Tensor:
+        return h + sublayer(norm(h)) if layer.norm_first else norm(h + sublayer(h))
+
+    h = residual(encoder_layer, x, encoder_layer.norm1, lambda h: encoder_layer.self_attn(h, key_mask=x_mask))
+    h = residual(encoder_layer, h, encoder_layer.norm2, encoder_layer.feed_forward)
+    torch.testing.assert_close(encoder_layer(x, key_mask=x_mask), h)
+
+    d = decoder_layer
+    h = residual(d, x, d.norm1, lambda h: d.self_attn(h, key_mask=x_mask, causal=True))
+    h = residual(d, h, d.norm2, lambda h: d.cross_attn(h, memory, key_mask=memory_mask))
+    h = residual(d, h, d.norm3, d.feed_forward)
+    torch.testing.assert_close(d(x, memory, tgt_key_mask=x_mask, memory_key_mask=memory_mask), h)
+
+
+# --- generate over a preallocated cache ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_generate_equals_greedy_decoding_step_by_step(norm_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate`` (one preallocated cache of max_len positions) gives the tokens of a hand-written greedy loop
+    over ``decode`` with a cache that grows."""
+    model = small_model(norm_first)
+    src = tokens(4, 7)
+    capacities = []
+    new_cache = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda capacity=None: capacities.append(capacity) or new_cache(capacity))
+    out = model.generate(src, max_len=8, bos_id=BOS, eos_id=EOS)
+    assert capacities == [8]
+
+    memory, cache = model.encode(src), new_cache()
+    token = torch.full((4, 1), BOS)
+    finished = torch.zeros(4, dtype=torch.bool)
+    expected = []
+    for _ in range(8):
+        logits = model.decode(token, memory, cache=cache)  # only the new token: the cache holds the rest
+        token = torch.where(finished, EOS, logits[:, -1].argmax(-1))[:, None]  # padded with eos_id after EOS
+        expected.append(token)
+        finished |= token[:, 0] == EOS
+        if finished.all():
+            break
+    expected = torch.cat(expected, 1)
+    assert len(set((expected == EOS).int().argmax(1).tolist())) > 1  # rows end at different steps: some are padded
+    assert torch.equal(out, expected)
