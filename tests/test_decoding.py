@@ -1,12 +1,22 @@
-"""Greedy and beam search (shared by both front ends) on toy models whose answers are known by construction."""
+"""Greedy and beam search, and the generation driver (shared by both front ends), on toy models whose answers are
+known by construction."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from conftest import NumpyKVCache
+from multihead.cache import DecoderCache
 from multihead.config import TransformerConfig
-from multihead.decoding import beam_search, check_generation_args, greedy_search
+from multihead.decoding import (
+    DecodingSession,
+    beam_search,
+    check_generation_args,
+    generate,
+    greedy_search,
+    resolve_pad_id,
+)
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
 
@@ -93,3 +103,90 @@ def test_generation_args_are_checked(args: tuple, message: str) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
     with pytest.raises(ValueError, match=message):
         check_generation_args(*args, config)
+
+
+def test_pad_id_defaults_to_the_configs_then_to_eos() -> None:
+    with_pad, without_pad = TransformerConfig(10, 12, pad_id=3), TransformerConfig(10, 12)
+    assert resolve_pad_id(5, with_pad, eos_id=1) == 5
+    assert resolve_pad_id(None, with_pad, eos_id=1) == 3
+    assert resolve_pad_id(None, without_pad, eos_id=1) == 1
+
+
+# --- the generation driver ---------------------------------------------------------------------------------
+
+# TRAP, where beam search's answer goes on after B C: beams swap rows on the way there, so a cache whose rows did
+# not follow them would look up A C instead and stop. Source 1 has its own answer: sources mixed up would show.
+DEEP = {**TRAP, (B, C): {A: 1.0}, (B, C, A): {EOS: 1.0}}
+OTHER = {(): {C: 0.7, A: 0.3}, (C,): {A: 0.6, EOS: 0.4}, (C, A): {EOS: 1.0}, (A,): {EOS: 1.0}}
+
+
+class TableSession(DecodingSession):
+    """A toy model behind the driver: ``memory`` row ``i`` holds the id of the source it decodes, and each source
+    has its own table (:func:`table_model`). With a cache the session keeps the tokens decoded so far as the keys of
+    a one-layer :class:`DecoderCache` and each step brings only the new ones, as a Transformer's does: the cache's
+    rows must follow the beams for the prefixes it rebuilds to be right."""
+
+    def __init__(self, tables: list[dict], use_cache: bool) -> None:
+        cache = DecoderCache(1, NumpyKVCache) if use_cache else None
+        batch = len(tables)
+        super().__init__(np.arange(batch), np.ones((batch, 3), dtype=bool), cache)
+        self.steps = [table_model(table) for table in tables]
+        self.taken: list[np.ndarray] = []  # the rows of every reorder
+        self.memories: list[np.ndarray] = []  # the memory at every step
+
+    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
+        if self.cache is not None:
+            new = tokens[:, None, :, None].astype(np.float64)  # (N, 1, n, 1): one "key" per token
+            keys, _ = self.cache.self_attention[0].append(new, new)
+            tokens = keys[:, 0, :, 0].astype(np.int64)  # every prefix, rebuilt from the cache
+        self.memories.append(self.memory.copy())
+        return np.concatenate([self.steps[source](row[None]) for source, row in zip(self.memory, tokens, strict=True)])
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.taken.append(np.asarray(rows).copy())
+        super().reorder(rows)
+
+    def _take(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return x[rows]
+
+
+SEARCH = dict(max_len=6, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+def test_generate_greedy_decodes_each_source_from_its_own_state(use_cache: bool) -> None:
+    session = TableSession([DEEP, OTHER], use_cache)
+    out = generate(session, 2, **SEARCH)
+    np.testing.assert_array_equal(out, [[A, EOS, PAD], [C, A, EOS]])  # greedy's (0.24)
+    assert session.taken == []  # greedy search never reorders
+    assert all(np.array_equal(memory, [0, 1]) for memory in session.memories)
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: bool) -> None:
+    k = 2
+    session = TableSession([DEEP, OTHER], use_cache)
+    out = generate(session, 2, beam_size=k, length_penalty=0.0, **SEARCH)
+    np.testing.assert_array_equal(out, [[B, C, A, EOS], [C, A, EOS, PAD]])  # beam search's answer (0.36)
+    expected = beam_search(table_model(DEEP), lambda rows: None, 1, beam_size=k, length_penalty=0.0, **SEARCH)
+    np.testing.assert_array_equal(out[:1], expected)
+
+    # First the sources are laid out as beams (row b * k + j is beam j of source b), then each step's rows.
+    np.testing.assert_array_equal(session.taken[0], [0, 0, 1, 1])
+    assert len(session.taken) > 1
+    for rows in session.taken[1:]:
+        assert rows.shape == (2 * k,)
+        for b in range(2):
+            assert set(rows[b * k : (b + 1) * k]) <= set(range(b * k, (b + 1) * k)), rows  # beams stay home
+    assert all(np.array_equal(memory, [0, 0, 1, 1]) for memory in session.memories)
+    assert session.memory_key_mask.shape == (4, 3)  # the key mask follows the memory
+    if use_cache:
+        assert session.cache.self_attention[0].keys.shape[0] == 2 * k
+
+
+def test_generate_with_beam_size_one_is_greedy_and_does_not_reorder() -> None:
+    session = TableSession([DEEP, OTHER], use_cache=True)
+    np.testing.assert_array_equal(
+        generate(session, 2, beam_size=1, **SEARCH), generate(TableSession([DEEP, OTHER], False), 2, **SEARCH)
+    )
+    assert session.taken == []

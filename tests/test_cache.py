@@ -1,0 +1,207 @@
+"""The KV cache's bookkeeping (``multihead.cache``), shared by both front ends: which keys a call attends, when the
+memory is reused, what a call is refused, and that a preallocated cache holds what a growing one holds.
+
+It runs over NumPy arrays (``conftest.NumpyKVCache``, written for these tests) and over the PyTorch ``KVCache``.
+
+Notation: B batch, Hkv key/value heads, L cached length, n new tokens, Dk/Dv head dims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import NumpyKVCache
+from multihead.cache import DecoderCache, KVCacheBase, check_decoder_cache
+from multihead.torch import KVCache
+
+FRONT_ENDS = {
+    "numpy": (NumpyKVCache, np.asarray),
+    "torch": (KVCache, lambda x: torch.from_numpy(np.asarray(x))),
+}
+
+
+@pytest.fixture(params=list(FRONT_ENDS))
+def front_end(request: pytest.FixtureRequest) -> tuple[type[KVCacheBase], Callable]:
+    return FRONT_ENDS[request.param]
+
+
+def keys_values(batch: int, new: int, seed: int, kv_heads: int = 2, dk: int = 3, dv: int = 5) -> tuple:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(batch, kv_heads, new, dk)), rng.normal(size=(batch, kv_heads, new, dv))
+
+
+def numpy_of(x: object) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def test_self_attention_attends_everything_cached_plus_the_new_tokens(front_end) -> None:
+    cache_type, tensor = front_end
+    cache = cache_type()
+    assert not cache.reuses_memory(self_attention=True)
+    assert cache.key_length(self_attention=True, new=3) == 3
+    assert cache.key_length(self_attention=True, new=None) is None  # not known before the call says
+    chunks = [keys_values(2, n, seed) for seed, n in enumerate([3, 1, 2])]
+    for index, (k, v) in enumerate(chunks):
+        before = cache.length
+        assert cache.key_length(self_attention=True, new=k.shape[2]) == before + k.shape[2]
+        keys, values = cache.keys_and_values(True, lambda k=k, v=v: (tensor(k), tensor(v)))
+        np.testing.assert_array_equal(numpy_of(keys), np.concatenate([c[0] for c in chunks[: index + 1]], axis=2))
+        np.testing.assert_array_equal(numpy_of(values), np.concatenate([c[1] for c in chunks[: index + 1]], axis=2))
+        assert not cache.reuses_memory(self_attention=True)
+    assert cache.length == 6
+
+
+def test_cross_attention_projects_the_memory_once_then_reuses_it(front_end) -> None:
+    cache_type, tensor = front_end
+    cache = cache_type()
+    memory = keys_values(2, 7, seed=0)
+    projections = []
+
+    def project() -> tuple:
+        projections.append(True)
+        return tensor(memory[0]), tensor(memory[1])
+
+    assert not cache.reuses_memory(self_attention=False)
+    assert cache.key_length(self_attention=False, new=7) == 7
+    for _ in range(3):
+        keys, values = cache.keys_and_values(False, project)
+        np.testing.assert_array_equal(numpy_of(keys), memory[0])
+        np.testing.assert_array_equal(numpy_of(values), memory[1])
+        assert cache.reuses_memory(self_attention=False)
+        assert cache.key_length(self_attention=False, new=99) == 7  # the memory kept, whatever the call brings
+    assert len(projections) == 1
+    assert cache.length == 7
+
+
+@pytest.mark.parametrize("capacity", [6, 9])
+def test_a_preallocated_cache_holds_what_a_growing_one_holds(front_end, capacity: int) -> None:
+    cache_type, tensor = front_end
+    growing, preallocated = cache_type(), cache_type(capacity)
+    for seed, n in enumerate([2, 1, 3]):
+        k, v = keys_values(3, n, seed)
+        grown = growing.append(tensor(k), tensor(v))
+        written = preallocated.append(tensor(k), tensor(v))
+        for a, b in zip(grown, written, strict=True):
+            np.testing.assert_array_equal(numpy_of(a), numpy_of(b))
+        assert preallocated.length == growing.length
+    rows = np.array([2, 0, 0])
+    growing.reorder(rows)
+    preallocated.reorder(rows)
+    np.testing.assert_array_equal(numpy_of(preallocated.keys), numpy_of(growing.keys))
+    np.testing.assert_array_equal(numpy_of(preallocated.values), numpy_of(growing.values))
+    assert numpy_of(preallocated.keys).shape == (3, 2, 6, 3)  # only the cached positions, never the spare ones
+
+
+def test_a_preallocated_torch_cache_writes_in_place() -> None:
+    cache = KVCache(capacity=8)
+    cache.append(*(torch.from_numpy(x) for x in keys_values(1, 3, seed=0)))
+    address = cache.keys.data_ptr()
+    for seed in range(1, 5):
+        cache.append(*(torch.from_numpy(x) for x in keys_values(1, 1, seed)))
+        assert cache.keys.data_ptr() == address  # no reallocation per step
+    assert cache.length == 7
+
+
+def test_reorder_keeps_rows_and_reset_empties(front_end) -> None:
+    cache_type, tensor = front_end
+    cache = cache_type()
+    k, v = keys_values(3, 2, seed=1)
+    cache.append(tensor(k), tensor(v))
+    cache.reorder(np.array([1, 1, 0]))
+    np.testing.assert_array_equal(numpy_of(cache.keys), k[[1, 1, 0]])
+    np.testing.assert_array_equal(numpy_of(cache.values), v[[1, 1, 0]])
+    assert cache.length == 2
+    cache.reset()
+    assert cache.length == 0
+    assert cache.keys is None
+    assert cache.values is None
+
+
+# --- what check_call refuses, before anything is projected ---------------------------------------------------
+
+
+def filled(cache_type: type[KVCacheBase], tensor: Callable, capacity: int | None = None) -> KVCacheBase:
+    cache = cache_type(capacity)
+    cache.append(*(tensor(x) for x in keys_values(2, 3, seed=0)))
+    return cache
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            dict(self_attention=True, batch=2, new=2, kv_heads=2, key_dim=3, value_dim=5),
+            r"`cache`: KVCache capacity 4 exceeded: 3",
+        ),
+        (
+            dict(self_attention=True, batch=3, new=1, kv_heads=2, key_dim=3, value_dim=5),
+            r"`cache` holds keys.*this call brings B=3",
+        ),
+        (dict(self_attention=True, batch=2, new=1, kv_heads=4, key_dim=3, value_dim=5), r"Hkv=4"),
+        (dict(self_attention=True, batch=2, new=1, kv_heads=2, key_dim=4, value_dim=5), r"Dk=4"),
+        (dict(self_attention=True, batch=2, new=1, kv_heads=2, key_dim=3, value_dim=6), r"Dv=6"),
+        (dict(self_attention=False, batch=5, new=7, kv_heads=2, key_dim=3, value_dim=5), r"batch of 2.*batch of 5"),
+    ],
+    ids=["capacity", "batch", "kv-heads", "key-dim", "value-dim", "memory-batch"],
+)
+def test_check_call_refuses_what_the_cache_cannot_serve(front_end, call: dict, match: str) -> None:
+    cache_type, tensor = front_end
+    cache = filled(cache_type, tensor, capacity=4)
+    keys = numpy_of(cache.keys).copy()
+    with pytest.raises(ValueError, match=match):
+        cache.check_call(**call)
+    assert cache.length == 3
+    np.testing.assert_array_equal(numpy_of(cache.keys), keys)
+
+
+def test_check_call_accepts_what_the_cache_can_serve(front_end) -> None:
+    cache_type, tensor = front_end
+    cache = filled(cache_type, tensor, capacity=4)
+    cache.check_call(True, batch=2, new=1, kv_heads=2, key_dim=3, value_dim=5)  # exactly fills the capacity
+    cache.check_call(False, batch=2, new=11, kv_heads=2, key_dim=3, value_dim=5)  # reuse: only the batch counts
+    cache_type().check_call(True, batch=9, new=100, kv_heads=1, key_dim=1, value_dim=1)  # empty, growing
+    assert cache.length == 3
+
+
+def test_append_refuses_like_check_call(front_end) -> None:
+    cache_type, tensor = front_end
+    cache = filled(cache_type, tensor, capacity=4)
+    with pytest.raises(ValueError, match=r"capacity 4 exceeded: 3 cached \+ 2 new"):
+        cache.append(*(tensor(x) for x in keys_values(2, 2, seed=1)))
+    with pytest.raises(ValueError, match=r"received new keys of shape \(2, 4, 1, 3\)"):
+        cache.append(*(tensor(x) for x in keys_values(2, 1, seed=1, kv_heads=4)))
+    assert cache.length == 3
+
+
+# --- DecoderCache ---------------------------------------------------------------------------------------------
+
+
+def test_decoder_cache_keeps_one_cache_per_layer_and_reorders_them_all(front_end) -> None:
+    cache_type, tensor = front_end
+    decoder_cache = DecoderCache(2, cache_type, capacity=5)
+    assert decoder_cache.length == 0
+    assert [c.capacity for c in decoder_cache.self_attention] == [5, 5]
+    assert [c.capacity for c in decoder_cache.cross_attention] == [None, None]  # the memory is appended once
+    for layer in range(2):
+        decoder_cache.self_attention[layer].append(*(tensor(x) for x in keys_values(3, 2, seed=layer)))
+        decoder_cache.cross_attention[layer].append(*(tensor(x) for x in keys_values(3, 4, seed=10 + layer)))
+    assert decoder_cache.length == 2
+    decoder_cache.reorder(np.array([2, 1, 2]))
+    for layer in range(2):
+        expected_self, expected_cross = keys_values(3, 2, seed=layer)[0], keys_values(3, 4, seed=10 + layer)[0]
+        np.testing.assert_array_equal(numpy_of(decoder_cache.self_attention[layer].keys), expected_self[[2, 1, 2]])
+        np.testing.assert_array_equal(numpy_of(decoder_cache.cross_attention[layer].keys), expected_cross[[2, 1, 2]])
+    assert DecoderCache(0, cache_type).length == 0
+
+
+def test_check_decoder_cache() -> None:
+    check_decoder_cache(None, 3)
+    check_decoder_cache(DecoderCache(3, NumpyKVCache), 3)
+    with pytest.raises(TypeError, match=r"`cache` must be a DecoderCache or None, received NumpyKVCache"):
+        check_decoder_cache(NumpyKVCache(), 3)
+    with pytest.raises(ValueError, match=r"one KV cache per decoder layer \(3\), received 2"):
+        check_decoder_cache(DecoderCache(2, NumpyKVCache), 3)
