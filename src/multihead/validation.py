@@ -97,33 +97,37 @@ def resolve_head_dim(d_model: int, num_heads: int, head_dim: int | None) -> int:
     return d_model // num_heads
 
 
-def check_attention_shapes(q: Shape, k: Shape, v: Shape) -> None:
-    """q ``(B, H, Lq, Dk)``, k ``(B, Hkv, Lk, Dk)``, v ``(B, Hkv, Lk, Dv)`` with ``H % Hkv == 0``."""
-    for name, shape, layout in (
-        ("q", q, "(B, H, Lq, Dk)"),
-        ("k", k, "(B, Hkv, Lk, Dk)"),
-        ("v", v, "(B, Hkv, Lk, Dv)"),
-    ):
-        if len(shape) != 4:
-            raise ValueError(f"`{name}` must be 4-D {layout}, received {name}.shape={shape}")
-    if not _agree(q[0], k[0], v[0]):
+def check_attention_shapes(q: Shape, k: Shape, v: Shape, *, packed: bool = False) -> None:
+    """q ``(B, H, Lq, Dk)``, k ``(B, Hkv, Lk, Dk)``, v ``(B, Hkv, Lk, Dv)`` with ``H % Hkv == 0``; or, ``packed``,
+    the same without the batch axis and with length first: q ``(N, H, Dk)``, k ``(M, Hkv, Dk)``, v ``(M, Hkv, Dv)``."""
+    layouts = (
+        ("(N, H, Dk)", "(M, Hkv, Dk)", "(M, Hkv, Dv)")
+        if packed
+        else ("(B, H, Lq, Dk)", "(B, Hkv, Lk, Dk)", "(B, Hkv, Lk, Dv)")
+    )
+    head, length, dim = (1, 0, 2) if packed else (1, 2, 3)
+    for name, shape, layout in zip(("q", "k", "v"), (q, k, v), layouts, strict=True):
+        if len(shape) != len(layouts[0].split(",")):
+            raise ValueError(f"`{name}` must be {len(layouts[0].split(','))}-D {layout}, received {name}.shape={shape}")
+    if not packed and not _agree(q[0], k[0], v[0]):
         raise ValueError(f"`q`, `k`, `v` must share the batch size B, received q.shape={q}, k.shape={k}, v.shape={v}")
-    if not _agree(k[1], v[1]):
+    if not _agree(k[head], v[head]):
         raise ValueError(f"`k` and `v` must have the same number of heads Hkv, received k.shape={k}, v.shape={v}")
-    if q[1] == 0 or k[1] == 0:
+    if q[head] == 0 or k[head] == 0:
         raise ValueError(
-            f"`q` and `k` must have at least one head, received q.shape={q} (H={q[1]}), k.shape={k} (Hkv={k[1]})"
+            f"`q` and `k` must have at least one head, received q.shape={q} (H={q[head]}), k.shape={k} (Hkv={k[head]})"
         )
-    if q[1] is not None and k[1] is not None and q[1] % k[1]:
+    if q[head] is not None and k[head] is not None and q[head] % k[head]:
         raise ValueError(
             f"the query heads H must be a multiple of the key/value heads Hkv, "
-            f"received q.shape={q} (H={q[1]}), k.shape={k} (Hkv={k[1]})"
+            f"received q.shape={q} (H={q[head]}), k.shape={k} (Hkv={k[head]})"
         )
-    if not _agree(k[2], v[2]):
-        raise ValueError(f"`k` and `v` must have the same length Lk, received k.shape={k}, v.shape={v}")
-    if not _agree(q[3], k[3]):
+    if not _agree(k[length], v[length]):
+        which = "number of keys M" if packed else "length Lk"
+        raise ValueError(f"`k` and `v` must have the same {which}, received k.shape={k}, v.shape={v}")
+    if not _agree(q[dim], k[dim]):
         raise ValueError(f"`q` and `k` must have the same head dim Dk, received q.shape={q}, k.shape={k}")
-    if q[3] == 0:
+    if q[dim] == 0:
         raise ValueError(f"`q` and `k` need a head dim Dk of at least 1 (scale 1/sqrt(Dk)), received q.shape={q}")
 
 

@@ -366,10 +366,6 @@ PACKED_SHAPE_CASES = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="packed_attention quotes the (1, H, N, D) shapes it checks, not the (N, H, D) shapes it received",
-)
 @pytest.mark.parametrize("case", list(PACKED_SHAPE_CASES))
 def test_packed_attention_shape_errors_quote_the_shapes_received(case: str) -> None:
     call, match = PACKED_SHAPE_CASES[case]

@@ -299,10 +299,7 @@ def packed_attention(
         torch.Size([7, 4, 16])
     """
     _check_tensors(q, k, v)
-    for name, x, layout in (("q", q, "(N, H, Dk)"), ("k", k, "(M, Hkv, Dk)"), ("v", v, "(M, Hkv, Dv)")):
-        if x.dim() != 3:
-            raise ValueError(f"`{name}` must be 3-D {layout}, received {name}.shape={tuple(x.shape)}")
-    check_attention_shapes(*((1, x.shape[1], x.shape[0], x.shape[2]) for x in (q, k, v)))
+    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), packed=True)
     query_lengths = check_packed_lengths("query_lengths", query_lengths, q.shape[0], "N = q.shape[0]")
     key_lengths = check_packed_lengths("key_lengths", key_lengths, k.shape[0], "M = k.shape[0]")
     if len(query_lengths) != len(key_lengths):
