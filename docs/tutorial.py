@@ -249,7 +249,7 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 #
 # The built-in `dates` task asks the model to rewrite dates written in many ways ("21 November 2026", "Tue Mar 9
 # 2021", "the 4th of July 1976") as `YYYY-MM-DD`. The data is generated, so nothing is downloaded, and 1000
-# examples are held out for evaluation. `multihead.app.train` trains an encoder-decoder Transformer (2+2 layers,
+# examples are held out for evaluation. `multihead.app.training` trains an encoder-decoder Transformer (2+2 layers,
 # `d_model = 128`) on it; the command line does the same with `multihead train --task dates --steps 1500 --out
 # runs/dates`. About two minutes on two CPU cores; the model then gets at least 98% of the held-out dates exactly
 # right (the tests train only a few steps, so there the translations are still wrong). If the run directory
@@ -257,17 +257,18 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 
 # %%
 from multihead.app.plot import plot_cross_attention
-from multihead.app.train import TrainOptions, train
+from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
 
 run = OUT / "dates"
-result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=True))
+result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=run.exists()))
 print(f"exact match on {result.heldout} held-out dates after {result.step} steps: {result.accuracy:.3f}")
 assert 0.0 <= result.accuracy <= 1.0
 
 translator = Translator(run)
-for text in ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"):
-    print(f"{text!r} -> {translator.translate(text).target!r}")
+examples = ["21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"]
+for text, translated in zip(examples, translator.translate(examples), strict=True):
+    print(f"{text!r} -> {translated!r}")
 
 # %% [markdown]
 # What did it look at? The decoder's cross-attention weights say, for each output character, which input
@@ -275,7 +276,7 @@ for text in ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"):
 # is written, then move on to the month and the day.
 
 # %%
-translation = translator.translate("21 November 2026")
+translation = translator.attention("21 November 2026")
 path = plot_cross_attention(translation, OUT / "dates_attention.png")
 print(f"figure: {path}")
 

@@ -262,7 +262,7 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 # 内置的 `dates` 任务要求模型把各种写法的日期
 # （“21 November 2026”“Tue Mar 9 2021”“the 4th of July 1976”）改写成 `YYYY-MM-DD`。
 # 数据是程序生成的，无需下载，并留出 1000 个样例用于评估。
-# `multihead.app.train` 在这个任务上训练一个编码器-解码器 Transformer
+# `multihead.app.training` 在这个任务上训练一个编码器-解码器 Transformer
 # （编码器和解码器各 2 层，`d_model = 128`）；命令行
 # `multihead train --task dates --steps 1500 --out runs/dates` 做的是同一件事。
 # 在两个 CPU 核心上大约需要两分钟；训练完成后，模型能把至少 98% 的留出日期完全转换正确
@@ -271,17 +271,18 @@ assert largest_difference(by_hand, encoder_layer(x, key_mask=key_padding)) < 1e-
 
 # %%
 from multihead.app.plot import plot_cross_attention
-from multihead.app.train import TrainOptions, train
+from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
 
 run = OUT / "dates"
-result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=True))
+result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=run.exists()))
 print(f"exact match on {result.heldout} held-out dates after {result.step} steps: {result.accuracy:.3f}")
 assert 0.0 <= result.accuracy <= 1.0
 
 translator = Translator(run)
-for text in ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"):
-    print(f"{text!r} -> {translator.translate(text).target!r}")
+examples = ["21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"]
+for text, translated in zip(examples, translator.translate(examples), strict=True):
+    print(f"{text!r} -> {translated!r}")
 
 # %% [markdown]
 # 模型看的是哪里？解码器的交叉注意力权重告诉我们，每个输出字符分别取自哪些输入字符。
@@ -289,7 +290,7 @@ for text in ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"):
 # 随后转向月份和日期。
 
 # %%
-translation = translator.translate("21 November 2026")
+translation = translator.attention("21 November 2026")
 path = plot_cross_attention(translation, OUT / "dates_attention.png")
 print(f"figure: {path}")
 
