@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check
 
-.PHONY: setup demo test bench notebooks lint format clean
+.PHONY: setup demo test bench multi30k notebooks lint format clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,17 @@ test: lint $(STAMP)
 # writes benchmarks/results.{json,md,png}.
 bench: $(STAMP)
 	$(BIN)/multihead bench --out benchmarks
+
+# Multi30k German→English (docs/translation.md): 30 minutes of training with the corpus recipe (skipped when
+# $(RUN) already holds a run), then sacreBLEU on test_2016_flickr, greedy and beam 4. DATA holds Multi30k's task-1
+# files as distributed: {train,val,test_2016_flickr}.{de,en}.gz.
+DATA ?= ../shared/data/multi30k
+RUN ?= runs/multi30k
+multi30k: $(STAMP)
+	test -d $(RUN) || $(BIN)/multihead train --data $(DATA)/train.de.gz $(DATA)/train.en.gz \
+		--valid $(DATA)/val.de.gz $(DATA)/val.en.gz --out $(RUN) --minutes 30
+	$(BIN)/multihead evaluate $(RUN) $(DATA)/test_2016_flickr.de.gz $(DATA)/test_2016_flickr.en.gz
+	$(BIN)/multihead evaluate $(RUN) $(DATA)/test_2016_flickr.de.gz $(DATA)/test_2016_flickr.en.gz --beam 4
 
 # The tutorials as notebooks, generated from their jupytext scripts (never edit the .ipynb files by hand).
 notebooks: $(STAMP)
