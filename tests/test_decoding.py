@@ -158,8 +158,9 @@ def test_generate_greedy_decodes_each_source_from_its_own_state(use_cache: bool)
     session = TableSession([DEEP, OTHER], use_cache)
     out = generate(session, 2, **SEARCH)
     np.testing.assert_array_equal(out, [[A, EOS, PAD], [C, A, EOS]])  # greedy's (0.24)
-    assert session.taken == []  # greedy search never reorders
-    assert all(np.array_equal(memory, [0, 1]) for memory in session.memories)
+    # Greedy search reorders only to drop the rows that have ended: source 0 after its second step.
+    assert [rows.tolist() for rows in session.taken] == [[1]]
+    assert [memory.tolist() for memory in session.memories] == [[0, 1], [0, 1], [1]]
 
 
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
@@ -184,9 +185,25 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
         assert session.cache.self_attention[0].keys.shape[0] == 2 * k
 
 
-def test_generate_with_beam_size_one_is_greedy_and_does_not_reorder() -> None:
+def test_generate_with_beam_size_one_is_greedy_and_lays_out_no_beams() -> None:
     session = TableSession([DEEP, OTHER], use_cache=True)
     np.testing.assert_array_equal(
         generate(session, 2, beam_size=1, **SEARCH), generate(TableSession([DEEP, OTHER], False), 2, **SEARCH)
     )
+    assert [rows.tolist() for rows in session.taken] == [[1]]  # only the ended row leaves
+
+
+def test_greedy_drops_ended_rows_only_once_a_quarter_have_ended() -> None:
+    """Rows leave the model's state in groups (each reorder copies the cache), and their answers stay the same."""
+    ends = {(): {EOS: 1.0}}
+    long = {(A,) * n: {A: 1.0} for n in range(10)}
+    tables = [ends] + [long] * 7  # one of eight rows ends at once: below a quarter, it stays
+    session = TableSession(tables, use_cache=True)
+    out = generate(session, 8, **SEARCH)
     assert session.taken == []
+    np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD, PAD])
+    np.testing.assert_array_equal(out[1:], np.full((7, 6), A))
+    session = TableSession([ends, ends, long, long], use_cache=True)  # half end: they leave
+    out = generate(session, 4, **SEARCH)
+    assert [rows.tolist() for rows in session.taken] == [[2, 3]]
+    np.testing.assert_array_equal(out[2:], np.full((2, 6), A))

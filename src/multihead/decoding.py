@@ -80,7 +80,7 @@ def generate(
     """Greedy search (``beam_size=1``) or beam search over a session of ``batch`` sources; int64 ``(B, T)``."""
     search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if beam_size == 1:
-        return greedy_search(session.step, batch, **search)
+        return greedy_search(session.step, batch, reorder=session.reorder, **search)
     session.reorder(np.repeat(np.arange(batch), beam_size))  # row b * beam_size + j is beam j of sequence b
     return beam_search(session.step, session.reorder, batch, beam_size=beam_size, length_penalty=length_penalty,
                        **search)  # fmt: skip
@@ -118,15 +118,33 @@ def check_generation_args(
         raise ValueError(f"`length_penalty` must be finite, received {length_penalty!r}")
 
 
-def greedy_search(step: Step, batch: int, *, max_len: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+def greedy_search(
+    step: Step,
+    batch: int,
+    *,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    reorder: Reorder | None = None,
+) -> np.ndarray:
+    """The most probable token at every step. With ``reorder``, rows that have ended leave the model's state once a
+    quarter of those still decoding have: the rest of the batch no longer computes them."""
     prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     finished = np.zeros(batch, dtype=bool)
+    active = np.arange(batch)  # the rows of `prefix` the model's state still holds, in its order
     for _ in range(max_len):
-        token = np.where(finished, pad_id, step(prefix).argmax(axis=-1))  # (B,)
+        token = np.full(batch, pad_id)
+        token[active] = step(prefix[active]).argmax(axis=-1)  # (N,) for the N active rows
+        token[finished] = pad_id
         prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
         finished |= token == eos_id
         if finished.all():
             break
+        ended = finished[active]
+        if reorder is not None and ended.sum() * 4 >= len(active):
+            reorder(np.flatnonzero(~ended))
+            active = active[~ended]
     return prefix[:, 1:]
 
 
