@@ -34,6 +34,9 @@ class Batch:
         """The tokens the loss is taken over (not padding)."""
         return int((self.tgt_out != PAD).sum())
 
+    def as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.src, self.tgt_in, self.tgt_out
+
     def rows(self, start: int, step: int) -> Batch:
         """Rows ``start::step`` (a data-parallel rank's share)."""
         return Batch(self.src[start::step], self.tgt_in[start::step], self.tgt_out[start::step])
@@ -64,11 +67,14 @@ def padded_tokens(sources: Sequence[Ids], targets: Sequence[Ids], rows: Sequence
     return len(rows) * longest
 
 
-def length_batches(sources: Sequence[Ids], targets: Sequence[Ids], order: Sequence[int], max_tokens: int) -> list[Ids]:
-    """Cut ``order`` (indices, sorted by length) into consecutive batches of at most ``max_tokens`` padded tokens."""
+def length_batches(
+    sources: Sequence[Ids], targets: Sequence[Ids], order: Sequence[int], max_tokens: int, pad_to: int = 1
+) -> list[Ids]:
+    """Cut ``order`` (indices, sorted by length) into consecutive batches of at most ``max_tokens`` padded tokens
+    (lengths rounded up to a multiple of ``pad_to``)."""
     batches, current, longest = [], [], 0
     for index in order:
-        length = max(len(sources[index]), len(targets[index]) + 1)
+        length = round_up(max(len(sources[index]), len(targets[index]) + 1), pad_to)
         if current and (len(current) + 1) * max(longest, length) > max_tokens:
             batches.append(current)
             current, longest = [], 0
@@ -82,16 +88,18 @@ def length_batches(sources: Sequence[Ids], targets: Sequence[Ids], order: Sequen
 class CorpusBatches:
     """The training batches of a corpus, step by step over shuffled, length-bucketed epochs."""
 
-    def __init__(self, sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, seed: int) -> None:
+    def __init__(
+        self, sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, seed: int, pad_to: int = 1
+    ) -> None:
         self.sources, self.targets = sources, targets
-        self.max_tokens, self.seed = max_tokens, seed
+        self.max_tokens, self.seed, self.pad_to = max_tokens, seed, pad_to
         self._epoch, self._first_step, self._batches = -1, 0, []
 
     def _layout(self, epoch: int) -> list[Ids]:
         rng = np.random.default_rng([self.seed, epoch])
         lengths = np.array([max(len(s), len(t) + 1) for s, t in zip(self.sources, self.targets, strict=True)])
         order = np.lexsort((rng.random(len(lengths)), lengths))  # by length, ties at random
-        batches = length_batches(self.sources, self.targets, order.tolist(), self.max_tokens)
+        batches = length_batches(self.sources, self.targets, order.tolist(), self.max_tokens, self.pad_to)
         return [batches[i] for i in rng.permutation(len(batches))]
 
     def epoch_of(self, step: int) -> float:
@@ -109,9 +117,9 @@ class CorpusBatches:
             self._batches = self._layout(self._epoch)
         return self._batches[step - self._first_step]
 
-    def batch(self, step: int, pad_to: int = 1) -> Batch:
+    def batch(self, step: int) -> Batch:
         rows = self.rows(step)
-        return make_batch([self.sources[i] for i in rows], [self.targets[i] for i in rows], pad_to)
+        return make_batch([self.sources[i] for i in rows], [self.targets[i] for i in rows], self.pad_to)
 
 
 def evaluation_batches(

@@ -5,6 +5,10 @@ The loss is the PyTorch trainer's: cross-entropy with label smoothing, summed ov
 excluded) and divided by their number. Gradients are clipped by their global norm, as
 ``torch.nn.utils.clip_grad_norm_`` does.
 
+A compiled step is traced (TensorFlow) or compiled (XLA, JAX) once per input shape, so batches come in few shapes:
+lengths are rounded up to a multiple of ``LENGTH_MULTIPLE``, and a corpus batch of padded length ``L`` is filled up
+with empty rows to ``batch_tokens // L`` rows (the loss ignores them).
+
 Notation: B batch, Lt target length, V target vocabulary.
 """
 
@@ -39,6 +43,17 @@ def token_loss(label_smoothing: float) -> Any:
     return loss
 
 
+LENGTH_MULTIPLE = 8
+
+
+def fill_rows(batch: Batch, rows: int) -> Batch:
+    """``batch`` with empty (all-padding) rows appended up to ``rows``."""
+    missing = rows - len(batch.src)
+    if missing <= 0:
+        return batch
+    return Batch(*(np.concatenate([a, np.full((missing, a.shape[1]), PAD, a.dtype)]) for a in batch.as_arrays()))
+
+
 class KerasTrainer:
     framework = "keras"
 
@@ -53,6 +68,7 @@ class KerasTrainer:
 
     def configure(self, options: dict[str, Any]) -> None:
         """(Re)compile with the options that may change on resume (gradient clipping, label smoothing)."""
+        self.batch_tokens = options["batch_tokens"]
         previous = getattr(self, "optimizer", None)
         self.optimizer = keras.optimizers.Adam(
             learning_rate=options["lr"], beta_1=0.9, beta_2=0.98, epsilon=1e-9,
@@ -65,11 +81,13 @@ class KerasTrainer:
         self.model.compile(optimizer=self.optimizer, loss=token_loss(options["label_smoothing"]))
 
     def pad_to(self) -> int:
-        return 8
+        return LENGTH_MULTIPLE
 
     def train_step(self, batch: Batch, lr: float) -> float:
         self.optimizer.learning_rate.assign(lr)
-        src, tgt_in, tgt_out = (a.astype("int32") for a in (batch.src, batch.tgt_in, batch.tgt_out))
+        if self.batch_tokens is not None:  # a corpus: one row count per padded length
+            batch = fill_rows(batch, self.batch_tokens // max(batch.src.shape[1], batch.tgt_in.shape[1]))
+        src, tgt_in, tgt_out = (a.astype("int32") for a in batch.as_arrays())
         return float(self.model.train_on_batch((src, tgt_in), tgt_out))
 
     def loss_sum(self, batch: Batch) -> float:

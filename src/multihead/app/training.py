@@ -454,9 +454,9 @@ class Training:
             self.trainer = make_trainer(self.setup.options["framework"], self.setup.config, self.setup.options, None)
             self.step_count, self.history, self.seconds, self.tokens = 0, {"losses": [], "evals": []}, 0.0, 0
         o = self.setup.options
-        self.batches = (
-            CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"]) if self.setup.is_corpus else None
-        )
+        self.batches = None
+        if self.setup.is_corpus:
+            self.batches = CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"], self.trainer.pad_to())
 
     # step ----------------------------------------------------------------------------------------------
 
@@ -464,7 +464,7 @@ class Training:
         """The training batch of ``step`` (0-based): the same whichever framework, rank or resume."""
         o = self.setup.options
         if self.batches is not None:
-            return self.batches.batch(step, self.trainer.pad_to())
+            return self.batches.batch(step)
         pairs = self.setup.data.batch(o["seed"], step, o["batch_size"])
         sources = self.setup.source.encode_all([s for s, _ in pairs])
         targets = self.setup.target.encode_all([t for _, t in pairs])
