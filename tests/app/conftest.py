@@ -1,0 +1,62 @@
+"""Fixtures of the application's tests: one thread, the command line run in this process, a trained corpus run.
+(The helpers they use are in ``support.py``.)"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from app.support import CORPUS_FLAGS, SAMPLES, VALID, Cli, CorpusRun, write_corpus
+from multihead.app.cli import main
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One thread: the models here are tiny, and on a shared 2-core machine a second thread mostly waits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Cli]:
+    """``cli(*args)``: run ``multihead ARGS`` in this process; its exit status and what it printed."""
+
+    def run(*args: object) -> Cli:
+        capsys.readouterr()  # what came before is not this command's
+        try:
+            status = main([str(arg) for arg in args])
+        except SystemExit as exit_:  # argparse's usage errors and --help
+            status = exit_.code
+        captured = capsys.readouterr()
+        return Cli(status, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def corpus_run(tmp_path_factory: pytest.TempPathFactory) -> CorpusRun:
+    """A subword run trained by ``multihead train --data SRC TGT --valid SRC TGT`` for 120 steps, evaluated and
+    checkpointed every 30, keeping 2 and averaging 2; then moved elsewhere, with its corpus deleted."""
+    from multihead.app.translate import Translator
+
+    root = tmp_path_factory.mktemp("corpus-run")
+    data, valid = write_corpus(root / "corpus"), write_corpus(root / "corpus", VALID, "valid")
+    flags = [*CORPUS_FLAGS, "--steps", "120", "--eval-every", "30", "--checkpoint-every", "30", "--keep", "2",
+             "--average", "2"]  # fmt: skip
+    threads = torch.get_num_threads()  # session fixtures start before the package's one-thread fixture
+    torch.set_num_threads(1)
+    try:
+        assert main(["train", "--data", *data, "--valid", *valid, "--out", str(root / "run"), *flags]) == 0
+        translations = Translator(root / "run").translate(SAMPLES)
+    finally:
+        torch.set_num_threads(threads)
+    moved = root / "elsewhere" / "run"
+    shutil.copytree(root / "run", moved)
+    shutil.rmtree(root / "run")
+    shutil.rmtree(root / "corpus")
+    return CorpusRun(moved, flags, translations)

@@ -1,0 +1,127 @@
+"""Parallel corpora in (issue 14, part 1): two line-aligned files or a TSV file, plain or gzipped, and a validation set;
+every bad corpus refused in one line, with status 2, before anything is written."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import multihead.app.training as training
+from app.support import PAIRS, TRAIN, VALID, Cli, assert_refused, snapshot, write_corpus, write_lines
+from multihead.app.corpus import read_parallel
+from multihead.app.data import load_corpus
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
+def test_two_line_aligned_files(tmp_path: Path, gz: bool) -> None:
+    assert read_parallel(write_corpus(tmp_path, gz=gz)) == TRAIN
+
+
+def test_a_tab_inside_a_line_of_two_files_is_part_of_the_sentence(tmp_path: Path) -> None:
+    """Multi30k's German training data has a line with a TAB: only the TSV format splits on it."""
+    pairs = [("ein\tHund", "a dog"), ("eine Katze", "a cat")]
+    assert read_parallel(write_corpus(tmp_path, pairs)) == pairs
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
+def test_tsv_takes_the_first_two_columns(tmp_path: Path, gz: bool) -> None:
+    lines = [
+        "\ufeffder Hund läuft.\tthe dog runs.\tCC-BY 2.0 (France) Attribution: tatoeba.org #1 (x) & #2 (y)\r",
+        "",  # blank lines are skipped
+        "   ",
+        "die Katze schläft.\tthe cat sleeps.",
+        "das Kind singt.\tthe child sings.\t\t",
+    ]
+    path = write_lines(tmp_path / ("corpus.tsv.gz" if gz else "corpus.tsv"), lines)
+    assert read_parallel([path]) == [
+        ("der Hund läuft.", "the dog runs."),  # no BOM in the first source, no attribution, no CR
+        ("die Katze schläft.", "the cat sleeps."),
+        ("das Kind singt.", "the child sings."),
+    ]
+
+
+def test_valid_names_the_validation_set(tmp_path: Path) -> None:
+    corpus = load_corpus(write_corpus(tmp_path), write_corpus(tmp_path, VALID, "valid"))
+    assert corpus.train == TRAIN
+    assert corpus.valid == VALID
+
+
+def test_without_valid_a_tenth_is_held_out_and_never_trained_on(tmp_path: Path) -> None:
+    corpus = load_corpus(write_corpus(tmp_path, PAIRS))
+    assert corpus.valid
+    assert corpus.train
+    assert not {s for s, _ in corpus.valid} & {s for s, _ in corpus.train}
+    assert sorted(corpus.train + corpus.valid) == sorted(PAIRS)
+    assert 0.03 < len(corpus.valid) / len(PAIRS) < 0.2  # about a tenth
+
+
+def _bad(tmp_path: Path, source: bytes, target: bytes, names: tuple[str, str] = ("a.de", "b.en")) -> list[Path]:
+    paths = [tmp_path / name for name in names]
+    for path, data in zip(paths, (source, target), strict=True):
+        path.write_bytes(data)
+    return paths
+
+
+def _truncated_gz(tmp_path: Path) -> list[Path]:
+    data = gzip.compress(b"".join(f"line {i}\n".encode() for i in range(2000)))
+    return _bad(tmp_path, data[: len(data) // 2], b"x\n" * 2000, ("a.de.gz", "b.en"))
+
+
+def _one_file(tmp_path: Path) -> Path:
+    return write_lines(tmp_path / "b.en", ["x"])
+
+
+# case: (what the corpus is, what the one line must name)
+BAD_CORPORA: dict[str, tuple[Callable[[Path], list[Path]], Callable[[Path], list[str]]]] = {
+    "different-line-counts": (
+        lambda d: _bad(d, b"a\nb\nc\n", b"x\ny\n"),
+        lambda d: [f"'{d / 'a.de'}' has 3 lines", f"'{d / 'b.en'}' has 2"],
+    ),
+    "invalid-utf8": (lambda d: _bad(d, b"a\nb\n", b"x\n\xff\xfe\n"), lambda d: [f"'{d / 'b.en'}' line 2", "UTF-8"]),
+    "invalid-utf8-in-gz": (
+        lambda d: _bad(d, gzip.compress(b"a\nb\nc\xe4\n"), b"x\ny\nz\n", ("a.de.gz", "b.en")),
+        lambda d: [f"'{d / 'a.de.gz'}' line 3", "UTF-8"],
+    ),
+    "empty-on-one-side": (
+        lambda d: _bad(d, b"a\n\nc\n", b"x\ny\nz\n"),
+        lambda d: ["line 2", f"empty in '{d / 'a.de'}'", f"not in '{d / 'b.en'}'"],
+    ),
+    "tsv-empty-side": (
+        lambda d: _bad(d, b"a\tx\n\ty\n", b"", ("c.tsv", "unused")),
+        lambda d: [f"'{d / 'c.tsv'}' line 2"],
+    ),
+    "truncated-gz": (_truncated_gz, lambda d: [f"'{d / 'a.de.gz'}'", "truncated"]),
+    "missing-file": (lambda d: [d / "a.de", _one_file(d)], lambda d: [f"'{d / 'a.de'}'", "does not exist"]),
+    "directory": (lambda d: [d, _one_file(d)], lambda d: [f"'{d}'", "is a directory"]),
+}
+
+
+@pytest.mark.parametrize("flag", ["--data", "--valid"])
+@pytest.mark.parametrize("case", list(BAD_CORPORA))
+def test_bad_corpora_are_refused_in_one_line_before_anything_is_written(
+    case: str, flag: str, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(training, "make_trainer", lambda *args: pytest.fail("training started"))
+    inputs, good = tmp_path / "inputs", tmp_path / "good"
+    inputs.mkdir()
+    make, named = BAD_CORPORA[case]
+    paths = make(inputs)
+    if case == "tsv-empty-side":
+        paths = paths[:1]
+    good_paths = write_corpus(good)
+    corpora = {"--data": paths, "--valid": good_paths} if flag == "--data" else {"--data": good_paths, "--valid": paths}
+    before = snapshot(tmp_path)
+    out = tmp_path / "run"
+    result = cli("train", "--data", *corpora["--data"], "--valid", *corpora["--valid"], "--out", out, "--steps", "1")
+    assert_refused(result, f"{flag}: ", *named(inputs))
+    assert snapshot(tmp_path) == before  # no run directory, nothing else
+    assert result.out == ""
+
+
+def test_a_corpus_of_three_files_is_refused(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    paths = [*write_corpus(tmp_path), str(tmp_path / "train.de")]
+    assert_refused(cli("train", "--data", *paths, "--out", tmp_path / "run", "--steps", "1"), "--data", "3 paths")
+    assert not (tmp_path / "run").exists()
