@@ -268,4 +268,11 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
                 sides[side] = SymbolTokenizer.from_dict(entry)
             except ValueError as error:
                 raise ValueError(f"{str(path)!r} is damaged: {error}") from None
-    return sides["source"], sides["target"]
+    source, target = sides["source"], sides["target"]
+    if manifest.get("joint") is True and source is not target:
+        # One object for a joint vocabulary, as it was trained: `source is target` is what ties the embeddings and
+        # what the next save writes as "joint".
+        if not isinstance(source, SymbolTokenizer) or source.to_dict() != getattr(target, "to_dict", dict)():
+            raise ValueError(f"{str(path)!r} is damaged: it says joint, but its source and target vocabularies differ")
+        target = source
+    return source, target

@@ -1,0 +1,117 @@
+"""Subwords from a well-kept library (issue 14, part 2): BPE learned with Hugging Face ``tokenizers``, joint by default
+for a corpus with one matrix for both embeddings and the output projection, its size an option, saved in the
+library's own format, detokenized output; characters and words stay for the built-in tasks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tokenizers
+import torch
+
+import multihead.app.training as training
+from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, no_evaluation, write_corpus
+from multihead.app.runs import latest_checkpoint
+from multihead.app.tokenizers import EOS, SubwordTokenizer, load_tokenizers
+from multihead.app.training import TrainOptions, train
+from multihead.app.translate import Translator
+
+
+def test_the_subword_vocabulary_is_saved_in_hugging_face_format_and_is_joint(corpus_run: CorpusRun) -> None:
+    checkpoint = latest_checkpoint(corpus_run.path)
+    manifest = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
+    assert manifest == {
+        "joint": True,
+        "source": {"kind": "subword", "file": "subwords.json"},
+        "target": {"kind": "subword", "file": "subwords.json"},
+    }
+    library = tokenizers.Tokenizer.from_file(str(checkpoint / "subwords.json"))
+    assert library.get_vocab_size() == 120  # --vocab-size 120
+    source, target = load_tokenizers(checkpoint)
+    assert source is target
+    assert isinstance(source, SubwordTokenizer)
+    for sentence in ("der Hund läuft schnell.", "the cat sleeps here."):  # one vocabulary, both languages
+        assert source.encode(sentence) == (library.encode(sentence, add_special_tokens=False).ids, [])
+    config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    assert (config["src_vocab"], config["tgt_vocab"], config["tie_embeddings"]) == (120, 120, True)
+
+
+def test_one_matrix_embeds_both_languages_and_projects_the_output(corpus_run: CorpusRun) -> None:
+    model = Translator(corpus_run.path).model
+    assert model.src_embed.weight is model.tgt_embed.weight
+    assert model.output_proj.weight is model.src_embed.weight
+    matrices = [name for name, parameter in model.named_parameters() if parameter.shape == (120, 16)]
+    assert matrices == ["src_embed.weight"]  # named_parameters lists a shared parameter once
+
+
+def test_decoding_gives_plain_text_back(corpus_run: CorpusRun) -> None:
+    tokenizer, _ = load_tokenizers(latest_checkpoint(corpus_run.path))
+    for source, target in VALID:
+        for text in (source, target):
+            ids, unknown = tokenizer.encode(text)
+            assert unknown == []
+            assert tokenizer.decode([*ids, EOS, *ids]) == text  # lossless, up to the first EOS
+    for translation in corpus_run.translations:
+        assert "▁" not in translation
+        assert "<unk>" not in translation
+        assert "@@" not in translation
+    assert any(" " in translation for translation in corpus_run.translations)
+
+
+def test_unknown_characters_are_reported_one_by_one(corpus_run: CorpusRun) -> None:
+    tokenizer, _ = load_tokenizers(latest_checkpoint(corpus_run.path))
+    ids, unknown = tokenizer.encode("Ωβ der Hund")
+    assert unknown == ["Ω", "β"]
+    assert ids.count(3) == 2  # <unk>
+
+
+@pytest.fixture
+def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No held-out evaluation: only the files a run writes matter here."""
+    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_separate_vocabularies_of_the_size_asked_for(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    data, out = write_corpus(tmp_path / "corpus"), tmp_path / "run"
+    args = ["--data", *data, "--out", out, "--steps", "1", "--no-joint-vocab", "--vocab-size", "60", "--average", "0"]
+    assert cli("train", *args, "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32").status == 0
+    checkpoint = latest_checkpoint(out)
+    manifest = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
+    assert manifest["joint"] is False
+    assert (manifest["source"]["file"], manifest["target"]["file"]) == ("subwords.source.json", "subwords.target.json")
+    source, target = load_tokenizers(checkpoint)
+    assert (len(source), len(target)) == (60, 60)
+    assert source.encode("läuft")[1] == []
+    assert target.encode("läuft")[1] == ["ä"]  # English never saw an umlaut
+    model = Translator(out).model
+    assert model.src_embed.weight is not model.tgt_embed.weight
+    assert not torch.equal(model.src_embed.weight, model.tgt_embed.weight)
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+@pytest.mark.parametrize(("tokenizer", "kind"), [(None, "char"), ("word", "word")])
+def test_built_in_tasks_keep_characters_and_words(tmp_path: Path, tokenizer: str | None, kind: str) -> None:
+    out = tmp_path / "run"
+    train(TrainOptions(out=str(out), task="dates", tokenizer=tokenizer, steps=1, batch_size=4, **SMALL))
+    checkpoint = latest_checkpoint(out)
+    manifest = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
+    assert (manifest["source"]["kind"], manifest["target"]["kind"], manifest["joint"]) == (kind, kind, False)
+    assert not list(checkpoint.glob("subwords*.json"))
+    source, _ = load_tokenizers(checkpoint)
+    text = "21 November 2026"
+    assert source.pieces(source.encode(text)[0]) == (list(text) if kind == "char" else text.split())
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_char_and_word_tokenizers_work_on_a_corpus_too(tmp_path: Path) -> None:
+    """Joint by default there as well, so the embeddings are tied."""
+    data = write_corpus(tmp_path / "corpus", TRAIN[:20])
+    train(TrainOptions(out=str(tmp_path / "run"), data=data, tokenizer="word", steps=1, average=0, **SMALL))
+    source, target = load_tokenizers(latest_checkpoint(tmp_path / "run"))
+    assert source is target
+    assert source.kind == "word"
+    assert source.encode("der Hund läuft schnell.")[1] == []
