@@ -118,11 +118,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _read_input(path: str) -> list[str]:
-    from multihead.app.corpus import read_lines
+    from multihead.app.corpus import read_lines, read_stdin_lines
 
-    if path == "-":
-        return sys.stdin.read().splitlines()
-    return read_lines(path, "--input")
+    return read_stdin_lines("--input") if path == "-" else read_lines(path, "--input")
 
 
 def _write_output(path: str | None, lines: Sequence[str]) -> None:
@@ -135,14 +133,23 @@ def _write_output(path: str | None, lines: Sequence[str]) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def _translate(args: argparse.Namespace) -> int:
+def _check_targets(**targets: str | None) -> None:
+    """Each ``--flag FILE`` the command will write can be written: checked before the model loads and translates."""
     from multihead.files import check_file_target
 
+    for name, target in targets.items():
+        flag = "--" + name
+        if target is not None:
+            try:
+                check_file_target(target, flag)
+            except ValueError as error:
+                raise UserError(str(error).replace(f"`{flag}`", flag)) from None
+
+
+def _translate(args: argparse.Namespace) -> int:
     if bool(args.text) == (args.input is not None):
         raise UserError("give the texts to translate, or --input FILE (- for stdin), not both")
-    for flag, target in (("--plot", args.plot), ("--output", args.output)):
-        if target is not None:  # before the model loads and translates, not after
-            check_file_target(target, flag)
+    _check_targets(plot=args.plot, output=args.output)
     texts = args.text or _read_input(args.input)
     names = (
         [f"text {i + 1}" for i in range(len(texts))]
@@ -169,6 +176,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.evaluate import score
     from multihead.app.translate import Translator
 
+    _check_targets(output=args.output)
     sources, references = read_lines(args.src, "SRC"), read_lines(args.ref, "REF")
     if len(sources) != len(references):
         raise UserError(

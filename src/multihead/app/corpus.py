@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
+import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from multihead.app.console import UserError
 
 Pair = tuple[str, str]
-__all__ = ["Pair", "fingerprint", "read_lines", "read_parallel"]
+__all__ = ["Pair", "fingerprint", "read_lines", "read_parallel", "read_stdin_lines"]
 
 
 def _check_file(option: str, path: Path) -> None:
@@ -39,27 +41,42 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
         yield from file
 
 
-def read_lines(path: str | os.PathLike[str], option: str) -> list[str]:
-    """The lines of a UTF-8 text file (plain or ``.gz``), without line ends; a :class:`UserError` naming ``option``,
-    the file and the line for anything unreadable."""
-    path = Path(path)
-    _check_file(option, path)
+def _decode(raw_lines: Iterable[bytes], name: str, option: str) -> list[str]:
+    """Lines of bytes as text, without line ends; a :class:`UserError` naming ``option``, ``name`` and the line for
+    invalid UTF-8."""
     lines = []
     number = 0
     try:
-        for number, raw in enumerate(_raw_lines(path), start=1):
+        for number, raw in enumerate(raw_lines, start=1):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # editors on Windows often start UTF-8 with a BOM
                 raw = raw[3:]
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
     except UnicodeDecodeError as error:
         raise UserError(
-            f"{option}: {str(path)!r} line {number} is not UTF-8 text ({error.reason} at byte {error.start})"
+            f"{option}: {name} line {number} is not UTF-8 text ({error.reason} at byte {error.start})"
         ) from None
+    return lines
+
+
+def read_lines(path: str | os.PathLike[str], option: str) -> list[str]:
+    """The lines of a UTF-8 text file (plain or ``.gz``), without line ends; a :class:`UserError` naming ``option``,
+    the file and the line for anything unreadable."""
+    path = Path(path)
+    _check_file(option, path)
+    try:
+        return _decode(_raw_lines(path), repr(str(path)), option)
     except (EOFError, gzip.BadGzipFile, zlib.error) as error:
         raise UserError(f"{option}: {str(path)!r} is a truncated or damaged gzip file ({error})") from None
     except OSError as error:
         raise UserError(f"{option}: cannot read {str(path)!r}: {error.strerror or error}") from None
-    return lines
+
+
+def read_stdin_lines(option: str) -> list[str]:
+    """The lines of standard input, split and decoded as :func:`read_lines` does a file's (only at line feeds: a form
+    feed or a Unicode line separator inside a line does not split it)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+    return _decode(io.BytesIO(data), "standard input", option)
 
 
 def _pairs_from_tsv(path: Path, option: str) -> list[Pair]:
