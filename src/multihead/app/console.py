@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import Any, NoReturn, TextIO
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
@@ -30,7 +31,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each option's default, except where there is none to show."""
+    """``--help`` shows each option's default, except where there is none to show; lines never break inside a flag
+    (``--checkpoint-every`` stays whole on a narrow terminal)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default in (None, False) or action.default is argparse.SUPPRESS:

@@ -174,8 +174,16 @@ def _check_number(flag: str, value: object, *, positive: bool) -> None:
         raise UserError(f"{flag} must be a {kind} finite number, received {value}")
 
 
+def _typed(name: str, value: object) -> str:
+    """An option as the user types it: ``--d-model 64``, ``--joint-vocab``, ``--no-joint-vocab``."""
+    if isinstance(value, bool):
+        return FLAGS[name] if value else f"--no-{FLAGS[name][2:]}"
+    return f"{FLAGS[name]} {value}"
+
+
 def _in_flags(message: str) -> str:
     """A config error in the user's words: ``d_model=7`` and `` `num_heads` `` become ``--d-model 7``, ``--heads``."""
+    message = message.replace(" when `head_dim` is not given", "")  # the command line has no such option
     for name, flag in FLAGS.items():
         message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag} ")
     return message
@@ -284,36 +292,43 @@ def resumed_setup(options: TrainOptions, checkpoint: Checkpoint) -> Setup:
     """The setup of the run ``checkpoint`` belongs to; options that would change its model or data are refused."""
     saved = checkpoint.options
     given = asdict(options)
+    may_change = ", ".join(FLAGS[n] for n in RESUMABLE)
     for name in FLAGS:
         if name in RESUMABLE or name in ("out", "task", "data", "valid") or given.get(name) is None:
             continue
         if given[name] != saved.get(name):
             raise UserError(
-                f"{FLAGS[name]} {given[name]} would change the run, which has {FLAGS[name]} {saved.get(name)}: "
-                f"--resume continues a run as it was built; it may change only {', '.join(FLAGS[n] for n in RESUMABLE)}"
+                f"{_typed(name, given[name])} would change the run, which has {_typed(name, saved.get(name))}: "
+                f"--resume continues a run as it was built; it may change only {may_change}"
             )
+    run, corpus = repr(str(checkpoint.path.parents[1])), " ".join(saved["data"] or [])
     if saved["task"] is not None:
         if options.data is not None:
-            raise UserError(f"{str(checkpoint.path.parents[1])!r} trained task {saved['task']!r}, not --data")
+            raise UserError(f"--data would change the run: {run} trained task {saved['task']!r}, not a corpus")
         if options.task is not None and options.task != saved["task"]:
-            raise UserError(f"{str(checkpoint.path.parents[1])!r} trained task {saved['task']!r}; --task "
-                            f"{options.task} would change it")  # fmt: skip
+            raise UserError(f"--task {options.task} would change the run, which has --task {saved['task']}")
+    elif options.task is not None:
+        raise UserError(f"--task {options.task} would change the run: {run} trained on --data {corpus}")
     elif options.data is None:
-        raise UserError(
-            f"{str(checkpoint.path.parents[1])!r} trained on --data {' '.join(saved['data'])}; give --data again "
-            "(the same corpus) to continue training"
-        )
+        raise UserError(f"{run} trained on --data {corpus}; give --data again (the same corpus) to continue training")
     resolved = _resolve(options, "corpus" if saved["task"] is None else "task", saved)
     data = _load_data(options, saved)
     facts = checkpoint.trainer["data"]
     if isinstance(data, Corpus):
+        if options.valid is None and facts.get("valid") is not None:
+            raise UserError(
+                f"{run} validated on --valid {' '.join(saved['valid'] or [])}; give --valid again (the same files) "
+                "to continue training"
+            )
+        if options.valid is not None and facts.get("valid") is None:
+            raise UserError(f"--valid would change the run: {run} validated on a held-out tenth of --data")
         for flag, paths, key in (("--data", options.data, "train"), ("--valid", options.valid, "valid")):
             now = fingerprint(paths) if paths else None
             if now is not None and facts.get(key) is not None:
                 now = [{**entry, "name": old["name"]} for entry, old in zip(now, facts[key], strict=False)]
             if now != facts.get(key):
                 raise UserError(
-                    f"{flag} {' '.join(paths or []) or '(none)'} is not the corpus this run trained on "
+                    f"{flag} {' '.join(paths or [])} is not the corpus this run trained on "
                     "(its size or SHA-256 differs); --resume needs the same files"
                 )
         resolved.update(data=list(options.data), valid=list(options.valid) if options.valid else None)
@@ -430,13 +445,10 @@ class Training:
         if existing and not options.resume:
             raise RunError(f"{str(out)!r} already holds a run; pass --resume to continue it, or choose another --out")
         if existing:
-            framework = options.framework
 
             def load(found: Checkpoint) -> Trainer:
-                if framework is not None and found.trainer["framework"] != framework:
-                    raise UserError(
-                        f"{str(out)!r} was trained with --framework {found.trainer['framework']}; resume it with that"
-                    )
+                # The run's own framework: a different --framework is refused by resumed_setup, as a change of the
+                # run (not as a damaged checkpoint).
                 return make_trainer(found.trainer["framework"], found.config, found.options, found)
 
             self.checkpoint, self.trainer = open_checkpoint(out, "latest", load, doing="resuming from")

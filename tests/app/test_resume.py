@@ -1,0 +1,217 @@
+"""``--resume`` (issue 14, part 1, and issue 16, items 3 and 4): it takes the corpus again only to continue training
+and checks that it is the same (size and hash, wherever it now is); it refuses every option that would change the
+model or the data, naming the flag, the run's value and the given value; the options that may change are listed in
+``train --help``; a directory that does not exist is refused."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import multihead.app.training as training
+from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, assert_refused, no_evaluation, snapshot, write_corpus
+from multihead.app.cli import build_parser
+from multihead.app.runs import latest_checkpoint
+from multihead.app.training import FLAGS, RESUMABLE, TrainOptions, train
+
+
+@pytest.fixture(autouse=True)
+def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A four-step run of the reverse task, checkpointed every two steps."""
+    out = tmp_path_factory.mktemp("task") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training.Training, "evaluate", no_evaluation)
+        train(TrainOptions(out=str(out), task="reverse", steps=4, checkpoint_every=2, batch_size=4, **SMALL))
+    return out
+
+
+def trainer_json(run: Path) -> dict:
+    return json.loads((latest_checkpoint(run) / "trainer.json").read_text(encoding="utf-8"))
+
+
+def corpus_again(directory: Path) -> list[str]:
+    """The corpus run's --data and --valid, written again (the same bytes) into ``directory``."""
+    return ["--data", *write_corpus(directory), "--valid", *write_corpus(directory, VALID, "valid")]
+
+
+# --- the corpus, again ------------------------------------------------------------------------------------
+
+
+def test_resume_reads_the_same_corpus_from_another_path(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = corpus_run.copy(tmp_path / "run")
+    corpus = corpus_again(tmp_path / "moved")
+    result = cli("train", "--resume", "--out", run, *corpus, "--steps", "124", "--no-progress")
+    assert result.status == 0, result.err
+    trainer = trainer_json(run)
+    assert trainer["step"] == 124
+    assert [step for step, _ in trainer["losses"]][-5:] == [120, 121, 122, 123, 124]
+    assert trainer["options"]["data"] == corpus[1:3]  # where the corpus is now
+    assert trainer["options"]["valid"] == corpus[4:6]
+
+
+@pytest.mark.parametrize("which", ["--data", "--valid"])
+@pytest.mark.parametrize("change", ["one-line", "gzipped"])
+def test_resume_refuses_a_different_corpus(
+    which: str, change: str, corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = corpus_run.copy(tmp_path / "run")
+    before = snapshot(run)
+    corpus = corpus_again(tmp_path / "moved")
+    pairs, name, at = (TRAIN, "train", 1) if which == "--data" else (VALID, "valid", 4)
+    if change == "one-line":  # same line count, one word changed
+        changed = write_corpus(tmp_path / "changed", [pairs[0], ("die Katze läuft.", "the cat runs."), *pairs[2:]])
+    else:  # the same text, gzipped: other bytes
+        changed = write_corpus(tmp_path / "changed", pairs, name, gz=True)
+    corpus[at : at + 2] = changed
+    result = cli("train", "--resume", "--out", run, *corpus, "--steps", "124", "--no-progress")
+    assert_refused(result, f"{which} {' '.join(changed)} is not the corpus this run trained on")
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        ([], ["trained on --data", "give --data again"]),
+        (["--data", "TRAIN"], ["validated on --valid", "give --valid again"]),
+        (["--data", "MISSING", "--valid", "VALID"], ["--data: ", "does not exist"]),
+        (["--task", "copy"], ["--task copy would change the run", "trained on --data"]),
+    ],
+    ids=["no-data", "no-valid", "missing-data", "task"],
+)
+def test_resume_of_a_corpus_run_needs_its_corpus(
+    args: list[str], fragments: list[str], corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = corpus_run.copy(tmp_path / "run")
+    before = snapshot(run)
+    corpus = corpus_again(tmp_path / "moved")
+    paths = {"TRAIN": corpus[1:3], "VALID": corpus[4:6], "MISSING": [str(tmp_path / "absent.de"), corpus[2]]}
+    args = [part for arg in args for part in paths.get(arg, [arg])]
+    assert_refused(cli("train", "--resume", "--out", run, *args, "--steps", "124", "--no-progress"), *fragments)
+    assert snapshot(run) == before
+
+
+# --- options that would change the run, and those that may change ----------------------------------------
+
+
+def _train_help_lists() -> tuple[list[str], list[str]]:
+    """What ``train --help`` says --resume refuses, and what it says may change."""
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if action.dest == "command"]
+    text = " ".join(commands.choices["train"].format_help().split())
+    refused = re.search(r"options that would change the model or the data \(([^)]*)\)", text).group(1)
+    changing = re.search(r"These may change on resume: ([^.]*)\.", text).group(1)
+    return refused.split(", "), changing.split(", ")
+
+
+REFUSED, MAY_CHANGE = _train_help_lists()
+
+# flag: (the value given, as typed; how the message shows the given value and the run's)
+CHANGES = {
+    "--task": (["--task", "copy"], ["--task copy", "--data"]),
+    "--data": (["--data", "OTHER"], ["--data", "is not the corpus this run trained on"]),
+    "--valid": (["--valid", "OTHER"], ["--valid", "is not the corpus this run trained on"]),
+    "--tokenizer": (["--tokenizer", "word"], ["--tokenizer word", "--tokenizer subword"]),
+    "--vocab-size": (["--vocab-size", "100"], ["--vocab-size 100", "--vocab-size 120"]),
+    "--joint-vocab": (["--no-joint-vocab"], ["--no-joint-vocab would change the run, which has --joint-vocab:"]),
+    "--d-model": (["--d-model", "32"], ["--d-model 32", "--d-model 16"]),
+    "--heads": (["--heads", "4"], ["--heads 4", "--heads 2"]),
+    "--layers": (["--layers", "2"], ["--layers 2", "--layers 1"]),
+    "--d-ff": (["--d-ff", "64"], ["--d-ff 64", "--d-ff 32"]),
+    "--dropout": (["--dropout", "0.1"], ["--dropout 0.1", "--dropout 0.0"]),
+    "--framework": (["--framework", "keras"], ["--framework keras", "--framework torch"]),
+    "--seed": (["--seed", "7"], ["--seed 7", "--seed 0"]),
+}
+
+
+def test_help_says_what_resume_refuses_and_what_may_change() -> None:
+    assert set(REFUSED) == set(CHANGES)
+    assert [FLAGS[name] for name in RESUMABLE] == MAY_CHANGE
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if action.dest == "command"]
+    options = {
+        flag
+        for action in commands.choices["train"]._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--no-joint-vocab"
+    }
+    assert options == {*REFUSED, *MAY_CHANGE, "--out", "--resume", "--help", "--no-progress"}
+
+
+@pytest.mark.parametrize("flag", list(CHANGES))
+def test_resume_refuses_options_that_would_change_the_run(
+    flag: str, corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = corpus_run.copy(tmp_path / "run")
+    before = snapshot(run)
+    corpus = corpus_again(tmp_path / "moved")
+    other = write_corpus(tmp_path / "other", TRAIN[:-1], "other")
+    given, fragments = CHANGES[flag]
+    given = [part for arg in given for part in (other if arg == "OTHER" else [arg])]
+    if flag == "--data":
+        corpus[0:3] = []
+    elif flag == "--valid":
+        corpus[3:6] = []
+    elif flag == "--task":
+        corpus = []
+    result = cli("train", "--resume", "--out", run, *corpus, *given, "--steps", "124", "--no-progress")
+    assert_refused(result, *fragments)
+    if flag not in ("--data", "--valid", "--task"):
+        assert "--resume continues a run as it was built; it may change only " + ", ".join(MAY_CHANGE) in result.err
+    assert snapshot(run) == before
+
+
+def test_resume_takes_the_options_that_may_change(task_run: Path, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(task_run, run)
+    changes = {
+        "--steps": "6", "--minutes": "10", "--lr": "0.002", "--warmup": "3", "--clip": "0.5",
+        "--label-smoothing": "0.2", "--batch-size": "8", "--batch-tokens": "300", "--eval-every": "3",
+        "--eval-examples": "5", "--checkpoint-every": "3", "--keep": "3", "--average": "0", "--patience": "4",
+    }  # fmt: skip
+    assert set(changes) == set(MAY_CHANGE)
+    same = ["--task", "reverse", "--d-model", "16", "--heads", "2", "--seed", "0", "--framework", "torch"]
+    args = [part for flag, value in changes.items() for part in (flag, value)]
+    result = cli("train", "--resume", "--out", run, *args, *same, "--no-progress")
+    assert result.status == 0, result.err
+    options = trainer_json(run)["options"]
+    flags = {flag: name for name, flag in FLAGS.items()}
+    for flag, value in changes.items():
+        assert options[flags[flag]] == type(options[flags[flag]])(value), flag
+    assert trainer_json(run)["step"] == 6
+
+
+def test_a_task_run_refuses_another_task_or_a_corpus(task_run: Path, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    before = snapshot(task_run)
+    result = cli("train", "--resume", "--out", task_run, "--task", "copy", "--steps", "6", "--no-progress")
+    assert_refused(result, "--task copy would change the run, which has --task reverse")
+    data = write_corpus(tmp_path)
+    result = cli("train", "--resume", "--out", task_run, "--data", *data, "--steps", "6", "--no-progress")
+    assert_refused(result, "--data would change the run", "trained task 'reverse'")
+    assert snapshot(task_run) == before
+
+
+# --- a run that is not there (issue 16, item 4) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_resume_of_a_directory_without_a_run_is_refused(where: str, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    out = tmp_path / "typo"
+    if where == "empty":
+        out.mkdir()
+    result = cli("train", "--task", "copy", "--out", out, "--resume", "--steps", "2", *["--no-progress"])
+    assert_refused(result, f"--resume: '{out}' {'does not exist' if where == 'missing' else 'holds no run'}")
+    assert list(tmp_path.iterdir()) == ([out] if where == "empty" else [])
+    if where == "empty":
+        assert list(out.iterdir()) == []
