@@ -259,20 +259,24 @@ def open_checkpoint(
     """Read the checkpoint ``which`` names and ``load`` it (the caller's loading of weights, optimizer state...).
 
     ``which``: ``"latest"``, ``"best"``, ``"average"``, ``"step-N"`` (or just ``N``), or ``None`` for ``best`` when
-    the run has one, else ``latest``. Only ``latest`` falls back: when its checkpoint (or a file ``load`` reads) is
-    damaged, the newest intact one is used, with one warning naming what was damaged (``"{doing} step-N, the newest
-    intact checkpoint: ..."``). A chosen checkpoint that is damaged, or a run with no intact checkpoint, is refused
-    in one line.
+    the run has one, else ``latest``. ``latest`` and the default fall back: when their checkpoint (or a file ``load``
+    reads) is damaged, the newest intact step checkpoint is used, with one warning naming what was damaged
+    (``"{doing} step-N, the newest intact checkpoint: ..."``). A checkpoint chosen by name that is damaged, or a run
+    with no intact checkpoint, is refused in one line.
     """
     check_run(out)
-    if which is None:
+    default = which is None
+    if default:
         which = BEST if _pointed_at(out, BEST) is not None else LATEST
-    if which == LATEST:
+    if which == LATEST or default:
         candidates = _step_checkpoints(out)[::-1]
         named = _pointed_at(out, LATEST)
         if named is not None and named in candidates:  # normally the newest; first either way
             candidates.remove(named)
             candidates.insert(0, named)
+        if which == BEST:  # the default: best first, then the newest intact one
+            best = _named_checkpoint(out, BEST)
+            candidates = [best, *(path for path in candidates if path != best)]
         if not candidates:
             raise RunError(f"{str(out)!r} is not a multihead run: it holds no checkpoint")
     else:
@@ -288,7 +292,7 @@ def open_checkpoint(
         if damaged:
             warn(f"{doing} {path.name}, the newest intact checkpoint: damaged {'; '.join(damaged)}")
         return checkpoint, loaded
-    if which != LATEST:
+    if len(candidates) == 1 and which != LATEST:
         raise RunError(f"checkpoint {which!r} of {str(out)!r} is damaged: {damaged[0].split(': ', 1)[1]}")
     raise RunError(f"{str(out)!r} holds no intact checkpoint ({'; '.join(damaged)})")
 
