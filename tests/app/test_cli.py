@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+import multihead.app.training as training
+from app.support import SMALL, Cli, assert_refused, no_evaluation, snapshot, write_corpus
 from multihead import __version__
 from multihead.app.cli import DEMO_EXAMPLES, main
+from multihead.app.training import TrainOptions, train
 
 
 def test_demo_trains_translates_and_plots(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,3 +57,22 @@ def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[st
         main(["bench", "--help"])
     assert exit_info.value.code == 0
     assert "--generation" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["task", "corpus"])
+def test_demo_refuses_a_run_of_something_else(
+    kind: str, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16, item 2: it used to "resume" a copy run, translate dates with it and write attention.png into it."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(training.Training, "evaluate", no_evaluation)
+        what = {"task": "copy"} if kind == "task" else {"data": write_corpus(tmp_path / "corpus"), "average": 0}
+        train(TrainOptions(out=str(out), steps=1, batch_size=4, **what, **SMALL))
+    monkeypatch.setattr(training, "make_trainer", lambda *args: pytest.fail("training started"))
+    before = snapshot(out)
+    result = cli("demo", "--out", out, "--steps", "2", "--no-progress")
+    held = "task 'copy'" if kind == "task" else "a corpus"
+    assert_refused(result, f"--out '{out}' holds a run of {held}, not the demo's dates; choose another --out")
+    assert result.out == ""
+    assert snapshot(out) == before

@@ -216,7 +216,7 @@ def test_input_longer_than_the_model_reads_is_refused_in_the_users_terms(
     corpus_run: CorpusRun, cli: Callable[..., Cli]
 ) -> None:
     result = cli("translate", corpus_run.path, SAMPLES[0], "der Hund " * 200)
-    assert_refused(result, "text 2 is ", "tokens long; this model reads at most 256")
+    assert_refused(result, "text 2 is too long: ", " subword tokens; this model reads at most 256")
     assert "position" not in result.err
     assert "`" not in result.err
     assert result.out == ""

@@ -104,7 +104,8 @@ class Translator:
                 raise UserError(f"nothing to translate: {name} is empty")
             ids, unknown = self.source.encode(text)
             if len(ids) > max_len:
-                raise UserError(f"{name} is {len(ids)} tokens long; this model reads at most {max_len}")
+                unit = {"char": "characters", "word": "words"}.get(self.source.kind, "subword tokens")
+                raise UserError(f"{name} is too long: {len(ids)} {unit}; this model reads at most {max_len}")
             if unknown:
                 shown = ", ".join(repr(piece) for piece in dict.fromkeys(unknown))
                 warn(f"{name}: {shown} not in the training vocabulary, read as <unk>")
