@@ -169,17 +169,6 @@ def test_unknown_characters_warn(trained: Path, capsys: pytest.CaptureFixture[st
     assert "warning: text 1: 'é' not in the training vocabulary, read as <unk>" in capsys.readouterr().err
 
 
-def test_keras_framework_writes_the_same_run_format(tmp_path: Path) -> None:
-    result = train(tiny(tmp_path / "run", framework="keras", steps=4, checkpoint_every=2))
-    assert result.step == 4
-    checkpoint = latest_checkpoint(tmp_path / "run")
-    assert checkpoint.name == "step-0000004"
-    assert json.loads((checkpoint / "trainer.json").read_text())["framework"] == "keras"
-    resumed = train(tiny(tmp_path / "run", framework="keras", steps=6, checkpoint_every=2, resume=True))
-    assert resumed.step == 6
-    assert isinstance(Translator(tmp_path / "run").translate(["abc"])[0], str)
-
-
 # --- data-parallel ---------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,123 @@
+"""``--framework keras`` (issue 14, part 7; issue 16, item 8): the same pipeline as PyTorch on a corpus and on a task
+with batches of several lengths, into the same run format, translated by the same translator; and no framework
+chatter on stderr. Marked ``keras``: `make test` runs these on every Keras backend (KERAS_BACKEND)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import multihead.app.training as training
+from app.support import (
+    CORPUS_FLAGS,
+    SAMPLES,
+    SMALL,
+    TRAIN,
+    VALID,
+    Cli,
+    no_evaluation,
+    subprocess_env,
+    write_corpus,
+    write_lines,
+)
+from multihead.app.runs import latest_checkpoint
+from multihead.app.training import TrainOptions, train
+from multihead.app.translate import Translator
+
+pytestmark = pytest.mark.keras
+
+TINY = dict(batch_size=16, eval_every=1000, warmup=5, **SMALL)
+
+
+def test_keras_trains_a_corpus_and_translates_with_the_same_pipeline(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    data, valid = write_corpus(tmp_path / "corpus"), write_corpus(tmp_path / "corpus", VALID, "valid")
+    out = tmp_path / "run"
+    flags = [*CORPUS_FLAGS, "--eval-every", "4", "--checkpoint-every", "2", "--keep", "3", "--average", "2"]
+    result = cli("train", "--framework", "keras", "--data", *data, "--valid", *valid, "--out", out, *flags,
+                 "--steps", "4")  # fmt: skip
+    assert result.status == 0, result.err
+    assert "bleu: " in result.out
+    checkpoint = latest_checkpoint(out)
+    trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8"))
+    assert (trainer["framework"], trainer["step"]) == ("keras", 4)
+    assert (checkpoint / "subwords.json").is_file()
+    assert json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))["tie_embeddings"] is True
+    history = json.loads((out / "history.json").read_text(encoding="utf-8"))
+    assert [e["step"] for e in history["evals"] if "checkpoint" not in e] == [4]
+    assert all(np.isfinite(e["valid_loss"]) for e in history["evals"])
+    assert (out / "checkpoints" / "average" / "model.safetensors").is_file()
+    # The same translator, whatever trained it; the same commands.
+    translated = cli("translate", out, *SAMPLES)
+    assert translated.status == 0, translated.err
+    assert translated.out_lines == Translator(out).translate(SAMPLES)
+    src, ref = write_lines(tmp_path / "test.de", SAMPLES), write_lines(tmp_path / "test.en", SAMPLES)
+    assert cli("evaluate", out, src, ref).json()["sentences"] == len(SAMPLES)
+    # Resumed, with the same corpus.
+    resumed = cli("train", "--resume", "--out", out, "--data", *data, "--valid", *valid, "--steps", "5",
+                  "--average", "0", "--no-progress")  # fmt: skip
+    assert resumed.status == 0, resumed.err
+    trainer = json.loads((latest_checkpoint(out) / "trainer.json").read_text(encoding="utf-8"))
+    assert (trainer["framework"], trainer["step"]) == ("keras", 5)
+    assert [step for step, _ in trainer["losses"]] == list(range(1, 6))
+
+
+def test_keras_trains_dates_on_batches_of_several_lengths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multihead.app.train_keras import KerasTrainer
+
+    shapes: list[tuple[int, int]] = []
+    original = KerasTrainer.train_step
+
+    def spy(self: KerasTrainer, batch: Any, lr: float) -> float:
+        shapes.append((batch.src.shape[1], batch.tgt_in.shape[1]))
+        return original(self, batch, lr)
+
+    monkeypatch.setattr(KerasTrainer, "train_step", spy)
+    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
+    result = train(TrainOptions(out=str(tmp_path / "run"), task="dates", framework="keras", steps=8,
+                                checkpoint_every=4, **{**TINY, "batch_size": 4}))  # fmt: skip
+    assert result.step == 8
+    assert len({source for source, _ in shapes}) > 1, shapes  # sources of different padded lengths
+    assert all(np.isfinite(loss) for _, loss in result.losses)
+    assert len(Translator(tmp_path / "run").translate(["21 November 2026", "Tue Mar 9 2021"])) == 2
+
+
+def test_keras_framework_writes_the_same_run_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(From test_train.py, so that it runs on every Keras backend; the held-out evaluation is left out, as the
+    corpus test above evaluates with Keras.)"""
+    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
+
+    def tiny(out: Path, **overrides: Any) -> TrainOptions:
+        return TrainOptions(out=str(out), **{"task": "reverse", "steps": 6, "checkpoint_every": 3, **TINY, **overrides})
+
+    result = train(tiny(tmp_path / "run", framework="keras", steps=4, checkpoint_every=2))
+    assert result.step == 4
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert checkpoint.name == "step-0000004"
+    assert json.loads((checkpoint / "trainer.json").read_text())["framework"] == "keras"
+    resumed = train(tiny(tmp_path / "run", framework="keras", steps=6, checkpoint_every=2, resume=True))
+    assert resumed.step == 6
+    assert isinstance(Translator(tmp_path / "run").translate(["abc"])[0], str)
+
+
+def test_a_keras_run_prints_no_framework_chatter(tmp_path: Path) -> None:
+    """The real entry point, on this Keras backend, with the user's environment as it comes: no
+    TF_CPP_MIN_LOG_LEVEL set, so TensorFlow's absl/oneDNN/cpu-feature INFO lines would show if not kept quiet."""
+    env = subprocess_env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    env.pop("JAX_ENABLE_X64", None)  # set by tests/conftest.py for the float64 comparisons, not by users
+    env["KERAS_BACKEND"] = os.environ.get("KERAS_BACKEND", "tensorflow")
+    data, valid = write_corpus(tmp_path / "corpus", TRAIN[:20]), write_corpus(tmp_path / "corpus", VALID[:2], "valid")
+    command = [sys.executable, "-m", "multihead", "train", "--framework", "keras", "--data", *data, "--valid", *valid,
+               "--out", str(tmp_path / "run"), "--steps", "1", "--average", "0", *CORPUS_FLAGS]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+    assert "bleu: " in result.stdout
