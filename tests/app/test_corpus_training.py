@@ -5,6 +5,8 @@ early stopping, checkpoint averaging, the run's history; and the defaults for ``
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -265,3 +267,14 @@ def test_training_pairs_longer_than_the_model_reads_are_left_out(
     run.build()
     assert len(run.setup.corpus_ids[0]) == 40
     assert "1 sentence pairs longer than 12 tokens are left out of training" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_the_progress_bar_shows_loss_tokens_per_second_and_time_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar is drawn as it goes, and stays
+    train(corpus_options(tmp_path, steps=5, minutes=5, progress=True))
+    final = capsys.readouterr().err.split("\r")[-1]
+    assert re.search(r"5/5 \[\d\d:\d\d<00:00, ", final), final  # tqdm's elapsed<remaining
+    assert re.search(r"loss=\d+\.\d{3}, tok/s=\d+, left=\d+:\d\d\]", final), final
