@@ -308,7 +308,7 @@ USER_ERRORS = {  # case: what the one line must say
     "translate-plot-is-a-directory": r"plot|directory",
     "translate-damaged-trainer": r"trainer.json",
     "resume-damaged-optimizer": r"optimizer",
-    "resume-other-task": r"trained task 'reverse'",
+    "resume-other-task": r"--task copy would change the run, which has --task reverse",  # issue 16, item 3
     "data-is-a-directory": r"data|no such file",
     "data-one-source": r"at least two different source lines",
 }
