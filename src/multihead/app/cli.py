@@ -25,6 +25,7 @@ from multihead.app.console import (
     UserError,
     is_main_rank,
     quiet_frameworks,
+    report_error,
     say,
 )
 
@@ -385,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("MULTIHEAD_DEBUG"):
             raise
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        say(f"multihead: error: {message}", sys.stderr)
+        report_error(f"multihead: error: {message}")
         return EXIT_USAGE
 
 

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import textwrap
+import time
 from typing import Any, NoReturn, TextIO
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
@@ -27,7 +28,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n" if is_main_rank() else None)
+        report_error(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        self.exit(EXIT_USAGE)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -65,6 +67,22 @@ def say(message: str, file: TextIO | None = None) -> None:
     """Print on rank 0 only."""
     if is_main_rank():
         print(message, file=file or sys.stdout, flush=True)
+
+
+RANK_GRACE_S = 15.0
+"""How long a rank other than 0 waits before reporting a user error itself (see :func:`report_error`)."""
+
+
+def report_error(line: str) -> None:
+    """Print a user error's one line on stderr, once under ``torchrun``.
+
+    Every rank meets the same error; rank 0 prints it. The other ranks wait first: torchrun stops every rank as soon as
+    one has failed, so a rank that exits at once can have rank 0 stopped before it has printed anything. A rank still
+    running after the wait (rank 0 has not failed: it is waiting for this one) prints the line itself.
+    """
+    if not is_main_rank():
+        time.sleep(RANK_GRACE_S)
+    print(line, file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:
