@@ -173,8 +173,7 @@ def test_damage_in_the_newest_subword_vocabulary(corpus_run: CorpusRun, tmp_path
         run = corpus_run.copy(tmp_path / damage)
         apply(run / "checkpoints" / "step-0000120" / "subwords.json")
         result = cli("translate", run, *SAMPLES, "--checkpoint", "latest")
-        assert_fell_back(result, "using", "step-0000090", run / "checkpoints" / "step-0000120")
-        assert "subwords.json" in result.err or "tokenizer.json" in result.err
+        assert_fell_back(result, "using", "step-0000090", run / "checkpoints" / "step-0000120" / "subwords.json")
         assert result.out_lines == Translator(corpus_run.path, "step-90").translate(SAMPLES)
 
 

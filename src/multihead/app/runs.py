@@ -229,16 +229,28 @@ def read_checkpoint(path: Path) -> Checkpoint:
         source, target = load_tokenizers(path)
     except ValueError as error:
         raise RunError(str(error)) from None
-    sizes = {"src_vocab": (len(source), config.src_vocab), "tgt_vocab": (len(target), config.tgt_vocab)}
-    for name, (symbols, vocabulary) in sizes.items():
+    sizes = {"source": (len(source), config.src_vocab), "target": (len(target), config.tgt_vocab)}
+    for side, (symbols, vocabulary) in sizes.items():
         if symbols != vocabulary:
+            name = "src_vocab" if side == "source" else "tgt_vocab"
             raise RunError(
-                f"{str(path / 'tokenizer.json')!r} does not fit {str(path / CONFIG)!r}: "
+                f"{str(_vocabulary_file(path, side))!r} does not fit {str(path / CONFIG)!r}: "
                 f"{symbols} symbols for the model's {name}={vocabulary}"
             )
     if config.pad_id != PAD:
         raise RunError(f"{str(path / CONFIG)!r} has pad_id={config.pad_id}, the tokenizers pad with {PAD}")
     return Checkpoint(path, config, source, target, trainer)
+
+
+def _vocabulary_file(path: Path, side: str) -> Path:
+    """The file that holds a side's vocabulary: its subword file, else the tokenizer manifest itself."""
+    try:
+        entry = json.loads((path / TOKENIZER).read_text(encoding="utf-8"))[side]
+        if entry.get("kind") == "subword" and isinstance(entry.get("file"), str):
+            return path / entry["file"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return path / TOKENIZER
 
 
 def has_checkpoints(out: Path) -> bool:
