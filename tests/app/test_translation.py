@@ -258,3 +258,13 @@ def test_evaluate_json_names_the_checkpoint_of_a_task_run_as_latest(tmp_path: Pa
     refused = cli("translate", out, "abc", "--checkpoint", "best")
     assert_refused(refused, "has no best checkpoint", "--checkpoint latest")
     assert json.loads((out / "history.json").read_text(encoding="utf-8"))["metric"] == "accuracy"
+
+
+def test_an_empty_input_file(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """Nothing in, nothing out; but nothing to plot or to score is an error (it was a traceback)."""
+    empty = write_lines(tmp_path / "empty.txt", [])
+    result = cli("translate", corpus_run.path, "--input", empty)
+    assert (result.status, result.out, result.err) == (0, "", "")
+    assert_refused(cli("translate", corpus_run.path, "--input", empty, "--plot", tmp_path / "a.png"), "--plot")
+    assert not (tmp_path / "a.png").exists()
+    assert_refused(cli("evaluate", corpus_run.path, empty, empty), "hold no lines")

@@ -152,6 +152,8 @@ def _translate(args: argparse.Namespace) -> int:
         raise UserError("give the texts to translate, or --input FILE (- for stdin), not both")
     _check_targets(plot=args.plot, output=args.output)
     texts = args.text or _read_input(args.input)
+    if args.plot and not texts:
+        raise UserError(f"--plot: nothing to plot, --input {args.input} holds no lines")
     names = (
         [f"text {i + 1}" for i in range(len(texts))]
         if args.text
@@ -184,6 +186,8 @@ def _evaluate(args: argparse.Namespace) -> int:
             f"SRC {args.src!r} has {len(sources)} lines but REF {args.ref!r} has {len(references)}; "
             "they must be line-aligned"
         )
+    if not sources:
+        raise UserError(f"SRC {args.src!r} and REF {args.ref!r} hold no lines: nothing to evaluate")
     translator = Translator(args.run, args.checkpoint)
     begin = time.perf_counter()
     hypotheses = translator.translate(
