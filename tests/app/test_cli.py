@@ -59,7 +59,7 @@ def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[st
     assert "--generation" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["task", "corpus"])
+@pytest.mark.parametrize("kind", ["task", "corpus", "task-newest-damaged"])
 def test_demo_refuses_a_run_of_something_else(
     kind: str, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,12 +67,14 @@ def test_demo_refuses_a_run_of_something_else(
     out = tmp_path / "run"
     with monkeypatch.context() as patch:
         patch.setattr(training.Training, "evaluate", no_evaluation)
-        what = {"task": "copy"} if kind == "task" else {"data": write_corpus(tmp_path / "corpus"), "average": 0}
-        train(TrainOptions(out=str(out), steps=1, batch_size=4, **what, **SMALL))
+        what = {"data": write_corpus(tmp_path / "corpus"), "average": 0} if kind == "corpus" else {"task": "copy"}
+        train(TrainOptions(out=str(out), steps=2, checkpoint_every=1, batch_size=4, **what, **SMALL))
+    if kind == "task-newest-damaged":  # the older checkpoint says what the run is
+        (out / "checkpoints" / "step-0000002" / "trainer.json").write_text("{", encoding="utf-8")
     monkeypatch.setattr(training, "make_trainer", lambda *args: pytest.fail("training started"))
     before = snapshot(out)
     result = cli("demo", "--out", out, "--steps", "2", "--no-progress")
-    held = "task 'copy'" if kind == "task" else "a corpus"
+    held = "a corpus" if kind == "corpus" else "task 'copy'"
     assert_refused(result, f"--out '{out}' holds a run of {held}, not the demo's dates; choose another --out")
     assert result.out == ""
     assert snapshot(out) == before

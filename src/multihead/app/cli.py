@@ -214,17 +214,22 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from multihead.app.plot import plot_cross_attention
-    from multihead.app.runs import has_checkpoints, latest_checkpoint, read_json
+    from multihead.app.runs import CHECKPOINTS, RunError, has_checkpoints, read_json
     from multihead.app.training import TrainOptions, train
     from multihead.app.translate import Translator
 
     out = Path(args.out)
     existing = out.is_dir() and has_checkpoints(out)
-    if existing:
-        trained = read_json(latest_checkpoint(out) / "trainer.json").get("options", {})
-        if trained.get("task") != "dates":
-            what = f"task {trained['task']!r}" if trained.get("task") else "a corpus"
-            raise UserError(f"--out {args.out!r} holds a run of {what}, not the demo's dates; choose another --out")
+    trained = None
+    for checkpoint in sorted((out / CHECKPOINTS).glob("step-*"), reverse=True) if existing else ():
+        try:  # what the newest readable checkpoint trained (resuming checks the rest, and warns)
+            trained = read_json(checkpoint / "trainer.json")["options"]
+            break
+        except (RunError, KeyError, TypeError):
+            continue
+    if isinstance(trained, dict) and trained.get("task") != "dates":
+        what = f"task {trained['task']!r}" if trained.get("task") else "a corpus"
+        raise UserError(f"--out {args.out!r} holds a run of {what}, not the demo's dates; choose another --out")
     say(f"multihead {__version__} demo: train a Transformer to write dates as YYYY-MM-DD ({args.out})")
     options = TrainOptions(out=args.out, task="dates", steps=args.steps, resume=existing, progress=not args.no_progress)
     status = _report(train(options), args.out)
