@@ -66,6 +66,13 @@ def _foreign_trainer(path: Path) -> None:
     path.write_text(json.dumps({"format": 1, "step": 4, "framework": "torch"}), encoding="utf-8")
 
 
+def _trainer_with(**changes: object) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), **changes}), encoding="utf-8")
+
+    return damage
+
+
 def _foreign_tokenizer(path: Path) -> None:
     """A tokenizer of another vocabulary."""
     symbols = {"kind": "char", "symbols": ["a", "b"]}
@@ -91,6 +98,7 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "trainer-corrupt": ("trainer.json", _garbage, "trainer.json"),
     "trainer-foreign": ("trainer.json", _foreign_trainer, "trainer.json"),
     "trainer-missing": ("trainer.json", Path.unlink, "trainer.json"),
+    "trainer-data-a-list": ("trainer.json", _trainer_with(data=[]), "trainer.json"),
     "tokenizer-truncated": ("tokenizer.json", _cut, "tokenizer.json"),
     "tokenizer-foreign": ("tokenizer.json", _foreign_tokenizer, "tokenizer.json"),
     "tokenizer-missing": ("tokenizer.json", Path.unlink, "tokenizer.json"),

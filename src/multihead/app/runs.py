@@ -206,6 +206,8 @@ def _check_trainer(trainer: object, path: Path) -> dict[str, Any]:
         problem = "its options do not name the task, data and tokenizer"
     elif not isinstance(trainer["optimizer"], dict):
         problem = f"its optimizer is a {type(trainer['optimizer']).__name__}, not a JSON object"
+    elif not isinstance(trainer["data"], dict):
+        problem = f"its data is a {type(trainer['data']).__name__}, not a JSON object"
     elif not isinstance(trainer["losses"], list) or not all(_is_step_value(entry) for entry in trainer["losses"]):
         problem = "losses is not a list of [step, value] pairs"
     elif not isinstance(trainer["evals"], list) or not all(
