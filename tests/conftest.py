@@ -10,6 +10,8 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of test output
 if os.environ.get("KERAS_BACKEND") == "jax":
     os.environ.setdefault("JAX_ENABLE_X64", "1")  # JAX has no float64 without it; the tests compare float64 results
+    # Compiling dominates the JAX pass (a program for every new shape): LLVM's optimisations cost more than they save.
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 
 import numpy as np
 import pytest

@@ -133,6 +133,7 @@ def test_attention_refuses_before_computing(case: str, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(functional, "_explicit", computed)
     monkeypatch.setattr(functional, "_blocked", computed)
+    monkeypatch.setattr(functional, "_fused", computed)
     if BACKEND == "torch":
         import multihead.torch.functional as torch_functional
 

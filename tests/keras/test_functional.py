@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import multihead.keras.functional as functional
+from attention_cases import reference_gradients
 from conftest import broadcast_shapes
 from keras_helpers import BACKEND, gradients, numpy, tensor
 from multihead import DTypeError, reference
@@ -212,6 +213,37 @@ def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> Non
     assert calls == [functional.block_size(1, 2, 6)]
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA clusters inside a tf.function are TensorFlow's")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_blocked_path_in_a_graph_matches_the_oracle_with_gradients(causal: bool) -> None:
+    """Inside a tf.function the blocked path runs forward and backward (its own block-by-block gradient) as XLA
+    clusters: outputs and gradients against the float64 oracle, with grouped heads, Dv != Dk, Lq != Lk, a partial
+    last block and fully masked rows."""
+    import tensorflow as tf
+
+    q, k, v = qkv(2, 4, 2, 13, 29, 8, 5, dtype="float32")
+    mask = RNG.random((2, 1, 13, 29)) > 0.4
+    mask[:, :, ::3] = False
+    cotangent = RNG.normal(size=(2, 4, 13, 5)).astype("float32")
+
+    @tf.function
+    def run(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = functional._blocked(q, k, v, tf.constant(mask), causal, None, block=4)
+            loss = tf.reduce_sum(out * cotangent)
+        return [out, *tape.gradient(loss, [q, k, v])]
+
+    got = [x.numpy() for x in run(tf.constant(q), tf.constant(k), tf.constant(v))]
+    expected = [
+        reference.attention(q, k, v, mask, causal=causal)[0],
+        *reference_gradients(q, k, v, mask, cotangent, causal=causal),
+    ]
+    for name, a, b in zip(["out", "grad q", "grad k", "grad v"], got, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, err_msg=name)
+    assert np.all(got[1][:, :, ::3] == 0)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="delegation to PyTorch's SDPA exists only on the torch backend")
 def test_torch_backend_delegates_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     import multihead.torch.functional as torch_functional
@@ -225,6 +257,88 @@ def test_torch_backend_delegates_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
     expected, _ = reference.attention(q, k, v, causal=True)
     np.testing.assert_allclose(numpy(attention(tensor(q), tensor(k), tensor(v), causal=True)), expected, atol=1e-10)
     assert calls == [True]
+
+
+# --- the backend's kernel: PyTorch's SDPA on torch, jax.nn.dot_product_attention on JAX (adapted) -----------
+
+FUSED = pytest.mark.skipif(
+    BACKEND not in functional.FUSED_BACKENDS, reason=f"the {BACKEND} backend has no fused attention kernel"
+)
+KERNEL_SIZES = {**SIZES, "dk<dv": (2, 4, 2, 6, 9, 5, 12)}
+
+
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On torch, small inference calls would take PyTorch's explicit math: send them to its kernel."""
+    if BACKEND == "torch":
+        import multihead.torch.functional as torch_functional
+
+        monkeypatch.setattr(torch_functional, "SMALL_INFERENCE_SCORES", 0)
+
+
+def kernel_mask(shape: tuple[int, ...], kind: str | None) -> np.ndarray | None:
+    """A random mask with every 4th query row fully masked."""
+    if kind is None:
+        return None
+    mask = random_mask(shape, kind)
+    mask[..., ::4, :] = False if kind == "bool" else -np.inf
+    return mask
+
+
+@FUSED
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("size", list(KERNEL_SIZES))
+def test_fused_kernel_matches_reference(size: str, causal: bool, mask_kind: str | None) -> None:
+    """Bottom-right causal (Lq != Lk), grouped heads, Dv != Dk both ways, bool (True = attend) and float (added)
+    masks with fully masked rows: the kernel's answers are the oracle's, in float32."""
+    batch, _, _, lq, lk, _, _ = KERNEL_SIZES[size]
+    q, k, v = qkv(*KERNEL_SIZES[size])
+    mask = kernel_mask((batch, 1, lq, lk), mask_kind)
+    expected, _ = reference.attention(q, k, v, mask, causal=causal)
+    m = None if mask is None else tensor(mask, None if mask.dtype == bool else "float32")
+    out = attention(*(tensor(x, "float32") for x in (q, k, v)), m, causal=causal, implementation="fused")
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+    np.testing.assert_allclose(numpy(out), expected, atol=2e-6)
+
+
+@FUSED
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_fused_kernel_fully_masked_rows_are_zero_with_zero_finite_gradients(mask_kind: str) -> None:
+    q, k, v = qkv(2, 4, 2, 10, 7, 8, 5, dtype="float32")
+    mask = patterned_mask(10, 7)
+    mask_tensor = tensor(mask if mask_kind == "bool" else np.where(mask, 0.0, -np.inf).astype("float32"))
+
+    def fn(q, k, v):
+        return attention(q, k, v, mask_tensor, implementation="fused")
+
+    out = numpy(fn(*(tensor(x) for x in (q, k, v))))
+    dead = np.arange(10) % 4 == 0
+    assert np.all(out[:, :, dead] == 0)
+    expected, _ = reference.attention(*(x.astype(np.float64) for x in (q, k, v)), mask)
+    np.testing.assert_allclose(out, expected, atol=2e-6)
+    grad_q, grad_k, grad_v = gradients(fn, q, k, v)
+    for grad in (grad_q, grad_k, grad_v):
+        assert np.isfinite(grad).all()
+    assert np.all(grad_q[:, :, dead] == 0)
+    assert np.abs(grad_q[:, :, ~dead]).sum() > 0
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's kernel is the one that computes the softmax in float32 only")
+def test_jax_kernel_refuses_float64_and_auto_leaves_it() -> None:
+    q, k, v = (tensor(x) for x in qkv(1, 2, 2, 3, 4, 8, 8))
+    with pytest.raises(ValueError, match=r"'fused' on the jax backend needs float32 or half inputs.*float64"):
+        attention(q, k, v, implementation="fused")
+    assert "jax" not in functional.AUTO_FUSED_BACKENDS  # slower than the explicit path: see AUTO_FUSED_BACKENDS
+
+
+@pytest.mark.skipif(BACKEND in functional.FUSED_BACKENDS, reason=f"the {BACKEND} backend has a fused kernel")
+def test_fused_is_refused_without_a_kernel() -> None:
+    q, k, v = (tensor(x, "float32") for x in qkv(1, 2, 2, 3, 4, 8, 8))
+    with pytest.raises(ValueError, match=rf"needs a backend with a fused attention kernel.*the {BACKEND} backend"):
+        attention(q, k, v, implementation="fused")
 
 
 # --- validation ------------------------------------------------------------------------------------------

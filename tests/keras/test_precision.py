@@ -22,14 +22,16 @@ from keras import ops
 
 import multihead.keras.functional as functional
 from attention_cases import causal_allowed, check_error_budgets, reference_gradients
-from keras_helpers import BACKEND, numpy, tensor
+from keras_helpers import BACKEND, jax_vjp, numpy, tensor
 from multihead import reference
 from multihead.keras import MultiHeadAttention, attention, padding_mask
 from multihead.keras.transformer import Transformer
 
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
 HALVES = pytest.mark.parametrize("dtype", list(EPS))
-PATHS = ["dispatch", "explicit", "blocked"]
+# The backend's kernel where "dispatch" does not already take it (JAX's; torch's is the dispatch path).
+KERNEL = BACKEND in functional.FUSED_BACKENDS and BACKEND not in functional.AUTO_FUSED_BACKENDS
+PATHS = ["dispatch", "explicit", "blocked", *(["fused"] if KERNEL else [])]
 
 
 def halve(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -45,6 +47,8 @@ def ours(path: str, mask: np.ndarray | None, causal: bool) -> Callable[..., obje
         m = None if mask is None else tensor(mask) if mask.dtype == bool else ops.cast(tensor(mask), dtype)
         if path == "blocked":
             return functional._blocked(q, k, v, m, causal, None, block=8)
+        if path == "fused":
+            return attention(q, k, v, m, causal=causal, implementation="fused")
         result = attention(q, k, v, m, causal=causal, return_weights=path == "explicit")
         return result[0] if path == "explicit" else result
 
@@ -71,7 +75,10 @@ def output_and_gradients(
 ) -> list[np.ndarray]:
     """``fn(*inputs)`` and the gradients of ``sum(out * cotangent)`` w.r.t. each input, computed in ``dtype`` on
     the active backend, returned as float64."""
-    if BACKEND == "tensorflow":
+    if BACKEND == "jax":
+        leaves = [ops.cast(tensor(x.astype("float32")), dtype) for x in inputs]
+        out, grads = jax_vjp(fn, leaves, ops.cast(tensor(cotangent.astype("float32")), dtype))
+    elif BACKEND == "tensorflow":
         import tensorflow as tf
 
         variables = [tf.Variable(ops.cast(tensor(x.astype("float32")), dtype)) for x in inputs]
@@ -220,7 +227,17 @@ def test_half_precision_large_logits_and_fully_masked_rows(mask_kind: str, path:
 def layer_outputs_and_gradients(layer: keras.layers.Layer, call: Callable[[], object]) -> list[np.ndarray]:
     """``call()``'s output and the gradients of ``mean(out ** 2)`` w.r.t. every trainable weight of ``layer``."""
     weights = layer.trainable_weights
-    if BACKEND == "tensorflow":
+    if BACKEND == "jax":
+        import jax
+
+        def loss(values: list[object]) -> tuple[object, object]:
+            # Keras variables on JAX are read through a stateless scope to be differentiated.
+            with keras.StatelessScope(state_mapping=list(zip(weights, values, strict=True))):
+                out = call()
+            return ops.mean(ops.square(ops.cast(out, "float32"))), out
+
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))([w.value for w in weights])
+    elif BACKEND == "tensorflow":
         import tensorflow as tf
 
         with tf.GradientTape() as tape:

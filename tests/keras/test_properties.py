@@ -25,7 +25,7 @@ from attention_cases import (
     with_edges,
     with_junk,
 )
-from keras_helpers import BACKEND, numpy, tensor
+from keras_helpers import BACKEND, jax_vjp, numpy, tensor
 from multihead import reference
 from multihead.keras import MultiHeadAttention, attention
 
@@ -57,6 +57,8 @@ def run(
 def gradients(fn: Callable[..., object], *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
     """Gradients of ``sum(fn(*inputs) ** 2)`` on the active backend; zeros for inputs the loss does not reach
     (no keys), where TensorFlow answers ``None`` and torch has no graph (the blocked path's loop of zero blocks)."""
+    if BACKEND == "jax":
+        return tuple(np.asarray(g) for g in jax_vjp(fn, inputs)[1])
     if BACKEND == "tensorflow":
         import tensorflow as tf
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from keras_helpers import numpy, tensor
+from keras_helpers import BACKEND, numpy, tensor
 from multihead import keras as mk
 from multihead import torch as mt
 from multihead.io import load_model, load_weights, save_model, save_weights
+from multihead.keras.generation import COMPILED_BACKENDS
 
 PAD, BOS, EOS = 0, 1, 2
 SMALL = dict(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64)
@@ -77,6 +78,49 @@ def test_cached_decode_equals_full_decode(tmp_path: Path, capacity: int | None) 
     cache = model.new_cache(capacity)
     steps = [numpy(model.decode(tensor(tgt[:, t : t + 1]), memory, cache=cache)) for t in range(6)]
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=2e-5)
+
+
+COMPILED = pytest.mark.skipif(
+    BACKEND not in COMPILED_BACKENDS, reason=f"generation on the {BACKEND} backend is eager only"
+)
+
+
+@COMPILED
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "recompute"])
+@pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
+def test_compiled_generation_gives_the_eager_tokens(tmp_path: Path, beam_size: int, use_cache: bool) -> None:
+    """Compiled steps (fixed-capacity buffers, reordering inside the program) against eager steps, with a padded
+    source; 9 tokens take a capacity of 16, so the last buffer positions stay unwritten."""
+    _, model = pair(tmp_path, pad_id=PAD)
+    src = token_array(3, 7)
+    src[1, 4:] = PAD
+    options = dict(max_len=9, bos_id=BOS, eos_id=EOS, beam_size=beam_size, use_cache=use_cache)
+    eager = model.generate(tensor(src), compiled=False, **options)
+    assert (eager[:, 3:] != EOS).any()  # not a search that ended at once
+    np.testing.assert_array_equal(model.generate(tensor(src), compiled=True, **options), eager)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tracing counts are tf.function's")
+def test_compiled_step_is_traced_once_and_kept(tmp_path: Path) -> None:
+    _, model = pair(tmp_path)
+    src = tensor(token_array(2, 5))
+    first = model.generate(src, max_len=9, bos_id=BOS, eos_id=EOS, compiled=True)
+    [(_, step)] = model.generation_programs.values()
+    assert step.experimental_get_tracing_count() == 1
+    again = model.generate(src, max_len=12, bos_id=BOS, eos_id=EOS, compiled=True)  # the same capacity, 16
+    assert len(model.generation_programs) == 1
+    assert step.experimental_get_tracing_count() == 1
+    np.testing.assert_array_equal(again[:, : first.shape[1]], first)
+
+
+def test_compiled_generation_is_refused_where_there_is_none(tmp_path: Path) -> None:
+    _, model = pair(tmp_path)
+    src = tensor(token_array(2, 5))
+    with pytest.raises(TypeError, match=r"`compiled` must be True or False"):
+        model.generate(src, max_len=4, bos_id=BOS, eos_id=EOS, compiled="yes")
+    if BACKEND not in COMPILED_BACKENDS:
+        with pytest.raises(ValueError, match=rf"`compiled`=True needs one of the backends.*the {BACKEND} backend"):
+            model.generate(src, max_len=4, bos_id=BOS, eos_id=EOS, compiled=True)
 
 
 def test_greedy_with_cache_equals_without_and_beam_one_is_greedy(tmp_path: Path) -> None:

@@ -63,6 +63,11 @@ class KVCache(KVCacheBase):
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
 
 
+def _split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
+    batch, length = ops.shape(x)[0], ops.shape(x)[1]
+    return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
+
+
 def _keys(key_mask: Tensor | None) -> Tensor | None:
     """A ``(B, L)`` key mask in the attention's layout ``(B, 1, 1, L)``."""
     return None if key_mask is None else ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)
@@ -286,17 +291,31 @@ class MultiHeadAttention(keras.layers.Layer):
         if not self.built:  # the Transformer's layers call this directly, not through Keras' __call__
             self.build(tuple(query.shape), tuple(key.shape), tuple(value.shape))
 
-        def split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
-            batch, length = ops.shape(x)[0], ops.shape(x)[1]
-            return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
-
         def project() -> tuple[Tensor, Tensor]:
-            k = split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, new, Dk)
-            v = split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, new, Dv)
-            return k, v
+            return self._project_keys_values(key, value)
 
-        q = split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
         k, v = project() if cache is None else cache.keys_and_values(self_attention, project)  # (B, Hkv, Lk, D)
+        return self._attend_projected(query, k, v, mask, causal, return_weights, training)
+
+    def _project_keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """``key (B, Lk, kdim)`` and ``value (B, Lk, vdim)`` projected and split: ``(B, Hkv, Lk, Dk)``,
+        ``(B, Hkv, Lk, Dv)`` (what a KV cache keeps)."""
+        k = _split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, Lk, Dk)
+        v = _split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, Lk, Dv)
+        return k, v
+
+    def _attend_projected(
+        self,
+        query: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        return_weights: bool,
+        training: bool,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``query (B, Lq, qdim)`` to keys and values already projected, ``(B, Hkv, Lk, D)``."""
+        q = _split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
         dropout = self.dropout if training else 0.0
         result = _attention(
             q, k, v, mask, causal, None, dropout, return_weights, self.seed_generator, self.implementation

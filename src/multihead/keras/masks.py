@@ -33,6 +33,11 @@ def concrete(x: Tensor) -> np.ndarray | None:
 
         if not tf.executing_eagerly():
             return None
+    if backend.backend() == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):  # inside jit or grad: values exist only when the program runs
+            return None
     return np.asarray(ops.convert_to_numpy(x))
 
 

@@ -27,6 +27,7 @@ from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.keras.attention import KVCache, MultiHeadAttention, _keys
 from multihead.keras.checks import NamedTensorArguments, check_hidden, check_key_mask
+from multihead.keras.generation import COMPILED_BACKENDS, CompiledDecoding
 from multihead.keras.masks import Tensor, check_token_ids, concrete, padding_mask_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.validation import (
@@ -77,8 +78,11 @@ class PositionalEncoding(NamedTensorArguments, layers.Layer):
         return self._forward(x, offset, training)
 
     def _forward(self, x: Tensor, offset: int | Tensor, training: bool | None) -> Tensor:
-        positions = ops.slice(ops.convert_to_tensor(self.table), (offset, 0), (ops.shape(x)[1], self.d_model))
-        return self.dropout(x + ops.cast(positions, x.dtype), training=training)  # positions: (L, E)
+        # Rows gathered, not sliced: in a compiled decoding step the offset is a tensor, and XLA compiles a slice
+        # that starts at a tensor again for every value it takes.
+        rows = ops.arange(ops.shape(x)[1]) + offset  # (L,)
+        positions = ops.take(ops.convert_to_tensor(self.table), rows, axis=0)  # (L, E)
+        return self.dropout(x + ops.cast(positions, x.dtype), training=training)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate}
@@ -520,6 +524,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")
         self.decoder = Decoder(num_decoder_layers, *stack, name="decoder")
+        self.generation_programs: dict[tuple[bool, int], Any] = {}  # see multihead.keras.generation
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -634,8 +639,24 @@ class Transformer(NamedTensorArguments, keras.Model):
         return_weights: bool,
         training: bool | None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        hidden = self._decode_hidden(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training)
+        if return_weights:
+            return self.output_proj(hidden[0]), hidden[1]
+        return self.output_proj(hidden)  # (B, Lt, V)
+
+    def _decode_hidden(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_key_mask: Tensor | None,
+        tgt_key_mask: Tensor | None,
+        cache: DecoderCache | None,
+        return_weights: bool,
+        training: bool | None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """The decoder's output ``(B, Lt, E)`` before the output projection."""
         offset = 0 if cache is None else cache.length
-        hidden = self.decoder._forward(
+        return self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset, training),
             memory,
             _keys(tgt_key_mask),
@@ -644,9 +665,6 @@ class Transformer(NamedTensorArguments, keras.Model):
             return_weights,
             training,
         )
-        if return_weights:
-            return self.output_proj(hidden[0]), hidden[1]
-        return self.output_proj(hidden)  # (B, Lt, V)
 
     def call(
         self,
@@ -682,19 +700,39 @@ class Transformer(NamedTensorArguments, keras.Model):
         use_cache: bool = True,
         pad_id: int | None = None,
         length_penalty: float = 1.0,
+        compiled: bool | None = None,
     ) -> np.ndarray:
-        """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search; eager only.
+        """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search.
 
         Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max_len``; each row stops at its
         first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else ``eos_id``).
+
+        ``compiled`` chooses how the decoding steps run: ``True``, as one traced program per step over a cache of
+        fixed capacity (``tf.function`` with XLA on TensorFlow, ``jax.jit`` on JAX; see
+        :mod:`multihead.keras.generation`), which costs a compilation on the first call with new sizes and is then
+        many times faster; ``False``, eagerly, operation by operation; ``None`` (default), compiled on TensorFlow and
+        JAX, eager on the torch backend, which has no compiled path. Both give the same tokens.
         """
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
         decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
+        if compiled is not None:
+            check_flag("compiled", compiled)
+        if compiled and keras.backend.backend() not in COMPILED_BACKENDS:
+            raise ValueError(
+                f"`compiled`=True needs one of the backends {COMPILED_BACKENDS}, received the "
+                f"{keras.backend.backend()} backend; use compiled=None or False"
+            )
         src = ops.convert_to_tensor(self._check_source(src, src_key_mask))
         src_key_mask = self._key_mask(src, src_key_mask)
-        memory = self._encode(src, src_key_mask, False)
-        session = _Decoding(self, memory, src_key_mask, self.new_cache() if use_cache else None)
+        if compiled is None:
+            compiled = keras.backend.backend() in COMPILED_BACKENDS
+        if compiled:
+            self.build()  # its weights must exist before a program is traced
+            session = CompiledDecoding(self, src, src_key_mask, use_cache, max_len)
+        else:
+            memory = self._encode(src, src_key_mask, False)
+            session = _Decoding(self, memory, src_key_mask, self.new_cache() if use_cache else None)
         return decoding.generate(
             session, int(src.shape[0]), max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
             beam_size=beam_size, length_penalty=length_penalty,
