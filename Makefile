@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/multihead demo --out runs/dates
 
-# The whole suite runs on Keras' default TensorFlow backend, then the Keras tests run again on its torch backend.
+# The whole suite runs on Keras' default TensorFlow backend, then the Keras tests run again on its torch and JAX
+# backends.
 test: lint $(STAMP)
 	$(BIN)/python -m pytest
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -m keras
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -m keras
 
 # Our attention against its peers, and generation with and without the cache (about 33 minutes on 2 cores);
 # writes benchmarks/results.{json,md,png}.

@@ -214,6 +214,23 @@ def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA clusters inside a tf.function are TensorFlow's")
+def test_in_a_graph_two_blocks_of_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tensorflow as tf
+
+    calls = []
+    blocked = functional._blocked
+    monkeypatch.setattr(functional, "BLOCK_SCORES", 2 * 6 * 64)  # blocks of 64 keys for (B, H, Lq) = (1, 2, 6)
+    monkeypatch.setattr(functional, "_blocked", lambda *a: calls.append(a[-1]) or blocked(*a))
+    q, k, v = qkv(1, 2, 2, 6, 130, 8, 8, dtype="float32")
+    expected, _ = reference.attention(q, k, v, causal=True)
+    q, k, v = (tensor(x) for x in (q, k, v))
+    np.testing.assert_allclose(numpy(attention(q, k, v, causal=True)), expected, atol=2e-6)
+    assert calls == []  # eagerly, a compilation per shape would cost more than blocks save
+    np.testing.assert_allclose(numpy(tf.function(lambda: attention(q, k, v, causal=True))()), expected, atol=2e-6)
+    assert calls == [64]
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA clusters inside a tf.function are TensorFlow's")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_blocked_path_in_a_graph_matches_the_oracle_with_gradients(causal: bool) -> None:
     """Inside a tf.function the blocked path runs forward and backward (its own block-by-block gradient) as XLA

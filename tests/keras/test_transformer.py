@@ -16,6 +16,7 @@ from keras_helpers import BACKEND, numpy, tensor
 from multihead import keras as mk
 from multihead import torch as mt
 from multihead.io import load_model, load_weights, save_model, save_weights
+from multihead.keras import generation
 from multihead.keras.generation import COMPILED_BACKENDS
 
 PAD, BOS, EOS = 0, 1, 2
@@ -86,11 +87,26 @@ COMPILED = pytest.mark.skipif(
 
 
 @COMPILED
-@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "recompute"])
-@pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
-def test_compiled_generation_gives_the_eager_tokens(tmp_path: Path, beam_size: int, use_cache: bool) -> None:
-    """Compiled steps (fixed-capacity buffers, reordering inside the program) against eager steps, with a padded
-    source; 9 tokens take a capacity of 16, so the last buffer positions stay unwritten."""
+@pytest.mark.parametrize(
+    ("beam_size", "use_cache", "xla"),
+    [
+        (1, True, False),
+        (1, False, False),
+        (3, True, False),
+        (3, False, False),
+        pytest.param(
+            3, True, True, marks=pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile is tf.function's")
+        ),
+    ],
+    ids=["greedy-cache", "greedy-recompute", "beam-cache", "beam-recompute", "beam-cache-xla"],
+)
+def test_compiled_generation_gives_the_eager_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beam_size: int, use_cache: bool, xla: bool
+) -> None:
+    """Compiled steps (fixed-capacity buffers, reordering inside the program; on TensorFlow also compiled by XLA)
+    against eager steps, with a padded source; 9 tokens take a capacity of 16, so the last buffer positions stay
+    unwritten."""
+    monkeypatch.setattr(generation, "TF_JIT_COMPILE", xla)
     _, model = pair(tmp_path, pad_id=PAD)
     src = token_array(3, 7)
     src[1, 4:] = PAD
@@ -98,6 +114,16 @@ def test_compiled_generation_gives_the_eager_tokens(tmp_path: Path, beam_size: i
     eager = model.generate(tensor(src), compiled=False, **options)
     assert (eager[:, 3:] != EOS).any()  # not a search that ended at once
     np.testing.assert_array_equal(model.generate(tensor(src), compiled=True, **options), eager)
+
+
+@COMPILED
+def test_compiled_generation_builds_what_an_eager_call_left_unbuilt() -> None:
+    """An eager call builds the layers it reaches, not the model: compiling afterwards must not build them again."""
+    keras.utils.set_random_seed(0)
+    model = mk.Transformer(20, 23, **SMALL)
+    src = tensor(token_array(2, 5))
+    eager = model.generate(src, max_len=5, bos_id=BOS, eos_id=EOS, compiled=False)
+    np.testing.assert_array_equal(model.generate(src, max_len=5, bos_id=BOS, eos_id=EOS, compiled=True), eager)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tracing counts are tf.function's")

@@ -1,4 +1,4 @@
-"""The Keras 3 front end (TensorFlow backend by default; also runs on the torch backend)."""
+"""The Keras 3 front end (TensorFlow backend by default; also runs on the torch and JAX backends)."""
 
 from multihead.cache import DecoderCache
 from multihead.keras.attention import KVCache, MultiHeadAttention

@@ -43,7 +43,8 @@ Shape = tuple[int | None, ...]
 
 
 class KVCache(KVCacheBase):
-    """Projected keys and values kept between decoding steps, ``(B, Hkv, L, D)``; eager decoding only.
+    """Projected keys and values kept between decoding steps, ``(B, Hkv, L, D)``, for eager decoding (a
+    Transformer's compiled generation keeps its own fixed buffers: :mod:`multihead.keras.generation`).
 
     Passed as ``cache=`` to :class:`MultiHeadAttention`: self-attention (no ``key``) appends the new tokens and
     attends over everything cached; cross-attention (``key`` given) projects the memory once and reuses it.

@@ -3,8 +3,8 @@
 Eager decoding (``multihead.keras.transformer._Decoding``) dispatches every operation of every step, which on
 TensorFlow costs about 2 ms per ``Dense`` call, and on JAX compiles every operation anew for every new cache length.
 Here a step (embedding, every decoder layer, the output projection, the log-softmax) is traced once into one
-program over fixed shapes (``tf.function``, with XLA, on TensorFlow; ``jax.jit`` on JAX, weights passed in through a
-``keras.StatelessScope``) and runs as one call per step:
+program over fixed shapes (``tf.function`` on TensorFlow, XLA optional: ``TF_JIT_COMPILE``; ``jax.jit`` on JAX,
+weights passed in through a ``keras.StatelessScope``) and runs as one call per step:
 
 - the self-attention cache of each layer is a buffer ``(N, Hkv, C, D)`` of capacity ``C``; a step writes its keys
   and values at its position, a tensor (so the program is not traced again at the next step), and attends over
@@ -15,8 +15,8 @@ program over fixed shapes (``tf.function``, with XLA, on TensorFlow; ``jax.jit``
 - without the cache (``use_cache=False``) a step rewrites one position of a ``(N, C)`` token buffer and recomputes
   every position: causal self-attention keeps later positions from changing the step's logits.
 
-The programs are kept per model, capacity and mode, so later ``generate`` calls reuse them (TensorFlow traces again
-only for new shapes; JAX and XLA compile once per shape).
+The programs are kept per model, capacity and mode, so later ``generate`` calls reuse them (``tf.function`` traces
+again for a second batch size or source length, then generalises; JAX and XLA compile once per shape).
 
 Notation: B batch, N = B (greedy) or B * beam_size rows, Ls source length, C capacity, E d_model, V vocabulary,
 Hkv key/value heads, Dk/Dv head dims.
@@ -36,9 +36,11 @@ from multihead.keras.masks import Tensor
 
 COMPILED_BACKENDS = ("tensorflow", "jax")
 """Backends with compiled generation; on the torch backend generation runs eagerly."""
-TF_JIT_COMPILE = True
-"""Whether the TensorFlow programs are compiled by XLA (``jit_compile=True``): see docs/performance.md for the
-measurement that chose it."""
+TF_JIT_COMPILE = False
+"""Whether the TensorFlow programs are compiled by XLA (``jit_compile=True``). Measured on the benchmark's model
+(docs/performance.md), XLA makes a step about 20% faster but the first call slower (9.4 s against 6.6 s), and it
+compiles again for every new batch size and source length, where a ``tf.function`` traced with
+``reduce_retracing`` serves them all after its second shape. Set it to True for generation at fixed shapes."""
 CAPACITY_STEP = 16
 """Capacities are rounded up to a multiple of this, so that nearby ``max_len`` share one program."""
 
@@ -98,7 +100,7 @@ def _gather(state: State, rows: Tensor | None) -> State:
 def _programs(model: Any, use_cache: bool, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The start and step programs of ``model`` for this mode and capacity, traced on first use and kept in the
     model's ``generation_programs``."""
-    key = (use_cache, capacity)
+    key = (use_cache, capacity, TF_JIT_COMPILE)
     if key not in model.generation_programs:
         start, step = (_cached if use_cache else _recomputed)(model, capacity)
         model.generation_programs[key] = (_compile(model, start), _compile(model, step))

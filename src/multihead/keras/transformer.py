@@ -54,6 +54,13 @@ LAYER_NORM_EPS = 1e-5  # PyTorch's default, so both front ends compute the same 
 register = keras.saving.register_keras_serializable(package="multihead")
 
 
+def _build(layer: layers.Layer, *shapes: Shape) -> None:
+    """Build ``layer`` unless a call already has: the layers build their sublayers on a first call too, and a
+    model may be built after one (a second build would create every weight again)."""
+    if not layer.built:
+        layer.build(*shapes)
+
+
 @register
 class PositionalEncoding(NamedTensorArguments, layers.Layer):
     """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout."""
@@ -106,8 +113,8 @@ class FeedForward(NamedTensorArguments, layers.Layer):
 
     def build(self, x_shape: Shape) -> None:
         # The configured width, not the received one: a call of the wrong width is refused, not built for.
-        self.linear1.build((None, None, self.d_model))
-        self.linear2.build((None, None, self.d_ff))
+        _build(self.linear1, (None, None, self.d_model))
+        _build(self.linear2, (None, None, self.d_ff))
         self.built = True
 
     def call(self, x: Tensor, training: bool | None = None) -> Tensor:
@@ -193,10 +200,10 @@ class EncoderLayer(_Block):
 
     def build(self, x_shape: Shape) -> None:
         hidden = self.hidden_shape
-        self.self_attn.build(hidden, hidden, hidden)
-        self.feed_forward.build(hidden)
+        _build(self.self_attn, hidden, hidden, hidden)
+        _build(self.feed_forward, hidden)
         for norm in (self.norm1, self.norm2):
-            norm.build(hidden)
+            _build(norm, hidden)
         self.built = True
 
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
@@ -232,11 +239,11 @@ class DecoderLayer(_Block):
 
     def build(self, x_shape: Shape, memory_shape: Shape | None = None) -> None:
         hidden = self.hidden_shape
-        self.self_attn.build(hidden, hidden, hidden)
-        self.cross_attn.build(hidden, hidden, hidden)
-        self.feed_forward.build(hidden)
+        _build(self.self_attn, hidden, hidden, hidden)
+        _build(self.cross_attn, hidden, hidden, hidden)
+        _build(self.feed_forward, hidden)
         for norm in (self.norm1, self.norm2, self.norm3):
-            norm.build(hidden)
+            _build(norm, hidden)
         self.built = True
 
     def call(
@@ -357,9 +364,9 @@ class _Stack(NamedTensorArguments, layers.Layer):
 
     def build(self, x_shape: Shape, *_: Shape) -> None:
         for block in self.blocks:
-            block.build(x_shape)
+            _build(block, x_shape)
         if self.norm is not None:
-            self.norm.build((None, None, self.sizes["d_model"]))
+            _build(self.norm, (None, None, self.sizes["d_model"]))
         self.built = True
 
     def finish(self, x: Tensor) -> Tensor:
@@ -524,7 +531,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")
         self.decoder = Decoder(num_decoder_layers, *stack, name="decoder")
-        self.generation_programs: dict[tuple[bool, int], Any] = {}  # see multihead.keras.generation
+        self.generation_programs: dict[tuple, Any] = {}  # see multihead.keras.generation
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -553,10 +560,10 @@ class Transformer(NamedTensorArguments, keras.Model):
             return
         hidden = (None, None, self.config.d_model)
         for embedding in (self.src_embed, self.tgt_embed):
-            embedding.build((None, None))
-        self.encoder.build(hidden)
-        self.decoder.build(hidden, hidden)
-        self.output_proj.build(hidden)
+            _build(embedding, (None, None))
+        _build(self.encoder, hidden)
+        _build(self.decoder, hidden, hidden)
+        _build(self.output_proj, hidden)
         self.built = True
 
     def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -708,7 +715,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else ``eos_id``).
 
         ``compiled`` chooses how the decoding steps run: ``True``, as one traced program per step over a cache of
-        fixed capacity (``tf.function`` with XLA on TensorFlow, ``jax.jit`` on JAX; see
+        fixed capacity (``tf.function`` on TensorFlow, ``jax.jit`` on JAX; see
         :mod:`multihead.keras.generation`), which costs a compilation on the first call with new sizes and is then
         many times faster; ``False``, eagerly, operation by operation; ``None`` (default), compiled on TensorFlow and
         JAX, eager on the torch backend, which has no compiled path. Both give the same tokens.
