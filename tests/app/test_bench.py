@@ -44,3 +44,19 @@ def test_generation_is_timed_with_and_without_the_cache() -> None:
     table = markdown({"matmul_gflops": 1.0, "repeats": 1, "rows": [], "generation": generation})
     assert "| torch |" in table
     assert "Greedy generation of 3 tokens" in table
+
+
+def test_the_keras_layer_is_measured_on_each_backend_and_generation_compiled() -> None:
+    """Each Keras implementation runs in a fresh process on the backend its name gives (TensorFlow without a
+    suffix), whatever backend this process runs; compiled generation reports its first call apart."""
+    results = run(["paper-forward"], ["multihead-keras-jax", "keras-mha-jax", "multihead-keras-torch"], 1, 0.0, print)
+    rows = {row["impl"]: row for row in results["rows"]}
+    assert set(rows) == {"multihead-keras-jax", "keras-mha-jax", "multihead-keras-torch"}
+    assert all(row["median_s"] > 0 for row in rows.values())
+    assert rows["multihead-keras-jax"]["best_peer"] == "keras-mha-jax"
+    generation = run_generation(["keras-jax"], 2, 1, print)
+    measured = generation["frameworks"]["keras-jax"]
+    assert set(measured["all_s"]) == {"compiled"}
+    assert measured["first_call_s"] > measured["median_s"]["compiled"] > 0
+    assert measured["speedup"] is None
+    assert "| keras-jax | compiled |" in markdown({**results, "generation": generation})

@@ -137,7 +137,6 @@ def test_other_helps_show_their_defaults(command: str, shown: list[str], cli: Ca
         assert fragment in text
 
 
-@pytest.mark.xfail(reason="bench.py's description still quotes ``multihead bench`` (reported; not this file's to fix)")
 def test_bench_help_has_no_restructured_text(cli: Callable[..., Cli]) -> None:
     result = cli("bench", "--help")
     assert result.status == 0

@@ -37,4 +37,5 @@ def test_each_bullet_names_tests_that_exist(bullet: str) -> None:
     assert named, f"this bullet names no tests: {bullet[:80]!r}"
     names = [name.strip() for name in named.group(1).split(",")]
     missing = sorted(set(names) - defined_tests())
-    assert names and not missing, f"tests named in the README that do not exist: {missing}"
+    assert names, f"this bullet's test list is empty: {bullet[:80]!r}"
+    assert not missing, f"tests named in the README that do not exist: {missing}"

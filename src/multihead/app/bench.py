@@ -8,7 +8,10 @@ repeats. Ratios are to the fastest peer (not ours) of the same case. Attention F
 and 3.5× that forward+backward; GFLOP/s is set against the machine's matmul rate, measured in the same run.
 
 Generation is timed the same way: greedy decoding of exactly ``--tokens`` tokens (EOS never wins) by a Transformer
-with and without its KV cache, interleaved, each run in a fresh process.
+with and without its KV cache, and for Keras compiled against eager, interleaved, each run in a fresh process.
+The Keras layer is measured on each Keras backend: ``multihead-keras`` (TensorFlow, inside ``tf.function``),
+``multihead-keras-jax`` (inside ``jax.jit``), ``multihead-keras-torch`` (eager); ``keras-mha-jax`` is Keras' own
+layer on JAX.
 
 Notation: B batch, L length (Lq/Lk query/key length), E model width, H heads, D = E/H.
 """
@@ -31,9 +34,25 @@ from typing import Any
 from multihead.app.console import OneLineErrorParser
 from multihead.files import atomic_write
 
-OURS = ("multihead-torch", "multihead-keras")
-PEERS = ("torch-mha", "torch-sdpa", "keras-mha", "tutorial")
+OURS = ("multihead-torch", "multihead-keras", "multihead-keras-jax", "multihead-keras-torch")
+PEERS = ("torch-mha", "torch-sdpa", "keras-mha", "keras-mha-jax", "tutorial")
 IMPLEMENTATIONS = OURS + PEERS
+
+
+def keras_backend(impl: str) -> str:
+    """The Keras backend a Keras implementation runs on: its name's suffix, TensorFlow without one."""
+    return {"jax": "jax", "torch": "torch"}.get(impl.rsplit("-", 1)[-1], "tensorflow")
+
+
+def _import_keras(backend: str) -> Any:
+    """Keras on ``backend``, in this fresh process (the backend is chosen once, before Keras is imported)."""
+    os.environ["KERAS_BACKEND"] = backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    if keras.backend.backend() != backend:
+        raise RuntimeError(f"Keras runs on {keras.backend.backend()}, not {backend}: it was imported before")
+    return keras
 
 
 @dataclass(frozen=True)
@@ -65,12 +84,13 @@ CASES = {
         Case("L512-train", 8, 512, 512, backward=True),
         Case("padded-forward", 16, 512, 512, padded=True),
         Case("L4096-forward", 1, 4096, 4096),
+        Case("L4096-train", 1, 4096, 4096, backward=True),
         Case(
             "L16384-forward",
             1,
             16384,
             16384,
-            skip=("keras-mha", "tutorial"),
+            skip=("keras-mha", "keras-mha-jax", "tutorial"),
             why="materialise the 8 GiB score matrix several times over: more than this 24 GiB machine has",
         ),
     )
@@ -169,52 +189,105 @@ def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
 
 
 def _keras_step(impl: str, case: Case) -> Callable[[], Any]:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    """One step of a Keras layer as its backend runs it fastest: inside ``tf.function`` on TensorFlow, ``jax.jit``
+    on JAX (weights passed in through ``stateless_call``), eagerly on torch."""
+    backend = keras_backend(impl)
+    keras = _import_keras(backend)
     import numpy as np
-    import tensorflow as tf
 
     from multihead.keras import MultiHeadAttention
 
     rng = np.random.default_rng(0)
-    query = tf.constant(rng.normal(size=(case.batch, case.lq, case.width)).astype("float32"))
-    memory = (
-        query
-        if case.lq == case.lk
-        else tf.constant(rng.normal(size=(case.batch, case.lk, case.width)).astype("float32"))
-    )
-    key_mask = tf.constant(np.arange(case.lk)[None, :] < _lengths(case)[:, None]) if case.padded else None
-    if impl == "multihead-keras":
+    query = rng.normal(size=(case.batch, case.lq, case.width)).astype("float32")
+    memory = query if case.lq == case.lk else rng.normal(size=(case.batch, case.lk, case.width)).astype("float32")
+    key_mask = np.arange(case.lk)[None, :] < _lengths(case)[:, None] if case.padded else None
+    if impl.startswith("multihead-keras"):
         layer = MultiHeadAttention(case.heads)
-        call = lambda: layer(query, memory, key_mask=key_mask)  # noqa: E731
+        inputs = {"query": query, "key": memory, "key_mask": key_mask}
     else:
         layer = keras.layers.MultiHeadAttention(case.heads, case.width // case.heads)
-        mask = None if key_mask is None else tf.broadcast_to(key_mask[:, None, :], (case.batch, case.lq, case.lk))
-        call = lambda: layer(query, memory, attention_mask=mask)  # noqa: E731
-    call()  # build
-    if not case.backward:
-        return tf.function(lambda: call())
+        mask = None if key_mask is None else np.broadcast_to(key_mask[:, None, :], (case.batch, case.lq, case.lk))
+        inputs = {"query": query, "value": memory, "attention_mask": mask}
+    inputs = {name: None if x is None else keras.ops.convert_to_tensor(x) for name, x in inputs.items()}
+    layer(**inputs)  # build
+    if backend == "tensorflow":
+        return _tensorflow_step(layer, inputs, case.backward)
+    if backend == "jax":
+        return _jax_step(layer, inputs, case.backward)
+    return _torch_backend_step(layer, inputs, case.backward)
+
+
+def _tensorflow_step(layer: Any, inputs: dict[str, Any], backward: bool) -> Callable[[], Any]:
+    import tensorflow as tf
+
+    if not backward:
+        return tf.function(lambda: layer(**inputs))
 
     @tf.function
     def train_step() -> Any:
         with tf.GradientTape() as tape:
-            out = call()
-            loss = tf.reduce_sum(out)
+            loss = tf.reduce_sum(layer(**inputs))
         return tape.gradient(loss, layer.trainable_variables)
 
     return train_step
 
 
-GENERATION_SIZES = {"d_model": 256, "num_heads": 4, "num_encoder_layers": 3, "num_decoder_layers": 3, "d_ff": 1024}
-GENERATION_BATCH, GENERATION_SOURCE, GENERATION_VOCAB = 8, 32, 100
+def _jax_step(layer: Any, inputs: dict[str, Any], backward: bool) -> Callable[[], Any]:
+    import jax
+
+    trainable = [v.value for v in layer.trainable_variables]
+    fixed = [v.value for v in layer.non_trainable_variables]
+
+    def forward(trainable: list, fixed: list, inputs: dict[str, Any]) -> Any:
+        return layer.stateless_call(trainable, fixed, **inputs)[0]
+
+    program = jax.jit(jax.grad(lambda *args: forward(*args).sum()) if backward else forward)
+    return lambda: jax.block_until_ready(program(trainable, fixed, inputs))
 
 
-def generation_child(framework: str, use_cache: bool, tokens: int) -> dict[str, Any]:
-    """Seconds for greedy generation of exactly ``tokens`` tokens, in this (fresh) process."""
+def _torch_backend_step(layer: Any, inputs: dict[str, Any], backward: bool) -> Callable[[], Any]:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    if not backward:
+
+        def forward() -> Any:
+            with torch.no_grad():
+                return layer(**inputs)
+
+        return forward
+
+    def train_step() -> Any:
+        for weight in layer.trainable_variables:
+            weight.value.grad = None
+        out = layer(**inputs)
+        out.sum().backward()
+        return out
+
+    return train_step
+
+
+GENERATION_SIZES = {"d_model": 256, "num_heads": 8, "num_encoder_layers": 3, "num_decoder_layers": 3, "d_ff": 512}
+GENERATION_BATCH, GENERATION_SOURCE, GENERATION_VOCAB = 8, 32, 8000
+GENERATION_MODES = {
+    "torch": ("cache", "recompute"),
+    "keras": ("compiled", "cache", "recompute"),
+    "keras-jax": ("compiled",),
+}
+"""What each front end's generation is timed in: ``cache`` (eager, with the KV cache), ``recompute`` (eager,
+recomputing the prefix at every step), ``compiled`` (Keras: one traced program per step over a fixed-capacity
+cache; on TensorFlow ``keras``, on JAX ``keras-jax``). Eager Keras on JAX would compile every operation at every new
+length: minutes, not measured."""
+
+
+def generation_child(framework: str, mode: str, tokens: int) -> dict[str, Any]:
+    """Seconds for greedy generation of exactly ``tokens`` tokens, in this (fresh) process. A compiled mode's first
+    call (tracing and compiling included) is timed too: ``first_s``."""
     import numpy as np
 
     source = np.random.default_rng(0).integers(3, GENERATION_VOCAB, size=(GENERATION_BATCH, GENERATION_SOURCE))
     sizes = {**GENERATION_SIZES, "dropout": 0.0}
+    options = {"bos_id": 1, "eos_id": 2, "use_cache": mode != "recompute"}
     if framework == "torch":
         import torch
 
@@ -226,9 +299,7 @@ def generation_child(framework: str, use_cache: bool, tokens: int) -> dict[str, 
             model.output_proj.bias[2] = -1e9  # EOS (id 2) never wins: always the full length
         src = torch.from_numpy(source)
     else:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import keras
-
+        keras = _import_keras("jax" if framework == "keras-jax" else "tensorflow")
         from multihead.keras import Transformer
 
         keras.utils.set_random_seed(0)
@@ -238,13 +309,18 @@ def generation_child(framework: str, use_cache: bool, tokens: int) -> dict[str, 
         bias[2] = -1e9
         model.output_proj.bias.assign(bias)
         src = keras.ops.convert_to_tensor(source.astype("int32"))
-    model.generate(src, max_len=min(tokens, 8), bos_id=1, eos_id=2, use_cache=use_cache)  # warm-up
+        options["compiled"] = mode == "compiled"
+    # A compiled program serves one capacity: its warm-up is the same call, and the one timed as the first call.
     begin = time.perf_counter()
-    out = model.generate(src, max_len=tokens, bos_id=1, eos_id=2, use_cache=use_cache)
+    model.generate(src, max_len=tokens if mode == "compiled" else min(tokens, 8), **options)
+    first = time.perf_counter() - begin
+    begin = time.perf_counter()
+    out = model.generate(src, max_len=tokens, **options)
     seconds = time.perf_counter() - begin
     if tuple(out.shape) != (GENERATION_BATCH, tokens):
         raise RuntimeError(f"generation stopped early: {tuple(out.shape)}")
-    return {"framework": framework, "cache": use_cache, "seconds": seconds}
+    return {"framework": framework, "mode": mode, "seconds": seconds,
+            "first_s": first if mode == "compiled" else None}  # fmt: skip
 
 
 def _peak_rss_mib() -> float:
@@ -255,9 +331,8 @@ def child(impl: str, case_name: str, budget_s: float) -> dict[str, Any]:
     """Time one implementation on one case in this (fresh) process."""
     case = CASES[case_name]
     if "keras" in impl:  # the framework's own footprint is not the attention's: import it before the baseline
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
+        _import_keras(keras_backend(impl))
+        __import__(keras_backend(impl))
     else:
         import torch
     baseline = _peak_rss_mib()
@@ -310,25 +385,35 @@ def _measure(impl: str, case: str, budget_s: float) -> dict[str, Any]:
 
 
 def run_generation(frameworks: list[str], tokens: int, repeats: int, log: Callable[[str], None]) -> dict:
-    """Generation with and without the cache, interleaved, medians over ``repeats`` fresh processes."""
-    results: dict[str, Any] = {}
-    for framework in frameworks:
-        seconds: dict[str, list[float]] = {"cache": [], "recompute": []}
-        for repeat in range(repeats):
-            for mode in seconds:
+    """Every front end's generation modes (``GENERATION_MODES``), interleaved within each repeat, medians over
+    ``repeats`` fresh processes. ``speedup`` is recomputing's time over the fastest mode with a cache."""
+    seconds = {framework: {mode: [] for mode in GENERATION_MODES[framework]} for framework in frameworks}
+    first = {framework: [] for framework in frameworks}
+    for repeat in range(repeats):
+        for framework in frameworks:
+            for mode in GENERATION_MODES[framework]:
                 sample = _fresh_process("--generate", framework, mode, "--tokens", str(tokens))
                 if "error" in sample:
                     raise RuntimeError(f"generation ({framework}, {mode}) failed: {sample['error']}")
-                seconds[mode].append(sample["seconds"])
-                log(f"[{repeat + 1}/{repeats}] generate {tokens} tokens, {framework} {mode}: {sample['seconds']:.2f} s")
-        medians = {mode: statistics.median(values) for mode, values in seconds.items()}
+                seconds[framework][mode].append(sample["seconds"])
+                shown = f"{sample['seconds']:.2f} s"
+                if sample.get("first_s") is not None:
+                    first[framework].append(sample["first_s"])
+                    shown += f" (first call {sample['first_s']:.2f} s)"
+                log(f"[{repeat + 1}/{repeats}] generate {tokens} tokens, {framework} {mode}: {shown}")
+    results: dict[str, Any] = {}
+    for framework, measured in seconds.items():
+        medians = {mode: statistics.median(values) for mode, values in measured.items()}
+        cached = min((m for m in medians if m != "recompute"), key=medians.get)
         results[framework] = {
             "median_s": medians,
-            "all_s": seconds,
-            "speedup": medians["recompute"] / medians["cache"],
+            "all_s": measured,
+            "per_step_ms": {mode: value / tokens * 1e3 for mode, value in medians.items()},
+            "first_call_s": statistics.median(first[framework]) if first[framework] else None,
+            "speedup": medians["recompute"] / medians[cached] if "recompute" in medians else None,
         }
-    return {"tokens": tokens, "batch": GENERATION_BATCH, "source_len": GENERATION_SOURCE, **GENERATION_SIZES,
-            "frameworks": results}  # fmt: skip
+    return {"tokens": tokens, "batch": GENERATION_BATCH, "source_len": GENERATION_SOURCE, "vocab": GENERATION_VOCAB,
+            **GENERATION_SIZES, "frameworks": results}  # fmt: skip
 
 
 def run(cases: list[str], impls: list[str], repeats: int, budget_s: float, log: Callable[[str], None]) -> dict:
@@ -394,20 +479,32 @@ def markdown(results: dict) -> str:
         )
     generation = results.get("generation")
     if generation:
+        torch_step = generation["frameworks"].get("torch", {}).get("per_step_ms", {}).get("cache")
         lines += [
             "",
             f"Greedy generation of {generation['tokens']} tokens (B={generation['batch']}, source length "
-            f"{generation['source_len']}, d_model={generation['d_model']}, {generation['num_encoder_layers']}+"
-            f"{generation['num_decoder_layers']} layers), medians of {results['repeats']} fresh-process runs:",
+            f"{generation['source_len']}, d_model={generation['d_model']}, {generation['num_heads']} heads, "
+            f"{generation['num_encoder_layers']}+{generation['num_decoder_layers']} layers, d_ff={generation['d_ff']}, "
+            f"vocabulary {generation['vocab']}), medians of {results['repeats']} fresh-process "
+            "runs; a compiled mode's first call includes tracing and compiling:",
             "",
-            "| framework | with the cache | recomputing the prefix | speed-up |",
-            "|---|---:|---:|---:|",
+            "| framework | mode | total | per step | per step / torch's | recompute / this | first call |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
         for framework, measured in generation["frameworks"].items():
-            lines.append(
-                f"| {framework} | {measured['median_s']['cache']:.2f} s | {measured['median_s']['recompute']:.2f} s "
-                f"| {measured['speedup']:.1f}× |"
-            )
+            for mode, total in measured["median_s"].items():
+                step = (
+                    measured["per_step_ms"][mode] if "per_step_ms" in measured else total / generation["tokens"] * 1e3
+                )
+                versus_torch = f"{step / torch_step:.2f}" if torch_step else ""
+                recompute = measured["median_s"].get("recompute")
+                speedup = f"{recompute / total:.1f}×" if recompute and mode != "recompute" else ""
+                first_call = measured.get("first_call_s") if mode == "compiled" else None
+                first_call = "" if first_call is None else f"{first_call:.2f} s"
+                lines.append(
+                    f"| {framework} | {mode} | {total:.2f} s | {step:.2f} ms | {versus_torch} | {speedup} | "
+                    f"{first_call} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -437,7 +534,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineErrorParser(prog="multihead bench", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="multihead bench", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), help="(none: skip)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=list(IMPLEMENTATIONS))
     parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs per implementation and case")
@@ -445,9 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--generation",
         nargs="*",
-        default=["torch", "keras"],
-        choices=["torch", "keras"],
-        help="front ends whose generation is timed with and without the cache (none: skip)",
+        default=list(GENERATION_MODES),
+        choices=list(GENERATION_MODES),
+        help="front ends whose generation is timed: torch, Keras on TensorFlow (compiled, eager, recomputing), Keras "
+        "on JAX (compiled) (none: skip)",
     )
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated in the generation benchmark")
     parser.add_argument("--out", default="benchmarks", help="directory for results.json, results.md, results.png")
@@ -468,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.generate:
         framework, mode = args.generate
-        print(json.dumps(generation_child(framework, mode == "cache", args.tokens)))
+        print(json.dumps(generation_child(framework, mode, args.tokens)))
         return 0
     log = lambda line: print(line, flush=True)  # noqa: E731
     results = run(args.cases, args.impls, args.repeats, args.budget, log)
