@@ -101,16 +101,22 @@ def main() -> None:
     steps = {name: step_function(model, args.bf16) for name, model in models.items()}
     data = batches(args.steps + 3)
     times: dict[str, list[float]] = {name: [] for name in steps}
+    warm_up = dict.fromkeys(steps, 0.0)  # with --compile: compiling, for the first shapes
     for index, batch in enumerate(data):
         for name, step in steps.items():  # interleaved: both models on the same batch, one after the other
             begin = time.perf_counter()
             step(*batch)
             if index >= 3:
                 times[name].append(time.perf_counter() - begin)
+            else:
+                warm_up[name] += time.perf_counter() - begin
     tokens = statistics.mean(int((b[2] != PAD).sum()) for b in data[3:])
     for name, measured in times.items():
         median = statistics.median(measured)
-        print(f"{name:22s} median {median * 1e3:8.1f} ms/step  {tokens / median:7.0f} target tokens/s")
+        print(
+            f"{name:22s} median {median * 1e3:8.1f} ms/step  {tokens / median:7.0f} target tokens/s  "
+            f"(3 warm-up steps: {warm_up[name]:.1f} s; slowest timed step {max(measured) * 1e3:.0f} ms)"
+        )
     ratio = statistics.median(times["multihead"]) / statistics.median(times["torch.nn.Transformer"])
     print(f"ratio multihead / torch.nn.Transformer: {ratio:.3f} (medians of {args.steps} interleaved steps)")
 
