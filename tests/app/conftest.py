@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
-from app.support import CORPUS_FLAGS, SAMPLES, VALID, Cli, CorpusRun, write_corpus
+import multihead.app.training as training
+from app.support import CORPUS_FLAGS, SAMPLES, SMALL, VALID, Cli, CorpusRun, no_evaluation, write_corpus
 from multihead.app.cli import main
+from multihead.app.training import TrainOptions, train
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -60,3 +63,21 @@ def corpus_run(tmp_path_factory: pytest.TempPathFactory) -> CorpusRun:
     shutil.rmtree(root / "run")
     shutil.rmtree(root / "corpus")
     return CorpusRun(moved, flags, translations)
+
+
+@pytest.fixture
+def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No held-out evaluation: only what a run writes, and how it trains, matter to the tests that use this."""
+    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A four-step run of the reverse task with two checkpoints, step-0000002 and step-0000004: one per test module,
+    which may damage it."""
+    out = tmp_path_factory.mktemp("task") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training.Training, "evaluate", no_evaluation)
+        train(TrainOptions(out=str(out), task="reverse", steps=4, checkpoint_every=2, batch_size=4, **SMALL))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
+    return out

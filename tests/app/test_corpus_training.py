@@ -36,11 +36,6 @@ def corpus_options(tmp_path: Path, **overrides: Any) -> TrainOptions:
 
 
 @pytest.fixture
-def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Training, "evaluate", no_evaluation)
-
-
-@pytest.fixture
 def steps_seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Every training step of the torch trainer: its batch, learning rate, and the rate the optimizer then had."""
     seen: list[dict[str, Any]] = []

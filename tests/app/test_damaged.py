@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import multihead.app.training as training
-from app.support import SAMPLES, SMALL, Cli, CorpusRun, assert_refused, no_evaluation, snapshot, write_lines
+from app.support import SAMPLES, Cli, CorpusRun, assert_refused, snapshot, write_lines
 from multihead.app.runs import latest_checkpoint, read_checkpoint
 from multihead.app.tokenizers import SubwordTokenizer
-from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
 from multihead.io import save_weights
 from multihead.torch import Transformer
@@ -27,20 +25,7 @@ from multihead.torch import Transformer
 TEXTS = ["abcd", "cab"]
 
 
-@pytest.fixture(autouse=True)
-def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
-
-
-@pytest.fixture(scope="module")
-def task_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A four-step run of the reverse task with two checkpoints, step-0000002 and step-0000004."""
-    out = tmp_path_factory.mktemp("task") / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(training.Training, "evaluate", no_evaluation)
-        train(TrainOptions(out=str(out), task="reverse", steps=4, checkpoint_every=2, batch_size=4, **SMALL))
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
-    return out
+pytestmark = pytest.mark.usefixtures("fast_evaluation")
 
 
 def _cut(path: Path) -> None:

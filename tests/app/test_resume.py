@@ -13,26 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import multihead.app.training as training
-from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, assert_refused, no_evaluation, snapshot, write_corpus
+from app.support import TRAIN, VALID, Cli, CorpusRun, assert_refused, snapshot, write_corpus
 from multihead.app.cli import build_parser
 from multihead.app.runs import latest_checkpoint
-from multihead.app.training import FLAGS, RESUMABLE, TrainOptions, train
+from multihead.app.training import FLAGS, RESUMABLE
 
-
-@pytest.fixture(autouse=True)
-def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
-
-
-@pytest.fixture(scope="module")
-def task_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A four-step run of the reverse task, checkpointed every two steps."""
-    out = tmp_path_factory.mktemp("task") / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(training.Training, "evaluate", no_evaluation)
-        train(TrainOptions(out=str(out), task="reverse", steps=4, checkpoint_every=2, batch_size=4, **SMALL))
-    return out
+pytestmark = pytest.mark.usefixtures("fast_evaluation")
 
 
 def trainer_json(run: Path) -> dict:

@@ -12,8 +12,7 @@ import pytest
 import tokenizers
 import torch
 
-import multihead.app.training as training
-from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, no_evaluation, write_corpus
+from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, write_corpus
 from multihead.app.runs import latest_checkpoint
 from multihead.app.tokenizers import EOS, SubwordTokenizer, load_tokenizers
 from multihead.app.training import TrainOptions, train
@@ -66,12 +65,6 @@ def test_unknown_characters_are_reported_one_by_one(corpus_run: CorpusRun) -> No
     ids, unknown = tokenizer.encode("Ωβ der Hund")
     assert unknown == ["Ω", "β"]
     assert ids.count(3) == 2  # <unk>
-
-
-@pytest.fixture
-def fast_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No held-out evaluation: only the files a run writes matter here."""
-    monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
 
 
 @pytest.mark.usefixtures("fast_evaluation")
