@@ -3,6 +3,7 @@ that shows defaults, a clean package namespace, and one error line under torchru
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import multihead
 import multihead.app.training as training
 from app.support import SMALL, Cli, assert_refused, no_evaluation, snapshot, subprocess_env, write_corpus
 from multihead.app.cli import build_parser
+from multihead.app.console import framework_notices_filtered
 from multihead.app.training import FLAGS, TrainOptions, train
 
 PROGRAM_WORDS = re.compile(r"_positive_int|_count|invalid \w+ value|`|d_model|num_heads|head_dim|max_len|\bsrc\b")
@@ -196,3 +198,20 @@ def test_user_errors_are_one_line_and_write_nothing(tmp_path: Path, cli: Callabl
         assert_refused(result)
         assert result.out == ""
     assert snapshot(tmp_path) == before
+
+
+def test_framework_start_up_notices_are_filtered_and_nothing_else(capfd: pytest.CaptureFixture[str]) -> None:
+    """TensorFlow prints its oneDNN notice from C++ at import, whatever TF_CPP_MIN_LOG_LEVEL says: the import runs
+    inside a filter that drops those lines and lets everything else on the stderr file descriptor through."""
+    notice = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795569751.816693    2692 port.cc:153] oneDNN custom operations are on. You may see slightly "
+        "different numerical results due to floating-point round-off errors from different computation orders.\n"
+    )
+    with framework_notices_filtered():
+        os.write(2, notice.encode())
+        os.write(2, b"a real warning\n")
+        print("on stdout")
+    captured = capfd.readouterr()
+    assert captured.err == "a real warning\n"
+    assert captured.out == "on stdout\n"

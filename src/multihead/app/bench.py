@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from multihead.app.console import OneLineErrorParser
+from multihead.app.console import OneLineErrorParser, framework_notices_filtered
 from multihead.files import atomic_write
 
 OURS = ("multihead-torch", "multihead-keras", "multihead-keras-jax", "multihead-keras-torch")
@@ -48,7 +48,8 @@ def _import_keras(backend: str) -> Any:
     """Keras on ``backend``, in this fresh process (the backend is chosen once, before Keras is imported)."""
     os.environ["KERAS_BACKEND"] = backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    with framework_notices_filtered():
+        import keras
 
     if keras.backend.backend() != backend:
         raise RuntimeError(f"Keras runs on {keras.backend.backend()}, not {backend}: it was imported before")

@@ -8,10 +8,14 @@ the traceback instead. Under ``torchrun`` only rank 0 speaks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from typing import Any, NoReturn, TextIO
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
@@ -111,3 +115,32 @@ def quiet_frameworks() -> None:
     except ImportError:
         return
     absl.logging.set_verbosity(absl.logging.ERROR)
+
+
+# TensorFlow (2.21) prints these from C++ while it loads, before absl's logging is set up, so TF_CPP_MIN_LOG_LEVEL
+# cannot silence them; on CPUs where it turns oneDNN's custom operations on, every import prints them.
+FRAMEWORK_NOTICES = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|\] oneDNN custom operations are on\."
+)
+
+
+@contextlib.contextmanager
+def framework_notices_filtered() -> Iterator[None]:
+    """Import a framework inside this: what it writes to the stderr file descriptor meanwhile comes out afterwards,
+    less the start-up notices of ``FRAMEWORK_NOTICES``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not FRAMEWORK_NOTICES.search(line)]  # fmt: skip
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()

@@ -15,6 +15,8 @@ Notation: B batch, Ls source length, Lt target length, V target vocabulary.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 import signal
 import time
@@ -27,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from multihead.app.batching import Batch, CorpusBatches, evaluation_batches, make_batch
-from multihead.app.console import UserError, is_main_rank, progress_bar, say, warn
+from multihead.app.console import UserError, framework_notices_filtered, is_main_rank, progress_bar, say, warn
 from multihead.app.corpus import fingerprint
 from multihead.app.data import Corpus, Task, load_corpus, load_task
 from multihead.app.evaluate import exact_match, score
@@ -381,7 +383,13 @@ def make_trainer(
     framework: str, setup_config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None
 ) -> Trainer:
     if framework == "keras":
-        from multihead.app.train_keras import KerasTrainer
+        with framework_notices_filtered():
+            from multihead.app.train_keras import KerasTrainer
+
+            # Keras imports TensorFlow whenever it is installed, whatever the backend (set_random_seed seeds it too):
+            # here, where its start-up notices are filtered, rather than in the middle of a progress bar.
+            if importlib.util.find_spec("tensorflow") is not None:
+                importlib.import_module("tensorflow")
 
         return KerasTrainer(setup_config, options, checkpoint)
     from multihead.app.train_torch import TorchTrainer
