@@ -33,8 +33,9 @@ Tensor = Any
 
 
 class DecodingSession:
-    """The state of one ``generate`` call: encoder memory ``(N, Ls, E)``, its key mask ``(N, Ls)`` and the
-    decoder's cache (``None``: every step recomputes the whole prefix).
+    """The state of one ``generate`` call: encoder memory ``(N, Ls, E)`` (``None`` once the cache holds all a step
+    reads of it), its key mask ``(N, Ls)`` and the decoder's cache (``None``: every step recomputes the whole
+    prefix).
 
     A front end subclasses it with :meth:`_log_probs` and :meth:`_take`.
     """
@@ -59,7 +60,8 @@ class DecodingSession:
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds."""
-        self.memory = self._take(self.memory, rows)
+        if self.memory is not None:
+            self.memory = self._take(self.memory, rows)
         if self.memory_key_mask is not None:
             self.memory_key_mask = self._take(self.memory_key_mask, rows)
         if self.cache is not None:

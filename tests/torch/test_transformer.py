@@ -222,17 +222,16 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model(pad_id=PAD)
-    decode = model._decode  # what generate calls at every step
+    step = transformer_module._Decoding.step  # the next-token log-probabilities at every step, cache or not
 
-    def row_0_ends_at_step_2(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights=False):
-        logits = decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
-        position = cache.length if cache is not None else tgt.shape[1]  # tokens decoded, BOS included
-        logits[:, -1, EOS] = -1e9
-        if position == 2:
-            logits[0, -1, EOS] = 1e9
-        return logits
+    def row_0_ends_at_step_2(session: transformer_module._Decoding, prefix: np.ndarray) -> np.ndarray:
+        log_probs = step(session, prefix)
+        log_probs[:, EOS] = -1e9
+        if prefix.shape[1] == 2:  # tokens decoded, BOS included
+            log_probs[0, EOS] = 1e9
+        return log_probs
 
-    monkeypatch.setattr(model, "_decode", row_0_ends_at_step_2)
+    monkeypatch.setattr(transformer_module._Decoding, "step", row_0_ends_at_step_2)
     out = model.generate(tokens(3, 7), max_len=6, bos_id=BOS, eos_id=EOS, use_cache=use_cache)
     assert out.shape == (3, 6)
     assert out[0, 1] == EOS
@@ -563,3 +562,56 @@ def test_generate_equals_greedy_decoding_step_by_step(norm_first: bool, monkeypa
     expected = torch.cat(expected, 1)
     assert len(set((expected == EOS).int().argmax(1).tolist())) > 1  # rows end at different steps: some are padded
     assert torch.equal(out, expected)
+
+
+# --- decoding steps: the projections laid out once per generate call ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"norm_first": True}, {"activation": "gelu"}, {"tie_embeddings": True, "pad_id": PAD}],
+    ids=["post-norm", "pre-norm", "gelu", "tied-padded"],
+)
+def test_decoding_steps_give_the_log_probs_of_full_decoding(options: dict) -> None:
+    """``generate``'s steps (one token per row, projections laid out for it, the memory projected into the cache
+    once) give the log-probabilities of teacher-forced calls on the whole prefix, also after beam-style reordering
+    that repeats and drops rows; padded sources (``pad_id``) mask the memory as a full call does."""
+    torch.manual_seed(0)
+    model = Transformer(23, 23, **{**SMALL, **options}).double().eval()
+    src = tokens(3, 7, vocab=23)
+    src[0, 4:] = PAD  # padding, read as such when pad_id is set
+    key_mask = model._key_mask(src, None)
+    with torch.inference_mode():  # as in generate
+        session = transformer_module._Decoding(model, model.encode(src), key_mask, model.new_cache(capacity=8))
+        prefix, rows = torch.full((3, 1), BOS), torch.arange(3)
+        for step in range(6):
+            full = model(src[rows], prefix, src_key_mask=None if key_mask is None else key_mask[rows])[:, -1]
+            expected = torch.log_softmax(full, dim=-1).numpy()
+            np.testing.assert_allclose(session.step(prefix.numpy()), expected, rtol=0, atol=1e-6)  # float32 out
+            if step == 2:  # rows 2, 0, 0 go on, as beam search may keep them
+                order = torch.tensor([2, 0, 0])
+                session.reorder(order.numpy())
+                prefix, rows = prefix[order], rows[order]
+            prefix = torch.cat([prefix, tokens(3, 1, vocab=23, seed=step)], 1)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"num_kv_heads": 2, "value_head_dim": 5, "bias": False}], ids=["mha", "gqa-dv5-no-bias"]
+)
+def test_an_attention_step_equals_a_cached_call(options: dict) -> None:
+    """The module's one-token step over its laid-out projections equals ``forward`` with a cache: self-attention
+    appending to it, cross-attention reading the projected memory with a key mask."""
+    module = MultiHeadAttention(32, 4, **options).double().eval().requires_grad_(False)
+    x, memory = torch.randn(3, 5, 32, dtype=torch.float64), torch.randn(3, 6, 32, dtype=torch.float64)
+    key_mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3, [False] * 6])  # the last row attends nothing
+    self_cache, step_cache, cross_cache, memory_cache = KVCache(8), KVCache(8), KVCache(), KVCache()
+    memory_cache._append(*module._project_keys_values(memory, memory))
+    self_projections, cross_projections = module._step_projections(True), module._step_projections(False)
+    for t in range(5):
+        token = x[:, t]  # (B, E)
+        expected = module(token[:, None], cache=self_cache, causal=True)[:, 0]
+        torch.testing.assert_close(module._step(token, self_projections, step_cache, None, True), expected)
+        expected = module(token[:, None], memory, key_mask=key_mask, cache=cross_cache)[:, 0]
+        stepped = module._step(token, cross_projections, memory_cache, key_mask[:, None, None, :], False)
+        torch.testing.assert_close(stepped, expected)
+    assert step_cache.length == self_cache.length == 5

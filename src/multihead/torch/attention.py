@@ -1,18 +1,22 @@
 """Multi-head attention for PyTorch: a module around :func:`multihead.torch.attention`.
 
-The module projects, splits heads, calls the attention function, merges heads and projects out. Two things it adds:
-a :class:`KVCache` for decoding (self-attention appends to it; cross-attention projects the memory into it once),
-and, for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
-(:func:`multihead.torch.packed_attention`).
+The module projects, splits heads, calls the attention function, merges heads and projects out. Three things it adds:
+a :class:`KVCache` for decoding (self-attention appends to it; cross-attention projects the memory into it once);
+for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
+(:func:`multihead.torch.packed_attention`); and ``_step``, one token per row over a cache with the projections laid
+out for it (:class:`Affine`), which a Transformer's ``generate`` runs at every decoding step.
 
-``forward`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own
-public entry point has checked theirs.
+``forward`` checks its arguments; ``_attend`` and ``_step`` are the unchecked paths the Transformer's layers call once
+their own public entry point has checked theirs.
 
 Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
-Dv value head dim, E = d_model (output width); packed: N real queries and M real keys in the batch.
+Dv value head dim, E = d_model (output width); packed: N real queries and M real keys in the batch; a decoding step:
+N rows of one token each.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -35,6 +39,30 @@ from multihead.validation import (
 )
 
 __all__ = ["KVCache", "MultiHeadAttention"]
+
+
+class Affine(NamedTuple):
+    """``nn.Linear`` layers laid out for decoding steps: ``x @ weight + bias`` with ``weight (in, out)``.
+
+    For a few rows (one token per sentence) this BLAS multiplies a row-major ``(in, out)`` matrix up to twice as fast
+    as ``nn.Linear``'s transposed ``(out, in)`` one (256 → 8000 on 8 rows: 0.22 against 0.46 ms here), and layers
+    that read the same input run as one product. Made from the modules' weights when a ``generate`` call starts, so
+    it always computes what they do.
+    """
+
+    weight: torch.Tensor  # (in, out)
+    bias: torch.Tensor | None  # (out,)
+
+    @classmethod
+    def of(cls, *linears: nn.Linear) -> Affine:
+        """``linears``, which read the same input, as one: their outputs side by side."""
+        weight = torch.cat([linear.weight for linear in linears]).t().contiguous()  # (in, sum of out)
+        bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
+        return cls(weight, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (N, in)`` → ``(N, out)``."""
+        return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
 
 class KVCache(KVCacheBase):
@@ -256,20 +284,58 @@ class MultiHeadAttention(nn.Module):
         already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory."""
         batch, lq, _ = query.shape
         q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-
-        def project() -> tuple[torch.Tensor, torch.Tensor]:
-            new = key.shape[1]
-            k = self.k_proj(key).view(batch, new, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            v = self.v_proj(value).view(batch, new, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
-            return k, v  # (B, Hkv, new, Dk), (B, Hkv, new, Dv)
-
-        k, v = project() if cache is None else cache.keys_and_values(self_attention, project)  # (B, Hkv, Lk, D)
+        if cache is None:
+            k, v = self._project_keys_values(key, value)  # (B, Hkv, Lk, Dk), (B, Hkv, Lk, Dv)
+        else:
+            k, v = cache.keys_and_values(self_attention, lambda: self._project_keys_values(key, value))
         dropout = self.dropout if self.training else 0.0
         result = _attention(q, k, v, mask, causal, None, dropout, return_weights, self.implementation)
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
         return (out, weights) if return_weights else out
+
+    def _project_keys_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``key (B, Lk, kdim)``, ``value (B, Lk, vdim)`` → keys ``(B, Hkv, Lk, Dk)``, values ``(B, Hkv, Lk, Dv)``."""
+        batch, length, _ = key.shape
+        k = self.k_proj(key).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(value).view(batch, length, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
+        return k, v
+
+    def _step_projections(self, self_attention: bool) -> tuple[Affine, Affine]:
+        """What :meth:`_step` projects with: the query's projection (with the key's and value's in self-attention,
+        which project the same token) and the output projection."""
+        inputs = (self.q_proj, self.k_proj, self.v_proj) if self_attention else (self.q_proj,)
+        return Affine.of(*inputs), Affine.of(self.out_proj)
+
+    def _step(
+        self,
+        x: torch.Tensor,
+        projections: tuple[Affine, Affine],
+        cache: KVCache,
+        mask: torch.Tensor | None,
+        self_attention: bool,
+    ) -> torch.Tensor:
+        """One decoding step, ``x (N, E)`` → ``(N, E)``: self-attention appends the token's key and value to ``cache``
+        and attends everything cached (the causal rule lets the newest token see every key); cross-attention attends
+        the memory ``cache`` already holds. ``mask`` is ``(N|1, 1, 1, Lk)``; ``projections`` from
+        :meth:`_step_projections`."""
+        inputs, output = projections
+        rows = x.shape[0]
+        queries = self.num_heads * self.head_dim
+        projected = inputs(x)  # (N, H*Dk), and (N, Hkv*Dk + Hkv*Dv) more in self-attention
+        q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
+        if self_attention:
+            k, v = projected[:, queries:].split(
+                (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1
+            )
+            k = k.view(rows, self.num_kv_heads, 1, self.head_dim)  # (N, Hkv, 1, Dk)
+            v = v.view(rows, self.num_kv_heads, 1, self.value_head_dim)  # (N, Hkv, 1, Dv)
+            k, v = cache._append(k, v)  # (N, Hkv, L, D)
+        else:
+            k, v = cache.keys, cache.values  # (N, Hkv, Ls, D)
+        out = _attention(q, k, v, mask, False, None, 0.0, False, self.implementation)  # (N, H, 1, Dv)
+        return output(out.reshape(rows, self.num_heads * self.value_head_dim))  # (N, E)
 
     def _attend_packed(
         self,

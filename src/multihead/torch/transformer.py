@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from multihead import decoding
 from multihead.cache import DecoderCache, check_decoder_cache
 from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
 from multihead.positional import sinusoidal_positions
-from multihead.torch.attention import KVCache, MultiHeadAttention
+from multihead.torch.attention import Affine, KVCache, MultiHeadAttention
 from multihead.torch.checks import check_hidden, check_key_mask
 from multihead.torch.masks import check_token_ids, padding_mask_from_tokens
 from multihead.validation import (
@@ -102,8 +102,18 @@ class FeedForward(nn.Module):
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.relu(self.linear1(x)) if self.activation == "relu" else F.gelu(self.linear1(x))
-        return self.linear2(self.dropout(hidden))
+        return self.linear2(self.dropout(self._activate(self.linear1(x))))
+
+    def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
+
+    def _step_layers(self) -> tuple[Affine, Affine]:
+        return Affine.of(self.linear1), Affine.of(self.linear2)
+
+    def _step(self, x: torch.Tensor, layers: tuple[Affine, Affine]) -> torch.Tensor:
+        """:meth:`_forward` in evaluation, for decoding steps: ``x (N, E)``, ``layers`` from :meth:`_step_layers`."""
+        first, second = layers
+        return second(self._activate(first(x)))
 
 
 class _Block(nn.Module):
@@ -154,6 +164,14 @@ class EncoderLayer(_Block):
         """``mask``: the key padding as ``(B, 1, 1, L)``."""
         x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask, False, False, None, True))
         return self.residual(x, self.norm2, self.feed_forward._forward)
+
+
+class _StepWeights(NamedTuple):
+    """A decoder layer's projections laid out for decoding steps (see :class:`~multihead.torch.attention.Affine`)."""
+
+    self_attn: tuple[Affine, Affine]
+    cross_attn: tuple[Affine, Affine]
+    feed_forward: tuple[Affine, Affine]
 
 
 class DecoderLayer(_Block):
@@ -207,9 +225,6 @@ class DecoderLayer(_Block):
         return_weights: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Masks as ``(B, 1, 1, L)``."""
-        x = self.residual(
-            x, self.norm1, lambda h: self.self_attn._attend(h, h, h, tgt_mask, True, False, self_cache, True)
-        )
         cross_weights = []
 
         def cross(h: torch.Tensor) -> torch.Tensor:
@@ -219,9 +234,48 @@ class DecoderLayer(_Block):
                 return out[0]
             return out
 
-        x = self.residual(x, self.norm2, cross)
-        x = self.residual(x, self.norm3, self.feed_forward._forward)
+        x = self._sublayers(
+            x,
+            lambda h: self.self_attn._attend(h, h, h, tgt_mask, True, False, self_cache, True),
+            cross,
+            self.feed_forward._forward,
+        )
         return (x, cross_weights[0]) if return_weights else x
+
+    def _sublayers(
+        self,
+        x: torch.Tensor,
+        self_attention: Callable[[torch.Tensor], torch.Tensor],
+        cross_attention: Callable[[torch.Tensor], torch.Tensor],
+        feed_forward: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        x = self.residual(x, self.norm1, self_attention)
+        x = self.residual(x, self.norm2, cross_attention)
+        return self.residual(x, self.norm3, feed_forward)
+
+    def _step_weights(self) -> _StepWeights:
+        return _StepWeights(
+            self.self_attn._step_projections(True),
+            self.cross_attn._step_projections(False),
+            self.feed_forward._step_layers(),
+        )
+
+    def _step(
+        self,
+        x: torch.Tensor,
+        weights: _StepWeights,
+        self_cache: KVCache,
+        cross_cache: KVCache,
+        memory_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """:meth:`_forward` in evaluation for one new token per row, ``x (N, E)``, over caches that hold the earlier
+        tokens and the projected memory; ``memory_mask`` is ``(N, 1, 1, Ls)``."""
+        return self._sublayers(
+            x,
+            lambda h: self.self_attn._step(h, weights.self_attn, self_cache, None, True),
+            lambda h: self.cross_attn._step(h, weights.cross_attn, cross_cache, memory_mask, False),
+            lambda h: self.feed_forward._step(h, weights.feed_forward),
+        )
 
 
 def check_memory(memory: object, x: torch.Tensor, memory_key_mask: object, parameter: torch.Tensor | None) -> None:
@@ -325,6 +379,16 @@ class Decoder(_Stack):
                 cross_weights.append(weights)
         x = self.finish(x)
         return (x, cross_weights) if return_weights else x
+
+    def _step(
+        self, x: torch.Tensor, weights: list[_StepWeights], cache: DecoderCache, memory_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """:meth:`_forward` in evaluation for one new token per row (see :meth:`DecoderLayer._step`)."""
+        for layer, layer_weights, self_cache, cross_cache in zip(
+            self.layers, weights, cache.self_attention, cache.cross_attention, strict=True
+        ):
+            x = layer._step(x, layer_weights, self_cache, cross_cache, memory_mask)
+        return self.finish(x)
 
 
 def _check_layer_caches(
@@ -547,18 +611,36 @@ class Transformer(nn.Module):
 
 
 class _Decoding(decoding.DecodingSession):
-    """One ``generate`` call of a PyTorch :class:`Transformer`."""
+    """One ``generate`` call of a PyTorch :class:`Transformer`.
+
+    With a cache, in evaluation mode, each step runs the decoder's ``_step`` path: the projections are laid out for
+    one-token rows once for the whole call, and every layer's cross-attention keys and values are projected from
+    the memory into the cache at the start, so the session keeps only the memory's key mask. Otherwise (no cache,
+    or dropout in training mode) each step is a ``_decode`` call.
+    """
 
     def __init__(
         self, model: Transformer, memory: torch.Tensor, memory_key_mask: torch.Tensor | None, cache: DecoderCache | None
     ) -> None:
         super().__init__(memory, memory_key_mask, cache)
         self.model = model
+        self.device = memory.device
+        self.steps: tuple[list[_StepWeights], Affine] | None = None
+        if cache is not None and not model.training:
+            for layer, cross_cache in zip(model.decoder.layers, cache.cross_attention, strict=True):
+                cross_cache._append(*layer.cross_attn._project_keys_values(memory, memory))
+            self.steps = [layer._step_weights() for layer in model.decoder.layers], Affine.of(model.output_proj)
+            self.memory = None
 
     def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
-        tokens = torch.from_numpy(tokens).to(self.memory.device)
-        logits = self.model._decode(tokens, self.memory, self.memory_key_mask, None, self.cache)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu().numpy()  # (N, V)
+        tokens = torch.from_numpy(tokens).to(self.device)
+        if self.steps is None:
+            logits = self.model._decode(tokens, self.memory, self.memory_key_mask, None, self.cache)[:, -1]
+        else:
+            layers, output = self.steps
+            hidden = self.model._embed(self.model.tgt_embed, tokens, self.cache.length)[:, 0]  # (N, E)
+            logits = output(self.model.decoder._step(hidden, layers, self.cache, _keys(self.memory_key_mask)))
+        return torch.log_softmax(logits.float(), dim=-1).cpu().numpy()  # (N, V)
 
     def _take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
         return x.index_select(0, torch.from_numpy(rows).to(x.device))
