@@ -3,9 +3,10 @@ process on the same batches (issue 14's speed check; results quoted in docs/tran
 
 Both models: d_model 256, 3+3 layers, 4 heads, d_ff 1024, post-norm, dropout 0.1, one tied 8000-symbol vocabulary,
 sinusoidal positions, Adam, label smoothing 0.1, the same padded batches of about 4096 tokens with key padding
-masks. A step is forward, loss, backward and the optimizer's update.
+masks. A step is forward, loss, backward and the optimizer's update. Like ``multihead train``, the process keeps the
+memory it frees for reuse (:mod:`multihead.app.memory`); ``--malloc-default`` leaves glibc's allocator as it comes.
 
-    .venv/bin/python benchmarks/train_step.py [--steps 20] [--compile] [--bf16]
+    .venv/bin/python benchmarks/train_step.py [--steps 20] [--compile] [--bf16] [--malloc-default]
 
 Notation: B batch, L length, E d_model, V vocabulary.
 """
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from multihead.app.memory import keep_freed_memory
 from multihead.positional import sinusoidal_positions
 from multihead.torch import Transformer
 
@@ -80,7 +82,7 @@ def step_function(model: nn.Module, bf16: bool) -> callable:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     return step
 
@@ -90,7 +92,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per model (after 3 warm-up steps)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (dynamic shapes)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for both models")
+    parser.add_argument("--malloc-default", action="store_true", help="leave glibc's malloc settings as they are")
     args = parser.parse_args()
+    if not args.malloc_default:
+        keep_freed_memory()
     torch.manual_seed(0)
     ours = Transformer(V, V, d_model=E, num_heads=HEADS, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
                        d_ff=FF, dropout=0.1, pad_id=PAD, tie_embeddings=True)  # fmt: skip

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from multihead.app.batching import Batch
 from multihead.app.console import rank, world_size
+from multihead.app.memory import keep_freed_memory
 from multihead.app.runs import OPTIMIZER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
 from multihead.config import TransformerConfig
@@ -32,6 +33,7 @@ class TorchTrainer:
     framework = "torch"
 
     def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        keep_freed_memory()
         self.rank, self.world = rank(), world_size()
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
