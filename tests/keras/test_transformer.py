@@ -16,7 +16,6 @@ from keras_helpers import BACKEND, numpy, tensor
 from multihead import keras as mk
 from multihead import torch as mt
 from multihead.io import load_model, load_weights, save_model, save_weights
-from multihead.keras import generation
 from multihead.keras.generation import COMPILED_BACKENDS
 
 PAD, BOS, EOS = 0, 1, 2
@@ -88,27 +87,18 @@ COMPILED = pytest.mark.skipif(
 
 @COMPILED
 @pytest.mark.parametrize(
-    ("beam_size", "use_cache", "xla"),
-    [
-        (1, True, False),
-        (1, False, False),
-        (3, True, False),
-        (3, False, False),
-        pytest.param(
-            3, True, True, marks=pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile is tf.function's")
-        ),
-    ],
-    ids=["greedy-cache", "greedy-recompute", "beam-cache", "beam-recompute", "beam-cache-xla"],
+    ("beam_size", "use_cache", "batch"),
+    [(1, True, 3), (1, False, 3), (3, True, 3), (3, False, 3), (1, True, 4), (2, True, 4)],
+    ids=["greedy-cache", "greedy-recompute", "beam-cache", "beam-recompute", "greedy-4-rows", "beam-8-rows"],
 )
 def test_compiled_generation_gives_the_eager_tokens(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beam_size: int, use_cache: bool, xla: bool
+    tmp_path: Path, beam_size: int, use_cache: bool, batch: int
 ) -> None:
-    """Compiled steps (fixed-capacity buffers, reordering inside the program; on TensorFlow also compiled by XLA)
-    against eager steps, with a padded source; 9 tokens take a capacity of 16, so the last buffer positions stay
-    unwritten."""
-    monkeypatch.setattr(generation, "TF_JIT_COMPILE", xla)
+    """Compiled steps (XLA; fixed-capacity buffers, reordering inside the program) against eager steps, with a padded
+    source: 7 source positions filled up to 16, 3 rows up to 4 (and 3 beams of 3 up to 16 rows), 9 tokens in a
+    capacity of 16, so the last buffer positions stay unwritten."""
     _, model = pair(tmp_path, pad_id=PAD)
-    src = token_array(3, 7)
+    src = token_array(batch, 7)
     src[1, 4:] = PAD
     options = dict(max_len=9, bos_id=BOS, eos_id=EOS, beam_size=beam_size, use_cache=use_cache)
     eager = model.generate(tensor(src), compiled=False, **options)
@@ -137,6 +127,9 @@ def test_compiled_step_is_traced_once_and_kept(tmp_path: Path) -> None:
     assert len(model.generation_programs) == 1
     assert step.experimental_get_tracing_count() == 1
     np.testing.assert_array_equal(again[:, : first.shape[1]], first)
+    # A batch of 1 and a source of 11 fill up to other shapes (1 row, 16 positions): one more trace and compilation.
+    model.generate(tensor(token_array(1, 11)), max_len=9, bos_id=BOS, eos_id=EOS, compiled=True)
+    assert step.experimental_get_tracing_count() == 2
 
 
 def test_compiled_generation_is_refused_where_there_is_none(tmp_path: Path) -> None:

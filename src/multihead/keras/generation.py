@@ -3,8 +3,7 @@
 Eager decoding (``multihead.keras.transformer._Decoding``) dispatches every operation of every step, which on
 TensorFlow costs about 2 ms per ``Dense`` call, and on JAX compiles every operation anew for every new cache length.
 Here a step (embedding, every decoder layer, the output projection, the log-softmax) is traced once into one
-program over fixed shapes (``tf.function`` on TensorFlow, XLA optional: ``TF_JIT_COMPILE``; ``jax.jit`` on JAX,
-weights passed in through a ``keras.StatelessScope``) and runs as one call per step:
+program over fixed shapes, compiled by XLA, and runs as one call per step:
 
 - the self-attention cache of each layer is a buffer ``(N, Hkv, C, D)`` of capacity ``C``; a step writes its keys
   and values at its position, a tensor (so the program is not traced again at the next step), and attends over
@@ -15,8 +14,17 @@ weights passed in through a ``keras.StatelessScope``) and runs as one call per s
 - without the cache (``use_cache=False``) a step rewrites one position of a ``(N, C)`` token buffer and recomputes
   every position: causal self-attention keeps later positions from changing the step's logits.
 
-The programs are kept per model, capacity and mode, so later ``generate`` calls reuse them (``tf.function`` traces
-again for a second batch size or source length, then generalises; JAX and XLA compile once per shape).
+Between steps the state (buffers, projected memory, mask) stays where the program writes it: on TensorFlow in
+``tf.Variable``s that the step program (``tf.function(jit_compile=True)``, called through its concrete function)
+updates in place, since passing a dozen tensors in and out of an XLA program costs more than the step's arithmetic
+(0.85 ms a call for this state alone, against 2.0 ms for a whole step of the benchmark's model); on JAX as arrays
+donated to the next ``jax.jit`` call, which may then update them in place (weights passed in through a
+``keras.StatelessScope``).
+
+XLA compiles a program once per shape, so shapes come in few sizes: the rows of a batch are filled up to a power of
+two, source lengths to a multiple of ``SOURCE_STEP`` (the filling masked out) and capacities to a multiple of
+``CAPACITY_STEP``. The programs are kept per model, capacity and mode, so later ``generate`` calls reuse them and
+their compilations.
 
 Notation: B batch, N = B (greedy) or B * beam_size rows, Ls source length, C capacity, E d_model, V vocabulary,
 Hkv key/value heads, Dk/Dv head dims.
@@ -36,13 +44,10 @@ from multihead.keras.masks import Tensor
 
 COMPILED_BACKENDS = ("tensorflow", "jax")
 """Backends with compiled generation; on the torch backend generation runs eagerly."""
-TF_JIT_COMPILE = False
-"""Whether the TensorFlow programs are compiled by XLA (``jit_compile=True``). Measured on the benchmark's model
-(docs/performance.md), XLA makes a step about 20% faster but the first call slower (9.4 s against 6.6 s), and it
-compiles again for every new batch size and source length, where a ``tf.function`` traced with
-``reduce_retracing`` serves them all after its second shape. Set it to True for generation at fixed shapes."""
 CAPACITY_STEP = 16
 """Capacities are rounded up to a multiple of this, so that nearby ``max_len`` share one program."""
+SOURCE_STEP = 16
+"""Source lengths are filled up to a multiple of this (masked), so that nearby lengths share one compilation."""
 
 State = tuple[Any, ...]
 
@@ -97,13 +102,18 @@ def _gather(state: State, rows: Tensor | None) -> State:
     return keras.tree.map_structure(lambda x: None if x is None else ops.take(x, rows, axis=0), state)
 
 
-def _programs(model: Any, use_cache: bool, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The start and step programs of ``model`` for this mode and capacity, traced on first use and kept in the
-    model's ``generation_programs``."""
-    key = (use_cache, capacity, TF_JIT_COMPILE)
+def _programs(model: Any, use_cache: bool, capacity: int) -> tuple[Callable[..., State], Steps]:
+    """The start program and the steps of ``model`` for this mode and capacity, traced on first use and kept in
+    the model's ``generation_programs``."""
+    key = (use_cache, capacity)
     if key not in model.generation_programs:
         start, step = (_cached if use_cache else _recomputed)(model, capacity)
-        model.generation_programs[key] = (_compile(model, start), _compile(model, step))
+        if backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            model.generation_programs[key] = (tf.function(start, jit_compile=True), _VariableSteps(step))
+        else:
+            model.generation_programs[key] = (_jax_program(model, start), _DonatedSteps(model, step))
     return model.generation_programs[key]
 
 
@@ -162,22 +172,108 @@ def _log_probs(model: Any, hidden: Tensor) -> Tensor:
     return ops.log_softmax(ops.cast(model.output_proj(hidden), "float32"), axis=-1)
 
 
-def _compile(model: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
-    if backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(fn, jit_compile=TF_JIT_COMPILE, reduce_retracing=True)
+def _jax_program(model: Any, fn: Callable[..., Any], donate_argnames: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """``fn`` in ``jax.jit``: Keras variables cannot be read as values inside it, so they come in as arguments."""
     import jax
 
     variables = model.variables
 
-    def stateless(values: list, *args: Any) -> Any:
-        # Keras variables cannot be read as values inside jax.jit: they come in as arguments.
+    def stateless(values: list, *args: Any, **kwargs: Any) -> Any:
         with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
-            return fn(*args)
+            return fn(*args, **kwargs)
 
-    program = jax.jit(stateless)
-    return lambda *args: program([v.value for v in variables], *args)
+    program = jax.jit(stateless, donate_argnames=donate_argnames)
+    return lambda *args, **kwargs: program([v.value for v in variables], *args, **kwargs)
+
+
+class Steps:
+    """The step program of one mode and capacity and the state it works on: :meth:`load` a state, then each call
+    runs one step on it (``token (N, 1)``, ``position``, ``rows (N,)`` or ``None``) and returns the
+    log-probabilities."""
+
+    def load(self, state: State) -> None:
+        raise NotImplementedError
+
+    @property
+    def state(self) -> State:
+        raise NotImplementedError
+
+    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+
+class _VariableSteps(Steps):
+    """TensorFlow: the state in ``tf.Variable``s, one set per state shape (kept for the next ``generate`` call with
+    those shapes), and per set and kind of call (with rows to gather or not) one concrete function of the step
+    compiled by XLA, which reads the variables and writes back what the step changed."""
+
+    def __init__(self, step: Callable[..., tuple[Tensor, State]]) -> None:
+        self.step = step
+        self.slots: dict[tuple, tuple[State, dict[bool, Callable[..., Tensor]]]] = {}
+        self.current: tuple[State, dict[bool, Callable[..., Tensor]]] | None = None
+
+    def load(self, state: State) -> None:
+        import tensorflow as tf
+
+        shapes = tuple((tuple(x.shape), x.dtype) for x in tf.nest.flatten(state))
+        if shapes in self.slots:
+            for variable, value in zip(tf.nest.flatten(self.slots[shapes][0]), tf.nest.flatten(state), strict=True):
+                variable.assign(value)
+        else:
+            self.slots[shapes] = (tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), state), {})
+        self.current = self.slots[shapes]
+
+    @property
+    def state(self) -> State:
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda variable: variable.value(), self.current[0])
+
+    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+        import tensorflow as tf
+
+        variables, programs = self.current
+        gathers = rows is not None
+        if gathers not in programs:
+
+            def run(token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+                state = tf.nest.map_structure(lambda variable: variable.read_value(), variables)
+                log_probs, changed = self.step(token, position, rows, state)
+                for variable, before, after in zip(*map(tf.nest.flatten, (variables, state, changed)), strict=True):
+                    if after is not before:
+                        variable.assign(after)
+                return log_probs
+
+            programs[gathers] = tf.function(run, jit_compile=True).get_concrete_function(token, position, rows)
+        return programs[gathers](token, position, rows)
+
+    def experimental_get_tracing_count(self) -> int:
+        """Steps traced so far, for every state shape."""
+        return sum(len(programs) for _, programs in self.slots.values())
+
+
+class _DonatedSteps(Steps):
+    """JAX: the state as arrays passed to the step program and donated, so that XLA may update them in place."""
+
+    def __init__(self, model: Any, step: Callable[..., tuple[Tensor, State]]) -> None:
+        self.program = _jax_program(model, step, donate_argnames=("state",))
+        self._state: State | None = None
+
+    def load(self, state: State) -> None:
+        self._state = state
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+        log_probs, self._state = self.program(token, position, rows, state=self._state)
+        return log_probs
+
+
+def rows_for(batch: int) -> int:
+    """The rows a program holds for ``batch`` rows: the next power of two (0 for none)."""
+    return 1 << (batch - 1).bit_length() if batch > 0 else 0
 
 
 def capacity_for(max_len: int, model_max_len: int) -> int:
@@ -188,20 +284,20 @@ def capacity_for(max_len: int, model_max_len: int) -> int:
 class CompiledDecoding(decoding.DecodingSession):
     """One compiled ``generate`` call.
 
-    Its buffers keep a fixed number of rows, so that the step program keeps its shapes: the rows the search asks
-    about (``live``, in its order) are some of them. A reorder that keeps as many rows as the buffers hold (beam
-    search) waits for the next step, whose program gathers them (``pending``); one that keeps fewer, distinct rows
-    (greedy search dropping finished sentences) only narrows ``live``, and those rows go on being computed, which
-    costs less than a program for every new batch size; one that keeps more (beam search's first expansion, from
-    B to B * beam_size rows) gathers the buffers at once, eagerly.
+    Its buffers keep a fixed number of rows, a power of two, so that the step program keeps its shapes: the rows the
+    search asks about (``live``, in its order) are some of them, the others are filling. A reorder that keeps fewer,
+    distinct rows (greedy search dropping finished sentences) only narrows ``live``, and those rows go on being
+    computed, which costs less than a program for every new batch size; one that keeps at most as many rows as the
+    buffers hold (beam search) waits for the next step, whose program gathers them (``pending``); one that keeps
+    more (beam search's first expansion, from B to B * beam_size rows) gathers the buffers at once, eagerly.
     """
 
     def __init__(self, model: Any, src: Tensor, src_key_mask: Tensor | None, use_cache: bool, max_len: int) -> None:
         super().__init__(None, None, None)
-        start, self._program = _programs(model, use_cache, capacity_for(max_len, model.config.max_len))
-        self._state = start(src, src_key_mask)
+        start, self._steps = _programs(model, use_cache, capacity_for(max_len, model.config.max_len))
+        self._steps.load(start(*_filled_source(src, src_key_mask)))
         self._live = np.arange(int(src.shape[0]))  # (n,): the buffer row of each row the search holds
-        self._size = len(self._live)
+        self._size = rows_for(len(self._live))
         self._pending: np.ndarray | None = None  # (size,): the rows the next step gathers first
 
     def step(self, prefix: np.ndarray) -> np.ndarray:
@@ -209,18 +305,38 @@ class CompiledDecoding(decoding.DecodingSession):
         tokens[self._live, 0] = prefix[:, -1]  # rows the search no longer asks about read token 0
         position = ops.convert_to_tensor(np.int32(prefix.shape[1] - 1))
         rows = None if self._pending is None else ops.convert_to_tensor(self._pending.astype("int32"))
-        log_probs, self._state = self._program(ops.convert_to_tensor(tokens), position, rows, self._state)
+        log_probs = self._steps(ops.convert_to_tensor(tokens), position, rows)
         self._pending = None
         return np.asarray(ops.convert_to_numpy(log_probs))[self._live]
 
     def reorder(self, rows: np.ndarray) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them
-        if len(kept) == self._size:
-            self._pending = kept if self._pending is None else self._pending[kept]
-            self._live = np.arange(self._size)
-        elif len(kept) < self._size and len(np.unique(kept)) == len(kept):
+        if len(kept) < len(self._live) and len(np.unique(kept)) == len(kept):
             self._live = kept
+        elif len(kept) <= self._size:
+            filled = _filled_rows(kept, self._size)
+            self._pending = filled if self._pending is None else self._pending[filled]
+            self._live = np.arange(len(kept))
         else:
             gathered = kept if self._pending is None else self._pending[kept]
-            self._state = _gather(self._state, ops.convert_to_tensor(gathered.astype("int32")))
-            self._live, self._size, self._pending = np.arange(len(kept)), len(kept), None
+            self._size = rows_for(len(gathered))
+            rows = ops.convert_to_tensor(_filled_rows(gathered, self._size).astype("int32"))
+            self._steps.load(_gather(self._steps.state, rows))
+            self._live, self._pending = np.arange(len(kept)), None
+
+
+def _filled_rows(rows: np.ndarray, size: int) -> np.ndarray:
+    """``rows`` followed by copies of the first up to ``size`` entries."""
+    return np.concatenate([rows, np.repeat(rows[:1], size - len(rows))])
+
+
+def _filled_source(src: Tensor, src_key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``src (B, Ls)`` and its key mask (all real when ``None``), filled up to ``rows_for(B)`` rows and a multiple of
+    ``SOURCE_STEP`` positions with masked-out token 0: ``(R, S)`` each. Filled rows attend nothing."""
+    tokens = np.asarray(ops.convert_to_numpy(src))
+    batch, length = tokens.shape
+    mask = np.ones((batch, length), bool) if src_key_mask is None else np.asarray(ops.convert_to_numpy(src_key_mask))
+    shape = (rows_for(batch), -(-length // SOURCE_STEP) * SOURCE_STEP)
+    filled_tokens, filled_mask = np.zeros(shape, tokens.dtype), np.zeros(shape, bool)
+    filled_tokens[:batch, :length], filled_mask[:batch, :length] = tokens, mask
+    return ops.convert_to_tensor(filled_tokens), ops.convert_to_tensor(filled_mask)
