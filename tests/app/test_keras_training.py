@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 import pytest
 
@@ -70,13 +71,15 @@ def test_keras_trains_a_corpus_and_translates_with_the_same_pipeline(tmp_path: P
 
 
 def test_keras_trains_dates_on_batches_of_several_lengths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from multihead.app.train_keras import KerasTrainer
+    from multihead.app.train_keras import LENGTH_MULTIPLE, KerasTrainer
 
     shapes: list[tuple[int, int]] = []
+    trainers: set[KerasTrainer] = set()
     original = KerasTrainer.train_step
 
     def spy(self: KerasTrainer, batch: Any, lr: float) -> float:
         shapes.append((batch.src.shape[1], batch.tgt_in.shape[1]))
+        trainers.add(self)
         return original(self, batch, lr)
 
     monkeypatch.setattr(KerasTrainer, "train_step", spy)
@@ -86,6 +89,11 @@ def test_keras_trains_dates_on_batches_of_several_lengths(tmp_path: Path, monkey
     assert result.step == 8
     assert len({source for source, _ in shapes}) > 1, shapes  # sources of different padded lengths
     assert all(np.isfinite(loss) for _, loss in result.losses)
+    (trainer,) = trainers
+    if keras.backend.backend() == "tensorflow":  # one trace serves every shape
+        assert trainer.traced_step.experimental_get_tracing_count() == 1
+    if keras.backend.backend() == "jax":  # XLA compiles per shape: lengths come in multiples of 8
+        assert all(length % LENGTH_MULTIPLE == 0 for shape in shapes for length in shape), shapes
     assert len(Translator(tmp_path / "run").translate(["21 November 2026", "Tue Mar 9 2021"])) == 2
 
 
@@ -121,3 +129,21 @@ def test_a_keras_run_prints_no_framework_chatter(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", result.stderr
     assert "bleu: " in result.stdout
+
+
+def test_each_step_reports_its_own_loss(tmp_path: Path) -> None:
+    """The loss a Keras step returns is that batch's token loss before the update, not a mean over the steps so
+    far (Keras' loss tracker accumulates across calls unless it is reset)."""
+    from multihead.app.batching import make_batch
+    from multihead.app.train_keras import KerasTrainer, token_loss
+    from multihead.config import TransformerConfig
+
+    config = TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 16, 0, False)
+    trainer = KerasTrainer(config, {"seed": 0, "lr": 1e-2, "clip": 0.0, "label_smoothing": 0.0, "batch_tokens": None},
+                           None)  # fmt: skip
+    rng = np.random.default_rng(0)
+    for length in (5, 7, 6):
+        batch = make_batch(rng.integers(4, 12, (3, length)).tolist(), rng.integers(4, 12, (3, length - 2)).tolist())
+        logits = trainer.model((batch.src.astype("int32"), batch.tgt_in.astype("int32")), training=False)
+        expected = float(keras.ops.convert_to_numpy(token_loss(0.0)(batch.tgt_out, logits)))
+        assert trainer.train_step(batch, 1e-2) == pytest.approx(expected, rel=1e-5)

@@ -5,15 +5,18 @@ The loss is the PyTorch trainer's: cross-entropy with label smoothing, summed ov
 excluded) and divided by their number. Gradients are clipped by their global norm, as
 ``torch.nn.utils.clip_grad_norm_`` does.
 
-A compiled step is traced (TensorFlow) or compiled (XLA, JAX) once per input shape, so batches come in few shapes:
-lengths are rounded up to a multiple of ``LENGTH_MULTIPLE``, and a corpus batch of padded length ``L`` is filled up
-with empty rows to ``batch_tokens // L`` rows (the loss ignores them).
+On TensorFlow the step is one ``tf.function`` traced once for batches of any shape (Keras' own ``train_on_batch``
+traces a first shape, then every shape again, each trace taking seconds), so batches keep their lengths. JAX compiles
+its step (XLA) once per input shape, so there batches come in few shapes: lengths are rounded up to a multiple of
+``LENGTH_MULTIPLE``, and a corpus batch of padded length ``L`` is filled up with empty rows to ``batch_tokens // L``
+rows (the loss ignores them). The torch backend runs eagerly and takes batches as they come.
 
 Notation: B batch, Lt target length, V target vocabulary.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +57,46 @@ def fill_rows(batch: Batch, rows: int) -> Batch:
     return Batch(*(np.concatenate([a, np.full((missing, a.shape[1]), PAD, a.dtype)]) for a in batch.as_arrays()))
 
 
+def _one_thread_per_operation() -> None:
+    """On TensorFlow, run operations side by side on one thread each (inter-op threads: the cores; intra-op: 1).
+
+    TensorFlow's default gives every core an operation and every operation every core, so a step of many small
+    operations (a built-in task's: a few dozen short sentences at d_model 128) oversubscribes the cores: 50 ms a
+    step this way against 60 ms by default on 2 cores. A corpus step's large products want every core each (60 steps
+    of the corpus recipe: 95 s by default, 115 s this way), so corpora keep the default. Thread pools are fixed once
+    TensorFlow has run an operation in the process; then this changes nothing.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(os.cpu_count() or 1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    except RuntimeError:  # the pools are in use already
+        pass
+
+
+def _traced_step(model: Transformer) -> Any:
+    """Keras' own training step (forward, loss, gradients, optimizer) as one ``tf.function`` for int32 ``(B, L)``
+    batches of any shape: ``(src, tgt_in, tgt_out) -> loss``."""
+    import tensorflow as tf
+
+    batch = tf.TensorSpec([None, None], tf.int32)
+
+    @tf.function(input_signature=[batch, batch, batch])
+    def step(src: Any, tgt_in: Any, tgt_out: Any) -> Any:
+        return model.train_step(((src, tgt_in), tgt_out))["loss"]
+
+    return step
+
+
 class KerasTrainer:
     framework = "keras"
 
     def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        if options["batch_tokens"] is None:  # a built-in task: batches of a few dozen short sentences
+            _one_thread_per_operation()
         keras.utils.set_random_seed(options["seed"])
         self.model = Transformer.from_config(config)
         self.model.build()
@@ -79,16 +118,21 @@ class KerasTrainer:
             for mine, theirs in zip(self.optimizer.variables, previous.variables, strict=True):
                 mine.assign(theirs)
         self.model.compile(optimizer=self.optimizer, loss=token_loss(options["label_smoothing"]))
+        self.fixed_shapes = keras.backend.backend() == "jax"
+        self.traced_step = _traced_step(self.model) if keras.backend.backend() == "tensorflow" else None
 
     def pad_to(self) -> int:
-        return LENGTH_MULTIPLE
+        return LENGTH_MULTIPLE if self.fixed_shapes else 1
 
     def train_step(self, batch: Batch, lr: float) -> float:
         self.optimizer.learning_rate.assign(lr)
-        if self.batch_tokens is not None:  # a corpus: one row count per padded length
+        if self.fixed_shapes and self.batch_tokens is not None:  # a corpus: one row count per padded length
             batch = fill_rows(batch, self.batch_tokens // max(batch.src.shape[1], batch.tgt_in.shape[1]))
         src, tgt_in, tgt_out = (a.astype("int32") for a in batch.as_arrays())
-        return float(self.model.train_on_batch((src, tgt_in), tgt_out))
+        if self.traced_step is None:
+            return float(self.model.train_on_batch((src, tgt_in), tgt_out))
+        self.model.reset_metrics()  # the loss reported is this step's, as train_on_batch's
+        return float(self.traced_step(src, tgt_in, tgt_out))
 
     def loss_sum(self, batch: Batch) -> float:
         logits = self.model((batch.src.astype("int32"), batch.tgt_in.astype("int32")), training=False)
