@@ -59,7 +59,7 @@ def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
     width, height = len(source), len(target)
     cell = 0.28 if max(len(w) for w, _ in source) <= 2 else 0.45
     figure, axes = plt.subplots(
-        len(layers), heads, squeeze=False,
+        len(layers), heads, squeeze=False, layout="constrained",  # constrained: room for the title above the heads'
         figsize=(max(3.0, heads * (width * cell + 1.0)), max(2.5, len(layers) * (height * cell + 1.2))),
     )  # fmt: skip
     for layer, weights in enumerate(layers):
@@ -70,7 +70,6 @@ def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
             axis.set_yticks(range(height), [w for w, _ in target], fontsize=7)
             axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
     figure.suptitle(f"{translation.source!r} → {translation.target!r}: cross-attention", fontsize=10)
-    figure.tight_layout()
     _save(figure, path)
     return path
 
