@@ -206,59 +206,70 @@ def test_long_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> Non
     calls = []
     blocked = functional._blocked
     monkeypatch.setattr(functional, "KEY_BLOCK", 4)
-    monkeypatch.setattr(functional, "_blocked", lambda *a: calls.append(a[-1]) or blocked(*a))
+    monkeypatch.setattr(functional, "_blocked", lambda *a: calls.append(a[:3]) or blocked(*a))
     q, k, v = qkv(1, 2, 2, 6, 11, 8, 8)
     expected, _ = reference.attention(q, k, v, causal=True)
     np.testing.assert_allclose(numpy(attention(tensor(q), tensor(k), tensor(v), causal=True)), expected, atol=1e-10)
-    assert calls == [functional.block_size(1, 2, 6)]
+    assert len(calls) == 1
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA clusters inside a tf.function are TensorFlow's")
-def test_in_a_graph_two_blocks_of_keys_take_the_blocked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_query_chunks_are_evened_out_to_about_block_scores() -> None:
+    """TensorFlow's blocked path takes ``Lq`` in chunks of about ``BLOCK_SCORES / (B H Lk)`` rows, evened out so
+    that padding the last chunk costs fewer rows than there are chunks."""
+    assert functional.query_chunk(1, 8, 4096, 4096) == 256
+    assert functional.query_chunk(1, 8, 1025, 4096) == 205  # 5 chunks of 256 would hold 1280 rows
+    assert functional.query_chunk(8, 8, 13, 512) == 13
+    for batch, heads, lq, lk in [(1, 8, 4096, 16384), (None, 4, 3000, 3000), (2, 2, 7, 100_000)]:
+        chunk = functional.query_chunk(batch, heads, lq, lk)
+        count = -(-lq // chunk)
+        assert count * chunk - lq < count
+        assert chunk <= functional.block_size(batch, heads, lk)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="query chunks with their own gradient are TensorFlow's")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+@pytest.mark.parametrize(
+    ("lq", "lk", "mask_rows", "causal"),
+    [(13, 29, 13, False), (13, 29, 13, True), (29, 13, 1, True), (13, 29, None, True)],
+    ids=["mask", "mask-causal", "Lq>Lk-causal-row-mask", "causal"],
+)
+def test_query_chunks_match_the_oracle_with_gradients(
+    graph: bool, lq: int, lk: int, mask_rows: int | None, causal: bool
+) -> None:
+    """TensorFlow's blocked path, queries in chunks of 4 rows with a chunk-by-chunk gradient: outputs and
+    gradients against the float64 oracle, with grouped heads, Dv != Dk, Lq != Lk, a padded last chunk, masks with
+    and without a query axis, and fully masked rows (from the mask, or causal with Lq > Lk)."""
     import tensorflow as tf
 
-    calls = []
-    blocked = functional._blocked
-    monkeypatch.setattr(functional, "BLOCK_SCORES", 2 * 6 * 64)  # blocks of 64 keys for (B, H, Lq) = (1, 2, 6)
-    monkeypatch.setattr(functional, "_blocked", lambda *a: calls.append(a[-1]) or blocked(*a))
-    q, k, v = qkv(1, 2, 2, 6, 130, 8, 8, dtype="float32")
-    expected, _ = reference.attention(q, k, v, causal=True)
-    q, k, v = (tensor(x) for x in (q, k, v))
-    np.testing.assert_allclose(numpy(attention(q, k, v, causal=True)), expected, atol=2e-6)
-    assert calls == []  # eagerly, a compilation per shape would cost more than blocks save
-    np.testing.assert_allclose(numpy(tf.function(lambda: attention(q, k, v, causal=True))()), expected, atol=2e-6)
-    assert calls == [64]
+    q, k, v = qkv(2, 4, 2, lq, lk, 8, 5, dtype="float32")
+    mask = None
+    if mask_rows is not None:
+        mask = RNG.random((2, 1, mask_rows, lk)) > 0.4
+        if mask_rows == lq:
+            mask[:, :, ::3] = False
+    cotangent = RNG.normal(size=(2, 4, lq, 5)).astype("float32")
 
-
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="XLA clusters inside a tf.function are TensorFlow's")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_blocked_path_in_a_graph_matches_the_oracle_with_gradients(causal: bool) -> None:
-    """Inside a tf.function the blocked path runs forward and backward (its own block-by-block gradient) as XLA
-    clusters: outputs and gradients against the float64 oracle, with grouped heads, Dv != Dk, Lq != Lk, a partial
-    last block and fully masked rows."""
-    import tensorflow as tf
-
-    q, k, v = qkv(2, 4, 2, 13, 29, 8, 5, dtype="float32")
-    mask = RNG.random((2, 1, 13, 29)) > 0.4
-    mask[:, :, ::3] = False
-    cotangent = RNG.normal(size=(2, 4, 13, 5)).astype("float32")
-
-    @tf.function
     def run(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            out = functional._blocked(q, k, v, tf.constant(mask), causal, None, block=4)
+            out = functional._blocked(q, k, v, None if mask is None else tf.constant(mask), causal, None, block=4)
             loss = tf.reduce_sum(out * cotangent)
         return [out, *tape.gradient(loss, [q, k, v])]
 
-    got = [x.numpy() for x in run(tf.constant(q), tf.constant(k), tf.constant(v))]
+    got = [x.numpy() for x in (tf.function(run) if graph else run)(tf.constant(q), tf.constant(k), tf.constant(v))]
     expected = [
         reference.attention(q, k, v, mask, causal=causal)[0],
         *reference_gradients(q, k, v, mask, cotangent, causal=causal),
     ]
     for name, a, b in zip(["out", "grad q", "grad k", "grad v"], got, expected, strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5, err_msg=name)
-    assert np.all(got[1][:, :, ::3] == 0)
+    allowed = np.ones((2, 1, lq, lk), dtype=bool) if mask is None else np.broadcast_to(mask, (2, 1, lq, lk))
+    if causal:
+        allowed = allowed & (np.arange(lk) <= np.arange(lq)[:, None] + lk - lq)
+    dead = np.broadcast_to(~allowed.any(-1), (2, 4, lq))  # (B, H, Lq)
+    assert dead.any() == (mask_rows == lq or lq > lk)
+    assert np.all(got[0][dead] == 0)
+    assert np.all(got[1][dead] == 0)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="delegation to PyTorch's SDPA exists only on the torch backend")

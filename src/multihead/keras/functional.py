@@ -10,14 +10,14 @@ Paths, one set of rules (those of :mod:`multihead.masks`, as the PyTorch front e
 - ``"fused"``: the backend's fused kernel: PyTorch's ``scaled_dot_product_attention`` (through
   :func:`multihead.torch.attention`) on the torch backend; ``jax.nn.dot_product_attention`` on JAX (float32 and
   half inputs, adapted to our rules: see ``_jax_fused``); TensorFlow has none;
-- ``"blocked"``: keys in blocks with an online softmax (running max and sum), so the ``Lq × Lk`` score matrix never
-  exists and memory grows linearly with length (Keras' own layer materialises every score);
+- ``"blocked"``: the scores a block at a time, so the ``Lq × Lk`` score matrix never exists and memory grows
+  linearly with length (Keras' own layer materialises every score): keys in blocks with an online softmax (running
+  max and sum); on TensorFlow (boolean mask or none), queries in chunks, each chunk's softmax over all keys at
+  once, with a chunk-by-chunk gradient (``_tf_query_chunks``);
 - ``"auto"``: explicit for weights and dropout; otherwise fused on torch (``AUTO_FUSED_BACKENDS``), elsewhere
-  blocked beyond ``KEY_BLOCK`` keys (and inside a TensorFlow graph from two blocks on: ``_blocks_pay``),
-  explicit below.
+  blocked beyond ``KEY_BLOCK`` keys, explicit below.
 
-On JAX the explicit and blocked paths run as jitted programs; on TensorFlow, inside a ``tf.function``, the blocked
-path and its block-by-block gradient run as XLA clusters.
+On JAX the explicit and blocked paths run as jitted programs.
 
 The public function checks its arguments; ``_attention`` is the unchecked path the layers call.
 
@@ -38,6 +38,7 @@ from keras import backend, ops
 from multihead.keras.masks import (
     Tensor,
     causal_block,
+    causal_rows,
     check_mask_tensor,
     dtype_kind,
     is_tensor_like,
@@ -62,18 +63,26 @@ IMPLEMENTATIONS = ("auto", "explicit", "fused", "blocked")
 KEY_BLOCK = 1024
 """The key length above which the blocked path is taken, and its largest block."""
 BLOCK_SCORES = 2**23
-"""Scores per block (32 MiB of float32), which bounds the blocked path's working memory whatever the length: XLA
-runs the blocks one after the other; a TensorFlow graph without XLA (a float mask) runs up to 10 at once. Measured
-at B=1 L=4096 inside tf.function with XLA, 4x and 2x more per block were slower and took more memory, 1/2 and 1/4
-no faster."""
+"""Scores per block (32 MiB of float32), which bounds the blocked path's working memory whatever the length: the
+blocks run one after the other (a TensorFlow graph with a float mask runs up to 10 at once). Measured at B=1
+L=4096 inside tf.function, query chunks of 2x more were slower; with XLA's key blocks, 4x and 2x more were slower
+and took more memory, 1/2 and 1/4 no faster."""
 
 
-def block_size(batch: int | None, heads: int, lq: int) -> int:
-    """Keys per block: a power of two from 64 to ``KEY_BLOCK`` giving about ``BLOCK_SCORES`` scores per block."""
+def block_size(batch: int | None, heads: int, length: int) -> int:
+    """Keys per block for ``length`` queries (or, on TensorFlow, queries per chunk for ``length`` keys): a power of
+    two from 64 to ``KEY_BLOCK`` giving about ``BLOCK_SCORES`` scores per block."""
     size = KEY_BLOCK
-    while size > 64 and (batch or 1) * heads * lq * size > BLOCK_SCORES:
+    while size > 64 and (batch or 1) * heads * length * size > BLOCK_SCORES:
         size //= 2
     return size
+
+
+def query_chunk(batch: int | None, heads: int, lq: int, lk: int) -> int:
+    """Queries per chunk on TensorFlow's blocked path: ``Lq`` in as many chunks as ``block_size`` rows need, evened
+    out, so that padding the last chunk costs fewer rows than there are chunks."""
+    chunks = -(-lq // block_size(batch, heads, lk))
+    return -(-lq // chunks)
 
 
 def _check_inputs(
@@ -237,40 +246,40 @@ def _explicit_math(
 
 @_one_program_on_jax("causal", "scale", "block")
 def _blocked(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None, block: int
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None, block: int | None = None
 ) -> Tensor:
-    """Keys in blocks of ``block`` with an online softmax; needs static ``Lq`` and ``Lk``.
+    """The scores a block at a time; needs static ``Lq`` and ``Lk``.
 
-    Keys are padded to a whole number of blocks; the padding is masked. On TensorFlow, without a float mask, the
-    gradient is computed block by block too (``_tf_blocked``), and inside a ``tf.function`` both directions run as
-    XLA clusters.
+    On TensorFlow without a float mask, queries in chunks of ``block`` rows (``_tf_query_chunks``); otherwise keys
+    in blocks of ``block`` with an online softmax (``_blocked_forward``), padded to a whole number of blocks, the
+    padding masked. By default, blocks of about ``BLOCK_SCORES`` scores (``block_size``, ``query_chunk``).
     """
     dtype = backend.standardize_dtype(q.dtype)
     compute = _compute_dtype(dtype)
-    lq, lk = q.shape[2], k.shape[2]
-    count = -(-lk // block)
-    padding = count * block - lk
-    if count == 0:  # no key: every row is fully masked (and a loop of no blocks would still be traced on JAX)
-        return ops.zeros((q.shape[0], q.shape[1], lq, v.shape[3]), dtype=dtype)
+    batch, heads, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if lk == 0:  # no key: every row is fully masked (and a loop of no blocks would still be traced on JAX)
+        return ops.zeros((batch, heads, lq, v.shape[3]), dtype=dtype)
+    groups = heads // k.shape[1]
+    k = ops.cast(_repeat_kv(k, groups), compute)  # (B, H, Lk, Dk)
+    v = ops.cast(_repeat_kv(v, groups), compute)  # (B, H, Lk, Dv)
+    q = ops.cast(q, compute) * _scale(q, scale, compute)  # (B, H, Lq, Dk)
+    if mask is not None:
+        mask = _rank4(mask, dtype)
+    if backend.backend() == "tensorflow" and (mask is None or dtype_kind(mask) == "bool"):
+        return ops.cast(_tf_query_chunks(q, k, v, mask, causal, block or query_chunk(batch, heads, lq, lk)), dtype)
+
+    block = block or block_size(batch, heads, lq)
+    padding = -(-lk // block) * block - lk
 
     def pad_keys(x: Tensor, axis: int, value: float | bool) -> Tensor:
         widths = [[0, 0]] * len(x.shape)
         widths[axis] = [0, padding]
         return ops.pad(x, widths, constant_values=value) if padding else x
 
-    groups = q.shape[1] // k.shape[1]
-    k = pad_keys(ops.cast(_repeat_kv(k, groups), compute), 2, 0.0)  # (B, H, count*block, Dk)
-    v = pad_keys(ops.cast(_repeat_kv(v, groups), compute), 2, 0.0)  # (B, H, count*block, Dv)
-    q = ops.cast(q, compute) * _scale(q, scale, compute)  # (B, H, Lq, Dk)
-    if mask is not None:
-        mask = _rank4(mask, dtype)
-        if mask.shape[-1] != 1:
-            mask = pad_keys(mask, 3, False if dtype_kind(mask) == "bool" else float("-inf"))  # (.., count*block)
-    if backend.backend() == "tensorflow" and (mask is None or dtype_kind(mask) == "bool"):
-        out = _tf_blocked(q, k, v, mask, causal, lk, block)
-    else:
-        out = _blocked_forward(q, k, v, mask, causal, lk, block)[0]
-    return ops.cast(out, dtype)
+    k, v = pad_keys(k, 2, 0.0), pad_keys(v, 2, 0.0)  # (B, H, whole blocks, D)
+    if mask is not None and mask.shape[-1] != 1:
+        mask = pad_keys(mask, 3, False if dtype_kind(mask) == "bool" else float("-inf"))  # (.., whole blocks)
+    return ops.cast(_blocked_forward(q, k, v, mask, causal, lk, block)[0], dtype)
 
 
 def _block_scores(
@@ -348,85 +357,86 @@ def _blocked_forward(
     return out, lse
 
 
-def _blocked_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    causal: bool,
-    lk: int,
-    block: int,
-    out: Tensor,
-    lse: Tensor,
-    d_out: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of :func:`_blocked_forward`'s ``out`` (without a float mask) w.r.t. ``q``, ``k``, ``v``, key block
-    by key block, the probabilities recomputed from ``lse`` (FlashAttention's backward pass): nothing ``Lq × Lk`` is
-    kept. With ``P`` the probabilities and ``D = rowsum(dO ∘ O)``: ``dV = Pᵀ dO``, ``dS = P ∘ (dO Vᵀ - D)``,
-    ``dQ = dS K``, ``dK = dSᵀ Q``. A fully masked row has ``P = 0``, hence zero gradients."""
-    shift = _finite(lse)  # (B, H, Lq, 1)
-    row_dot = ops.sum(d_out * out, axis=-1, keepdims=True)  # D: (B, H, Lq, 1)
+def _tf_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, chunk: int) -> Tensor:
+    """TensorFlow's blocked path: queries in chunks of ``chunk`` rows, each chunk's softmax over all keys at once,
+    the chunks one after the other, from scaled ``q``, keys/values with one head per query head and a boolean mask
+    or none. Its gradient goes chunk by chunk too, the probabilities recomputed (FlashAttention's backward pass,
+    by query rows): with ``P`` the probabilities and ``D = rowsum(dO ∘ O)``, ``dS = P ∘ (dO Vᵀ - D)``,
+    ``dQ = dS K``, and ``dK += dSᵀ Q``, ``dV += Pᵀ dO`` over the chunks. Nothing ``Lq × Lk`` exists, only
+    ``chunk × Lk`` per chunk; a fully masked row has ``P = 0``, hence zero output and gradients.
 
-    def step(index: Tensor, state: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        d_q, d_k, d_v = state
-        start = index * block
-        k_block, v_block = _key_block(k, start, block), _key_block(v, start, block)
-        scores, allowed = _block_scores(q, k_block, mask, causal, lk, start, block)
-        p = ops.where(allowed, ops.exp(ops.where(allowed, scores, shift) - shift), ops.zeros_like(scores))
-        d_p = ops.einsum("bhqd,bhkd->bhqk", d_out, v_block)  # (B, H, Lq, block)
-        d_s = p * (d_p - row_dot)  # (B, H, Lq, block)
-        d_q = d_q + ops.einsum("bhqk,bhkd->bhqd", d_s, k_block)
-        d_k = ops.slice_update(d_k, (0, 0, start, 0), ops.einsum("bhqk,bhqd->bhkd", d_s, q))  # (B, H, block, Dk)
-        d_v = ops.slice_update(d_v, (0, 0, start, 0), ops.einsum("bhqk,bhqd->bhkd", p, d_out))  # (B, H, block, Dv)
-        return d_q, d_k, d_v
-
-    state = (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v))
-    return ops.fori_loop(0, k.shape[2] // block, step, state)
-
-
-def _tf_blocked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, lk: int, block: int) -> Tensor:
-    """:func:`_blocked_forward` with :func:`_blocked_backward` as its gradient, on TensorFlow; both as XLA clusters
-    inside a graph. (Differentiated through, the loop would keep every block's probabilities, and XLA cannot
-    hand the loop's saved values over to a gradient outside its cluster.)"""
+    Why not key blocks with an online softmax here: inside a ``tf.function`` at B=1 L=4096, TensorFlow's fused
+    softmax and oneDNN's matmuls on whole rows take 0.75-0.8x the time of key blocks as an XLA cluster (XLA:CPU's
+    matmuls are slower than oneDNN's, and a graph without XLA runs the online softmax's elementwise operations one
+    by one); both directions, and faster than the explicit path at that length too.
+    """
     import tensorflow as tf
 
-    forward, backward = _blocked_forward, _blocked_backward
-    if not tf.executing_eagerly():  # eagerly, a compilation per new shape would cost more than it saves
-        forward, backward = _tf_xla(forward), _tf_xla(backward)
+    lq, lk = q.shape[2], k.shape[2]
+    count = -(-lq // chunk)
+    padding = count * chunk - lq
+
+    def pad_rows(x: Tensor, value: float | bool) -> Tensor:
+        return tf.pad(x, [[0, 0], [0, 0], [0, padding], [0, 0]], constant_values=value) if padding else x
+
+    if mask is not None and mask.shape[2] != 1:
+        mask = pad_rows(mask, True)  # (B|1, H|1, count*chunk, Lk|1)
+
+    def rows(x: Tensor, index: Tensor) -> Tensor:
+        return tf.slice(x, [0, 0, index * chunk, 0], [-1, -1, chunk, -1])  # (B, H, chunk, .)
+
+    def probabilities(q_rows: Tensor, index: Tensor) -> Tensor:
+        scores = tf.matmul(q_rows, k, transpose_b=True)  # (B, H, chunk, Lk)
+        allowed = rows(mask, index) if mask is not None and mask.shape[2] != 1 else mask
+        if causal:
+            allowed = restrict(allowed, causal_rows(lq, lk, index * chunk, chunk))
+        allowed, live = open_dead_rows(allowed)
+        if allowed is not None:
+            scores = tf.where(allowed, scores, tf.constant(float("-inf"), scores.dtype))
+        weights = tf.nn.softmax(scores)
+        return weights if live is None else tf.where(live, weights, tf.zeros_like(weights))
+
+    def chunk_loop(body: Callable[..., tuple], *state: Any) -> tuple:
+        # One chunk at a time: by default a graph's while loop runs 10 iterations at once, 10x the memory.
+        return tf.while_loop(lambda index, *_: index < count, body, (0, *state), parallel_iterations=1)[1:]
+
+    def joined(chunks: Any) -> Tensor:
+        stacked = chunks.stack()  # (count, B, H, chunk, D)
+        shape = (tf.shape(stacked)[1], stacked.shape[2], count * chunk, stacked.shape[4])
+        return tf.reshape(tf.transpose(stacked, [1, 2, 0, 3, 4]), shape)  # (B, H, count*chunk, D)
 
     @tf.custom_gradient
     def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, ...]]]:
-        out, lse = forward(q, k, v, mask, causal, lk, block)
+        def forward(index: Tensor, outs: Any) -> tuple[Tensor, Any]:
+            return index + 1, outs.write(index, tf.matmul(probabilities(rows(q, index), index), v))
+
+        (outs,) = chunk_loop(forward, tf.TensorArray(q.dtype, size=count))
+        out = joined(outs)  # (B, H, count*chunk, Dv)
 
         def gradient(d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return backward(q, k, v, mask, causal, lk, block, out, lse, d_out)
+            row_dot = tf.reduce_sum(d_out * out, axis=-1, keepdims=True)  # D: (B, H, count*chunk, 1)
+
+            def backward(index: Tensor, d_q: Any, d_k: Tensor, d_v: Tensor) -> tuple[Tensor, Any, Tensor, Tensor]:
+                q_rows, d_rows = rows(q, index), rows(d_out, index)
+                weights = probabilities(q_rows, index)  # (B, H, chunk, Lk)
+                d_scores = weights * (tf.matmul(d_rows, v, transpose_b=True) - rows(row_dot, index))
+                d_k = d_k + tf.matmul(d_scores, q_rows, transpose_a=True)
+                d_v = d_v + tf.matmul(weights, d_rows, transpose_a=True)
+                return index + 1, d_q.write(index, tf.matmul(d_scores, k)), d_k, d_v
+
+            d_q, d_k, d_v = chunk_loop(
+                backward, tf.TensorArray(q.dtype, size=count), tf.zeros_like(k), tf.zeros_like(v)
+            )
+            return joined(d_q), d_k, d_v
 
         return out, gradient
 
-    return attend(q, k, v)
+    return attend(pad_rows(q, 0.0), k, v)[:, :, :lq]
 
 
-@functools.cache
-def _tf_xla(path: Callable[..., Any]) -> Callable[..., Any]:
-    import tensorflow as tf
-
-    return tf.function(path, jit_compile=True)
-
-
-def _blocks_pay(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:
-    """Whether ``"auto"`` takes the blocked path: beyond ``KEY_BLOCK`` keys, for memory; inside a TensorFlow graph,
-    where it runs as an XLA cluster (boolean mask or none), from two blocks on, for speed too: at B=8 L=512 inside
-    tf.function, 0.75x the explicit path's time forward and 0.9-1.0x with gradients."""
-    lq, lk = q.shape[2], k.shape[2]
-    if lq is None or lk is None:
-        return False
-    if lk > KEY_BLOCK:
-        return True
-    if backend.backend() != "tensorflow" or (mask is not None and dtype_kind(mask) != "bool"):
-        return False
-    import tensorflow as tf
-
-    return not tf.executing_eagerly() and lk > block_size(q.shape[0], q.shape[1], lq)
+def _blocks_pay(q: Tensor, k: Tensor) -> bool:
+    """Whether ``"auto"`` takes the blocked path: beyond ``KEY_BLOCK`` keys, for memory."""
+    return q.shape[2] is not None and k.shape[2] is not None and k.shape[2] > KEY_BLOCK
 
 
 FUSED_BACKENDS = ("torch", "jax")
@@ -463,7 +473,7 @@ def _attention(
         elif backend.backend() in AUTO_FUSED_BACKENDS:
             path = "fused"
         else:
-            path = "blocked" if _blocks_pay(q, k, mask) else "explicit"
+            path = "blocked" if _blocks_pay(q, k) else "explicit"
     if path == "explicit":
         out, weights = _explicit(q, k, v, mask, causal, scale, dropout, seed)
         return (out, weights) if return_weights else out
@@ -473,7 +483,7 @@ def _attention(
         return _explicit(q, k, v, mask, causal, scale, 0.0, None)[0]
     if path == "fused":
         return _fused(q, k, v, mask, causal, scale)
-    return _blocked(q, k, v, mask, causal, scale, block_size(q.shape[0], q.shape[1], q.shape[2]))
+    return _blocked(q, k, v, mask, causal, scale)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None) -> Tensor:

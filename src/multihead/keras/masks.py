@@ -70,6 +70,14 @@ def causal_block(lq: int, lk: int, start: int, stop: int) -> Tensor:
     return ops.less_equal(keys, queries + causal_diagonal(lq, lk))
 
 
+def causal_rows(lq: int, lk: int, start: Tensor, count: int) -> Tensor:
+    """Rows ``start:start + count`` of ``causal_mask(lq, lk)``, built without the rest (rows past ``lq`` follow
+    the same diagonal): ``(count, lk)``. ``start`` may be a tensor."""
+    queries = ops.expand_dims(start + ops.arange(count), 1)  # (count, 1)
+    keys = ops.expand_dims(ops.arange(lk), 0)  # (1, Lk)
+    return ops.less_equal(keys, queries + causal_diagonal(lq, lk))
+
+
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
     """``(B, max_len)`` mask that is ``True`` at the first ``lengths[b]`` positions of row ``b`` (real tokens)."""
     check_non_negative_int("max_len", max_len)
