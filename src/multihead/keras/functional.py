@@ -366,9 +366,9 @@ def _tf_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
     ``chunk × Lk`` per chunk; a fully masked row has ``P = 0``, hence zero output and gradients.
 
     Why not key blocks with an online softmax here: inside a ``tf.function`` at B=1 L=4096, TensorFlow's fused
-    softmax and oneDNN's matmuls on whole rows take 0.75-0.8x the time of key blocks as an XLA cluster (XLA:CPU's
-    matmuls are slower than oneDNN's, and a graph without XLA runs the online softmax's elementwise operations one
-    by one); both directions, and faster than the explicit path at that length too.
+    softmax and oneDNN's matmuls on whole rows take 0.74-0.78x the time of key blocks as an XLA cluster forward and
+    0.82-0.84x with gradients (XLA:CPU's matmuls are slower than oneDNN's; without XLA, a graph runs the online
+    softmax's elementwise operations one by one, slower still); 0.87-1.02x the explicit path's time at that length.
     """
     import tensorflow as tf
 
