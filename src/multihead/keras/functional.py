@@ -37,15 +37,13 @@ from keras import backend, ops
 
 from multihead.keras.masks import (
     Tensor,
-    causal_block,
-    causal_rows,
+    causal_window,
     check_mask_tensor,
     dtype_kind,
     is_tensor_like,
     open_dead_rows,
     restrict,
 )
-from multihead.masks import causal_diagonal
 from multihead.validation import (
     DTypeError,
     check_attention_shapes,
@@ -223,7 +221,7 @@ def _explicit_math(
     if mask is not None:
         mask = _rank4(mask, dtype)
     if causal:
-        mask = restrict(mask, causal_block(lq, lk, 0, lk))
+        mask = restrict(mask, causal_window(lq, lk))
     mask, live = open_dead_rows(mask)
 
     groups = q.shape[1] // k.shape[1]
@@ -287,13 +285,10 @@ def _block_scores(
 ) -> tuple[Tensor, Tensor]:
     """Scaled scores of the keys ``start .. start + block - 1`` ``(B, H, Lq, block)``, a float mask added, and
     which of them each query may attend (bool, broadcastable to the scores)."""
-    lq = q.shape[2]
     scores = ops.einsum("bhqd,bhkd->bhqk", q, k_block)  # (B, H, Lq, block)
-    keys = ops.expand_dims(start + ops.arange(block), 0)  # (1, block)
-    allowed = keys < lk
+    allowed = ops.expand_dims(start + ops.arange(block), 0) < lk  # (1, block): the keys' padding masked
     if causal:
-        queries = ops.expand_dims(ops.arange(lq), 1)  # (Lq, 1)
-        allowed = ops.logical_and(allowed, keys <= queries + causal_diagonal(lq, lk))  # (Lq, block)
+        allowed = ops.logical_and(allowed, causal_window(q.shape[2], lk, first_key=start, keys=block))  # (Lq, block)
     if mask is not None:
         block_mask = mask
         if mask.shape[-1] != 1:
@@ -389,7 +384,7 @@ def _tf_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
         scores = tf.matmul(q_rows, k, transpose_b=True)  # (B, H, chunk, Lk)
         allowed = rows(mask, index) if mask is not None and mask.shape[2] != 1 else mask
         if causal:
-            allowed = restrict(allowed, causal_rows(lq, lk, index * chunk, chunk))
+            allowed = restrict(allowed, causal_window(lq, lk, first_query=index * chunk, queries=chunk))
         allowed, live = open_dead_rows(allowed)
         if allowed is not None:
             scores = tf.where(allowed, scores, tf.constant(float("-inf"), scores.dtype))
@@ -521,7 +516,7 @@ def _jax_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: boo
     # causal part must be in the mask for the dead rows to be found.
     kernel_causal = causal and mask is None and lq == lk
     if causal and not kernel_causal:
-        mask = restrict(mask, causal_block(lq, lk, 0, lk))
+        mask = restrict(mask, causal_window(lq, lk))
     mask, live = open_dead_rows(mask)
     bool_mask = mask if mask is not None and dtype_kind(mask) == "bool" else None
     bias = mask if mask is not None and bool_mask is None else None

@@ -60,22 +60,23 @@ def causal_mask(lq: int, lk: int) -> Tensor:
     """Bottom-right aligned causal mask ``(lq, lk)``: query ``i`` may attend key ``j`` iff ``j <= i + lk - lq``."""
     check_non_negative_int("lq", lq)
     check_non_negative_int("lk", lk)
-    return causal_block(lq, lk, 0, lk)
+    return causal_window(lq, lk)
 
 
-def causal_block(lq: int, lk: int, start: int, stop: int) -> Tensor:
-    """Columns ``start:stop`` of ``causal_mask(lq, lk)``, built without the rest: ``(lq, stop - start)``."""
-    queries = ops.expand_dims(ops.arange(lq), 1)  # (Lq, 1)
-    keys = ops.expand_dims(ops.arange(start, stop), 0)  # (1, n)
-    return ops.less_equal(keys, queries + causal_diagonal(lq, lk))
-
-
-def causal_rows(lq: int, lk: int, start: Tensor, count: int) -> Tensor:
-    """Rows ``start:start + count`` of ``causal_mask(lq, lk)``, built without the rest (rows past ``lq`` follow
-    the same diagonal): ``(count, lk)``. ``start`` may be a tensor."""
-    queries = ops.expand_dims(start + ops.arange(count), 1)  # (count, 1)
-    keys = ops.expand_dims(ops.arange(lk), 0)  # (1, Lk)
-    return ops.less_equal(keys, queries + causal_diagonal(lq, lk))
+def causal_window(
+    lq: int,
+    lk: int,
+    first_query: Tensor | int = 0,
+    queries: int | None = None,
+    first_key: Tensor | int = 0,
+    keys: int | None = None,
+) -> Tensor:
+    """Rows ``first_query .. first_query + queries - 1`` and columns ``first_key .. first_key + keys - 1`` of
+    ``causal_mask(lq, lk)`` (by default all of them), built without the rest: ``(queries, keys)``. The starts may
+    be tensors; rows and columns past the mask's edge follow the same diagonal."""
+    rows = ops.expand_dims(first_query + ops.arange(lq if queries is None else queries), 1)  # (queries, 1)
+    columns = ops.expand_dims(first_key + ops.arange(lk if keys is None else keys), 0)  # (1, keys)
+    return ops.less_equal(columns, rows + causal_diagonal(lq, lk))
 
 
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
