@@ -227,6 +227,7 @@ def test_query_chunks_are_evened_out_to_about_block_scores() -> None:
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="query chunks with their own gradient are TensorFlow's")
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 @pytest.mark.parametrize(
     ("lq", "lk", "mask_rows", "causal"),
@@ -234,11 +235,12 @@ def test_query_chunks_are_evened_out_to_about_block_scores() -> None:
     ids=["mask", "mask-causal", "Lq>Lk-causal-row-mask", "causal"],
 )
 def test_query_chunks_match_the_oracle_with_gradients(
-    graph: bool, lq: int, lk: int, mask_rows: int | None, causal: bool
+    recompute: bool, graph: bool, lq: int, lk: int, mask_rows: int | None, causal: bool
 ) -> None:
-    """TensorFlow's blocked path, queries in chunks of 4 rows with a chunk-by-chunk gradient: outputs and
-    gradients against the float64 oracle, with grouped heads, Dv != Dk, Lq != Lk, a padded last chunk, masks with
-    and without a query axis, and fully masked rows (from the mask, or causal with Lq > Lk)."""
+    """TensorFlow's blocked path, queries in chunks of 4 rows, differentiated by TensorFlow with the probabilities
+    kept, or chunk by chunk with them recomputed: outputs and gradients against the float64 oracle, with grouped
+    heads, Dv != Dk, Lq != Lk, a padded last chunk, masks with and without a query axis, and fully masked rows
+    (from the mask, or causal with Lq > Lk)."""
     import tensorflow as tf
 
     q, k, v = qkv(2, 4, 2, lq, lk, 8, 5, dtype="float32")
@@ -252,7 +254,8 @@ def test_query_chunks_match_the_oracle_with_gradients(
     def run(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            out = functional._blocked(q, k, v, None if mask is None else tf.constant(mask), causal, None, block=4)
+            m = None if mask is None else tf.constant(mask)
+            out = functional._blocked(q, k, v, m, causal, None, block=4, recompute=recompute)
             loss = tf.reduce_sum(out * cotangent)
         return [out, *tape.gradient(loss, [q, k, v])]
 
@@ -270,6 +273,28 @@ def test_query_chunks_match_the_oracle_with_gradients(
     assert dead.any() == (mask_rows == lq or lq > lk)
     assert np.all(got[0][dead] == 0)
     assert np.all(got[1][dead] == 0)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="query chunks with their own gradient are TensorFlow's")
+def test_query_chunks_keep_the_probabilities_up_to_kept_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the probabilities are kept for the gradient up to ``KEPT_SCORES`` of them, and recomputed beyond
+    it or when the batch size is unknown (inside a ``tf.function`` traced for any batch)."""
+    import tensorflow as tf
+
+    chosen = []
+    chunks = functional._tf_query_chunks
+    monkeypatch.setattr(functional, "_tf_query_chunks", lambda *a: chosen.append(a[-1]) or chunks(*a))
+    q, k, v = (tf.constant(x) for x in qkv(2, 4, 4, 8, 16, 8, 8, dtype="float32"))
+    kept = functional._blocked(q, k, v, None, False, None, block=4)
+    monkeypatch.setattr(functional, "KEPT_SCORES", 2 * 4 * 8 * 16 - 1)
+    recomputed = functional._blocked(q, k, v, None, False, None, block=4)
+    monkeypatch.setattr(functional, "KEPT_SCORES", 2 * 4 * 8 * 16)
+    any_batch = [tf.TensorSpec([None, 4, length, 8], tf.float32) for length in (8, 16, 16)]
+    tf.function(lambda q, k, v: functional._blocked(q, k, v, None, False, None, block=4)).get_concrete_function(
+        *any_batch
+    )
+    assert chosen == [False, True, True]
+    np.testing.assert_allclose(kept.numpy(), recomputed.numpy(), atol=1e-6)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="delegation to PyTorch's SDPA exists only on the torch backend")

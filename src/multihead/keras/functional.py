@@ -10,10 +10,11 @@ Paths, one set of rules (those of :mod:`multihead.masks`, as the PyTorch front e
 - ``"fused"``: the backend's fused kernel: PyTorch's ``scaled_dot_product_attention`` (through
   :func:`multihead.torch.attention`) on the torch backend; ``jax.nn.dot_product_attention`` on JAX (float32 and
   half inputs, adapted to our rules: see ``_jax_fused``); TensorFlow has none;
-- ``"blocked"``: the scores a block at a time, so the ``Lq × Lk`` score matrix never exists and memory grows
-  linearly with length (Keras' own layer materialises every score): keys in blocks with an online softmax (running
-  max and sum); on TensorFlow (boolean mask or none), queries in chunks, each chunk's softmax over all keys at
-  once, with a chunk-by-chunk gradient (``_tf_query_chunks``);
+- ``"blocked"``: the scores a block at a time, so the ``Lq × Lk`` score matrix never exists at once and memory
+  grows linearly with length (Keras' own layer materialises every score): keys in blocks with an online softmax
+  (running max and sum); on TensorFlow (boolean mask or none), queries in chunks, each chunk's softmax over all
+  keys at once, whose probabilities a gradient tape keeps up to ``KEPT_SCORES`` of them, and beyond them the
+  gradient recomputes chunk by chunk (``_tf_query_chunks``);
 - ``"auto"``: explicit for weights and dropout; otherwise fused on torch (``AUTO_FUSED_BACKENDS``), elsewhere
   blocked beyond ``KEY_BLOCK`` keys, explicit below.
 
@@ -65,6 +66,12 @@ BLOCK_SCORES = 2**23
 blocks run one after the other (a TensorFlow graph with a float mask runs up to 10 at once). Measured at B=1
 L=4096 inside tf.function, query chunks of 2x more were slower; with XLA's key blocks, 4x and 2x more were slower
 and took more memory, 1/2 and 1/4 no faster."""
+KEPT_SCORES = 2**27
+"""On TensorFlow's blocked path, up to this many probabilities (512 MiB of float32: B=1, H=8, L=4096) are kept for
+the gradient, which then costs the explicit path's four products; beyond, or with an unknown batch size, the
+backward pass recomputes them chunk by chunk (a fifth product) and memory stays linear in length. Kept, they cost
+memory only while a gradient tape holds them. At B=1 L=4096 inside tf.function, with gradients: 809 against
+942 ms, 865 against 314 MiB of peak growth (Keras' own layer: 905 ms, 2229 MiB); forward alone unchanged."""
 
 
 def block_size(batch: int | None, heads: int, length: int) -> int:
@@ -242,15 +249,24 @@ def _explicit_math(
     return ops.cast(out, dtype), ops.cast(weights, dtype)
 
 
-@_one_program_on_jax("causal", "scale", "block")
+@_one_program_on_jax("causal", "scale", "block", "recompute")
 def _blocked(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None, block: int | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    scale: float | None,
+    block: int | None = None,
+    recompute: bool | None = None,
 ) -> Tensor:
     """The scores a block at a time; needs static ``Lq`` and ``Lk``.
 
-    On TensorFlow without a float mask, queries in chunks of ``block`` rows (``_tf_query_chunks``); otherwise keys
-    in blocks of ``block`` with an online softmax (``_blocked_forward``), padded to a whole number of blocks, the
-    padding masked. By default, blocks of about ``BLOCK_SCORES`` scores (``block_size``, ``query_chunk``).
+    On TensorFlow without a float mask, queries in chunks of ``block`` rows (``_tf_query_chunks``), whose gradient
+    recomputes the probabilities when ``recompute`` (by default: beyond ``KEPT_SCORES`` of them, or with an unknown
+    batch size); otherwise keys in blocks of ``block`` with an online softmax (``_blocked_forward``), padded to a
+    whole number of blocks, the padding masked. By default, blocks of about ``BLOCK_SCORES`` scores
+    (``block_size``, ``query_chunk``).
     """
     dtype = backend.standardize_dtype(q.dtype)
     compute = _compute_dtype(dtype)
@@ -264,7 +280,10 @@ def _blocked(
     if mask is not None:
         mask = _rank4(mask, dtype)
     if backend.backend() == "tensorflow" and (mask is None or dtype_kind(mask) == "bool"):
-        return ops.cast(_tf_query_chunks(q, k, v, mask, causal, block or query_chunk(batch, heads, lq, lk)), dtype)
+        if recompute is None:
+            recompute = batch is None or batch * heads * lq * lk > KEPT_SCORES
+        chunk = block or query_chunk(batch, heads, lq, lk)
+        return ops.cast(_tf_query_chunks(q, k, v, mask, causal, chunk, recompute), dtype)
 
     block = block or block_size(batch, heads, lq)
     padding = -(-lk // block) * block - lk
@@ -352,13 +371,19 @@ def _blocked_forward(
     return out, lse
 
 
-def _tf_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, chunk: int) -> Tensor:
+def _tf_query_chunks(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, chunk: int, recompute: bool
+) -> Tensor:
     """TensorFlow's blocked path: queries in chunks of ``chunk`` rows, each chunk's softmax over all keys at once,
-    the chunks one after the other, from scaled ``q``, keys/values with one head per query head and a boolean mask
-    or none. Its gradient goes chunk by chunk too, the probabilities recomputed (FlashAttention's backward pass,
-    by query rows): with ``P`` the probabilities and ``D = rowsum(dO ∘ O)``, ``dS = P ∘ (dO Vᵀ - D)``,
-    ``dQ = dS K``, and ``dK += dSᵀ Q``, ``dV += Pᵀ dO`` over the chunks. Nothing ``Lq × Lk`` exists, only
-    ``chunk × Lk`` per chunk; a fully masked row has ``P = 0``, hence zero output and gradients.
+    from scaled ``q``, keys/values with one head per query head and a boolean mask or none; a fully masked row has
+    probabilities ``P = 0``, hence zero output and gradients.
+
+    Without ``recompute``, the chunks are written out one by one and TensorFlow differentiates them, keeping every
+    chunk's ``P`` for the backward pass (``Lq × Lk`` in all, but only while a gradient tape holds them). With
+    ``recompute``, the chunks run one after the other in a loop, and so does the gradient, the probabilities
+    recomputed (FlashAttention's backward pass, by query rows): with ``D = rowsum(dO ∘ O)``,
+    ``dS = P ∘ (dO Vᵀ - D)``, ``dQ = dS K``, and ``dK += dSᵀ Q``, ``dV += Pᵀ dO`` over the chunks. Nothing
+    ``Lq × Lk`` exists then, only ``chunk × Lk`` per chunk.
 
     Why not key blocks with an online softmax here: inside a ``tf.function`` at B=1 L=4096, TensorFlow's fused
     softmax and oneDNN's matmuls on whole rows take 0.74-0.78x the time of key blocks as an XLA cluster forward and
@@ -400,13 +425,16 @@ def _tf_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
         shape = (tf.shape(stacked)[1], stacked.shape[2], count * chunk, stacked.shape[4])
         return tf.reshape(tf.transpose(stacked, [1, 2, 0, 3, 4]), shape)  # (B, H, count*chunk, D)
 
-    @tf.custom_gradient
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, ...]]]:
+    def chunks(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         def forward(index: Tensor, outs: Any) -> tuple[Tensor, Any]:
             return index + 1, outs.write(index, tf.matmul(probabilities(rows(q, index), index), v))
 
         (outs,) = chunk_loop(forward, tf.TensorArray(q.dtype, size=count))
-        out = joined(outs)  # (B, H, count*chunk, Dv)
+        return joined(outs)  # (B, H, count*chunk, Dv)
+
+    @tf.custom_gradient
+    def recomputed(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, ...]]]:
+        out = chunks(q, k, v)
 
         def gradient(d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             row_dot = tf.reduce_sum(d_out * out, axis=-1, keepdims=True)  # D: (B, H, count*chunk, 1)
@@ -426,6 +454,7 @@ def _tf_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
 
         return out, gradient
 
+    attend = recomputed if recompute else chunks
     return attend(pad_rows(q, 0.0), k, v)[:, :, :lq]
 
 
