@@ -70,8 +70,9 @@ KEPT_SCORES = 2**27
 """On TensorFlow's blocked path, up to this many probabilities (512 MiB of float32: B=1, H=8, L=4096) are kept for
 the gradient, which then costs the explicit path's four products; beyond, or with an unknown batch size, the
 backward pass recomputes them chunk by chunk (a fifth product) and memory stays linear in length. Kept, they cost
-memory only while a gradient tape holds them. At B=1 L=4096 inside tf.function, with gradients: 809 against
-942 ms, 865 against 314 MiB of peak growth (Keras' own layer: 905 ms, 2229 MiB); forward alone unchanged."""
+memory only where a gradient is taken. At B=1 L=4096 inside tf.function, with gradients, on a 2-core AMD EPYC: 801
+against 923 ms in one process (Keras' own layer: 816 and 858 ms in the same runs), 826-831 against 314 MiB of peak
+growth (Keras' own layer: 2229 MiB); forward alone unchanged."""
 
 
 def block_size(batch: int | None, heads: int, length: int) -> int:
@@ -378,12 +379,12 @@ def _tf_query_chunks(
     from scaled ``q``, keys/values with one head per query head and a boolean mask or none; a fully masked row has
     probabilities ``P = 0``, hence zero output and gradients.
 
-    Without ``recompute``, the chunks are written out one by one and TensorFlow differentiates them, keeping every
-    chunk's ``P`` for the backward pass (``Lq × Lk`` in all, but only while a gradient tape holds them). With
-    ``recompute``, the chunks run one after the other in a loop, and so does the gradient, the probabilities
-    recomputed (FlashAttention's backward pass, by query rows): with ``D = rowsum(dO ∘ O)``,
-    ``dS = P ∘ (dO Vᵀ - D)``, ``dQ = dS K``, and ``dK += dSᵀ Q``, ``dV += Pᵀ dO`` over the chunks. Nothing
-    ``Lq × Lk`` exists then, only ``chunk × Lk`` per chunk.
+    The chunks run one after the other in a loop. Without ``recompute``, TensorFlow differentiates the loop, which
+    keeps every chunk's ``P`` for the backward pass (``Lq × Lk`` in all, but only where a gradient is taken). With
+    ``recompute``, the gradient goes chunk by chunk too, the probabilities recomputed (FlashAttention's backward
+    pass, by query rows): with ``D = rowsum(dO ∘ O)``, ``dS = P ∘ (dO Vᵀ - D)``, ``dQ = dS K``, and
+    ``dK += dSᵀ Q``, ``dV += Pᵀ dO`` over the chunks. Nothing ``Lq × Lk`` exists then, only ``chunk × Lk`` per
+    chunk.
 
     Why not key blocks with an online softmax here: inside a ``tf.function`` at B=1 L=4096, TensorFlow's fused
     softmax and oneDNN's matmuls on whole rows take 0.74-0.78x the time of key blocks as an XLA cluster forward and
