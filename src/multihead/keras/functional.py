@@ -70,9 +70,9 @@ KEPT_SCORES = 2**27
 """On TensorFlow's blocked path, up to this many probabilities (512 MiB of float32: B=1, H=8, L=4096) are kept for
 the gradient, which then costs the explicit path's four products; beyond, or with an unknown batch size, the
 backward pass recomputes them chunk by chunk (a fifth product) and memory stays linear in length. Kept, they cost
-memory only where a gradient is taken. At B=1 L=4096 inside tf.function, with gradients, on a 2-core AMD EPYC: 801
-against 923 ms in one process (Keras' own layer: 816 and 858 ms in the same runs), 826-831 against 314 MiB of peak
-growth (Keras' own layer: 2229 MiB); forward alone unchanged."""
+memory only where a gradient is taken. At B=1 L=4096 inside tf.function, with gradients, on a 2-core AMD EPYC
+(benchmarks/keras_layer_step.py): 0.95-1.01x the time of Keras' own layer, against 1.06-1.09x recomputing; 831
+against 314 MiB of peak growth (Keras' own layer: 2242 MiB); forward alone unchanged."""
 
 
 def block_size(batch: int | None, heads: int, length: int) -> int:
