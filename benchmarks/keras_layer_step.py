@@ -1,5 +1,6 @@
-"""Our Keras layer against ``keras.layers.MultiHeadAttention`` in one process, steps interleaved (the in-process
-figures of docs/performance.md; ``multihead bench`` measures each in a fresh process instead).
+"""Our Keras layer against keras.layers.MultiHeadAttention in one process, steps interleaved.
+
+The in-process figures of docs/performance.md; ``multihead bench`` measures each layer in a fresh process instead.
 
     .venv/bin/python benchmarks/keras_layer_step.py [--case L4096-train] [--steps 6]
 
