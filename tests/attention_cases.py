@@ -107,6 +107,9 @@ EDGES = [
     Case(1, 2, 2, 2, 7, 3, 3, causal=True, mask_shape=(2, 7), magnitude=1e2),  # Lq < Lk, causal and a mask
     Case(2, 6, 2, 1, 1, 1, 1, mask_shape=(2, 6, 1, 1), masked=0.5, seed=3),  # one key, some rows masked
     Case(1, 2, 2, 4, 6, 5, 2, mask_shape=(1, 4, 6), mask_kind="float", masked=1.0),  # everything masked
+    # One key, so blocks of two are half padding (-inf scores), and a float mask: a NaN gradient once came through
+    # the running max of the Keras blocked path on JAX.
+    Case(2, 1, 1, 3, 1, 1, 1, mask_shape=(1,), mask_kind="float", masked=0.0),
 ]
 
 

@@ -120,34 +120,60 @@ DEEP = {**TRAP, (B, C): {A: 1.0}, (B, C, A): {EOS: 1.0}}
 OTHER = {(): {C: 0.7, A: 0.3}, (C,): {A: 0.6, EOS: 0.4}, (C, A): {EOS: 1.0}, (A,): {EOS: 1.0}}
 
 
+class TableSteps:
+    """A toy model's decoding steps (a :class:`multihead.decoding.Steps`): ``memory`` row ``i`` holds the id of the
+    source it decodes, and each source has its own table (:func:`table_model`). With a cache, the source ids go into
+    the cross-attention cache of a one-layer :class:`DecoderCache`, the self-attention cache keeps the tokens decoded
+    so far as its keys, and each step brings only the new ones, as a Transformer's does: the caches' rows must follow
+    the beams for the prefixes and sources they rebuild to be right."""
+
+    def __init__(self, tables: list[dict]) -> None:
+        self.tables = [table_model(table) for table in tables]
+        self.memories: list[np.ndarray] = []  # the sources decoded at every step
+
+    def project_memory(self, memory: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        sources = memory[:, None, None, None].astype(np.float64)  # (N, 1, 1, 1)
+        return [(sources, sources)]
+
+    def step(self, tokens: np.ndarray, cache: DecoderCache, memory_key_mask: np.ndarray | None) -> np.ndarray:
+        new = tokens[:, None, :, None].astype(np.float64)  # (N, 1, n, 1): one "key" per token
+        keys, _ = cache.self_attention[0].append(new, new)
+        sources = cache.cross_attention[0].keys[:, 0, 0, 0].astype(np.int64)
+        return self.log_probs(keys[:, 0, :, 0].astype(np.int64), sources)  # every prefix, rebuilt from the cache
+
+    def recompute(self, prefix: np.ndarray, memory: np.ndarray, memory_key_mask: np.ndarray | None) -> np.ndarray:
+        return self.log_probs(prefix, memory)
+
+    def log_probs(self, prefixes: np.ndarray, sources: np.ndarray) -> np.ndarray:
+        self.memories.append(sources.copy())
+        return np.concatenate([self.tables[source](row[None]) for source, row in zip(sources, prefixes, strict=True)])
+
+    def take(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return x[rows]
+
+    def tensor(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
 class TableSession(DecodingSession):
-    """A toy model behind the driver: ``memory`` row ``i`` holds the id of the source it decodes, and each source
-    has its own table (:func:`table_model`). With a cache the session keeps the tokens decoded so far as the keys of
-    a one-layer :class:`DecoderCache` and each step brings only the new ones, as a Transformer's does: the cache's
-    rows must follow the beams for the prefixes it rebuilds to be right."""
+    """The driver's session over :class:`TableSteps`, recording every reorder."""
 
     def __init__(self, tables: list[dict], use_cache: bool) -> None:
         cache = DecoderCache(1, NumpyKVCache) if use_cache else None
         batch = len(tables)
-        super().__init__(np.arange(batch), np.ones((batch, 3), dtype=bool), cache)
-        self.steps = [table_model(table) for table in tables]
+        super().__init__(TableSteps(tables), np.arange(batch), np.ones((batch, 3), dtype=bool), cache)
         self.taken: list[np.ndarray] = []  # the rows of every reorder
-        self.memories: list[np.ndarray] = []  # the memory at every step
 
-    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
-        if self.cache is not None:
-            new = tokens[:, None, :, None].astype(np.float64)  # (N, 1, n, 1): one "key" per token
-            keys, _ = self.cache.self_attention[0].append(new, new)
-            tokens = keys[:, 0, :, 0].astype(np.int64)  # every prefix, rebuilt from the cache
-        self.memories.append(self.memory.copy())
-        return np.concatenate([self.steps[source](row[None]) for source, row in zip(self.memory, tokens, strict=True)])
+    @property
+    def memories(self) -> list[np.ndarray]:
+        return self.steps.memories
 
     def reorder(self, rows: np.ndarray) -> None:
         self.taken.append(np.asarray(rows).copy())
         super().reorder(rows)
-
-    def _take(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return x[rows]
 
 
 SEARCH = dict(max_len=6, bos_id=BOS, eos_id=EOS, pad_id=PAD)

@@ -179,3 +179,21 @@ def check_decoder_cache(cache: object, num_layers: int) -> None:
         raise ValueError(
             f"`cache` must hold one KV cache per decoder layer ({num_layers}), received {len(cache.self_attention)}"
         )
+
+
+def check_layer_caches(
+    layer: Any, self_cache: KVCacheBase | None, cross_cache: KVCacheBase | None, batch: int, new: int, memory: int
+) -> None:
+    """A decoder layer's caches can serve a call of ``new`` target tokens over ``memory`` memory positions."""
+    for module, cache, length, is_self in (
+        (layer.self_attn, self_cache, new, True),
+        (layer.cross_attn, cross_cache, memory, False),
+    ):
+        if cache is not None:
+            cache.check_call(is_self, batch, length, module.num_kv_heads, module.head_dim, module.value_head_dim)
+
+
+def check_decoder_cache_call(cache: DecoderCache, layers: Any, batch: int, new: int, memory: int) -> None:
+    """Every layer's caches in ``cache`` can serve the call (see :func:`check_layer_caches`)."""
+    for layer, self_cache, cross_cache in zip(layers, cache.self_attention, cache.cross_attention, strict=True):
+        check_layer_caches(layer, self_cache, cross_cache, batch, new, memory)

@@ -18,6 +18,8 @@ from multihead.validation import (
 )
 
 ACTIVATIONS = ("relu", "gelu")
+LAYER_NORM_EPS = 1e-5
+"""The LayerNorms' epsilon in both front ends (PyTorch's default), so that both compute the same function."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Generation, written once for both front ends: encode once, step, reorder beams, stop.
 
 A Transformer's ``generate`` checks its arguments, encodes the source and hands a :class:`DecodingSession` to
-:func:`generate`. The session holds the encoder memory, its key mask and the decoder's cache; the front end supplies
-two tensor operations: the next-token log-probabilities of some tokens, and taking rows of a tensor.
+:func:`generate`. The session holds the encoder memory, its key mask and the decoder's cache; the model supplies its
+decoding :class:`Steps`: one token per row over the cache (the memory projected into it once, at the start), or,
+without a cache, the whole prefix again at every step.
 
 The searches work on ``step(prefix) -> log_probs``: given the token prefixes ``(N, t)`` decoded so far (NumPy
 int64), the log-probabilities ``(N, V)`` of the next token. Beam search also needs ``reorder(rows)``: keep the
@@ -11,7 +12,8 @@ model state (cache, encoder memory) of rows ``rows`` in that order.
 Results hold the generated tokens after BOS, ``(B, T)`` with ``T <= max_len``: each row ends at its first EOS,
 and positions after it hold ``pad_id``.
 
-Notation: B batch, N = B (greedy) or B * beam_size rows, t tokens so far, V vocabulary.
+Notation: B batch, N = B (greedy) or B * beam_size rows, t tokens so far, Ls source length, E d_model, Hkv
+key/value heads, D head dim, V vocabulary.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from numbers import Real
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,44 +34,82 @@ Reorder = Callable[[np.ndarray], None]
 Tensor = Any
 
 
-class DecodingSession:
-    """The state of one ``generate`` call: encoder memory ``(N, Ls, E)`` (``None`` once the cache holds all a step
-    reads of it), its key mask ``(N, Ls)`` and the decoder's cache (``None``: every step recomputes the whole
-    prefix).
+class Steps(Protocol):
+    """What a front end's Transformer supplies for one ``generate`` call (its ``decoder_steps()``)."""
 
-    A front end subclasses it with :meth:`_log_probs` and :meth:`_take`.
-    """
+    def project_memory(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
+        ...
 
-    def __init__(self, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None) -> None:
-        self.memory = memory
-        self.memory_key_mask = memory_key_mask
-        self.cache = cache
+    def step(self, tokens: Tensor, cache: Any, memory_key_mask: Tensor | None) -> Tensor:
+        """Log-probabilities ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, whose predecessors and projected
+        memory ``cache`` holds (a :class:`DecoderCache`, or buffers that act as one); ``tokens`` extend it."""
+        ...
 
-    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
-        """Log-probabilities ``(N, V)`` of the token after ``tokens (N, n)``: the new tokens when there is a cache
-        (which they extend), else whole prefixes."""
-        raise NotImplementedError
+    def recompute(self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None) -> Tensor:
+        """Log-probabilities ``(N, V)`` of the token after each whole ``prefix (N, t)``, without a cache."""
+        ...
 
-    def _take(self, x: Tensor, rows: np.ndarray) -> Tensor:
+    def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
         """Rows ``rows`` of ``x``'s first axis."""
-        raise NotImplementedError
+        ...
+
+    def tensor(self, array: np.ndarray) -> Tensor:
+        """A NumPy array as a tensor where the model computes."""
+        ...
+
+    def numpy(self, x: Tensor) -> np.ndarray: ...
+
+
+class Session(Protocol):
+    """What the searches drive: one ``generate`` call's model state."""
 
     def step(self, prefix: np.ndarray) -> np.ndarray:
         """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
-        return self._log_probs(prefix if self.cache is None else prefix[:, self.cache.length :])
+        ...
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Keep rows ``rows``, in that order, of the state."""
+        ...
+
+
+class DecodingSession:
+    """The state of one ``generate`` call over a model's :class:`Steps`: the encoder memory ``(N, Ls, E)`` (without a
+    cache; with one, its projections go into the cache at the start), its key mask ``(N, Ls)`` and the decoder's
+    cache (``None``: every step recomputes the whole prefix)."""
+
+    def __init__(
+        self, steps: Steps, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
+    ) -> None:
+        self.steps = steps
+        self.memory = memory
+        self.memory_key_mask = memory_key_mask
+        self.cache = cache
+        if cache is not None:
+            for cross_cache, (keys, values) in zip(cache.cross_attention, steps.project_memory(memory), strict=True):
+                cross_cache._append(keys, values)
+            self.memory = None
+
+    def step(self, prefix: np.ndarray) -> np.ndarray:
+        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
+        if self.cache is None:
+            log_probs = self.steps.recompute(self.steps.tensor(prefix), self.memory, self.memory_key_mask)
+        else:
+            log_probs = self.steps.step(self.steps.tensor(prefix[:, -1:]), self.cache, self.memory_key_mask)
+        return self.steps.numpy(log_probs)
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds."""
         if self.memory is not None:
-            self.memory = self._take(self.memory, rows)
+            self.memory = self.steps.take(self.memory, rows)
         if self.memory_key_mask is not None:
-            self.memory_key_mask = self._take(self.memory_key_mask, rows)
+            self.memory_key_mask = self.steps.take(self.memory_key_mask, rows)
         if self.cache is not None:
             self.cache.reorder(rows)
 
 
 def generate(
-    session: DecodingSession,
+    session: Session,
     batch: int,
     *,
     max_len: int,

@@ -5,11 +5,15 @@ transpose). A file written from either front end loads into the other. Loading n
 every tensor's name, shape and kind of dtype before it changes a single weight, and saving replaces the file
 atomically, so an interrupted save leaves the previous file whole. :func:`save_model` replaces the model directory as a
 whole, so an interrupted save leaves the previous model loadable.
+
+Each front end reads and writes its own weights through an adapter (``multihead.torch.state``,
+``multihead.keras.state``), chosen by the kind of object given (``ADAPTERS``).
 """
 
 from __future__ import annotations
 
 import glob
+import operator
 import os
 import shutil
 import sys
@@ -26,7 +30,7 @@ from multihead import __version__
 from multihead.config import TransformerConfig
 from multihead.files import PathLike, atomic_write, fsync_directory, replace_directory, umask_mode
 
-__all__ = ["load_model", "load_weights", "read_weights", "save_model", "save_weights"]
+__all__ = ["FRAMEWORKS", "load_model", "load_weights", "read_weights", "save_model", "save_weights"]
 
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
 
@@ -55,46 +59,33 @@ def _aliases(adapter: StateAdapter) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-class _TorchAdapter:
-    def __init__(self, module: Any) -> None:
-        self.module = module
+FRAMEWORKS = ("torch", "keras")
+"""The front ends, by the name ``load_model`` and the application take."""
 
-    def export(self) -> dict[str, np.ndarray]:
-        import torch
 
-        # bfloat16 has no NumPy dtype: widen it to float32, which loads back exactly.
-        return {
-            name: (t.float() if t.dtype == torch.bfloat16 else t).detach().cpu().contiguous().numpy()
-            for name, t in self.module.state_dict().items()
-        }
+def _keras_adapter(layer: Any) -> StateAdapter:
+    from multihead.keras.state import KerasAdapter
 
-    def shapes(self, stored: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(t.shape) for name, t in self.module.state_dict().items()}
+    return KerasAdapter(layer)
 
-    def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
-        import torch
 
-        current = self.module.state_dict()
-        converted = {
-            name: torch.from_numpy(np.ascontiguousarray(array)).to(current[name].dtype)
-            for name, array in tensors.items()
-        }
-        self.module.load_state_dict(converted, strict=True)
+def _torch_adapter(module: Any) -> StateAdapter:
+    from multihead.torch.state import TorchAdapter
 
-    def weight_objects(self) -> Mapping[str, object]:
-        return self.module.state_dict(keep_vars=True)
+    return TorchAdapter(module)
+
+
+# Each front end's adapter, in the order they are tried: (framework module, its base class, our adapter). Keras comes
+# first: on its torch backend a Keras layer is also a torch.nn.Module. An object can only be of a framework that is
+# imported already, so no framework is imported to find out.
+ADAPTERS = (("keras", "layers.Layer", _keras_adapter), ("torch", "nn.Module", _torch_adapter))
 
 
 def _adapter(module_or_layer: object) -> StateAdapter:
-    # Keras first: on the torch backend a Keras layer is also a torch.nn.Module.
-    keras = sys.modules.get("keras")
-    if keras is not None and isinstance(module_or_layer, keras.layers.Layer):
-        from multihead.keras.state import KerasAdapter
-
-        return KerasAdapter(module_or_layer)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(module_or_layer, torch.nn.Module):
-        return _TorchAdapter(module_or_layer)
+    for framework_name, base_name, adapter in ADAPTERS:
+        framework = sys.modules.get(framework_name)
+        if framework is not None and isinstance(module_or_layer, operator.attrgetter(base_name)(framework)):
+            return adapter(module_or_layer)
     raise TypeError(
         "`module_or_layer` must be a torch.nn.Module or a keras.layers.Layer, "
         f"received {type(module_or_layer).__name__}"
@@ -169,7 +160,6 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE)
-FRAMEWORKS = ("torch", "keras")
 
 
 def save_model(model: object, directory: PathLike) -> None:

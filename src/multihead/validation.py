@@ -203,13 +203,20 @@ def module_mask_shape(shape: Sequence[int]) -> Shape:
     raise ValueError(f"`mask` must be 2-D (Lq, Lk), 3-D (B, Lq, Lk) or 4-D (B, H, Lq, Lk), received mask.shape={shape}")
 
 
+WEIGHTLESS_PATHS = {
+    "fused": "no fused kernel computes them",
+    "blocked": "the scores exist a block at a time, never all at once",
+}
+"""Attention paths that cannot return the weights, and why."""
+
+
 def check_implementation(value: object, choices: Sequence[str], *, return_weights: bool = False) -> str:
-    """One of a front end's attention paths; ``"fused"`` cannot return the weights, which no kernel gives."""
+    """One of a front end's attention paths; the fused and blocked paths cannot return the weights."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"`implementation` must be one of {tuple(choices)}, received {value!r}")
-    if value == "fused" and return_weights:
+    if value in WEIGHTLESS_PATHS and return_weights:
         raise ValueError(
-            "`implementation`='fused' cannot return the weights (no fused kernel computes them); "
+            f"`implementation`={value!r} cannot return the weights ({WEIGHTLESS_PATHS[value]}); "
             "use 'explicit' or 'auto' with return_weights=True"
         )
     return value

@@ -135,10 +135,9 @@ def test_attention_refuses_before_computing(case: str, monkeypatch: pytest.Monke
     monkeypatch.setattr(functional, "_blocked", computed)
     monkeypatch.setattr(functional, "_fused", computed)
     if BACKEND == "torch":
-        import multihead.torch.functional as torch_functional
+        from multihead import sdpa
 
-        monkeypatch.setattr(torch_functional, "_fused", computed)
-        monkeypatch.setattr(torch_functional, "_explicit", computed)
+        monkeypatch.setattr(sdpa, "fused", computed)
     refuse(ATTENTION_CASES[case])
 
 
@@ -284,6 +283,11 @@ CALL_CASES = {
     "return-weights-string": Case(lambda m: cross(m, return_weights="yes"), r"`return_weights`", TypeError),
     "training-string": Case(lambda m: cross(m, training="yes"), r"`training`", TypeError),
     "cache-dict": Case(lambda m: m(X, MEMORY, cache={}), r"`cache` must be a KVCache", TypeError),
+    "blocked-with-weights": Case(
+        lambda m: setattr(m, "implementation", "blocked") or cross(m, return_weights=True),
+        r"`implementation`='blocked' cannot return the weights",
+        ValueError,
+    ),
 }
 
 

@@ -299,17 +299,30 @@ def test_query_chunks_keep_the_probabilities_up_to_kept_scores(monkeypatch: pyte
 
 @pytest.mark.skipif(BACKEND != "torch", reason="delegation to PyTorch's SDPA exists only on the torch backend")
 def test_torch_backend_delegates_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
-    import multihead.torch.functional as torch_functional
+    from multihead import sdpa
 
-    monkeypatch.setattr(torch_functional, "SMALL_INFERENCE_SCORES", 0)  # these sizes would take the explicit math
+    monkeypatch.setattr(sdpa, "SMALL_INFERENCE_SCORES", 0)  # these sizes would take the explicit math
 
     calls = []
-    fused = torch_functional._fused
-    monkeypatch.setattr(torch_functional, "_fused", lambda *a: calls.append(True) or fused(*a))
+    fused = sdpa.fused
+    monkeypatch.setattr(sdpa, "fused", lambda *a, **kw: calls.append(True) or fused(*a, **kw))
     q, k, v = qkv(1, 2, 2, 6, 11, 8, 8)
     expected, _ = reference.attention(q, k, v, causal=True)
     np.testing.assert_allclose(numpy(attention(tensor(q), tensor(k), tensor(v), causal=True)), expected, atol=1e-10)
     assert calls == [True]
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernel is the torch backend's")
+def test_torch_backend_small_inference_takes_the_explicit_math(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in the PyTorch front end: below 128x128 scores per head, without gradients, the math is faster."""
+    from multihead import sdpa
+
+    calls = []
+    monkeypatch.setattr(sdpa, "fused", lambda *a, **kw: calls.append(True))
+    q, k, v = qkv(2, 4, 2, 5, 5, 8, 8)
+    expected, _ = reference.attention(q, k, v, causal=True)
+    np.testing.assert_allclose(numpy(attention(tensor(q), tensor(k), tensor(v), causal=True)), expected, atol=1e-10)
+    assert calls == []
 
 
 # --- the backend's kernel: PyTorch's SDPA on torch, jax.nn.dot_product_attention on JAX (adapted) -----------
@@ -318,15 +331,6 @@ FUSED = pytest.mark.skipif(
     BACKEND not in functional.FUSED_BACKENDS, reason=f"the {BACKEND} backend has no fused attention kernel"
 )
 KERNEL_SIZES = {**SIZES, "dk<dv": (2, 4, 2, 6, 9, 5, 12)}
-
-
-@pytest.fixture
-def kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On torch, small inference calls would take PyTorch's explicit math: send them to its kernel."""
-    if BACKEND == "torch":
-        import multihead.torch.functional as torch_functional
-
-        monkeypatch.setattr(torch_functional, "SMALL_INFERENCE_SCORES", 0)
 
 
 def kernel_mask(shape: tuple[int, ...], kind: str | None) -> np.ndarray | None:
@@ -339,7 +343,6 @@ def kernel_mask(shape: tuple[int, ...], kind: str | None) -> np.ndarray | None:
 
 
 @FUSED
-@pytest.mark.usefixtures("kernel")
 @pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("size", list(KERNEL_SIZES))
@@ -357,7 +360,6 @@ def test_fused_kernel_matches_reference(size: str, causal: bool, mask_kind: str 
 
 
 @FUSED
-@pytest.mark.usefixtures("kernel")
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
 def test_fused_kernel_fully_masked_rows_are_zero_with_zero_finite_gradients(mask_kind: str) -> None:
     q, k, v = qkv(2, 4, 2, 10, 7, 8, 5, dtype="float32")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from keras_helpers import BACKEND, numpy, tensor
+from multihead import decoding
 from multihead import keras as mk
 from multihead import torch as mt
 from multihead.io import load_model, load_weights, save_model, save_weights
@@ -78,6 +79,30 @@ def test_cached_decode_equals_full_decode(tmp_path: Path, capacity: int | None) 
     cache = model.new_cache(capacity)
     steps = [numpy(model.decode(tensor(tgt[:, t : t + 1]), memory, cache=cache)) for t in range(6)]
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=2e-5)
+
+
+@pytest.mark.parametrize("options", [{}, {"norm_first": True, "pad_id": PAD}], ids=["post-norm", "pre-norm-padded"])
+def test_decoding_steps_give_the_log_probs_of_full_decoding(tmp_path: Path, options: dict) -> None:
+    """The eager steps (the memory projected into the cache once, then one token per row through the decoder's step
+    path) give the log-probabilities of teacher-forced calls on the whole prefix, also after beam-style reordering
+    that repeats and drops rows."""
+    _, model = pair(tmp_path, **options)
+    src = token_array(3, 7)
+    src[0, 4:] = PAD
+    key_mask = src != PAD
+    model.build()
+    memory = model.encode(tensor(src), src_key_mask=tensor(key_mask))
+    session = decoding.DecodingSession(model.decoder_steps(), memory, tensor(key_mask), model.new_cache())
+    prefix, rows = np.full((3, 1), BOS), np.arange(3)
+    for step in range(6):
+        full = numpy(model(tensor(src[rows]), tensor(prefix.astype("int32")), src_key_mask=tensor(key_mask[rows])))
+        expected = full[:, -1] - np.log(np.exp(full[:, -1]).sum(-1, keepdims=True))
+        np.testing.assert_allclose(session.step(prefix), expected, rtol=0, atol=2e-5)
+        if step == 2:  # rows 2, 0, 0 go on, as beam search may keep them
+            order = np.array([2, 0, 0])
+            session.reorder(order)
+            prefix, rows = prefix[order], rows[order]
+        prefix = np.concatenate([prefix, token_array(3, 1, vocab=23)], 1)
 
 
 COMPILED = pytest.mark.skipif(

@@ -628,3 +628,10 @@ def test_packed_gradients_match_the_oracle(packing: Packing, implementation: str
     for b, m in enumerate(packing.key_lengths):
         if m == 0:
             assert torch.all(grads[0][offsets[b] : offsets[b + 1]] == 0)
+
+
+def test_packed_attention_is_part_of_the_front_end() -> None:
+    import multihead.torch
+
+    assert multihead.torch.packed_attention is packed_attention
+    assert "packed_attention" in multihead.torch.__all__

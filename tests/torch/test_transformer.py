@@ -18,8 +18,8 @@ import safetensors.numpy
 import torch
 from torch import nn
 
-import multihead.torch.transformer as transformer_module
 from conftest import TorchCalls
+from multihead import checks, decoding
 from multihead.io import load_model, load_weights, save_model, save_weights
 from multihead.reference import sinusoidal_positions
 from multihead.torch import (
@@ -222,16 +222,16 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model(pad_id=PAD)
-    step = transformer_module._Decoding.step  # the next-token log-probabilities at every step, cache or not
+    step = decoding.DecodingSession.step  # the next-token log-probabilities at every step, cache or not
 
-    def row_0_ends_at_step_2(session: transformer_module._Decoding, prefix: np.ndarray) -> np.ndarray:
+    def row_0_ends_at_step_2(session: decoding.DecodingSession, prefix: np.ndarray) -> np.ndarray:
         log_probs = step(session, prefix)
         log_probs[:, EOS] = -1e9
         if prefix.shape[1] == 2:  # tokens decoded, BOS included
             log_probs[0, EOS] = 1e9
         return log_probs
 
-    monkeypatch.setattr(transformer_module._Decoding, "step", row_0_ends_at_step_2)
+    monkeypatch.setattr(decoding.DecodingSession, "step", row_0_ends_at_step_2)
     out = model.generate(tokens(3, 7), max_len=6, bos_id=BOS, eos_id=EOS, use_cache=use_cache)
     assert out.shape == (3, 6)
     assert out[0, 1] == EOS
@@ -405,8 +405,8 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> C
 def test_a_transformer_call_checks_its_inputs_once(monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model(pad_id=PAD)
     src, tgt = tokens(3, 7), tokens(3, 6, vocab=23, seed=1)
-    token_checks = count_calls(monkeypatch, transformer_module, "check_token_ids")
-    mask_checks = count_calls(monkeypatch, transformer_module, "check_key_mask")
+    token_checks = count_calls(monkeypatch, checks, "check_token_ids")
+    mask_checks = count_calls(monkeypatch, checks, "check_key_mask")
     with public_entries(model) as entered, TorchCalls() as calls:
         model(src, tgt, src_key_mask=src != PAD)
     assert token_checks == {"src": 1, "tgt": 1}
@@ -421,7 +421,7 @@ def test_the_other_entry_points_check_once_too(method: str, monkeypatch: pytest.
     model = small_model()
     src, tgt = tokens(2, 7), tokens(2, 4, vocab=23, seed=1)
     memory = model.encode(src)
-    token_checks = count_calls(monkeypatch, transformer_module, "check_token_ids")
+    token_checks = count_calls(monkeypatch, checks, "check_token_ids")
     with public_entries(model) as entered:
         if method == "encode":
             model.encode(src)
@@ -458,7 +458,7 @@ def test_generate_checks_once_however_many_tokens_it_makes(beam_size: int, monke
     with torch.no_grad():
         model.output_proj.bias[EOS] = -1e9  # no sequence ends early: every call makes max_len tokens
     src = tokens(2, 7)
-    token_checks = count_calls(monkeypatch, transformer_module, "check_token_ids")
+    token_checks = count_calls(monkeypatch, checks, "check_token_ids")
     syncs, entries = [], []
     for max_len in (2, 9):
         token_checks.clear()
@@ -582,7 +582,8 @@ def test_decoding_steps_give_the_log_probs_of_full_decoding(options: dict) -> No
     src[0, 4:] = PAD  # padding, read as such when pad_id is set
     key_mask = model._key_mask(src, None)
     with torch.inference_mode():  # as in generate
-        session = transformer_module._Decoding(model, model.encode(src), key_mask, model.new_cache(capacity=8))
+        cache = model.new_cache(capacity=8)
+        session = decoding.DecodingSession(model.decoder_steps(), model.encode(src), key_mask, cache)
         prefix, rows = torch.full((3, 1), BOS), torch.arange(3)
         for step in range(6):
             full = model(src[rows], prefix, src_key_mask=None if key_mask is None else key_mask[rows])[:, -1]
@@ -610,8 +611,11 @@ def test_an_attention_step_equals_a_cached_call(options: dict) -> None:
     for t in range(5):
         token = x[:, t]  # (B, E)
         expected = module(token[:, None], cache=self_cache, causal=True)[:, 0]
-        torch.testing.assert_close(module._step(token, self_projections, step_cache, None, True), expected)
+        stepped = module._step(token, step_cache, mask=None, self_attention=True, projections=self_projections)
+        torch.testing.assert_close(stepped, expected)
         expected = module(token[:, None], memory, key_mask=key_mask, cache=cross_cache)[:, 0]
-        stepped = module._step(token, cross_projections, memory_cache, key_mask[:, None, None, :], False)
+        stepped = module._step(
+            token, memory_cache, mask=key_mask[:, None, None, :], self_attention=False, projections=cross_projections
+        )
         torch.testing.assert_close(stepped, expected)
     assert step_cache.length == self_cache.length == 5

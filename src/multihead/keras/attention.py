@@ -22,18 +22,15 @@ from keras import ops
 from keras.src.backend import get_keras_mask
 
 from multihead.cache import KVCacheBase
-from multihead.keras.checks import check_hidden, check_key_mask
+from multihead.checks import check_attention_call
 from multihead.keras.functional import IMPLEMENTATIONS, _attention
-from multihead.keras.masks import Tensor, check_mask_tensor, is_tensor_like, restrict
+from multihead.keras.tensors import OPS, Tensor, is_tensor_like
 from multihead.validation import (
-    check_broadcastable,
     check_dropout,
     check_flag,
     check_heads,
     check_implementation,
-    check_module_inputs,
     check_optional_positive_int,
-    module_mask_shape,
     resolve_head_dim,
 )
 
@@ -67,11 +64,6 @@ class KVCache(KVCacheBase):
 def _split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
     batch, length = ops.shape(x)[0], ops.shape(x)[1]
     return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
-
-
-def _keys(key_mask: Tensor | None) -> Tensor | None:
-    """A ``(B, L)`` key mask in the attention's layout ``(B, 1, 1, L)``."""
-    return None if key_mask is None else ops.expand_dims(ops.expand_dims(ops.convert_to_tensor(key_mask), 1), 1)
 
 
 @keras.saving.register_keras_serializable(package="multihead")
@@ -242,50 +234,30 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             ``(B, Lq, E)``, or ``(out, weights)``.
         """
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
-        check_flag("causal", causal)
-        check_flag("return_weights", return_weights)
         if training is not None:
             check_flag("training", training)
-        self_attention = key is None
-        key = query if key is None else key
-        value = key if value is None else value
-        for name, x, width in (("query", query, self.qdim), ("key", key, self.kdim), ("value", value, self.vdim)):
-            check_hidden(name, x, width)
-        check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
-        batch, lq = query.shape[0], query.shape[1]
-        lk = key.shape[1]
-        if cache is not None:
-            new = lq if self_attention else lk
-            cache.check_call(self_attention, batch, new, self.num_kv_heads, self._head_dim, self._value_head_dim)
-            lk = cache.key_length(self_attention, new)
-        mask = self._check_mask(mask, batch, lq, lk)
-        check_key_mask("key_mask", key_mask, batch, lk)
-        check_key_mask("query_mask", query_mask, batch, lq)
-        if key_mask is not None:
-            mask = restrict(mask, _keys(key_mask))  # (B|1, H|1, Lq|1, Lk)
-        if query_mask is not None:
-            query_mask = ops.convert_to_tensor(query_mask)
-            mask = restrict(mask, query_mask[:, None, :, None])  # (B, 1|H, Lq, 1|Lk)
-        result = self._attend(query, key, value, mask, causal, return_weights, bool(training), cache, self_attention)
-        if query_mask is None:
-            return result
-        out, weights = result if return_weights else (result, None)
-        out = ops.where(query_mask[:, :, None], out, ops.zeros_like(out))
-        return (out, weights) if return_weights else out
+        call = check_attention_call(
+            self, query, key, value, mask=mask, key_mask=key_mask, query_mask=query_mask, causal=causal,
+            return_weights=return_weights, cache=cache, cache_type=KVCache, implementations=IMPLEMENTATIONS, ops=OPS,
+        )  # fmt: skip
+        result = self._attend(
+            query, call.key, call.value, mask=call.padded_mask(), causal=causal, return_weights=return_weights,
+            cache=cache, self_attention=call.self_attention, training=bool(training),
+        )  # fmt: skip
+        return call.finish(result, return_weights)
 
     def _attend(
         self,
         query: Tensor,
         key: Tensor,
         value: Tensor,
+        *,
         mask: Tensor | None,
-        causal: bool,
-        return_weights: bool,
-        training: bool,
-        cache: KVCache | None,
+        causal: bool = False,
+        return_weights: bool = False,
+        cache: KVCache | None = None,
         self_attention: bool,
+        training: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """:meth:`call` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
         already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory."""
@@ -296,7 +268,8 @@ class MultiHeadAttention(keras.layers.Layer):
             return self._project_keys_values(key, value)
 
         k, v = project() if cache is None else cache.keys_and_values(self_attention, project)  # (B, Hkv, Lk, D)
-        return self._attend_projected(query, k, v, mask, causal, return_weights, training)
+        return self._attend_projected(query, k, v, mask=mask, causal=causal, return_weights=return_weights,
+                                      training=training)  # fmt: skip
 
     def _project_keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """``key (B, Lk, kdim)`` and ``value (B, Lk, vdim)`` projected and split: ``(B, Hkv, Lk, Dk)``,
@@ -305,11 +278,30 @@ class MultiHeadAttention(keras.layers.Layer):
         v = _split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, Lk, Dv)
         return k, v
 
+    def _step(self, x: Tensor, cache: Any, *, mask: Tensor | None, self_attention: bool) -> Tensor:
+        """One decoding step, ``x (N, E)`` → ``(N, E)``: self-attention appends the token's key and value to ``cache``
+        and attends everything cached (the causal rule lets the newest token see every key); cross-attention attends
+        the memory ``cache`` already holds. ``mask`` is ``(N|1, 1, 1, Lk)``."""
+        rows = ops.shape(x)[0]
+        q = ops.reshape(self.q_proj(x), (rows, self.num_heads, 1, self._head_dim))  # (N, H, 1, Dk)
+        if self_attention:
+            k = ops.reshape(self.k_proj(x), (rows, self.num_kv_heads, 1, self._head_dim))  # (N, Hkv, 1, Dk)
+            v = ops.reshape(self.v_proj(x), (rows, self.num_kv_heads, 1, self._value_head_dim))  # (N, Hkv, 1, Dv)
+            k, v = cache._append(k, v)  # (N, Hkv, L, D)
+        else:
+            k, v = cache.keys, cache.values  # (N, Hkv, Ls, D)
+        out = _attention(
+            q, k, v, mask, causal=False, scale=None, dropout=0.0, return_weights=False, seed=None,
+            implementation=self.implementation,
+        )  # fmt: skip  # (N, H, 1, Dv)
+        return self.out_proj(ops.reshape(out, (rows, self.num_heads * self._value_head_dim)))  # (N, E)
+
     def _attend_projected(
         self,
         query: Tensor,
         k: Tensor,
         v: Tensor,
+        *,
         mask: Tensor | None,
         causal: bool,
         return_weights: bool,
@@ -319,23 +311,15 @@ class MultiHeadAttention(keras.layers.Layer):
         q = _split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
         dropout = self.dropout if training else 0.0
         result = _attention(
-            q, k, v, mask, causal, None, dropout, return_weights, self.seed_generator, self.implementation
-        )
+            q, k, v, mask, causal=causal, scale=None, dropout=dropout, return_weights=return_weights,
+            seed=self.seed_generator, implementation=self.implementation,
+        )  # fmt: skip
         out, weights = result if return_weights else (result, None)
         batch, lq = ops.shape(query)[0], ops.shape(query)[1]
         out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, lq, self.num_heads * self._value_head_dim))
         # out: (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
         return (out, weights) if return_weights else out
-
-    def _check_mask(self, mask: object, batch: int | None, lq: int | None, lk: int | None) -> Tensor | None:
-        """``mask`` in the 4-D functional layout ``(B|1, H|1, Lq|1, Lk|1)``, checked against this call's sizes."""
-        if mask is None:
-            return None
-        check_mask_tensor("mask", mask)
-        shape = module_mask_shape(tuple(mask.shape))
-        check_broadcastable("mask", shape, (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
-        return ops.reshape(ops.convert_to_tensor(mask), shape)
 
     def compute_mask(self, inputs: Tensor, previous_mask: Tensor | None = None) -> Tensor | None:
         # Output position i belongs to query i: the query's padding mask carries on, never an attention mask.

@@ -7,15 +7,16 @@ Paths, one set of rules (those of :mod:`multihead.masks`, as the PyTorch front e
 
 - ``"explicit"``: matmul-softmax-matmul in ``keras.ops``; the only path that returns the weights or drops out
   (with Keras' seeded random ops);
-- ``"fused"``: the backend's fused kernel: PyTorch's ``scaled_dot_product_attention`` (through
-  :func:`multihead.torch.attention`) on the torch backend; ``jax.nn.dot_product_attention`` on JAX (float32 and
-  half inputs, adapted to our rules: see ``_jax_fused``); TensorFlow has none;
+- ``"fused"``: the backend's fused kernel: PyTorch's ``scaled_dot_product_attention`` (adapted to our rules by
+  :mod:`multihead.sdpa`, as the PyTorch front end uses it) on the torch backend; ``jax.nn.dot_product_attention``
+  on JAX (float32 and half inputs, adapted to our rules: see ``_jax_fused``); TensorFlow has none;
 - ``"blocked"``: the scores a block at a time, so the ``Lq × Lk`` score matrix never exists at once and memory
   grows linearly with length (Keras' own layer materialises every score): keys in blocks with an online softmax
   (running max and sum); on TensorFlow (boolean mask or none), queries in chunks, each chunk's softmax over all
   keys at once, whose probabilities a gradient tape keeps up to ``KEPT_SCORES`` of them, and beyond them the
   gradient recomputes chunk by chunk (``_tf_query_chunks``);
-- ``"auto"``: explicit for weights and dropout; otherwise fused on torch (``AUTO_FUSED_BACKENDS``), elsewhere
+- ``"auto"``: explicit for weights and dropout; otherwise, on torch (``AUTO_FUSED_BACKENDS``), fused except for small
+  inference on the CPU (:func:`multihead.sdpa.small_inference`, where the explicit math is faster); elsewhere
   blocked beyond ``KEY_BLOCK`` keys, explicit below.
 
 On JAX the explicit and blocked paths run as jitted programs.
@@ -36,24 +37,11 @@ from typing import Any
 import keras
 from keras import backend, ops
 
-from multihead.keras.masks import (
-    Tensor,
-    causal_window,
-    check_mask_tensor,
-    dtype_kind,
-    is_tensor_like,
-    open_dead_rows,
-    restrict,
-)
-from multihead.validation import (
-    DTypeError,
-    check_attention_shapes,
-    check_broadcastable,
-    check_dropout,
-    check_flag,
-    check_implementation,
-    check_scale,
-)
+from multihead import masks
+from multihead.checks import check_attention
+from multihead.keras.masks import open_dead_rows, restrict
+from multihead.keras.tensors import OPS, Tensor, causal_window, dtype_kind
+from multihead.validation import check_flag
 
 __all__ = ["IMPLEMENTATIONS", "KEY_BLOCK", "attention"]
 
@@ -91,42 +79,14 @@ def query_chunk(batch: int | None, heads: int, lq: int, lk: int) -> int:
     return -(-lq // chunks)
 
 
-def _check_inputs(
-    q: object,
-    k: object,
-    v: object,
-    mask: object,
-    causal: object,
-    scale: object,
-    dropout: object,
-    return_weights: object,
-    implementation: object,
-) -> float | None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not is_tensor_like(x):
-            raise TypeError(f"`{name}` must be a tensor, received {type(x).__name__}")
-        if dtype_kind(x) != "float":
-            raise DTypeError(f"`{name}` must be a floating tensor, received dtype {backend.standardize_dtype(x.dtype)}")
-    dtypes = [backend.standardize_dtype(x.dtype) for x in (q, k, v)]
-    if len(set(dtypes)) > 1:
-        raise DTypeError(f"`q`, `k`, `v` must share one dtype, received {', '.join(dtypes)}")
-    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
-    if mask is not None:
-        check_mask_tensor("mask", mask)
-        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        check_broadcastable("mask", tuple(mask.shape), target, "(B, H, Lq, Lk)")
-    check_flag("causal", causal)
-    check_dropout("dropout", dropout)
-    check_flag("return_weights", return_weights)
-    check_implementation(implementation, IMPLEMENTATIONS, return_weights=return_weights)
-    if implementation == "blocked" and return_weights:
-        raise ValueError("`implementation`='blocked' cannot return the weights; use 'explicit' or 'auto'")
+def _check_backend(q: Tensor, k: Tensor, implementation: str) -> None:
+    """What a path needs of the backend and the inputs beyond the shared checks."""
     if implementation == "fused" and backend.backend() not in FUSED_BACKENDS:
         raise ValueError(
             f"`implementation`='fused' needs a backend with a fused attention kernel {FUSED_BACKENDS}, "
             f"received the {backend.backend()} backend"
         )
-    if implementation == "fused" and not _fused_dtype_ok(dtypes[0]):
+    if implementation == "fused" and not _fused_dtype_ok(backend.standardize_dtype(q.dtype)):
         raise ValueError(
             "`implementation`='fused' on the jax backend needs float32 or half inputs (jax.nn.dot_product_attention "
             "computes the softmax in float32), received float64; use 'explicit', 'blocked' or 'auto'"
@@ -136,7 +96,6 @@ def _check_inputs(
             f"`implementation`='blocked' needs static lengths Lq and Lk, received q.shape={tuple(q.shape)}, "
             f"k.shape={tuple(k.shape)}"
         )
-    return check_scale(scale)
 
 
 def _rank4(mask: Tensor, dtype: str) -> Tensor:
@@ -297,7 +256,7 @@ def _blocked(
     k, v = pad_keys(k, 2, 0.0), pad_keys(v, 2, 0.0)  # (B, H, whole blocks, D)
     if mask is not None and mask.shape[-1] != 1:
         mask = pad_keys(mask, 3, False if dtype_kind(mask) == "bool" else float("-inf"))  # (.., whole blocks)
-    return ops.cast(_blocked_forward(q, k, v, mask, causal, lk, block)[0], dtype)
+    return ops.cast(_blocked_forward(q, k, v, mask, causal, lk, block), dtype)
 
 
 def _block_scores(
@@ -329,11 +288,8 @@ def _finite(x: Tensor) -> Tensor:
     return ops.where(ops.isinf(x), ops.zeros_like(x), x)
 
 
-def _blocked_forward(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, lk: int, block: int
-) -> tuple[Tensor, Tensor]:
-    """``out (B, H, Lq, Dv)`` and the log-sum-exp of each row's scores ``(B, H, Lq, 1)`` (``-inf`` for a fully
-    masked row) from scaled ``q`` and keys/values padded to whole blocks.
+def _blocked_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, lk: int, block: int) -> Tensor:
+    """``out (B, H, Lq, Dv)`` from scaled ``q`` and keys/values padded to whole blocks.
 
     Per query row it keeps the running max ``m`` of the scores seen so far, the running sum ``l`` of
     ``exp(score - m)`` and the running ``acc = Σ exp(score - m) · v``, rescaling both when ``m`` grows. A row
@@ -349,7 +305,9 @@ def _blocked_forward(
         start = index * block
         scores, allowed = _block_scores(q, _key_block(k, start, block), mask, causal, lk, start, block)
         scores = ops.where(allowed, scores, minus_inf)
-        block_max = ops.max(scores, axis=-1, keepdims=True)
+        # The running max only shifts the exponents: the output does not depend on it, so no gradient goes through
+        # it (the terms would cancel; through a max over -inf entries, XLA:CPU without optimisations makes them NaN).
+        block_max = ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
         m_new = ops.where(block_max > m, block_max, m)  # not ops.maximum: on torch it returns float32
         shift = _finite(m_new)
         p = ops.exp(scores - shift)  # (B, H, Lq, block)
@@ -365,11 +323,8 @@ def _blocked_forward(
         ops.zeros(row_shape, dtype=q.dtype),  # total: (B, H, Lq, 1)
         ops.zeros((batch, heads, lq, v.shape[3]), dtype=q.dtype),  # acc: (B, H, Lq, Dv)
     )
-    m, total, acc = ops.fori_loop(0, k.shape[2] // block, step, state)
-    live = total > 0
-    out = acc / ops.where(live, total, ops.ones_like(total))  # (B, H, Lq, Dv)
-    lse = ops.where(live, m + ops.log(ops.where(live, total, ops.ones_like(total))), minus_inf)  # (B, H, Lq, 1)
-    return out, lse
+    _, total, acc = ops.fori_loop(0, k.shape[2] // block, step, state)
+    return acc / ops.where(total > 0, total, ops.ones_like(total))  # (B, H, Lq, Dv)
 
 
 def _tf_query_chunks(
@@ -391,72 +346,93 @@ def _tf_query_chunks(
     0.82-0.84x with gradients (XLA:CPU's matmuls are slower than oneDNN's; without XLA, a graph runs the online
     softmax's elementwise operations one by one, slower still); 0.87-1.02x the explicit path's time at that length.
     """
-    import tensorflow as tf
+    chunks = _QueryChunks(q, k, mask, causal, chunk)
+    attend = chunks.recomputed if recompute else chunks.attend
+    return attend(chunks.pad_rows(q, 0.0), k, v)[:, :, : q.shape[2]]
 
-    lq, lk = q.shape[2], k.shape[2]
-    count = -(-lq // chunk)
-    padding = count * chunk - lq
 
-    def pad_rows(x: Tensor, value: float | bool) -> Tensor:
-        return tf.pad(x, [[0, 0], [0, 0], [0, padding], [0, 0]], constant_values=value) if padding else x
+class _QueryChunks:
+    """The loops of :func:`_tf_query_chunks` over ``count`` chunks of ``chunk`` query rows (the last one padded)."""
 
-    if mask is not None and mask.shape[2] != 1:
-        mask = pad_rows(mask, True)  # (B|1, H|1, count*chunk, Lk|1)
+    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool, chunk: int) -> None:
+        import tensorflow as tf
 
-    def rows(x: Tensor, index: Tensor) -> Tensor:
-        return tf.slice(x, [0, 0, index * chunk, 0], [-1, -1, chunk, -1])  # (B, H, chunk, .)
+        self.tf = tf
+        self.lq, self.lk, self.causal, self.chunk = q.shape[2], k.shape[2], causal, chunk
+        self.count = -(-self.lq // chunk)
+        self.padding = self.count * chunk - self.lq
+        self.mask = (
+            self.pad_rows(mask, True) if mask is not None and mask.shape[2] != 1 else mask
+        )  # (.., count*chunk, .)
 
-    def probabilities(q_rows: Tensor, index: Tensor) -> Tensor:
+    def pad_rows(self, x: Tensor, value: float | bool) -> Tensor:
+        if not self.padding:
+            return x
+        return self.tf.pad(x, [[0, 0], [0, 0], [0, self.padding], [0, 0]], constant_values=value)
+
+    def rows(self, x: Tensor, index: Tensor) -> Tensor:
+        return self.tf.slice(x, [0, 0, index * self.chunk, 0], [-1, -1, self.chunk, -1])  # (B, H, chunk, .)
+
+    def probabilities(self, q_rows: Tensor, k: Tensor, index: Tensor) -> Tensor:
+        tf = self.tf
         scores = tf.matmul(q_rows, k, transpose_b=True)  # (B, H, chunk, Lk)
-        allowed = rows(mask, index) if mask is not None and mask.shape[2] != 1 else mask
-        if causal:
-            allowed = restrict(allowed, causal_window(lq, lk, first_query=index * chunk, queries=chunk))
+        mask = self.mask
+        allowed = self.rows(mask, index) if mask is not None and mask.shape[2] != 1 else mask
+        if self.causal:
+            window = causal_window(self.lq, self.lk, first_query=index * self.chunk, queries=self.chunk)
+            allowed = restrict(allowed, window)
         allowed, live = open_dead_rows(allowed)
         if allowed is not None:
             scores = tf.where(allowed, scores, tf.constant(float("-inf"), scores.dtype))
         weights = tf.nn.softmax(scores)
         return weights if live is None else tf.where(live, weights, tf.zeros_like(weights))
 
-    def chunk_loop(body: Callable[..., tuple], *state: Any) -> tuple:
+    def loop(self, body: Callable[..., tuple], *state: Any) -> tuple:
         # One chunk at a time: by default a graph's while loop runs 10 iterations at once, 10x the memory.
-        return tf.while_loop(lambda index, *_: index < count, body, (0, *state), parallel_iterations=1)[1:]
+        count = self.count
+        return self.tf.while_loop(lambda index, *_: index < count, body, (0, *state), parallel_iterations=1)[1:]
 
-    def joined(chunks: Any) -> Tensor:
+    def joined(self, chunks: Any) -> Tensor:
+        tf = self.tf
         stacked = chunks.stack()  # (count, B, H, chunk, D)
-        shape = (tf.shape(stacked)[1], stacked.shape[2], count * chunk, stacked.shape[4])
+        shape = (tf.shape(stacked)[1], stacked.shape[2], self.count * self.chunk, stacked.shape[4])
         return tf.reshape(tf.transpose(stacked, [1, 2, 0, 3, 4]), shape)  # (B, H, count*chunk, D)
 
-    def chunks(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The output ``(B, H, count*chunk, Dv)``; differentiated by TensorFlow, which keeps each chunk's ``P``."""
+
         def forward(index: Tensor, outs: Any) -> tuple[Tensor, Any]:
-            return index + 1, outs.write(index, tf.matmul(probabilities(rows(q, index), index), v))
+            return index + 1, outs.write(index, self.tf.matmul(self.probabilities(self.rows(q, index), k, index), v))
 
-        (outs,) = chunk_loop(forward, tf.TensorArray(q.dtype, size=count))
-        return joined(outs)  # (B, H, count*chunk, Dv)
+        (outs,) = self.loop(forward, self.tf.TensorArray(q.dtype, size=self.count))
+        return self.joined(outs)
 
-    @tf.custom_gradient
-    def recomputed(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, ...]]]:
-        out = chunks(q, k, v)
+    def recomputed(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """:meth:`attend` with a gradient that recomputes the probabilities chunk by chunk."""
 
-        def gradient(d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            row_dot = tf.reduce_sum(d_out * out, axis=-1, keepdims=True)  # D: (B, H, count*chunk, 1)
+        @self.tf.custom_gradient
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Callable[[Tensor], tuple[Tensor, ...]]]:
+            out = self.attend(q, k, v)
+            return out, lambda d_out: self.gradient(q, k, v, out, d_out)
 
-            def backward(index: Tensor, d_q: Any, d_k: Tensor, d_v: Tensor) -> tuple[Tensor, Any, Tensor, Tensor]:
-                q_rows, d_rows = rows(q, index), rows(d_out, index)
-                weights = probabilities(q_rows, index)  # (B, H, chunk, Lk)
-                d_scores = weights * (tf.matmul(d_rows, v, transpose_b=True) - rows(row_dot, index))
-                d_k = d_k + tf.matmul(d_scores, q_rows, transpose_a=True)
-                d_v = d_v + tf.matmul(weights, d_rows, transpose_a=True)
-                return index + 1, d_q.write(index, tf.matmul(d_scores, k)), d_k, d_v
+        return attend(q, k, v)
 
-            d_q, d_k, d_v = chunk_loop(
-                backward, tf.TensorArray(q.dtype, size=count), tf.zeros_like(k), tf.zeros_like(v)
-            )
-            return joined(d_q), d_k, d_v
+    def gradient(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        tf = self.tf
+        row_dot = tf.reduce_sum(d_out * out, axis=-1, keepdims=True)  # D: (B, H, count*chunk, 1)
 
-        return out, gradient
+        def backward(index: Tensor, d_q: Any, d_k: Tensor, d_v: Tensor) -> tuple[Tensor, Any, Tensor, Tensor]:
+            q_rows, d_rows = self.rows(q, index), self.rows(d_out, index)
+            weights = self.probabilities(q_rows, k, index)  # (B, H, chunk, Lk)
+            d_scores = weights * (tf.matmul(d_rows, v, transpose_b=True) - self.rows(row_dot, index))
+            d_k = d_k + tf.matmul(d_scores, q_rows, transpose_a=True)
+            d_v = d_v + tf.matmul(weights, d_rows, transpose_a=True)
+            return index + 1, d_q.write(index, tf.matmul(d_scores, k)), d_k, d_v
 
-    attend = recomputed if recompute else chunks
-    return attend(pad_rows(q, 0.0), k, v)[:, :, :lq]
+        d_q, d_k, d_v = self.loop(
+            backward, tf.TensorArray(q.dtype, size=self.count), tf.zeros_like(k), tf.zeros_like(v)
+        )
+        return self.joined(d_q), d_k, d_v
 
 
 def _blocks_pay(q: Tensor, k: Tensor) -> bool:
@@ -483,6 +459,7 @@ def _attention(
     k: Tensor,
     v: Tensor,
     mask: Tensor | None,
+    *,
     causal: bool,
     scale: float | None,
     dropout: float,
@@ -491,14 +468,7 @@ def _attention(
     implementation: str,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`attention` on checked arguments; ``dropout`` is 0 outside training."""
-    path = implementation
-    if implementation == "auto":
-        if return_weights or dropout > 0.0:
-            path = "explicit"
-        elif backend.backend() in AUTO_FUSED_BACKENDS:
-            path = "fused"
-        else:
-            path = "blocked" if _blocks_pay(q, k) else "explicit"
+    path = _auto_path(q, k, v, dropout, return_weights) if implementation == "auto" else implementation
     if path == "explicit":
         out, weights = _explicit(q, k, v, mask, causal, scale, dropout, seed)
         return (out, weights) if return_weights else out
@@ -511,15 +481,26 @@ def _attention(
     return _blocked(q, k, v, mask, causal, scale)
 
 
+def _auto_path(q: Tensor, k: Tensor, v: Tensor, dropout: float, return_weights: bool) -> str:
+    """The path ``"auto"`` takes (see the module's docstring)."""
+    if return_weights or dropout > 0.0:
+        return "explicit"
+    if backend.backend() in AUTO_FUSED_BACKENDS:
+        from multihead import sdpa  # the torch backend: its tensors are torch tensors
+
+        return "explicit" if sdpa.small_inference(q, k, v, dropout) else "fused"
+    return "blocked" if _blocks_pay(q, k) else "explicit"
+
+
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None) -> Tensor:
     """The backend's fused kernel (see ``FUSED_BACKENDS``)."""
     mask = None if mask is None else _rank4(mask, backend.standardize_dtype(q.dtype))
     q, k, v = (ops.convert_to_tensor(x) for x in (q, k, v))
     if backend.backend() == "jax":
         return _jax_fused(q, k, v, mask, causal, _scale(q, scale, "float32"))
-    from multihead.torch.functional import _attention as torch_attention
+    from multihead import sdpa
 
-    return torch_attention(q, k, v, mask, causal, scale, 0.0, False, "auto")
+    return sdpa.fused(q, k, v, mask, causal=causal, scale=scale, dropout=0.0, ops=OPS)
 
 
 def _jax_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor:
@@ -528,11 +509,10 @@ def _jax_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: boo
     - its layout is ``(B, L, H, D)``: transposed in and out;
     - it needs ``Dv == Dk``: the narrower side is padded with zeros (exact: zeros add nothing to a dot product; the
       scale is the real one) and the output cut back to ``Dv``;
-    - its ``is_causal`` is top-left aligned: ours goes in as a boolean mask unless ``Lq == Lk``, where they agree;
-    - a fully masked row gets a finite fill and comes out as the mean of the values: such rows are zeroed with the
-      ``live`` mask, which also zeroes their gradients; a float mask (its ``bias``) would give a row of ``-inf``,
-      NaN through the softmax: dead rows are opened first (:func:`open_dead_rows`), as on the explicit path.
-
+    - its ``is_causal`` is top-left aligned, and a fully masked row gets a finite fill and comes out as the mean of
+      the values (a float mask, its ``bias``, would give a row of ``-inf``, NaN through the softmax): as for every
+      kernel, :func:`multihead.masks.for_kernel` puts our causal rule into the mask unless ``Lq == Lk``, opens dead
+      rows and gives the ``live`` mask that zeroes them, and their gradients;
     - half inputs are computed in float32 and the result cast back, as on our other paths: with float16 the kernel's
       mixed-precision matmul fails to compile on CPU inside ``jax.jit``, and with bfloat16 it rounds the
       probabilities to bfloat16 before multiplying the values.
@@ -541,13 +521,7 @@ def _jax_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: boo
     reads key/value head ``h // (H / Hkv)``). Not float64: its softmax runs in float32 whatever the input. The
     call is jitted, so that in eager code it is one program rather than a dozen dispatched operations.
     """
-    lq, lk = q.shape[2], k.shape[2]
-    # Alone, the kernel's top-left triangle is ours when Lq == Lk, and it leaves no row dead; with a mask, the
-    # causal part must be in the mask for the dead rows to be found.
-    kernel_causal = causal and mask is None and lq == lk
-    if causal and not kernel_causal:
-        mask = restrict(mask, causal_window(lq, lk))
-    mask, live = open_dead_rows(mask)
+    mask, kernel_causal, live = masks.for_kernel(mask, causal, q, k, OPS)
     bool_mask = mask if mask is not None and dtype_kind(mask) == "bool" else None
     bias = mask if mask is not None and bool_mask is None else None
     return _jax_attention_program()(q, k, v, bool_mask, bias, live, kernel_causal, scale)
@@ -630,11 +604,18 @@ def attention(
         >>> tuple(attention(q, k, v, causal=True).shape)
         (2, 8, 5, 64)
     """
-    scale = _check_inputs(q, k, v, mask, causal, scale, dropout, return_weights, implementation)
+    scale = check_attention(
+        q, k, v, mask, OPS, causal=causal, scale=scale, dropout=dropout, return_weights=return_weights,
+        implementation=implementation, implementations=IMPLEMENTATIONS,
+    )  # fmt: skip
+    _check_backend(q, k, implementation)
     check_flag("training", training)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, keras.random.SeedGenerator))):
         raise TypeError(f"`seed` must be None, an int or a keras.random.SeedGenerator, received {seed!r}")
     dropout = dropout if training else 0.0
     if dropout > 0.0 and implementation in ("fused", "blocked"):
         raise ValueError(f"`implementation`={implementation!r} cannot drop out; use 'explicit' or 'auto'")
-    return _attention(q, k, v, mask, causal, scale, dropout, return_weights, seed, implementation)
+    return _attention(
+        q, k, v, mask, causal=causal, scale=scale, dropout=dropout, return_weights=return_weights, seed=seed,
+        implementation=implementation,
+    )  # fmt: skip

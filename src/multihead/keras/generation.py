@@ -1,9 +1,10 @@
 """Compiled generation for the Keras :class:`~multihead.keras.Transformer`: one traced program per decoding step.
 
-Eager decoding (``multihead.keras.transformer._Decoding``) dispatches every operation of every step, which on
+Eager decoding (:class:`multihead.decoding.DecodingSession`) dispatches every operation of every step, which on
 TensorFlow costs about 2 ms per ``Dense`` call, and on JAX compiles every operation anew for every new cache length.
-Here a step (embedding, every decoder layer, the output projection, the log-softmax) is traced once into one
-program over fixed shapes, compiled by XLA, and runs as one call per step:
+Here a step (the model's own decoding steps, ``model.decoder_steps()``: embedding, every decoder layer's step path,
+the output projection, the log-softmax) is traced once into one program over fixed shapes, compiled by XLA, and runs
+as one call per step:
 
 - the self-attention cache of each layer is a buffer ``(N, Hkv, C, D)`` of capacity ``C``; a step writes its keys
   and values at its position, a tensor (so the program is not traced again at the next step), and attends over
@@ -33,14 +34,14 @@ Hkv key/value heads, Dk/Dv head dims.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 import numpy as np
 from keras import backend, ops
 
-from multihead import decoding
-from multihead.keras.masks import Tensor
+from multihead.config import TransformerConfig
+from multihead.keras.tensors import Tensor
 
 COMPILED_BACKENDS = ("tensorflow", "jax")
 """Backends with compiled generation; on the torch backend generation runs eagerly."""
@@ -52,6 +53,21 @@ SOURCE_STEP = 16
 State = tuple[Any, ...]
 
 
+class Generating(Protocol):
+    """What compiled generation uses of a Keras :class:`~multihead.keras.Transformer`: its public parts."""
+
+    config: TransformerConfig
+    variables: list[keras.Variable]
+    generation_programs: dict[tuple, Any]
+    """The start program and the steps of each mode and capacity, kept between ``generate`` calls."""
+
+    def encode(self, src: Tensor, src_key_mask: Tensor | None = None, training: bool | None = None) -> Tensor: ...
+
+    def decoder_steps(self) -> Any:
+        """A :class:`multihead.keras.transformer.DecoderSteps`."""
+        ...
+
+
 class _SelfBuffer:
     """One layer's self-attention cache inside a traced step: a ``(N, Hkv, C, D)`` buffer for keys and one for
     values, written at ``position``; the attention reads all of it, masked to the positions written so far."""
@@ -59,8 +75,8 @@ class _SelfBuffer:
     def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:
         self.keys, self.values, self.position = keys, values, position
 
-    def keys_and_values(self, self_attention: bool, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple:
-        k, v = project()  # (N, Hkv, 1, D)
+    def _append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k (N, Hkv, 1, Dk)`` and ``v (N, Hkv, 1, Dv)`` at the position; the whole buffers."""
         start = _start(self.position, 2, 4)
         self.keys = ops.slice_update(self.keys, start, k)  # (N, Hkv, C, Dk)
         self.values = ops.slice_update(self.values, start, v)  # (N, Hkv, C, Dv)
@@ -75,19 +91,16 @@ def _start(position: Tensor, axis: int, rank: int) -> tuple[Tensor, ...]:
 
 
 class _MemoryBuffer:
-    """One layer's cross-attention keys and values, projected from the memory by the start program; never
-    projected again (so the decoder needs no memory tensor)."""
+    """One layer's cross-attention keys and values, projected from the memory by the start program."""
 
     def __init__(self, keys: Tensor, values: Tensor) -> None:
         self.keys, self.values = keys, values
 
-    def keys_and_values(self, self_attention: bool, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple:
-        return self.keys, self.values
-
 
 class _Buffers:
-    """What the decoder reads as its cache inside a traced step (a :class:`multihead.cache.DecoderCache` in
-    shape): per layer a self-attention buffer and the projected memory; ``length`` is the step's position."""
+    """What the decoder's step path reads as its cache inside a traced step (a
+    :class:`multihead.cache.DecoderCache` in shape): per layer a self-attention buffer and the projected memory;
+    ``length`` is the step's position."""
 
     def __init__(self, position: Tensor, self_keys: list, self_values: list, memory_keys: list, memory_values: list):
         self.length = position
@@ -102,7 +115,7 @@ def _gather(state: State, rows: Tensor | None) -> State:
     return keras.tree.map_structure(lambda x: None if x is None else ops.take(x, rows, axis=0), state)
 
 
-def _programs(model: Any, use_cache: bool, capacity: int) -> tuple[Callable[..., State], Steps]:
+def _programs(model: Generating, use_cache: bool, capacity: int) -> tuple[Callable[..., State], Steps]:
     """The start program and the steps of ``model`` for this mode and capacity, traced on first use and kept in
     the model's ``generation_programs``."""
     key = (use_cache, capacity)
@@ -117,28 +130,22 @@ def _programs(model: Any, use_cache: bool, capacity: int) -> tuple[Callable[...,
     return model.generation_programs[key]
 
 
-def _cached(model: Any, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _cached(model: Generating, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """Start and step with a fixed-capacity KV cache. State: ``(self_keys, self_values, memory_keys,
     memory_values, memory_key_mask)``, lists per layer of ``(N, Hkv, C|Ls, D)`` and the ``(N, Ls)`` mask."""
-    layers = model.decoder.blocks
+    steps = model.decoder_steps()
 
     def start(src: Tensor, src_key_mask: Tensor | None) -> State:
-        memory = model._encode(src, src_key_mask, False)  # (N, Ls, E)
-        batch = ops.shape(src)[0]
-        projected = [layer.cross_attn._project_keys_values(memory, memory) for layer in layers]
-
-        def empty(dim: int, attn: Any) -> Tensor:
-            return ops.zeros((batch, attn.num_kv_heads, capacity, dim), dtype=memory.dtype)  # (N, Hkv, C, D)
-
-        self_keys = [empty(layer.self_attn.head_dim, layer.self_attn) for layer in layers]
-        self_values = [empty(layer.self_attn.value_head_dim, layer.self_attn) for layer in layers]
+        memory = model.encode(src, src_key_mask=src_key_mask, training=False)  # (N, Ls, E)
+        projected = steps.project_memory(memory)
+        self_keys, self_values = steps.empty_self_caches(ops.shape(src)[0], capacity, memory.dtype)
         return self_keys, self_values, [k for k, _ in projected], [v for _, v in projected], src_key_mask
 
     def step(token: Tensor, position: Tensor, rows: Tensor | None, state: State) -> tuple[Tensor, State]:
         self_keys, self_values, memory_keys, memory_values, memory_key_mask = _gather(state, rows)
         buffers = _Buffers(position, self_keys, self_values, memory_keys, memory_values)
         written = ops.expand_dims(ops.arange(capacity) <= position, 0)  # (1, C): the keys written so far
-        hidden = model._decode_hidden(token, None, memory_key_mask, written, buffers, False, False)  # (N, 1, E)
+        log_probs = steps.step(token, buffers, memory_key_mask, written)  # (N, V)
         state = (
             [b.keys for b in buffers.self_attention],
             [b.values for b in buffers.self_attention],
@@ -146,33 +153,30 @@ def _cached(model: Any, capacity: int) -> tuple[Callable[..., Any], Callable[...
             memory_values,
             memory_key_mask,
         )
-        return _log_probs(model, hidden[:, 0]), state
+        return log_probs, state
 
     return start, step
 
 
-def _recomputed(model: Any, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _recomputed(model: Generating, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """Start and step without a cache. State: ``(tokens (N, C), memory (N, Ls, E), memory_key_mask (N, Ls))``."""
+    steps = model.decoder_steps()
 
     def start(src: Tensor, src_key_mask: Tensor | None) -> State:
-        memory = model._encode(src, src_key_mask, False)  # (N, Ls, E)
+        memory = model.encode(src, src_key_mask=src_key_mask, training=False)  # (N, Ls, E)
         return ops.zeros((ops.shape(src)[0], capacity), dtype="int32"), memory, src_key_mask
 
     def step(token: Tensor, position: Tensor, rows: Tensor | None, state: State) -> tuple[Tensor, State]:
         tokens, memory, memory_key_mask = _gather(state, rows)
         tokens = ops.slice_update(tokens, _start(position, 1, 2), token)  # (N, C)
-        hidden = model._decode_hidden(tokens, memory, memory_key_mask, None, None, False, False)  # (N, C, E)
-        return _log_probs(model, ops.take(hidden, position, axis=1)), (tokens, memory, memory_key_mask)
+        return steps.recompute(tokens, memory, memory_key_mask, position), (tokens, memory, memory_key_mask)
 
     return start, step
 
 
-def _log_probs(model: Any, hidden: Tensor) -> Tensor:
-    """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32."""
-    return ops.log_softmax(ops.cast(model.output_proj(hidden), "float32"), axis=-1)
-
-
-def _jax_program(model: Any, fn: Callable[..., Any], donate_argnames: tuple[str, ...] = ()) -> Callable[..., Any]:
+def _jax_program(
+    model: Generating, fn: Callable[..., Any], donate_argnames: tuple[str, ...] = ()
+) -> Callable[..., Any]:
     """``fn`` in ``jax.jit``: Keras variables cannot be read as values inside it, so they come in as arguments."""
     import jax
 
@@ -255,7 +259,7 @@ class _VariableSteps(Steps):
 class _DonatedSteps(Steps):
     """JAX: the state as arrays passed to the step program and donated, so that XLA may update them in place."""
 
-    def __init__(self, model: Any, step: Callable[..., tuple[Tensor, State]]) -> None:
+    def __init__(self, model: Generating, step: Callable[..., tuple[Tensor, State]]) -> None:
         self.program = _jax_program(model, step, donate_argnames=("state",))
         self._state: State | None = None
 
@@ -281,8 +285,8 @@ def capacity_for(max_len: int, model_max_len: int) -> int:
     return min(-(-max_len // CAPACITY_STEP) * CAPACITY_STEP, model_max_len)
 
 
-class CompiledDecoding(decoding.DecodingSession):
-    """One compiled ``generate`` call.
+class CompiledDecoding:
+    """One compiled ``generate`` call (a :class:`multihead.decoding.Session`).
 
     Its buffers keep a fixed number of rows, a power of two, so that the step program keeps its shapes: the rows the
     search asks about (``live``, in its order) are some of them, the others are filling. A reorder that keeps fewer,
@@ -292,8 +296,9 @@ class CompiledDecoding(decoding.DecodingSession):
     more (beam search's first expansion, from B to B * beam_size rows) gathers the buffers at once, eagerly.
     """
 
-    def __init__(self, model: Any, src: Tensor, src_key_mask: Tensor | None, use_cache: bool, max_len: int) -> None:
-        super().__init__(None, None, None)
+    def __init__(
+        self, model: Generating, src: Tensor, src_key_mask: Tensor | None, use_cache: bool, max_len: int
+    ) -> None:
         start, self._steps = _programs(model, use_cache, capacity_for(max_len, model.config.max_len))
         self._steps.load(start(*_filled_source(src, src_key_mask)))
         self._live = np.arange(int(src.shape[0]))  # (n,): the buffer row of each row the search holds

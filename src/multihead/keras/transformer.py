@@ -22,22 +22,15 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from multihead import decoding
-from multihead.cache import DecoderCache, check_decoder_cache
-from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
-from multihead.keras.attention import KVCache, MultiHeadAttention, _keys
-from multihead.keras.checks import NamedTensorArguments, check_hidden, check_key_mask
+from multihead import checks, decoding
+from multihead.cache import DecoderCache
+from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
+from multihead.keras.attention import KVCache, MultiHeadAttention
 from multihead.keras.generation import COMPILED_BACKENDS, CompiledDecoding
-from multihead.keras.masks import Tensor, check_token_ids, concrete, padding_mask_from_tokens
+from multihead.keras.tensors import OPS, NamedTensorArguments, Tensor
+from multihead.masks import key_layout, padding_from_tokens
 from multihead.positional import sinusoidal_positions
-from multihead.validation import (
-    check_dropout,
-    check_flag,
-    check_non_negative_int,
-    check_positions,
-    check_positive_int,
-    check_same_batch,
-)
+from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
 __all__ = [
     "Decoder",
@@ -50,7 +43,6 @@ __all__ = [
 ]
 
 Shape = tuple[int | None, ...]
-LAYER_NORM_EPS = 1e-5  # PyTorch's default, so both front ends compute the same function
 register = keras.saving.register_keras_serializable(package="multihead")
 
 
@@ -74,14 +66,7 @@ class PositionalEncoding(NamedTensorArguments, layers.Layer):
         self.table = sinusoidal_positions(max_len, d_model).astype("float32")  # derived, so never saved
 
     def call(self, x: Tensor, offset: int = 0, training: bool | None = None) -> Tensor:
-        check_hidden("x", x, self.d_model)
-        check_non_negative_int("offset", offset)
-        length = x.shape[1]
-        if length is not None and offset + length > self.max_len:
-            raise ValueError(
-                f"positions {offset}..{offset + length - 1} exceed max_len={self.max_len}; "
-                "build the model with a larger max_len"
-            )
+        checks.check_positional_call(x, offset, self.d_model, self.max_len, OPS)
         return self._forward(x, offset, training)
 
     def _forward(self, x: Tensor, offset: int | Tensor, training: bool | None) -> Tensor:
@@ -118,7 +103,7 @@ class FeedForward(NamedTensorArguments, layers.Layer):
         self.built = True
 
     def call(self, x: Tensor, training: bool | None = None) -> Tensor:
-        check_hidden("x", x, self.d_model)
+        checks.check_hidden("x", x, self.d_model, OPS)
         return self._forward(x, training)
 
     def _forward(self, x: Tensor, training: bool | None) -> Tensor:
@@ -174,12 +159,6 @@ class _Block(NamedTensorArguments, layers.Layer):
     def norm(self, name: str) -> layers.LayerNormalization:
         return layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name=name)
 
-    def check_input(self, x: object, key_mask: object, key_mask_name: str, cached: int = 0) -> None:
-        """``x (B, L, E)`` and its ``(B, cached + L)`` key mask."""
-        check_hidden("x", x, self.sizes["d_model"])
-        length = None if x.shape[1] is None else cached + x.shape[1]
-        check_key_mask(key_mask_name, key_mask, x.shape[0], length)
-
     def residual(self, x: Tensor, norm: layers.LayerNormalization, sublayer, training: bool | None) -> Tensor:
         if self.norm_first:
             return x + self.dropout(sublayer(norm(x)), training=training)
@@ -207,13 +186,16 @@ class EncoderLayer(_Block):
         self.built = True
 
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
-        self.check_input(x, key_mask, "key_mask")
-        return self._forward(x, _keys(key_mask), training)
+        checks.check_layer_input(x, key_mask, "key_mask", self.sizes["d_model"], OPS)
+        return self._forward(x, key_layout(key_mask, OPS), training)
 
     def _forward(self, x: Tensor, mask: Tensor | None, training: bool | None) -> Tensor:
         """``mask``: the key padding as ``(B, 1, 1, L)``."""
-        attend = self.self_attn._attend
-        x = self.residual(x, self.norm1, lambda h: attend(h, h, h, mask, False, False, training, None, True), training)
+
+        def attend(h: Tensor) -> Tensor:
+            return self.self_attn._attend(h, h, h, mask=mask, self_attention=True, training=training)
+
+        x = self.residual(x, self.norm1, attend, training)
         return self.residual(x, self.norm2, lambda h: self.feed_forward._forward(h, training), training)
 
     def state_children(self) -> dict[str, layers.Layer]:
@@ -259,16 +241,14 @@ class DecoderLayer(_Block):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """``x (B, Lt, E)``, ``memory (B, Ls, E)``; with ``return_weights`` also the cross-attention weights
         ``(B, H, Lt, Ls)``."""
-        for name, cache in (("self_cache", self_cache), ("cross_cache", cross_cache)):
-            if cache is not None and not isinstance(cache, KVCache):
-                raise TypeError(f"`{name}` must be a KVCache or None, received {type(cache).__name__}")
-        self.check_input(x, tgt_key_mask, "tgt_key_mask", 0 if self_cache is None else self_cache.length)
-        check_memory(memory, x, memory_key_mask)
-        check_flag("return_weights", return_weights)
-        _check_layer_caches(self, self_cache, cross_cache, x.shape[0], x.shape[1], memory.shape[1])
+        checks.check_decoder_layer_call(
+            self, x, memory, tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask, self_cache=self_cache,
+            cross_cache=cross_cache, return_weights=return_weights, cache_type=KVCache, ops=OPS,
+        )  # fmt: skip
         return self._forward(
-            x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), self_cache, cross_cache, return_weights, training
-        )
+            x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), self_cache, cross_cache,
+            return_weights, training,
+        )  # fmt: skip
 
     def _forward(
         self,
@@ -284,13 +264,17 @@ class DecoderLayer(_Block):
         """Masks as ``(B, 1, 1, L)``."""
 
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn._attend(h, h, h, tgt_mask, True, False, training, self_cache, True)
+            return self.self_attn._attend(
+                h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True, training=training
+            )
 
         cross_weights = []
 
         def cross_attention(h: Tensor) -> Tensor:
-            out = self.cross_attn._attend(h, memory, memory, memory_mask, False, return_weights, training, cross_cache,
-                                          False)  # fmt: skip
+            out = self.cross_attn._attend(
+                h, memory, memory, mask=memory_mask, return_weights=return_weights, cache=cross_cache,
+                self_attention=False, training=training,
+            )  # fmt: skip
             if return_weights:
                 cross_weights.append(out[1])
                 return out[0]
@@ -301,6 +285,23 @@ class DecoderLayer(_Block):
         x = self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, training), training)
         return (x, cross_weights[0]) if return_weights else x
 
+    def _step(
+        self, x: Tensor, self_cache: Any, cross_cache: Any, *, self_mask: Tensor | None, memory_mask: Tensor | None
+    ) -> Tensor:
+        """:meth:`_forward` in inference for one new token per row, ``x (N, E)``, over caches that hold the earlier
+        tokens and the projected memory; ``self_mask`` ``(N|1, 1, 1, Lt)`` limits the keys of a cache of fixed
+        capacity to those written, ``memory_mask`` is ``(N, 1, 1, Ls)``."""
+
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn._step(h, self_cache, mask=self_mask, self_attention=True)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            return self.cross_attn._step(h, cross_cache, mask=memory_mask, self_attention=False)
+
+        x = self.residual(x, self.norm1, self_attention, False)
+        x = self.residual(x, self.norm2, cross_attention, False)
+        return self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, False), False)
+
     def state_children(self) -> dict[str, layers.Layer]:
         return {
             "self_attn": self.self_attn,
@@ -310,30 +311,6 @@ class DecoderLayer(_Block):
             "norm2": self.norm2,
             "norm3": self.norm3,
         }
-
-
-def _check_layer_caches(
-    layer: DecoderLayer, self_cache: KVCache | None, cross_cache: KVCache | None, batch: int, new: int, memory: int
-) -> None:
-    """A decoder layer's caches can serve a call of ``new`` target tokens over ``memory`` memory positions."""
-    for module, cache, length, is_self in (
-        (layer.self_attn, self_cache, new, True),
-        (layer.cross_attn, cross_cache, memory, False),
-    ):
-        if cache is not None:
-            cache.check_call(is_self, batch, length, module.num_kv_heads, module.head_dim, module.value_head_dim)
-
-
-def _check_decoder_cache_call(cache: DecoderCache, blocks: list, batch: int, new: int, memory: int) -> None:
-    for layer, self_cache, cross_cache in zip(blocks, cache.self_attention, cache.cross_attention, strict=True):
-        _check_layer_caches(layer, self_cache, cross_cache, batch, new, memory)
-
-
-def check_memory(memory: object, x: Tensor, memory_key_mask: object) -> None:
-    """The encoder output ``(B, Ls, E)`` for the decoder's ``x (B, Lt, E)``, and its ``(B, Ls)`` key mask."""
-    check_hidden("memory", memory, x.shape[-1])
-    check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
-    check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
 
 
 class _Stack(NamedTensorArguments, layers.Layer):
@@ -387,9 +364,8 @@ class Encoder(_Stack):
     layer_type = EncoderLayer
 
     def call(self, x: Tensor, key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
-        check_hidden("x", x, self.sizes["d_model"])
-        check_key_mask("key_mask", key_mask, x.shape[0], x.shape[1])
-        return self._forward(x, _keys(key_mask), training)
+        checks.check_layer_input(x, key_mask, "key_mask", self.sizes["d_model"], OPS)
+        return self._forward(x, key_layout(key_mask, OPS), training)
 
     def _forward(self, x: Tensor, mask: Tensor | None, training: bool | None) -> Tensor:
         for block in self.blocks:
@@ -419,15 +395,14 @@ class Decoder(_Stack):
         training: bool | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """``x (B, Lt, E)``; with ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``."""
-        check_decoder_cache(cache, len(self.blocks))
-        check_hidden("x", x, self.sizes["d_model"])
-        length = None if x.shape[1] is None else x.shape[1] + (0 if cache is None else cache.length)
-        check_key_mask("tgt_key_mask", tgt_key_mask, x.shape[0], length)
-        check_memory(memory, x, memory_key_mask)
-        check_flag("return_weights", return_weights)
-        if cache is not None:
-            _check_decoder_cache_call(cache, self.blocks, x.shape[0], x.shape[1], memory.shape[1])
-        return self._forward(x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), cache, return_weights, training)
+        checks.check_decoder_call(
+            self.blocks, x, memory, width=self.sizes["d_model"], tgt_key_mask=tgt_key_mask,
+            memory_key_mask=memory_key_mask, cache=cache, return_weights=return_weights, ops=OPS,
+        )  # fmt: skip
+        return self._forward(
+            x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), cache, return_weights,
+            training,
+        )  # fmt: skip
 
     def _forward(
         self,
@@ -456,6 +431,13 @@ class Decoder(_Stack):
                 cross_weights.append(weights)
         x = self.finish(x)
         return (x, cross_weights) if return_weights else x
+
+    def _step(self, x: Tensor, cache: Any, *, self_mask: Tensor | None, memory_mask: Tensor | None) -> Tensor:
+        """:meth:`_forward` in inference for one new token per row (see :meth:`DecoderLayer._step`)."""
+        caches = zip(self.blocks, cache.self_attention, cache.cross_attention, strict=True)
+        for block, self_cache, cross_cache in caches:
+            x = block._step(x, self_cache, cross_cache, self_mask=self_mask, memory_mask=memory_mask)
+        return self.finish(x)
 
 
 @register
@@ -569,28 +551,8 @@ class Transformer(NamedTensorArguments, keras.Model):
     def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.build()
 
-    def _check_tokens(self, name: str, tokens: object, vocab: int, offset: int = 0) -> Tensor:
-        """Token ids ``(B, L)`` in ``[0, vocab)`` (checked when they are known: eager calls), at positions
-        ``offset .. offset + L - 1`` within ``max_len``."""
-        check_token_ids(name, tokens)
-        values = concrete(tokens)
-        if values is not None and values.size and (values.min() < 0 or values.max() >= vocab):
-            raise ValueError(
-                f"`{name}` must hold ids in [0, {vocab}), received ids from {values.min()} to {values.max()}"
-            )
-        if tokens.shape[1] is not None:
-            check_positions(name, offset, tokens.shape[1], self.config.max_len)
-        return tokens
-
-    def _check_source(self, src: object, src_key_mask: object) -> Tensor:
-        src = self._check_tokens("src", src, self.config.src_vocab)
-        check_key_mask("src_key_mask", src_key_mask, src.shape[0], src.shape[1])
-        return src
-
     def _key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:
-        if key_mask is None and self.config.pad_id is not None:
-            return padding_mask_from_tokens(tokens, self.config.pad_id)
-        return key_mask
+        return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _embed(
         self, embedding: layers.Embedding, tokens: Tensor, offset: int | Tensor, training: bool | None
@@ -599,11 +561,12 @@ class Transformer(NamedTensorArguments, keras.Model):
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
-        src = self._check_source(src, src_key_mask)
+        checks.check_source(src, src_key_mask, self.config, OPS)
         return self._encode(src, self._key_mask(src, src_key_mask), training)
 
     def _encode(self, src: Tensor, src_key_mask: Tensor | None, training: bool | None) -> Tensor:
-        return self.encoder._forward(self._embed(self.src_embed, src, 0, training), _keys(src_key_mask), training)
+        memory_mask = key_layout(src_key_mask, OPS)
+        return self.encoder._forward(self._embed(self.src_embed, src, 0, training), memory_mask, training)
 
     def decode(
         self,
@@ -621,17 +584,10 @@ class Transformer(NamedTensorArguments, keras.Model):
         those already cached, and ``tgt_key_mask`` covers every cached target token. With ``return_weights`` also
         each layer's cross-attention weights ``(B, H, Lt, Ls)``.
         """
-        check_decoder_cache(cache, self.config.num_decoder_layers)
-        offset = 0 if cache is None else cache.length
-        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab, offset)
-        check_hidden("memory", memory, self.config.d_model)
-        check_same_batch(("tgt", "memory"), (tuple(tgt.shape), tuple(memory.shape)))
-        check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
-        length = None if tgt.shape[1] is None else offset + tgt.shape[1]
-        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], length)
-        check_flag("return_weights", return_weights)
-        if cache is not None:
-            _check_decoder_cache_call(cache, self.decoder.blocks, tgt.shape[0], tgt.shape[1], memory.shape[1])
+        checks.check_decode_call(
+            tgt, memory, memory_key_mask=memory_key_mask, tgt_key_mask=tgt_key_mask, cache=cache,
+            return_weights=return_weights, config=self.config, layers=self.decoder.blocks, ops=OPS,
+        )  # fmt: skip
         if tgt_key_mask is None and cache is None:
             tgt_key_mask = self._key_mask(tgt, None)
         return self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training)
@@ -666,8 +622,8 @@ class Transformer(NamedTensorArguments, keras.Model):
         return self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset, training),
             memory,
-            _keys(tgt_key_mask),
-            _keys(memory_key_mask),
+            key_layout(tgt_key_mask, OPS),
+            key_layout(memory_key_mask, OPS),
             cache,
             return_weights,
             training,
@@ -684,16 +640,18 @@ class Transformer(NamedTensorArguments, keras.Model):
         """Teacher-forced logits ``(B, Lt, V)``; ``src`` may be the pair ``(src, tgt)``, as ``fit`` passes it."""
         if tgt is None and isinstance(src, (tuple, list)):
             src, tgt = src
-        src = self._check_source(src, src_key_mask)
-        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
-        check_same_batch(("src", "tgt"), (tuple(src.shape), tuple(tgt.shape)))
-        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], tgt.shape[1])
+        checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask, training)
         return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, False, training)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(self.config.num_decoder_layers, KVCache, capacity)
+
+    def decoder_steps(self) -> DecoderSteps:
+        """The decoding steps of one ``generate`` call (see :class:`multihead.decoding.Steps`), eager or inside the
+        compiled programs of :mod:`multihead.keras.generation`."""
+        return DecoderSteps(self)
 
     def generate(
         self,
@@ -730,37 +688,70 @@ class Transformer(NamedTensorArguments, keras.Model):
                 f"`compiled`=True needs one of the backends {COMPILED_BACKENDS}, received the "
                 f"{keras.backend.backend()} backend; use compiled=None or False"
             )
-        src = ops.convert_to_tensor(self._check_source(src, src_key_mask))
+        checks.check_source(src, src_key_mask, self.config, OPS)
+        src = ops.convert_to_tensor(src)
         src_key_mask = self._key_mask(src, src_key_mask)
         if compiled is None:
             compiled = keras.backend.backend() in COMPILED_BACKENDS
+        self.build()  # the decoding steps call the layers' unchecked paths, which need their weights
         if compiled:
-            self.build()  # its weights must exist before a program is traced
             session = CompiledDecoding(self, src, src_key_mask, use_cache, max_len)
         else:
             memory = self._encode(src, src_key_mask, False)
-            session = _Decoding(self, memory, src_key_mask, self.new_cache() if use_cache else None)
+            cache = self.new_cache() if use_cache else None
+            session = decoding.DecodingSession(self.decoder_steps(), memory, src_key_mask, cache)
         return decoding.generate(
             session, int(src.shape[0]), max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
             beam_size=beam_size, length_penalty=length_penalty,
         )  # fmt: skip
 
 
-class _Decoding(decoding.DecodingSession):
-    """One eager ``generate`` call of a Keras :class:`Transformer`."""
+class DecoderSteps:
+    """The decoding steps of a Keras :class:`Transformer` (a :class:`multihead.decoding.Steps`): the memory
+    projected into each layer's cross-attention once, then one token per row through the decoder's ``_step`` path.
 
-    def __init__(
-        self, model: Transformer, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
-    ) -> None:
-        super().__init__(memory, memory_key_mask, cache)
+    The same steps run eagerly over a :class:`~multihead.cache.DecoderCache` and, traced, inside the compiled
+    programs of :mod:`multihead.keras.generation`, over buffers of fixed capacity whose position (``cache.length``)
+    is a tensor; there ``written`` ``(1, C)`` says which of the buffers' positions hold keys.
+    """
+
+    def __init__(self, model: Transformer) -> None:
         self.model = model
 
-    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
-        logits = self.model._decode(
-            ops.convert_to_tensor(tokens.astype("int32")), self.memory, self.memory_key_mask, None, self.cache, False,
-            False,
-        )  # fmt: skip
-        return np.asarray(ops.convert_to_numpy(ops.log_softmax(ops.cast(logits[:, -1], "float32"))))
+    def project_memory(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        return [block.cross_attn._project_keys_values(memory, memory) for block in self.model.decoder.blocks]
 
-    def _take(self, x: Tensor, rows: np.ndarray) -> Tensor:
+    def empty_self_caches(self, rows: Tensor, capacity: int, dtype: str) -> tuple[list[Tensor], list[Tensor]]:
+        """Zeroed self-attention buffers of every layer: keys ``(N, Hkv, C, Dk)`` and values ``(N, Hkv, C, Dv)``."""
+        attention = [block.self_attn for block in self.model.decoder.blocks]
+        keys = [ops.zeros((rows, a.num_kv_heads, capacity, a.head_dim), dtype=dtype) for a in attention]
+        values = [ops.zeros((rows, a.num_kv_heads, capacity, a.value_head_dim), dtype=dtype) for a in attention]
+        return keys, values
+
+    def step(self, tokens: Tensor, cache: Any, memory_key_mask: Tensor | None, written: Tensor | None = None) -> Tensor:
+        model = self.model
+        hidden = model._embed(model.tgt_embed, tokens, cache.length, False)[:, 0]  # (N, E)
+        self_mask = key_layout(written, OPS)  # (1, 1, 1, C)
+        hidden = model.decoder._step(hidden, cache, self_mask=self_mask, memory_mask=key_layout(memory_key_mask, OPS))
+        return self.log_probs(hidden)
+
+    def recompute(
+        self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None, position: Tensor | int | None = None
+    ) -> Tensor:
+        """:class:`~multihead.decoding.Steps`' ``recompute``; at ``position`` of ``prefix`` (default: its last)."""
+        hidden = self.model._decode_hidden(prefix, memory, memory_key_mask, None, None, False, False)  # (N, t, E)
+        position = ops.shape(prefix)[1] - 1 if position is None else position
+        return self.log_probs(ops.take(hidden, position, axis=1))
+
+    def log_probs(self, hidden: Tensor) -> Tensor:
+        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32."""
+        return ops.log_softmax(ops.cast(self.model.output_proj(hidden), "float32"), axis=-1)
+
+    def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
+
+    def tensor(self, array: np.ndarray) -> Tensor:
+        return ops.convert_to_tensor(array.astype("int32") if array.dtype == np.int64 else array)
+
+    def numpy(self, x: Tensor) -> np.ndarray:
+        return np.asarray(ops.convert_to_numpy(x))

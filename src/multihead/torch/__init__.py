@@ -1,8 +1,9 @@
-"""The PyTorch front end: ``attention``, mask helpers, ``MultiHeadAttention``, ``KVCache`` and the Transformer."""
+"""The PyTorch front end: ``attention`` and ``packed_attention``, mask helpers, ``MultiHeadAttention``, ``KVCache`` and
+the Transformer."""
 
 from multihead.cache import DecoderCache
 from multihead.torch.attention import KVCache, MultiHeadAttention
-from multihead.torch.functional import attention
+from multihead.torch.functional import attention, packed_attention
 from multihead.torch.masks import causal_mask, padding_mask, padding_mask_from_tokens
 from multihead.torch.transformer import (
     Decoder,
@@ -27,6 +28,7 @@ __all__ = [
     "Transformer",
     "attention",
     "causal_mask",
+    "packed_attention",
     "padding_mask",
     "padding_mask_from_tokens",
 ]

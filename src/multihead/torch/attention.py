@@ -22,19 +22,17 @@ import torch
 from torch import nn
 
 from multihead.cache import KVCacheBase
-from multihead.torch.checks import check_hidden, check_key_mask
+from multihead.checks import check_attention_call
 from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
-from multihead.torch.masks import check_mask_tensor, restrict
+from multihead.torch.masks import restrict
+from multihead.torch.tensors import OPS
 from multihead.validation import (
-    check_broadcastable,
     check_dropout,
     check_flag,
     check_heads,
     check_implementation,
-    check_module_inputs,
     check_optional_positive_int,
     check_positive_int,
-    module_mask_shape,
     resolve_head_dim,
 )
 
@@ -238,46 +236,31 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(B, Lq, E)``, or ``(out, weights)``.
         """
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
-        check_flag("causal", causal)
-        check_flag("return_weights", return_weights)
-        check_implementation(self.implementation, IMPLEMENTATIONS, return_weights=return_weights)
-        self_attention = key is None
-        key = query if key is None else key
-        value = key if value is None else value
-        for name, x, width in (("query", query, self.qdim), ("key", key, self.kdim), ("value", value, self.vdim)):
-            check_hidden(name, x, width, self.q_proj.weight)
-        check_module_inputs(tuple(query.shape), tuple(key.shape), tuple(value.shape), self.qdim, self.kdim, self.vdim)
-        batch, lq, _ = query.shape
-        lk = key.shape[1]
-        if cache is not None:
-            new = lq if self_attention else lk
-            cache.check_call(self_attention, batch, new, self.num_kv_heads, self.head_dim, self.value_head_dim)
-            lk = cache.key_length(self_attention, new)
-        mask = self._check_mask(mask, batch, lq, lk)
-        check_key_mask("key_mask", key_mask, batch, lk)
-        check_key_mask("query_mask", query_mask, batch, lq)
+        call = check_attention_call(
+            self, query, key, value, mask=mask, key_mask=key_mask, query_mask=query_mask, causal=causal,
+            return_weights=return_weights, cache=cache, cache_type=KVCache, implementations=IMPLEMENTATIONS, ops=OPS,
+            parameter=self.q_proj.weight,
+        )  # fmt: skip
         if query_mask is not None and cache is None and not return_weights:
-            return self._attend_packed(query, key, value, mask, key_mask, query_mask, causal)
-        mask = restrict(mask, None if key_mask is None else key_mask[:, None, None, :])  # (B|1, H|1, Lq|1, Lk)
-        mask = restrict(mask, None if query_mask is None else query_mask[:, None, :, None])
-        result = self._attend(query, key, value, mask, causal, return_weights, cache, self_attention)
-        if query_mask is None:
-            return result
-        out, weights = result if return_weights else (result, None)
-        out = out.masked_fill(~query_mask[:, :, None], 0.0)
-        return (out, weights) if return_weights else out
+            return self._attend_packed(
+                query, call.key, call.value, mask=call.mask, key_mask=key_mask, query_mask=query_mask, causal=causal
+            )
+        result = self._attend(
+            query, call.key, call.value, mask=call.padded_mask(), causal=causal, return_weights=return_weights,
+            cache=cache, self_attention=call.self_attention,
+        )  # fmt: skip
+        return call.finish(result, return_weights)
 
     def _attend(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
+        *,
         mask: torch.Tensor | None,
-        causal: bool,
-        return_weights: bool,
-        cache: KVCache | None,
+        causal: bool = False,
+        return_weights: bool = False,
+        cache: KVCache | None = None,
         self_attention: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
@@ -289,7 +272,10 @@ class MultiHeadAttention(nn.Module):
         else:
             k, v = cache.keys_and_values(self_attention, lambda: self._project_keys_values(key, value))
         dropout = self.dropout if self.training else 0.0
-        result = _attention(q, k, v, mask, causal, None, dropout, return_weights, self.implementation)
+        result = _attention(
+            q, k, v, mask, causal=causal, scale=None, dropout=dropout, return_weights=return_weights,
+            implementation=self.implementation,
+        )  # fmt: skip
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
         out = self.out_proj(out)  # (B, Lq, E)
@@ -311,10 +297,11 @@ class MultiHeadAttention(nn.Module):
     def _step(
         self,
         x: torch.Tensor,
-        projections: tuple[Affine, Affine],
         cache: KVCache,
+        *,
         mask: torch.Tensor | None,
         self_attention: bool,
+        projections: tuple[Affine, Affine],
     ) -> torch.Tensor:
         """One decoding step, ``x (N, E)`` → ``(N, E)``: self-attention appends the token's key and value to ``cache``
         and attends everything cached (the causal rule lets the newest token see every key); cross-attention attends
@@ -334,7 +321,10 @@ class MultiHeadAttention(nn.Module):
             k, v = cache._append(k, v)  # (N, Hkv, L, D)
         else:
             k, v = cache.keys, cache.values  # (N, Hkv, Ls, D)
-        out = _attention(q, k, v, mask, False, None, 0.0, False, self.implementation)  # (N, H, 1, Dv)
+        out = _attention(
+            q, k, v, mask, causal=False, scale=None, dropout=0.0, return_weights=False,
+            implementation=self.implementation,
+        )  # fmt: skip  # (N, H, 1, Dv)
         return output(out.reshape(rows, self.num_heads * self.value_head_dim))  # (N, E)
 
     def _attend_packed(
@@ -342,6 +332,7 @@ class MultiHeadAttention(nn.Module):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
+        *,
         mask: torch.Tensor | None,
         key_mask: torch.Tensor | None,
         query_mask: torch.Tensor,
@@ -362,24 +353,15 @@ class MultiHeadAttention(nn.Module):
             v.view(-1, self.num_kv_heads, self.value_head_dim),  # (M, Hkv, Dv)
             query_mask.sum(1).tolist(),
             key_mask.sum(1).tolist(),
-            masks,
-            packed_causal,
-            None,
-            self.dropout if self.training else 0.0,
-            self.implementation,
+            masks=masks,
+            causal=packed_causal,
+            scale=None,
+            dropout=self.dropout if self.training else 0.0,
+            implementation=self.implementation,
         )  # (N, H, Dv)
         packed = self.out_proj(out.reshape(-1, self.num_heads * self.value_head_dim))  # (N, E)
         out = packed.new_zeros(batch * lq, self.d_model).index_copy(0, q_rows, packed)  # (B*Lq, E)
         return out.view(batch, lq, self.d_model)
-
-    def _check_mask(self, mask: object, batch: int, lq: int, lk: int) -> torch.Tensor | None:
-        """``mask`` in the 4-D functional layout ``(B|1, H|1, Lq|1, Lk|1)``, checked against this call's sizes."""
-        if mask is None:
-            return None
-        check_mask_tensor("mask", mask)
-        mask = mask.reshape(module_mask_shape(mask.shape))
-        check_broadcastable("mask", tuple(mask.shape), (batch, self.num_heads, lq, lk), "(B, H, Lq, Lk)")
-        return mask
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -3,11 +3,11 @@
     Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
 
 ``attention`` runs ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels: flash on CPU, flash /
-memory-efficient / cuDNN on GPU) or the explicit matmul-softmax-matmul, as ``implementation`` says. ``"auto"``
-takes the explicit math when the caller asks for the weights, which no fused kernel returns, and for small
-inference calls on CPU, where it is faster; the kernel otherwise. Both paths follow the same rules (those of
-:mod:`multihead.masks`) and are tested to agree. ``packed_attention`` is the same attention over sequences packed
-one after another without padding (variable-length attention).
+memory-efficient / cuDNN on GPU; adapted to our rules by :mod:`multihead.sdpa`) or the explicit matmul-softmax-
+matmul, as ``implementation`` says. ``"auto"`` takes the explicit math when the caller asks for the weights, which
+no fused kernel returns, and for small inference calls on CPU, where it is faster; the kernel otherwise. Both paths
+follow the same rules (those of :mod:`multihead.masks`) and are tested to agree. ``packed_attention`` is the same
+attention over sequences packed one after another without padding (variable-length attention).
 
 The public functions check their arguments; ``_attention`` is the unchecked path the modules call once they have
 checked theirs.
@@ -24,17 +24,11 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from multihead.torch.masks import _causal_mask, check_mask_tensor, open_dead_rows, restrict
-from multihead.validation import (
-    DTypeError,
-    check_attention_shapes,
-    check_broadcastable,
-    check_dropout,
-    check_flag,
-    check_implementation,
-    check_packed_lengths,
-    check_scale,
-)
+from multihead import sdpa
+from multihead.checks import check_attention, check_attention_options, check_functional_mask, check_qkv
+from multihead.torch.masks import open_dead_rows, restrict
+from multihead.torch.tensors import OPS, causal_tril
+from multihead.validation import check_packed_lengths
 
 __all__ = ["IMPLEMENTATIONS", "attention", "packed_attention"]
 
@@ -43,61 +37,20 @@ IMPLEMENTATIONS = ("auto", "fused", "explicit")
 faster one that can give what is asked."""
 
 
-def _check_tensors(q: object, k: object, v: object) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"`{name}` must be a torch.Tensor, received {type(x).__name__}")
-        if not x.dtype.is_floating_point:
-            raise DTypeError(f"`{name}` must be a floating tensor, received dtype {x.dtype}")
-    if not q.dtype == k.dtype == v.dtype:
-        raise DTypeError(f"`q`, `k`, `v` must share one dtype, received {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"`q`, `k`, `v` must be on one device, received {q.device}, {k.device}, {v.device}")
-
-
-def _check_mask(name: str, mask: object, target: tuple[int, ...], layout: str, device: torch.device) -> None:
-    check_mask_tensor(name, mask)
-    check_broadcastable(name, tuple(mask.shape), target, layout)
-    if mask.device != device:
-        raise ValueError(f"`{name}` must be on the inputs' device {device}, received {mask.device}")
-
-
-def _check_options(
-    causal: object, scale: object, dropout: object, return_weights: object, implementation: object
-) -> float | None:
-    check_flag("causal", causal)
-    check_dropout("dropout", dropout)
-    check_flag("return_weights", return_weights)
-    check_implementation(implementation, IMPLEMENTATIONS, return_weights=return_weights)
-    return check_scale(scale)
+def _rank4(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """``mask`` as ``(B|1, H|1, Lq|1, Lk|1)``; a float mask in q's dtype."""
+    if mask is None:
+        return None
+    mask = mask[(None,) * (4 - mask.dim())]
+    return mask if mask.dtype == torch.bool else mask.to(q.dtype)
 
 
 def _combined_mask(mask: torch.Tensor | None, causal: bool, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """``mask`` of rank 4 (bool, or float in q's dtype) with the bottom-right causal mask folded in by AND."""
-    if mask is not None:
-        mask = mask[(None,) * (4 - mask.dim())]  # (B|1, H|1, Lq|1, Lk|1)
-        mask = mask if mask.dtype == torch.bool else mask.to(q.dtype)
+    mask = _rank4(mask, q)
     if causal and q.shape[-2] > 1:  # one query (a decoding step) may attend every key
-        mask = restrict(mask, _causal_mask(q.shape[-2], k.shape[-2], q.device))
+        mask = restrict(mask, causal_tril(q.shape[-2], k.shape[-2], q.device))
     return mask
-
-
-# PyTorch's CPU SDPA kernels (torch >= 2.5) already give zero output and zero, finite gradients for rows that
-# attend nothing (tested: the fully masked rows tests run on the fused path). Elsewhere we open and zero those
-# rows ourselves, which costs a pass over the mask and one over the output (11% of a padded B=16 L=512 batch).
-KERNELS_ZERO_DEAD_ROWS = frozenset({"cpu"})
-
-
-# PyTorch's CPU SDPA kernel has a fixed cost that dominates small calls: 2.05 ms against 0.52 ms for the explicit
-# math at B=64, H=8, L=5 (forward, no gradients), and the explicit math stays ahead up to about 128x128 scores per
-# head. With gradients the kernel's backward wins at every size measured, so only inference takes this turn.
-SMALL_INFERENCE_SCORES = 128 * 128
-
-
-def _small_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> bool:
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    small = q.shape[-2] * k.shape[-2] <= SMALL_INFERENCE_SCORES
-    return small and not needs_grad and dropout == 0.0 and q.device.type == "cpu"
 
 
 def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -134,34 +87,13 @@ def _explicit(
 
 
 def _fused(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    causal: bool,
-    scale: float | None,
-    dropout: float,
-    guard_dead_rows: bool,
-) -> torch.Tensor:
-    """PyTorch's kernel; ``guard_dead_rows`` opens and zeroes fully masked rows around it, for kernels that do not
-    give them zeros with finite gradients themselves."""
-    # SDPA's own is_causal is top-left aligned; it equals our bottom-right rule only when Lq == Lk.
-    use_kernel_causal = causal and mask is None and q.shape[-2] == k.shape[-2]
-    mask = _combined_mask(mask, causal and not use_kernel_causal, q, k)
-    live = None
-    if guard_dead_rows:
-        mask, live = open_dead_rows(mask)
-    out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout,
-        is_causal=use_kernel_causal,
-        scale=scale,
-        enable_gqa=_kv_groups(q, k) > 1,
-    )  # (B, H, Lq, Dv)
-    return out if live is None else out.masked_fill(~live, 0.0)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float | None,
+    dropout: float, guard_dead_rows: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """PyTorch's kernel (:func:`multihead.sdpa.fused`)."""
+    return sdpa.fused(
+        q, k, v, _rank4(mask, q), causal=causal, scale=scale, dropout=dropout, ops=OPS, guard_dead_rows=guard_dead_rows
+    )
 
 
 def _attention(
@@ -169,6 +101,7 @@ def _attention(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
+    *,
     causal: bool,
     scale: float | None,
     dropout: float,
@@ -177,10 +110,10 @@ def _attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`attention` on arguments already checked."""
     explicit = return_weights or implementation == "explicit"
-    if implementation == "auto" and _small_inference(q, k, v, dropout):
+    if implementation == "auto" and sdpa.small_inference(q, k, v, dropout):
         explicit = True
     if not explicit:
-        return _fused(q, k, v, mask, causal, scale, dropout, q.device.type not in KERNELS_ZERO_DEAD_ROWS)
+        return _fused(q, k, v, mask, causal, scale, dropout)
     out, weights = _explicit(q, k, v, mask, causal, scale, dropout)
     return (out, weights) if return_weights else out
 
@@ -226,12 +159,14 @@ def attention(
         >>> attention(q, k, v, causal=True).shape
         torch.Size([2, 8, 5, 64])
     """
-    _check_tensors(q, k, v)
-    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
-    if mask is not None:
-        _check_mask("mask", mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), "(B, H, Lq, Lk)", q.device)
-    scale = _check_options(causal, scale, dropout, return_weights, implementation)
-    return _attention(q, k, v, mask, causal, scale, dropout, return_weights, implementation)
+    scale = check_attention(
+        q, k, v, mask, OPS, causal=causal, scale=scale, dropout=dropout, return_weights=return_weights,
+        implementation=implementation, implementations=IMPLEMENTATIONS,
+    )  # fmt: skip
+    return _attention(
+        q, k, v, mask, causal=causal, scale=scale, dropout=dropout, return_weights=return_weights,
+        implementation=implementation,
+    )  # fmt: skip
 
 
 def _packed_attention(
@@ -240,6 +175,7 @@ def _packed_attention(
     v: torch.Tensor,
     query_lengths: Sequence[int],
     key_lengths: Sequence[int],
+    *,
     masks: Sequence[torch.Tensor | None] | None,
     causal: bool,
     scale: float | None,
@@ -256,7 +192,10 @@ def _packed_attention(
         mask = None if masks is None or masks[index] is None else masks[index][None]  # (1, H|1, n|1, m|1)
         # (n, H, D) -> (1, H, n, D)
         q_b, k_b, v_b = (x.transpose(0, 1)[None] for x in (q_b, k_b, v_b))
-        out = _attention(q_b, k_b, v_b, mask, causal, scale, dropout, False, implementation)  # (1, H, n, Dv)
+        out = _attention(
+            q_b, k_b, v_b, mask, causal=causal, scale=scale, dropout=dropout, return_weights=False,
+            implementation=implementation,
+        )  # fmt: skip  # (1, H, n, Dv)
         outs.append(out[0].transpose(0, 1))  # (n, H, Dv)
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
 
@@ -298,8 +237,7 @@ def packed_attention(
         >>> packed_attention(q, k, v, [3, 4], [3, 4], causal=True).shape
         torch.Size([7, 4, 16])
     """
-    _check_tensors(q, k, v)
-    check_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), packed=True)
+    check_qkv(q, k, v, OPS, packed=True)
     query_lengths = check_packed_lengths("query_lengths", query_lengths, q.shape[0], "N = q.shape[0]")
     key_lengths = check_packed_lengths("key_lengths", key_lengths, k.shape[0], "M = k.shape[0]")
     if len(query_lengths) != len(key_lengths):
@@ -315,6 +253,9 @@ def packed_attention(
             )
         for index, (mask, n, m) in enumerate(zip(masks, query_lengths, key_lengths, strict=True)):
             if mask is not None:
-                _check_mask(f"masks[{index}]", mask, (q.shape[1], n, m), "(H, n, m)", q.device)
-    scale = _check_options(causal, scale, dropout, False, implementation)
-    return _packed_attention(q, k, v, query_lengths, key_lengths, masks, causal, scale, dropout, implementation)
+                check_functional_mask(f"masks[{index}]", mask, (q.shape[1], n, m), "(H, n, m)", q.device, OPS)
+    scale = check_attention_options(causal, scale, dropout, False, implementation, IMPLEMENTATIONS)
+    return _packed_attention(
+        q, k, v, query_lengths, key_lengths, masks=masks, causal=causal, scale=scale, dropout=dropout,
+        implementation=implementation,
+    )  # fmt: skip

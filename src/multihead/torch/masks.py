@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import torch
 
 from multihead import masks
-from multihead.masks import causal_diagonal
-from multihead.validation import DTypeError, check_mask_dtype, check_non_negative_int
+from multihead.checks import check_lengths, check_pad_id, check_token_ids
+from multihead.torch.tensors import OPS, causal_tril
+from multihead.validation import check_non_negative_int
 
 
 def causal_mask(lq: int, lk: int, *, device: torch.device | str | None = None) -> torch.Tensor:
@@ -28,12 +29,7 @@ def causal_mask(lq: int, lk: int, *, device: torch.device | str | None = None) -
             device = torch.device(device)
         except (RuntimeError, TypeError) as error:
             raise ValueError(f"`device` must name a torch device, received {device!r}") from error
-    return _causal_mask(lq, lk, device)
-
-
-def _causal_mask(lq: int, lk: int, device: torch.device | None) -> torch.Tensor:
-    """:func:`causal_mask` on checked arguments."""
-    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=causal_diagonal(lq, lk))
+    return causal_tril(lq, lk, device)
 
 
 def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.Tensor:
@@ -49,68 +45,15 @@ def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.T
             lengths = torch.as_tensor(lengths)
         except (RuntimeError, TypeError, ValueError) as error:
             raise TypeError(f"`lengths` must be a tensor or a list of ints, received {lengths!r}") from error
-    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
-        raise DTypeError(f"`lengths` must hold integers, received dtype {lengths.dtype}")
-    if lengths.dim() != 1:
-        raise ValueError(f"`lengths` must be 1-D (B,), received lengths.shape={tuple(lengths.shape)}")
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
-        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {lengths.tolist()}")
+    check_lengths(lengths, max_len, OPS)
     positions = torch.arange(max_len, device=lengths.device)  # (L,)
     return positions < lengths[:, None]  # (B, L)
 
 
-def check_token_ids(name: str, tokens: object) -> None:
-    """Token ids: an integer tensor ``(B, L)``."""
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor of token ids, received {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise DTypeError(f"`{name}` must hold integer token ids, received dtype {tokens.dtype}")
-    if tokens.dim() != 2:
-        raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
-
-
 def padding_mask_from_tokens(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     """``(B, L)`` mask that is ``True`` where ``tokens != pad_id`` (real tokens)."""
-    check_token_ids("tokens", tokens)
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
-        raise TypeError(f"`pad_id` must be an int, received {pad_id!r}")
-    return tokens != pad_id
-
-
-def check_mask_tensor(name: str, mask: object, *, allow_float: bool = True) -> None:
-    """A mask must be a tensor, boolean (``True`` = attend) or, where allowed, floating (added to the scores)."""
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor or None, received {type(mask).__name__}")
-    kind = "bool" if mask.dtype == torch.bool else "float" if mask.dtype.is_floating_point else "other"
-    check_mask_dtype(name, kind, mask.dtype, allow_float=allow_float)
-
-
-class _TorchMaskOps:
-    """The tensor operations of the shared mask rules (:mod:`multihead.masks`), on torch tensors."""
-
-    def is_bool(self, mask: torch.Tensor) -> bool:
-        return mask.dtype == torch.bool
-
-    def logical_and(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a & b
-
-    def logical_or(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a | b
-
-    def logical_not(self, a: torch.Tensor) -> torch.Tensor:
-        return ~a
-
-    def is_neg_inf(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.isneginf(x)
-
-    def any_last(self, x: torch.Tensor) -> torch.Tensor:
-        return x.any(dim=-1, keepdim=True)
-
-    def where(self, condition: torch.Tensor, x: torch.Tensor, y: float) -> torch.Tensor:
-        return torch.where(condition, x, y)
-
-
-OPS = _TorchMaskOps()
+    check_token_ids("tokens", tokens, OPS)
+    return tokens != check_pad_id(pad_id)
 
 
 def restrict(mask: torch.Tensor | None, allowed: torch.Tensor | None) -> torch.Tensor | None:

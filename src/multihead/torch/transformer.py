@@ -21,21 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from multihead import decoding
-from multihead.cache import DecoderCache, check_decoder_cache
-from multihead.config import ACTIVATIONS, TransformerConfig, config_fields
+from multihead import checks, decoding
+from multihead.cache import DecoderCache
+from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
+from multihead.masks import key_layout, padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import Affine, KVCache, MultiHeadAttention
-from multihead.torch.checks import check_hidden, check_key_mask
-from multihead.torch.masks import check_token_ids, padding_mask_from_tokens
-from multihead.validation import (
-    check_dropout,
-    check_flag,
-    check_non_negative_int,
-    check_positions,
-    check_positive_int,
-    check_same_batch,
-)
+from multihead.torch.tensors import OPS
+from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
 __all__ = [
     "Decoder",
@@ -47,13 +40,6 @@ __all__ = [
     "PositionalEncoding",
     "Transformer",
 ]
-
-LAYER_NORM_EPS = 1e-5
-
-
-def _keys(key_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A ``(B, L)`` key mask in the attention's layout ``(B, 1, 1, L)``."""
-    return None if key_mask is None else key_mask[:, None, None, :]
 
 
 class PositionalEncoding(nn.Module):
@@ -71,14 +57,7 @@ class PositionalEncoding(nn.Module):
         self.register_buffer("table", table, persistent=False)  # derived, so never saved
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        check_hidden("x", x, self.d_model, None)  # the table follows x's dtype
-        check_non_negative_int("offset", offset)
-        length = x.shape[1]
-        if offset + length > self.max_len:
-            raise ValueError(
-                f"positions {offset}..{offset + length - 1} exceed max_len={self.max_len}; "
-                "build the model with a larger max_len"
-            )
+        checks.check_positional_call(x, offset, self.d_model, self.max_len, OPS)
         return self._forward(x, offset)
 
     def _forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
@@ -98,7 +77,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_hidden("x", x, self.linear1.in_features, self.linear1.weight)
+        checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,11 +116,6 @@ class _Block(nn.Module):
         self.norm1 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
         self.norm2 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
 
-    def check_input(self, x: object, key_mask: object, key_mask_name: str, cached: int = 0) -> None:
-        """``x (B, L, E)`` and its ``(B, cached + L)`` key mask."""
-        check_hidden("x", x, self.self_attn.d_model, self.self_attn.q_proj.weight)
-        check_key_mask(key_mask_name, key_mask, x.shape[0], cached + x.shape[1])
-
     def residual(
         self, x: torch.Tensor, norm: nn.LayerNorm, sublayer: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
@@ -157,12 +131,12 @@ class EncoderLayer(_Block):
     """Self-attention then feed-forward, each with a residual connection and LayerNorm."""
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        self.check_input(x, key_mask, "key_mask")
-        return self._forward(x, _keys(key_mask))
+        checks.check_layer_input(x, key_mask, "key_mask", self.self_attn.d_model, OPS, self.self_attn.q_proj.weight)
+        return self._forward(x, key_layout(key_mask, OPS))
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """``mask``: the key padding as ``(B, 1, 1, L)``."""
-        x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask, False, False, None, True))
+        x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True))
         return self.residual(x, self.norm2, self.feed_forward._forward)
 
 
@@ -203,16 +177,15 @@ class DecoderLayer(_Block):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x (B, Lt, E)``, ``memory (B, Ls, E)``; with ``return_weights`` also the cross-attention weights
         ``(B, H, Lt, Ls)``."""
-        for name, cache in (("self_cache", self_cache), ("cross_cache", cross_cache)):
-            if cache is not None and not isinstance(cache, KVCache):
-                raise TypeError(f"`{name}` must be a KVCache or None, received {type(cache).__name__}")
-        self.check_input(x, tgt_key_mask, "tgt_key_mask", 0 if self_cache is None else self_cache.length)
-        check_memory(memory, x, memory_key_mask, self.cross_attn.q_proj.weight)
-        check_flag("return_weights", return_weights)
-        _check_layer_caches(self, self_cache, cross_cache, x.shape[0], x.shape[1], memory.shape[1])
+        checks.check_decoder_layer_call(
+            self, x, memory, tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask, self_cache=self_cache,
+            cross_cache=cross_cache, return_weights=return_weights, cache_type=KVCache, ops=OPS,
+            parameter=self.self_attn.q_proj.weight,
+        )  # fmt: skip
         return self._forward(
-            x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), self_cache, cross_cache, return_weights
-        )
+            x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), self_cache, cross_cache,
+            return_weights,
+        )  # fmt: skip
 
     def _forward(
         self,
@@ -228,7 +201,10 @@ class DecoderLayer(_Block):
         cross_weights = []
 
         def cross(h: torch.Tensor) -> torch.Tensor:
-            out = self.cross_attn._attend(h, memory, memory, memory_mask, False, return_weights, cross_cache, False)
+            out = self.cross_attn._attend(
+                h, memory, memory, mask=memory_mask, return_weights=return_weights, cache=cross_cache,
+                self_attention=False,
+            )  # fmt: skip
             if return_weights:
                 cross_weights.append(out[1])
                 return out[0]
@@ -236,7 +212,9 @@ class DecoderLayer(_Block):
 
         x = self._sublayers(
             x,
-            lambda h: self.self_attn._attend(h, h, h, tgt_mask, True, False, self_cache, True),
+            lambda h: self.self_attn._attend(
+                h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True
+            ),
             cross,
             self.feed_forward._forward,
         )
@@ -263,26 +241,25 @@ class DecoderLayer(_Block):
     def _step(
         self,
         x: torch.Tensor,
-        weights: _StepWeights,
         self_cache: KVCache,
         cross_cache: KVCache,
+        *,
+        weights: _StepWeights,
         memory_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """:meth:`_forward` in evaluation for one new token per row, ``x (N, E)``, over caches that hold the earlier
-        tokens and the projected memory; ``memory_mask`` is ``(N, 1, 1, Ls)``."""
+        tokens and the projected memory; ``memory_mask`` is ``(N, 1, 1, Ls)``; ``weights`` from
+        :meth:`_step_weights`."""
         return self._sublayers(
             x,
-            lambda h: self.self_attn._step(h, weights.self_attn, self_cache, None, True),
-            lambda h: self.cross_attn._step(h, weights.cross_attn, cross_cache, memory_mask, False),
+            lambda h: self.self_attn._step(
+                h, self_cache, mask=None, self_attention=True, projections=weights.self_attn
+            ),
+            lambda h: self.cross_attn._step(
+                h, cross_cache, mask=memory_mask, self_attention=False, projections=weights.cross_attn
+            ),
             lambda h: self.feed_forward._step(h, weights.feed_forward),
         )
-
-
-def check_memory(memory: object, x: torch.Tensor, memory_key_mask: object, parameter: torch.Tensor | None) -> None:
-    """The encoder output ``(B, Ls, E)`` for the decoder's ``x (B, Lt, E)``, and its ``(B, Ls)`` key mask."""
-    check_hidden("memory", memory, x.shape[-1], parameter)
-    check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
-    check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
 
 
 class _Stack(nn.Module):
@@ -318,9 +295,8 @@ class Encoder(_Stack):
     layer_type = EncoderLayer
 
     def forward(self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_hidden("x", x, self.d_model, next(self.parameters(), None))
-        check_key_mask("key_mask", key_mask, x.shape[0], x.shape[1])
-        return self._forward(x, _keys(key_mask))
+        checks.check_layer_input(x, key_mask, "key_mask", self.d_model, OPS, next(self.parameters(), None))
+        return self._forward(x, key_layout(key_mask, OPS))
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         for layer in self.layers:
@@ -344,15 +320,13 @@ class Decoder(_Stack):
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """``x (B, Lt, E)``; with ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``."""
-        check_decoder_cache(cache, len(self.layers))
-        parameter = next(self.parameters(), None)
-        check_hidden("x", x, self.d_model, parameter)
-        check_key_mask("tgt_key_mask", tgt_key_mask, x.shape[0], x.shape[1] + (0 if cache is None else cache.length))
-        check_memory(memory, x, memory_key_mask, parameter)
-        check_flag("return_weights", return_weights)
-        if cache is not None:
-            _check_decoder_cache_call(cache, self.layers, x.shape[0], x.shape[1], memory.shape[1])
-        return self._forward(x, memory, _keys(tgt_key_mask), _keys(memory_key_mask), cache, return_weights)
+        checks.check_decoder_call(
+            self.layers, x, memory, width=self.d_model, tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask,
+            cache=cache, return_weights=return_weights, ops=OPS, parameter=next(self.parameters(), None),
+        )  # fmt: skip
+        return self._forward(
+            x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), cache, return_weights
+        )
 
     def _forward(
         self,
@@ -381,31 +355,14 @@ class Decoder(_Stack):
         return (x, cross_weights) if return_weights else x
 
     def _step(
-        self, x: torch.Tensor, weights: list[_StepWeights], cache: DecoderCache, memory_mask: torch.Tensor | None
+        self, x: torch.Tensor, cache: DecoderCache, *, weights: list[_StepWeights], memory_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """:meth:`_forward` in evaluation for one new token per row (see :meth:`DecoderLayer._step`)."""
         for layer, layer_weights, self_cache, cross_cache in zip(
             self.layers, weights, cache.self_attention, cache.cross_attention, strict=True
         ):
-            x = layer._step(x, layer_weights, self_cache, cross_cache, memory_mask)
+            x = layer._step(x, self_cache, cross_cache, weights=layer_weights, memory_mask=memory_mask)
         return self.finish(x)
-
-
-def _check_layer_caches(
-    layer: DecoderLayer, self_cache: KVCache | None, cross_cache: KVCache | None, batch: int, new: int, memory: int
-) -> None:
-    """A decoder layer's caches can serve a call of ``new`` target tokens over ``memory`` memory positions."""
-    for module, cache, length, is_self in (
-        (layer.self_attn, self_cache, new, True),
-        (layer.cross_attn, cross_cache, memory, False),
-    ):
-        if cache is not None:
-            cache.check_call(is_self, batch, length, module.num_kv_heads, module.head_dim, module.value_head_dim)
-
-
-def _check_decoder_cache_call(cache: DecoderCache, layers: nn.ModuleList, batch: int, new: int, memory: int) -> None:
-    for layer, self_cache, cross_cache in zip(layers, cache.self_attention, cache.cross_attention, strict=True):
-        _check_layer_caches(layer, self_cache, cross_cache, batch, new, memory)
 
 
 class Transformer(nn.Module):
@@ -471,36 +428,19 @@ class Transformer(nn.Module):
         values = config_fields(config)
         return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
 
-    def _check_tokens(self, name: str, tokens: object, vocab: int, offset: int = 0) -> torch.Tensor:
-        """Token ids ``(B, L)`` in ``[0, vocab)``, at positions ``offset .. offset + L - 1`` within ``max_len``."""
-        check_token_ids(name, tokens)
-        if tokens.numel():
-            low, high = torch.aminmax(tokens)
-            if int(low) < 0 or int(high) >= vocab:
-                raise ValueError(f"`{name}` must hold ids in [0, {vocab}), received ids from {int(low)} to {int(high)}")
-        check_positions(name, offset, tokens.shape[1], self.config.max_len)
-        return tokens
-
     def _key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
-        if key_mask is None and self.config.pad_id is not None:
-            return padding_mask_from_tokens(tokens, self.config.pad_id)
-        return key_mask
+        return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return self.positional._forward(embedding(tokens) * math.sqrt(self.config.d_model), offset)  # (B, L, E)
 
-    def _check_source(self, src: object, src_key_mask: object) -> torch.Tensor:
-        src = self._check_tokens("src", src, self.config.src_vocab)
-        check_key_mask("src_key_mask", src_key_mask, src.shape[0], src.shape[1])
-        return src
-
     def encode(self, src: torch.Tensor, *, src_key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
-        src = self._check_source(src, src_key_mask)
+        checks.check_source(src, src_key_mask, self.config, OPS)
         return self._encode(src, self._key_mask(src, src_key_mask))
 
     def _encode(self, src: torch.Tensor, src_key_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.encoder._forward(self._embed(self.src_embed, src), _keys(src_key_mask))
+        return self.encoder._forward(self._embed(self.src_embed, src), key_layout(src_key_mask, OPS))
 
     def decode(
         self,
@@ -518,16 +458,11 @@ class Transformer(nn.Module):
         positions after those already cached, and ``tgt_key_mask`` covers every cached target token. With
         ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``.
         """
-        check_decoder_cache(cache, len(self.decoder.layers))
-        offset = 0 if cache is None else cache.length
-        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab, offset)
-        check_hidden("memory", memory, self.config.d_model, self.output_proj.weight)
-        check_same_batch(("tgt", "memory"), (tuple(tgt.shape), tuple(memory.shape)))
-        check_key_mask("memory_key_mask", memory_key_mask, memory.shape[0], memory.shape[1])
-        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], offset + tgt.shape[1])
-        check_flag("return_weights", return_weights)
-        if cache is not None:
-            _check_decoder_cache_call(cache, self.decoder.layers, tgt.shape[0], tgt.shape[1], memory.shape[1])
+        checks.check_decode_call(
+            tgt, memory, memory_key_mask=memory_key_mask, tgt_key_mask=tgt_key_mask, cache=cache,
+            return_weights=return_weights, config=self.config, layers=self.decoder.layers, ops=OPS,
+            parameter=self.output_proj.weight,
+        )  # fmt: skip
         if tgt_key_mask is None and cache is None:
             tgt_key_mask = self._key_mask(tgt, None)
         return self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
@@ -545,8 +480,8 @@ class Transformer(nn.Module):
         hidden = self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset),
             memory,
-            _keys(tgt_key_mask),
-            _keys(memory_key_mask),
+            key_layout(tgt_key_mask, OPS),
+            key_layout(memory_key_mask, OPS),
             cache,
             return_weights,
         )
@@ -563,16 +498,17 @@ class Transformer(nn.Module):
         tgt_key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Teacher-forced logits ``(B, Lt, V)`` for ``src (B, Ls)`` and ``tgt (B, Lt)``."""
-        src = self._check_source(src, src_key_mask)
-        tgt = self._check_tokens("tgt", tgt, self.config.tgt_vocab)
-        check_same_batch(("src", "tgt"), (tuple(src.shape), tuple(tgt.shape)))
-        check_key_mask("tgt_key_mask", tgt_key_mask, tgt.shape[0], tgt.shape[1])
+        checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask)
         return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
+
+    def decoder_steps(self) -> DecoderSteps:
+        """The decoding steps of one ``generate`` call (see :class:`multihead.decoding.Steps`)."""
+        return DecoderSteps(self)
 
     def generate(
         self,
@@ -597,12 +533,13 @@ class Transformer(nn.Module):
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
         decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
-        src = self._check_source(src, src_key_mask)
+        checks.check_source(src, src_key_mask, self.config, OPS)
         with torch.inference_mode():
             src_key_mask = self._key_mask(src, src_key_mask)
             memory = self._encode(src, src_key_mask)
             # Buffers for every step up front: a cache growing by concatenation would reallocate them at each step.
-            session = _Decoding(self, memory, src_key_mask, self.new_cache(capacity=max_len) if use_cache else None)
+            cache = self.new_cache(capacity=max_len) if use_cache else None
+            session = decoding.DecodingSession(self.decoder_steps(), memory, src_key_mask, cache)
             tokens = decoding.generate(
                 session, src.shape[0], max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                 beam_size=beam_size, length_penalty=length_penalty,
@@ -610,37 +547,48 @@ class Transformer(nn.Module):
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
 
-class _Decoding(decoding.DecodingSession):
-    """One ``generate`` call of a PyTorch :class:`Transformer`.
+class DecoderSteps:
+    """The decoding steps of a PyTorch :class:`Transformer` for one ``generate`` call (a
+    :class:`multihead.decoding.Steps`).
 
-    With a cache, in evaluation mode, each step runs the decoder's ``_step`` path: the projections are laid out for
-    one-token rows once for the whole call, and every layer's cross-attention keys and values are projected from
-    the memory into the cache at the start, so the session keeps only the memory's key mask. Otherwise (no cache,
-    or dropout in training mode) each step is a ``_decode`` call.
+    In evaluation mode a step runs the decoder's ``_step`` path: one token per row, with the projections laid out for
+    such rows once for the whole call (:class:`~multihead.torch.attention.Affine`). In training mode (dropout) a step
+    is a ``_decode`` call over the cache.
     """
 
-    def __init__(
-        self, model: Transformer, memory: torch.Tensor, memory_key_mask: torch.Tensor | None, cache: DecoderCache | None
-    ) -> None:
-        super().__init__(memory, memory_key_mask, cache)
+    def __init__(self, model: Transformer) -> None:
         self.model = model
-        self.device = memory.device
-        self.steps: tuple[list[_StepWeights], Affine] | None = None
-        if cache is not None and not model.training:
-            for layer, cross_cache in zip(model.decoder.layers, cache.cross_attention, strict=True):
-                cross_cache._append(*layer.cross_attn._project_keys_values(memory, memory))
-            self.steps = [layer._step_weights() for layer in model.decoder.layers], Affine.of(model.output_proj)
-            self.memory = None
+        self.device = model.output_proj.weight.device
+        self.layers: list[_StepWeights] | None = None  # laid out at the first step that needs them
+        self.output: Affine | None = None
 
-    def _log_probs(self, tokens: np.ndarray) -> np.ndarray:
-        tokens = torch.from_numpy(tokens).to(self.device)
-        if self.steps is None:
-            logits = self.model._decode(tokens, self.memory, self.memory_key_mask, None, self.cache)[:, -1]
+    def project_memory(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [layer.cross_attn._project_keys_values(memory, memory) for layer in self.model.decoder.layers]
+
+    def step(self, tokens: torch.Tensor, cache: DecoderCache, memory_key_mask: torch.Tensor | None) -> torch.Tensor:
+        model = self.model
+        if model.training:
+            logits = model._decode(tokens, None, memory_key_mask, None, cache)[:, -1]
         else:
-            layers, output = self.steps
-            hidden = self.model._embed(self.model.tgt_embed, tokens, self.cache.length)[:, 0]  # (N, E)
-            logits = output(self.model.decoder._step(hidden, layers, self.cache, _keys(self.memory_key_mask)))
-        return torch.log_softmax(logits.float(), dim=-1).cpu().numpy()  # (N, V)
+            if self.layers is None:
+                self.layers = [layer._step_weights() for layer in model.decoder.layers]
+                self.output = Affine.of(model.output_proj)
+            hidden = model._embed(model.tgt_embed, tokens, cache.length)[:, 0]  # (N, E)
+            memory_mask = key_layout(memory_key_mask, OPS)  # (N, 1, 1, Ls)
+            logits = self.output(model.decoder._step(hidden, cache, weights=self.layers, memory_mask=memory_mask))
+        return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
 
-    def _take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    def recompute(
+        self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        logits = self.model._decode(prefix, memory, memory_key_mask, None, None)[:, -1]
+        return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+
+    def take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
         return x.index_select(0, torch.from_numpy(rows).to(x.device))
+
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
+
+    def numpy(self, x: torch.Tensor) -> np.ndarray:
+        return x.cpu().numpy()

@@ -1,0 +1,37 @@
+"""PyTorch modules in the one weight format (see :mod:`multihead.io`): their state dict is the format's layout, so the
+adapter only converts between tensors and NumPy arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+class TorchAdapter:
+    """The :class:`multihead.io.StateAdapter` of PyTorch modules."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def export(self) -> dict[str, np.ndarray]:
+        # bfloat16 has no NumPy dtype: widen it to float32, which loads back exactly.
+        return {
+            name: (t.float() if t.dtype == torch.bfloat16 else t).detach().cpu().contiguous().numpy()
+            for name, t in self.module.state_dict().items()
+        }
+
+    def shapes(self, stored: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in self.module.state_dict().items()}
+
+    def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
+        current = self.module.state_dict()
+        converted = {
+            name: torch.from_numpy(np.ascontiguousarray(array)).to(current[name].dtype)
+            for name, array in tensors.items()
+        }
+        self.module.load_state_dict(converted, strict=True)
+
+    def weight_objects(self) -> Mapping[str, object]:
+        return self.module.state_dict(keep_vars=True)
