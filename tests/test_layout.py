@@ -6,6 +6,7 @@ Every import counts, those inside functions included, since a lazy import is sti
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -90,4 +91,97 @@ def test_the_cycle_check_finds_cycles() -> None:
 def test_the_graph_sees_lazy_imports() -> None:
     """The check reads imports inside functions too (the application imports its trainers lazily)."""
     assert "multihead.app.train_torch" in GRAPH["multihead.app.training"]
-    assert "multihead.keras.state" in GRAPH["multihead.io"]
+    assert "multihead.keras.state" in GRAPH["multihead.io"]  # chosen when saving or loading a Keras layer
+
+
+# --- one place for each rule ----------------------------------------------------------------------------------
+
+
+def functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def front_end_checks(front_end: str) -> set[str]:
+    """The functions and methods of a front end whose name says they check something."""
+    return {
+        node.name
+        for path in sorted((PACKAGE / front_end).rglob("*.py"))
+        for node in functions(path)
+        if "check" in node.name
+    }
+
+
+def test_no_check_is_written_in_both_front_ends() -> None:
+    """Argument checks live once, in framework-free modules (multihead.checks, validation, cache), over what each
+    front end says of its tensors; a front end keeps only checks of its own framework's peculiarities."""
+    assert front_end_checks("torch") & front_end_checks("keras") == set()
+
+
+def test_the_front_end_check_search_finds_checks() -> None:
+    assert "_check_backend" in front_end_checks("keras")  # which paths a Keras backend has
+
+
+def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines, its docstring left out."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_every_function_fits_on_a_screen() -> None:
+    long = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({body_lines(node)} lines)"
+        for path in MODULES.values()
+        for node in functions(path)
+        if body_lines(node) > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
+APPLICATION = PACKAGE / "app"
+
+
+def test_only_the_run_module_names_the_run_format_files() -> None:
+    for path in sorted(APPLICATION.glob("*.py")):
+        if path.name != "runs.py":
+            text = path.read_text(encoding="utf-8")
+            assert "trainer.json" not in text, path.name
+            assert "config.json" not in text, path.name
+
+
+def flag_definitions(path: Path, flags: set[str]) -> list[str]:
+    """Where a module defines options rather than uses them: a flag given to ``add_argument``, a flag in a list,
+    tuple, set or dict display (a table of flags), or a text listing three flags or more (a list typed by hand)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            found += [arg.value for arg in node.args if isinstance(arg, ast.Constant) and arg.value in flags]
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            items = node.values if isinstance(node, ast.Dict) else node.elts
+            found += [item.value for item in items if isinstance(item, ast.Constant) and item.value in flags]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            listed = [flag for flag in flags if re.search(rf"{flag}\b(?!-)", node.value)]
+            found += [", ".join(sorted(listed))] if len(listed) >= 3 else []
+    return found
+
+
+def test_training_flags_are_defined_only_in_the_options_table() -> None:
+    """A flag of ``train`` alone (not also another command's) is defined in the options table only: the parser, the
+    recipes, the resume refusals and their epilog all take it from there (messages may name it)."""
+    from multihead.app.cli import build_parser
+
+    (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
+    flags = {name: {flag for action in parser._actions for flag in action.option_strings}
+             for name, parser in commands.choices.items()}  # fmt: skip
+    train_only = flags["train"] - set().union(*(found for name, found in flags.items() if name != "train"))
+    assert {"--d-model", "--joint-vocab", "--resume"} <= train_only
+    assert flag_definitions(APPLICATION / "options.py", train_only)  # the check finds the table
+    for path in sorted(APPLICATION.glob("*.py")):
+        if path.name != "options.py":
+            assert flag_definitions(path, train_only) == [], path.name

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import multihead.app.training as training
-from app.support import CORPUS_FLAGS, SAMPLES, SMALL, VALID, Cli, CorpusRun, no_evaluation, write_corpus
+from app.support import CORPUS_FLAGS, SAMPLES, SMALL, TINY, VALID, Cli, CorpusRun, no_evaluation, write_corpus
 from multihead.app.cli import main
 from multihead.app.training import TrainOptions, train
 
@@ -80,4 +80,23 @@ def task_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         patch.setattr(training.Training, "evaluate", no_evaluation)
         train(TrainOptions(out=str(out), task="reverse", steps=4, checkpoint_every=2, batch_size=4, **SMALL))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-step run of the reverse task with one checkpoint (the held-out evaluation is skipped: only the files
+    matter here)."""
+    out = tmp_path_factory.mktemp("runs") / "reverse"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training.Training, "evaluate", no_evaluation)
+        train(TrainOptions(out=str(out), task="reverse", steps=2, checkpoint_every=2, batch_size=4, warmup=5, **SMALL))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dates_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small dates model trained for a few seconds (it learns some of the task, not all)."""
+    out = tmp_path_factory.mktemp("runs") / "dates"
+    train(TrainOptions(out=str(out), task="dates", steps=120, checkpoint_every=60, **{**TINY, "d_model": 32}))
     return out

@@ -12,9 +12,13 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from multihead.app.runs import latest_checkpoint
+from multihead.app.training import TrainOptions
 
 SUBJECTS = [("der Hund", "the dog"), ("die Katze", "the cat"), ("das Kind", "the child"), ("der Mann", "the man"),
             ("die Frau", "the woman"), ("der Bär", "the bear")]  # fmt: skip
@@ -29,6 +33,8 @@ TRAIN = [pair for pair in PAIRS if pair not in VALID]
 # Tiny model sizes, as flags and as TrainOptions.
 SMALL_FLAGS = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--no-progress"]
 SMALL = dict(d_model=16, num_heads=2, layers=1, d_ff=32, progress=False)
+# A task run of those sizes, never evaluated on the way: what it writes is what matters.
+TINY = dict(batch_size=16, d_model=16, num_heads=2, layers=1, d_ff=32, eval_every=1000, progress=False, warmup=5)
 # A corpus run of those sizes that learns in a few seconds.
 CORPUS_FLAGS = [*SMALL_FLAGS, "--vocab-size", "120", "--batch-tokens", "200", "--lr", "1e-2", "--warmup", "10",
                 "--dropout", "0"]  # fmt: skip
@@ -118,3 +124,39 @@ def no_evaluation(self: object, count: int | None) -> dict:
     if self.setup.is_corpus:
         return {"valid_loss": 1.0, "bleu": 0.0, "bleu_lowercase": 0.0, "chrf": 0.0, "signature": {}, "examples": 0}
     return {"accuracy": 0.0, "examples": 0}
+
+
+def tiny(out: Path, **overrides: Any) -> TrainOptions:
+    """Six steps of the reverse task at ``TINY`` sizes, a checkpoint every three."""
+    return TrainOptions(out=str(out), **{"task": "reverse", "steps": 6, "checkpoint_every": 3, **TINY, **overrides})
+
+
+# --- damaged runs -------------------------------------------------------------------------------------------
+
+
+def damaged_run(run: Path, tmp_path: Path, damage: Callable[[Path], None]) -> Path:
+    """A copy of ``run`` whose latest checkpoint ``damage`` has damaged."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    damage(latest_checkpoint(copy))
+    return copy
+
+
+def undamaged(checkpoint: Path) -> None:
+    """A copy of the run as it is."""
+
+
+def trainer_without(key: str) -> Callable[[Path], None]:
+    """A damage: the checkpoint's trainer.json without ``key``."""
+
+    def damage(checkpoint: Path) -> None:
+        trainer = json.loads((checkpoint / "trainer.json").read_text())
+        del trainer[key]
+        (checkpoint / "trainer.json").write_text(json.dumps(trainer))
+
+    return damage
+
+
+def garbage_optimizer(checkpoint: Path) -> None:
+    """A damage: an optimizer state that is not a safetensors file."""
+    (checkpoint / "optimizer.safetensors").write_bytes(b"not safetensors")

@@ -63,7 +63,7 @@ def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[st
 def test_demo_refuses_a_run_of_something_else(
     kind: str, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 16, item 2: it used to "resume" a copy run, translate dates with it and write attention.png into it."""
+    """Not "resume" a copy run, translate dates with it and write attention.png into it."""
     out = tmp_path / "run"
     with monkeypatch.context() as patch:
         patch.setattr(training.Training, "evaluate", no_evaluation)

@@ -1,4 +1,4 @@
-"""Parallel corpora in (issue 14, part 1): two line-aligned files or a TSV file, plain or gzipped, and a validation set;
+"""Parallel corpora in: two line-aligned files or a TSV file, plain or gzipped, and a validation set;
 every bad corpus refused in one line, with status 2, before anything is written."""
 
 from __future__ import annotations
@@ -120,3 +120,9 @@ def test_a_corpus_of_three_files_is_refused(tmp_path: Path, cli: Callable[..., C
     paths = [*write_corpus(tmp_path), str(tmp_path / "train.de")]
     assert_refused(cli("train", "--data", *paths, "--out", tmp_path / "run", "--steps", "1"), "--data", "3 paths")
     assert not (tmp_path / "run").exists()
+
+
+def test_tsv_byte_order_mark_is_not_part_of_the_first_source(tmp_path: Path) -> None:
+    path = tmp_path / "bom.tsv"
+    path.write_bytes("\ufeffa\tb\nc\td\n".encode())
+    assert read_parallel([path])[0] == ("a", "b")

@@ -1,4 +1,4 @@
-"""Damaged checkpoints (issue 16, item 1): a truncated, corrupt, foreign or missing file in the newest checkpoint
+"""Damaged checkpoints: a truncated, corrupt, foreign or missing file in the newest checkpoint
 (weights, optimizer state, ``trainer.json``, config, tokenizer) makes ``translate``, ``evaluate`` and ``--resume`` fall
 back to the newest intact checkpoint, with one warning on stderr naming the damaged file; with no intact checkpoint
 they refuse in one line.
@@ -15,9 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from app.support import SAMPLES, Cli, CorpusRun, assert_refused, snapshot, write_lines
+from app.support import (
+    SAMPLES,
+    SMALL,
+    Cli,
+    CorpusRun,
+    assert_refused,
+    damaged_run,
+    snapshot,
+    tiny,
+    trainer_without,
+    undamaged,
+    write_lines,
+)
 from multihead.app.runs import latest_checkpoint, read_checkpoint
 from multihead.app.tokenizers import SubwordTokenizer
+from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
 from multihead.io import save_weights
 from multihead.torch import Transformer
@@ -225,3 +238,79 @@ def test_a_damaged_pointer_is_no_damage(task_run: Path, tmp_path: Path, cli: Cal
     result = cli("translate", run, *TEXTS)
     assert (result.status, result.err) == (0, "")
     assert result.out_lines == Translator(task_run, "step-4").translate(TEXTS)
+
+
+# --- one damaged file, one checkpoint: resume and translate refuse it, and change nothing -----------------
+
+
+def _small_tokenizer(checkpoint: Path) -> None:
+    tokenizer = {"kind": "char", "symbols": ["a", "b"]}
+    (checkpoint / "tokenizer.json").write_text(json.dumps({"source": tokenizer, "target": tokenizer}))
+
+
+RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "optimizer-garbage": (lambda c: (c / "optimizer.safetensors").write_bytes(b"not safetensors"), "optimizer"),
+    "optimizer-cut": (lambda c: (c / "optimizer.safetensors").write_bytes(b"\x08" + bytes(7)), "optimizer"),
+    "optimizer-missing": (lambda c: (c / "optimizer.safetensors").unlink(), "optimizer"),
+    "model-cut": (lambda c: (c / "model.safetensors").write_bytes(b"\x08" + bytes(7)), "model.safetensors"),
+    "model-missing": (lambda c: (c / "model.safetensors").unlink(), "model.safetensors|checkpoint"),
+    "trainer-without-optimizer": (trainer_without("optimizer"), "trainer.json"),
+    "trainer-without-options": (trainer_without("options"), "trainer.json"),
+    "trainer-without-step": (trainer_without("step"), "trainer.json"),
+    "trainer-step-string": (lambda c: _trainer_with(step="two")(c / "trainer.json"), "trainer.json"),
+    "tokenizer-not-the-models": (_small_tokenizer, "tokenizer"),
+}
+
+
+@pytest.mark.parametrize("damage", list(RUN_DAMAGES))
+def test_resume_from_a_damaged_checkpoint_is_refused_and_changes_nothing(
+    short_run: Path, tmp_path: Path, damage: str
+) -> None:
+    apply, message = RUN_DAMAGES[damage]
+    out = damaged_run(short_run, tmp_path, apply)
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=message):  # RunError is a ValueError
+        train(
+            TrainOptions(
+                out=str(out), task="reverse", steps=3, checkpoint_every=3, batch_size=4, warmup=5, resume=True, **SMALL
+            )
+        )
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("damage", ["trainer-without-options", "tokenizer-not-the-models", "model-cut"])
+def test_translate_from_a_damaged_checkpoint_is_refused(short_run: Path, tmp_path: Path, damage: str) -> None:
+    apply, message = RUN_DAMAGES[damage]
+    out = damaged_run(short_run, tmp_path, apply)
+    with pytest.raises(ValueError, match=message):
+        Translator(out).translate(["abc"])
+
+
+def test_translate_needs_no_optimizer_state(short_run: Path, tmp_path: Path) -> None:
+    out = damaged_run(short_run, tmp_path, RUN_DAMAGES["optimizer-garbage"][0])
+    assert isinstance(Translator(out).translate(["abc"])[0], str)
+
+
+def test_a_damaged_latest_pointer_falls_back_or_is_refused_by_name(short_run: Path, tmp_path: Path) -> None:
+    out = damaged_run(short_run, tmp_path, undamaged)
+    (out / "latest").write_bytes(b"\xff\xfe\x00step")
+    try:
+        translator = Translator(out)
+    except ValueError as error:
+        refusal = str(error)
+    else:
+        refusal = None
+        assert isinstance(translator.translate(["abc"])[0], str)
+    assert refusal is None or "latest" in refusal, refusal
+
+
+def test_resume_skips_a_damaged_newer_checkpoint_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    train(tiny(out, steps=6, checkpoint_every=3))
+    (out / "checkpoints" / "step-0000006" / "model.safetensors").unlink()
+    resumed = train(tiny(out, steps=6, checkpoint_every=3, resume=True))
+    assert [step for step, _ in resumed.losses] == list(range(1, 7))
+    assert "resuming from step-0000003" in capsys.readouterr().err
+    assert latest_checkpoint(out).name == "step-0000006"

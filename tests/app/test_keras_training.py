@@ -1,4 +1,4 @@
-"""``--framework keras`` (issue 14, part 7; issue 16, item 8): the same pipeline as PyTorch on a corpus and on a task
+"""``--framework keras``: the same pipeline as PyTorch on a corpus and on a task
 with batches of several lengths, into the same run format, translated by the same translator; and no framework
 chatter on stderr. Marked ``keras``: `make test` runs these on every Keras backend (KERAS_BACKEND)."""
 

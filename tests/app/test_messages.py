@@ -1,22 +1,39 @@
-"""Messages in the user's words (issue 16, items 6 and 8): flags and values as typed, no names from the program, help
+"""Messages in the user's words: flags and values as typed, no names from the program, help
 that shows defaults, a clean package namespace, and one error line under torchrun."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import multihead
+import multihead.app.training as train_module
 import multihead.app.training as training
-from app.support import SMALL, Cli, assert_refused, no_evaluation, snapshot, subprocess_env, write_corpus
-from multihead.app.cli import build_parser
+from app.support import (
+    SMALL,
+    Cli,
+    assert_refused,
+    damaged_run,
+    garbage_optimizer,
+    no_evaluation,
+    snapshot,
+    subprocess_env,
+    trainer_without,
+    undamaged,
+    write_corpus,
+)
+from multihead.app.cli import build_parser, main
 from multihead.app.console import framework_notices_filtered
-from multihead.app.training import FLAGS, TrainOptions, train
+from multihead.app.options import FLAGS, TrainOptions
+from multihead.app.training import train
 
 PROGRAM_WORDS = re.compile(r"_positive_int|_count|invalid \w+ value|`|d_model|num_heads|head_dim|max_len|\bsrc\b")
 
@@ -116,7 +133,7 @@ def _help(cli: Callable[..., Cli], *command: str) -> str:
 def test_train_help_shows_the_defaults(cli: Callable[..., Cli]) -> None:
     (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
     helps = {flag: action.help for action in commands.choices["train"]._actions for flag in action.option_strings}
-    no_default = {"--out", "--data", "--steps", "--minutes"}  # required, or none unless given
+    no_default = {"--out", "--data", "--steps", "--minutes", "--resume", "--no-progress"}  # required, switches, or none
     for flag in set(FLAGS.values()) - no_default:
         assert "default" in helps[flag], (flag, helps[flag])
     text = _help(cli, "train")
@@ -215,3 +232,227 @@ def test_framework_start_up_notices_are_filtered_and_nothing_else(capfd: pytest.
     captured = capfd.readouterr()
     assert captured.err == "a real warning\n"
     assert captured.out == "on stdout\n"
+
+
+# --- usage errors and user errors: one line, status 2, nothing written ----------------------------------
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """Exit status and the non-empty stderr lines of ``multihead ARGS`` run in this process."""
+    try:
+        status = main(args)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def assert_usage_error(status: int, lines: list[str], option: str) -> None:
+    """argparse's refusal: exactly one ``error:`` line naming the option (``--help`` shows the usage)."""
+    assert status == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("multihead"), lines
+    assert "error:" in lines[0], lines
+    assert "Traceback" not in lines[0]
+    assert option in lines[0], lines[0]
+
+
+def assert_one_line_error(status: int, lines: list[str], fragment: str) -> None:
+    assert status == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("multihead: error: "), lines
+    assert "Traceback" not in lines[0]
+    assert re.search(fragment, lines[0]), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["train", "--steps", "1"], "--out"),
+        (["train", "--out", "OUT", "--steps", "0"], "--steps"),
+        (["train", "--out", "OUT", "--steps", "-3"], "--steps"),
+        (["train", "--out", "OUT", "--steps", "many"], "--steps"),
+        (["train", "--out", "OUT", "--steps", "1", "--batch-size", "0"], "--batch-size"),
+        (["train", "--out", "OUT", "--steps", "1", "--framework", "jax"], "--framework"),
+        (["train", "--out", "OUT", "--steps", "1", "--tokenizer", "byte"], "--tokenizer"),
+        (["train", "--out", "OUT", "--steps", "1", "--warmup", "0"], "--warmup"),
+        (["train", "--out", "OUT", "--steps", "1", "--minutes", "soon"], "--minutes"),
+        (["train", "--out", "OUT", "--steps", "1", "--task", "copy", "--data", "x.tsv"], "--data"),
+        (["translate", "RUN"], "text"),
+        (["translate", "RUN", "abc", "--beam", "0"], "--beam"),
+        (["demo", "--steps", "0"], "--steps"),
+    ],
+    ids=[
+        "no-out", "steps-zero", "steps-negative", "steps-word", "batch-size-zero", "framework-jax", "tokenizer-byte",
+        "warmup-zero", "minutes-word", "task-and-data", "translate-no-text", "beam-zero", "demo-steps-zero",
+    ],
+)  # fmt: skip
+def test_cli_usage_errors(
+    args: list[str], option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train_module, "make_trainer", lambda options: pytest.fail("training started"))
+    args = [str(tmp_path / a) if a in ("OUT", "RUN") else a for a in args]
+    assert_usage_error(*run_main(args, capsys), option)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_minutes_not_a_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--minutes nan`` would never reach its deadline: training without end."""
+    monkeypatch.setattr(train_module, "make_trainer", lambda options: pytest.fail("training started with minutes=nan"))
+    status, lines = run_main(["train", "--out", str(tmp_path / "run"), "--minutes", "nan", "--no-progress"], capsys)
+    assert_one_line_error(status, lines, r"--minutes")
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--lr", "-1"], r"--lr|learning rate"),
+        (["--dropout", "1.5"], r"dropout"),
+        (["--d-model", "16", "--heads", "3"], r"num_heads|--heads"),
+        (["--minutes", "-1"], r"--minutes"),
+    ],
+    ids=["negative-lr", "dropout-above-one", "heads-do-not-divide", "negative-minutes"],
+)
+def test_cli_bad_hyperparameters_are_one_line_and_leave_no_run(
+    options: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--task", "reverse", "--out", str(out), "--steps", "1", "--no-progress", *options]
+    assert_one_line_error(*run_main(args, capsys), fragment)
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+
+
+USER_ERRORS = {  # case: what the one line must say
+    "translate-missing-run": r"does not exist",
+    "translate-run-is-a-file": r"is not a multihead run",
+    "translate-empty-text": r"nothing to translate",
+    "translate-plot-missing-directory": r"must be in an existing directory",
+    "translate-plot-is-a-directory": r"plot|directory",
+    "translate-damaged-trainer": r"trainer.json",
+    "resume-damaged-optimizer": r"optimizer",
+    "resume-other-task": r"--task copy would change the run, which has --task reverse",
+    "data-is-a-directory": r"data|no such file",
+    "data-one-source": r"at least two different source lines",
+}
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_cli_user_errors_are_one_line(
+    case: str, short_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "one.tsv").write_text("a\tb\na\tc\n")
+    (tmp_path / "a-file").write_text("")
+    steps = ["--steps", "1"]
+    small = [*steps, "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--batch-size", "4"]
+    resume = ["train", "--task", "reverse", "--resume", *small[2:], "--no-progress", "--steps", "3"]
+    args = {
+        "translate-missing-run": lambda: ["translate", str(tmp_path / "absent"), "abc"],
+        "translate-run-is-a-file": lambda: ["translate", str(tmp_path / "a-file"), "abc"],
+        "translate-empty-text": lambda: ["translate", str(short_run), ""],
+        "translate-plot-missing-directory": lambda: [
+            "translate", str(short_run), "abc", "--plot", str(tmp_path / "x/y"),
+        ],
+        "translate-plot-is-a-directory": lambda: ["translate", str(short_run), "abc", "--plot", str(tmp_path)],
+        "translate-damaged-trainer": lambda: [
+            "translate", str(damaged_run(short_run, tmp_path, trainer_without("options"))), "abc",
+        ],
+        "resume-damaged-optimizer": lambda: [
+            *resume, "--out", str(damaged_run(short_run, tmp_path, garbage_optimizer)),
+        ],
+        "resume-other-task": lambda: [
+            *resume[:2], "copy", *resume[3:], "--out", str(damaged_run(short_run, tmp_path, undamaged)),
+        ],
+        "data-is-a-directory": lambda: ["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), *steps],
+        "data-one-source": lambda: ["train", "--data", str(tmp_path / "one.tsv"), "--out", str(tmp_path / "r"), *steps],
+    }[case]()  # fmt: skip
+    assert_one_line_error(*run_main(args, capsys), USER_ERRORS[case])
+
+
+def _entry_point(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("MULTIHEAD_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "multihead", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.fixture
+def entry_point_cases(short_run: Path, tmp_path: Path) -> dict[str, list[str]]:
+    return {
+        "usage-error": ["train", "--out", str(tmp_path / "new"), "--steps", "0"],
+        "missing-run": ["translate", str(tmp_path / "absent"), "abc"],
+        "damaged-trainer": ["translate", str(damaged_run(short_run, tmp_path, trainer_without("options"))), "abc"],
+    }
+
+
+@pytest.mark.parametrize("case", ["usage-error", "missing-run", "damaged-trainer"])
+def test_the_real_entry_point_reports_user_errors_without_a_traceback(
+    case: str, entry_point_cases: dict[str, list[str]]
+) -> None:
+    result = _entry_point(*entry_point_cases[case])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    if case == "usage-error":
+        assert_usage_error(result.returncode, lines, "--steps")
+    else:
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("multihead: error: "), result.stderr
+    assert result.stdout == ""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "multihead", *args], capture_output=True, text=True, timeout=120)
+
+
+def _damage(run: Path, tmp_path: Path, what: str) -> Path:
+    """A copy of ``run`` with every checkpoint damaged (one damaged checkpoint would be skipped for an older one)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for checkpoint in (copy / "checkpoints").glob("step-*"):
+        if what == "shape":
+            config = json.loads((checkpoint / "config.json").read_text())
+            (checkpoint / "config.json").write_text(json.dumps({**config, "d_ff": 48}))
+        else:
+            (checkpoint / "model.safetensors").write_bytes(b"\x80\x04not ours")
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("unknown-task", "unknown task 'weather'"),
+        ("missing-tsv", "does not exist"),
+        ("malformed-tsv", "line 2: expected 'source<TAB>target'"),
+        ("unwritable-out", "cannot write to output directory"),
+        ("existing-run", "already holds a run; pass --resume"),
+        ("not-a-run", "is not a multihead run"),
+        ("wrong-shape", "has shape"),
+        ("not-ours", "is not a readable safetensors weights file"),
+    ],
+)
+def test_user_errors_are_one_line_with_status_2(case: str, message: str, dates_run: Path, tmp_path: Path) -> None:
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_text("a\tb\nno tab\n", encoding="utf-8")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    train_args = ["train", "--steps", "1", "--no-progress"]
+    args = {
+        "unknown-task": lambda: [*train_args, "--task", "weather", "--out", str(tmp_path / "x")],
+        "missing-tsv": lambda: [*train_args, "--data", str(tmp_path / "absent.tsv"), "--out", str(tmp_path / "x")],
+        "malformed-tsv": lambda: [*train_args, "--data", str(tsv), "--out", str(tmp_path / "x")],
+        "unwritable-out": lambda: [*train_args, "--task", "copy", "--out", str(blocker / "run")],
+        "existing-run": lambda: [*train_args, "--task", "dates", "--out", str(dates_run)],
+        "not-a-run": lambda: ["translate", str(tmp_path), "21 May 2020"],
+        "wrong-shape": lambda: ["translate", str(_damage(dates_run, tmp_path, "shape")), "21 May 2020"],
+        "not-ours": lambda: ["translate", str(_damage(dates_run, tmp_path, "weights")), "21 May 2020"],
+    }[case]()
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("multihead: error: ")
+    assert message in lines[0]

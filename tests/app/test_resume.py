@@ -1,4 +1,4 @@
-"""``--resume`` (issue 14, part 1, and issue 16, items 3 and 4): it takes the corpus again only to continue training
+"""``--resume``: it takes the corpus again only to continue training
 and checks that it is the same (size and hash, wherever it now is); it refuses every option that would change the
 model or the data, naming the flag, the run's value and the given value; the options that may change are listed in
 ``train --help``; a directory that does not exist is refused."""
@@ -11,12 +11,15 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from app.support import TRAIN, VALID, Cli, CorpusRun, assert_refused, snapshot, write_corpus
+from app.support import TRAIN, VALID, Cli, CorpusRun, assert_refused, snapshot, tiny, write_corpus
 from multihead.app.cli import build_parser
+from multihead.app.options import FLAGS, RESUMABLE
 from multihead.app.runs import latest_checkpoint
-from multihead.app.training import FLAGS, RESUMABLE
+from multihead.app.training import train
 
 pytestmark = pytest.mark.usefixtures("fast_evaluation")
 
@@ -188,7 +191,7 @@ def test_a_task_run_refuses_another_task_or_a_corpus(task_run: Path, tmp_path: P
     assert snapshot(task_run) == before
 
 
-# --- a run that is not there (issue 16, item 4) -----------------------------------------------------------
+# --- a run that is not there -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", ["missing", "empty"])
@@ -201,3 +204,16 @@ def test_resume_of_a_directory_without_a_run_is_refused(where: str, tmp_path: Pa
     assert list(tmp_path.iterdir()) == ([out] if where == "empty" else [])
     if where == "empty":
         assert list(out.iterdir()) == []
+
+
+# --- the same training, in parts ---------------------------------------------------------------------
+
+
+def test_resume_follows_the_uninterrupted_loss_curve(tmp_path: Path) -> None:
+    whole = train(tiny(tmp_path / "whole", dropout=0.1))
+    train(tiny(tmp_path / "parts", dropout=0.1, steps=3))
+    resumed = train(tiny(tmp_path / "parts", dropout=0.1, resume=True))
+    assert [s for s, _ in resumed.losses] == [s for s, _ in whole.losses] == list(range(1, 7))
+    np.testing.assert_allclose([x for _, x in resumed.losses], [x for _, x in whole.losses], atol=1e-6, rtol=0)
+    for name, value in whole.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], value, atol=1e-6, rtol=0)

@@ -84,3 +84,8 @@ def test_tokenizer_unknown_symbols_and_stop_at_eos() -> None:
 def test_vocabulary_does_not_depend_on_order() -> None:
     assert Tokenizer.build("char", ["ba", "c"]).symbols == Tokenizer.build("char", ["c", "ab"]).symbols
     assert np.all(np.diff([Tokenizer.build("char", ["zyx"]).ids[c] for c in "xyz"]) > 0)
+
+
+def test_task_name_of_the_wrong_kind_is_named() -> None:
+    with pytest.raises((ValueError, TypeError), match=r"task"):
+        load_task(["dates"])

@@ -1,4 +1,4 @@
-"""Subwords from a well-kept library (issue 14, part 2): BPE learned with Hugging Face ``tokenizers``, joint by default
+"""Subwords from a well-kept library: BPE learned with Hugging Face ``tokenizers``, joint by default
 for a corpus with one matrix for both embeddings and the output projection, its size an option, saved in the
 library's own format, detokenized output; characters and words stay for the built-in tasks."""
 
@@ -15,6 +15,7 @@ import torch
 from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, write_corpus
 from multihead.app.runs import latest_checkpoint
 from multihead.app.tokenizers import EOS, SubwordTokenizer, load_tokenizers
+from multihead.app.tokenizers import SymbolTokenizer as Tokenizer
 from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
 
@@ -108,3 +109,19 @@ def test_char_and_word_tokenizers_work_on_a_corpus_too(tmp_path: Path) -> None:
     assert source is target
     assert source.kind == "word"
     assert source.encode("der Hund läuft schnell.")[1] == []
+
+
+BAD = (ValueError, TypeError)
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"kind": "char", "symbols": [1, 2]}, r"symbols"),
+        ({"kind": "word", "symbols": [None]}, r"symbols"),
+    ],
+    ids=["integer-symbols", "none-symbol"],
+)
+def test_tokenizer_from_damaged_dict_refused(values: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_dict(values)

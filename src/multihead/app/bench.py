@@ -107,27 +107,19 @@ def _lengths(case: Case) -> Any:
     return np.random.default_rng(0).integers(64, case.lk + 1, size=case.batch)
 
 
-def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
+def _minimal_sdpa(width: int, heads: int) -> Any:
+    """The least a user writes around scaled_dot_product_attention: fused QKV, SDPA, output projection."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    from multihead.torch import MultiHeadAttention, padding_mask
-
-    torch.manual_seed(0)
-    query = torch.randn(case.batch, case.lq, case.width)
-    memory = query if case.lq == case.lk else torch.randn(case.batch, case.lk, case.width)
-    cross = memory is not query
-    key_mask = padding_mask(torch.from_numpy(_lengths(case)), case.lk) if case.padded else None
-    heads, dim = case.heads, case.width // case.heads
+    dim = width // heads
 
     class MinimalSDPA(nn.Module):
-        """The least a user writes around scaled_dot_product_attention: fused QKV, SDPA, output projection."""
-
         def __init__(self) -> None:
             super().__init__()
-            self.qkv = nn.Linear(case.width, 3 * case.width)
-            self.out = nn.Linear(case.width, case.width)
+            self.qkv = nn.Linear(width, 3 * width)
+            self.out = nn.Linear(width, width)
 
         def forward(self, x: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
             b, lq, e = x.shape
@@ -142,12 +134,20 @@ def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
             return self.out(out.transpose(1, 2).reshape(b, lq, e))
 
-    class Tutorial(nn.Module):
-        """The tutorials' explicit matmul-softmax-matmul."""
+    return MinimalSDPA()
 
+
+def _tutorial(width: int, heads: int) -> Any:
+    """The tutorials' explicit matmul-softmax-matmul."""
+    import torch
+    from torch import nn
+
+    dim = width // heads
+
+    class Tutorial(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.wq, self.wk, self.wv, self.wo = (nn.Linear(case.width, case.width) for _ in range(4))
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(width, width) for _ in range(4))
 
         def forward(self, x: torch.Tensor, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
             b, lq, e = x.shape
@@ -159,17 +159,31 @@ def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
                 scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
             return self.wo((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, lq, e))
 
+    return Tutorial()
+
+
+def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
+    import torch
+    from torch import nn
+
+    from multihead.torch import MultiHeadAttention, padding_mask
+
+    torch.manual_seed(0)
+    query = torch.randn(case.batch, case.lq, case.width)
+    memory = query if case.lq == case.lk else torch.randn(case.batch, case.lk, case.width)
+    cross = memory is not query
+    key_mask = padding_mask(torch.from_numpy(_lengths(case)), case.lk) if case.padded else None
     if impl == "multihead-torch":
-        module = MultiHeadAttention(case.width, heads)
+        module = MultiHeadAttention(case.width, case.heads)
         # In a padded self-attention batch the padded queries are padding too: saying so lets the module skip them.
         query_mask = None if cross else key_mask
         call = lambda: module(query, memory if cross else None, key_mask=key_mask, query_mask=query_mask)  # noqa: E731
     elif impl == "torch-mha":
-        module = nn.MultiheadAttention(case.width, heads, batch_first=True)
+        module = nn.MultiheadAttention(case.width, case.heads, batch_first=True)
         padding = None if key_mask is None else ~key_mask
         call = lambda: module(query, memory, memory, key_padding_mask=padding, need_weights=False)[0]  # noqa: E731
     else:
-        module = MinimalSDPA() if impl == "torch-sdpa" else Tutorial()
+        module = (_minimal_sdpa if impl == "torch-sdpa" else _tutorial)(case.width, case.heads)
         call = lambda: module(query, memory, key_mask)  # noqa: E731
     if not case.backward:
         module.eval()

@@ -49,7 +49,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         )
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+        no_default = action.default in (None, False) or action.default is argparse.SUPPRESS
+        if no_default or isinstance(action, argparse._StoreFalseAction):  # a switch that turns something off
             return action.help or ""
         return super()._get_help_string(action)
 

@@ -4,6 +4,7 @@
       latest                       the name of the newest complete checkpoint
       best                         the checkpoint with the best validation BLEU (corpus runs)
       history.json, history.png    loss and validation scores over the run
+      attention.png                the cross-attention of the demo's first example (multihead demo)
       checkpoints/step-0000500/    config.json, model.safetensors, optimizer.safetensors, trainer.json,
                                    tokenizer.json (+ subwords.json for a subword vocabulary)
       checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
@@ -33,19 +34,21 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+import safetensors.numpy
+
 from multihead.app.console import UserError, warn
 from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import TransformerConfig
 from multihead.files import atomic_write, fsync_directory, replace_directory, umask_mode
-from multihead.io import read_config
+from multihead.io import FRAMEWORKS, read_config, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
 CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"
 TOKENIZER = "tokenizer.json"
 REQUIRED = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, TRAINER)  # what a step checkpoint holds, at least
-HISTORY = "history.json"
+HISTORY, HISTORY_PLOT, ATTENTION_PLOT = "history.json", "history.png", "attention.png"
 FORMAT = 2  # of trainer.json
-FRAMEWORKS = ("torch", "keras")
 STEP_NAME = re.compile(r"step-(\d{7,})")
 
 Loaded = TypeVar("Loaded")
@@ -131,6 +134,67 @@ def save_checkpoint(
     return final
 
 
+def trainer_record(
+    *,
+    framework: str,
+    step: int,
+    options: dict[str, Any],
+    optimizer: dict[str, Any],
+    data: dict[str, Any],
+    seconds: float,
+    tokens: int,
+    history: dict[str, list],
+) -> dict[str, Any]:
+    """A checkpoint's ``trainer.json``: what trained it, how far, its options, optimizer and data facts, and the
+    history (``losses`` and ``evals``) up to it."""
+    return {
+        "format": FORMAT, "framework": framework, "step": step, "options": options, "optimizer": optimizer,
+        "data": data, "seconds": round(seconds, 3), "tokens": tokens, **history,
+    }  # fmt: skip
+
+
+def save_step(
+    out: Path,
+    step: int,
+    *,
+    config: TransformerConfig,
+    write_weights: Callable[[Path], None],
+    write_optimizer: Callable[[Path], dict[str, Any]],
+    record: Callable[[dict[str, Any]], dict[str, Any]],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    keep: int,
+) -> Path:
+    """Write the checkpoint of ``step``: the model's config, its weights, the optimizer state (``write_optimizer``
+    returns what ``trainer.json`` keeps of it) and ``trainer.json``, ``record`` of that."""
+    kept: dict[str, Any] = {}
+
+    def optimizer(path: Path) -> None:
+        kept.update(write_optimizer(path))
+
+    writers = {
+        CONFIG: lambda path: path.write_text(config.to_json() + "\n", encoding="utf-8"),
+        WEIGHTS: write_weights,
+        OPTIMIZER: optimizer,
+        TRAINER: lambda path: write_json(record(kept))(path),  # after the optimizer, whose record it holds
+    }
+    return save_checkpoint(out, checkpoint_name(step), writers, tokenizers=tokenizers, keep=keep)
+
+
+def save_average(out: Path, count: int, tokenizers: tuple[Tokenizer, Tokenizer]) -> Path | None:
+    """Average the weights of the last ``count`` step checkpoints into ``checkpoints/average`` (with the newest one's
+    config and ``trainer.json``); ``None`` when there are fewer than two."""
+    kept = _step_checkpoints(out)[-count:]
+    if len(kept) < 2:
+        return None
+    stacks = [read_weights(path / WEIGHTS) for path in kept]
+    averaged = {name: np.mean([s[name] for s in stacks], axis=0).astype(stacks[-1][name].dtype) for name in stacks[-1]}
+    writers = {
+        name: (lambda path, source=kept[-1] / name: path.write_bytes(source.read_bytes())) for name in (CONFIG, TRAINER)
+    }
+    writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
+    return save_checkpoint(out, AVERAGE, writers, tokenizers=tokenizers)
+
+
 def point(out: Path, pointer: str, name: str) -> None:
     """Make ``RUN/latest`` or ``RUN/best`` name checkpoint ``name`` (atomically)."""
     atomic_write(out / pointer, lambda tmp: Path(tmp).write_text(name + "\n", encoding="utf-8"))
@@ -151,6 +215,16 @@ def _rotate(out: Path, keep: int) -> None:
 
 def write_history(out: Path, history: dict[str, Any]) -> None:
     atomic_write(out / HISTORY, lambda tmp: write_json(history)(Path(tmp)))
+
+
+def history_plot(out: Path) -> Path:
+    """Where the run's history is drawn."""
+    return out / HISTORY_PLOT
+
+
+def attention_plot(out: Path) -> Path:
+    """Where ``multihead demo`` draws the cross-attention of its first example."""
+    return out / ATTENTION_PLOT
 
 
 # --- reading ----------------------------------------------------------------------------------------------
@@ -253,6 +327,18 @@ def _vocabulary_file(path: Path, side: str) -> Path:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return path / TOKENIZER
+
+
+def trained_options(out: Path) -> dict[str, Any] | None:
+    """The options the run in ``out`` was trained with, as its newest readable ``trainer.json`` says (resuming checks
+    the rest, and warns); ``None`` when no checkpoint's can be read."""
+    for checkpoint in reversed(_step_checkpoints(out)):
+        try:
+            options = read_json(checkpoint / TRAINER)["options"]
+        except (RunError, KeyError, TypeError):
+            continue
+        return options if isinstance(options, dict) else None
+    return None
 
 
 def has_checkpoints(out: Path) -> bool:

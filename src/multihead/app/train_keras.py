@@ -25,7 +25,7 @@ import numpy as np
 from keras import ops
 
 from multihead.app.batching import Batch
-from multihead.app.runs import OPTIMIZER, WEIGHTS, Checkpoint, RunError
+from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
 from multihead.config import TransformerConfig
 from multihead.io import load_weights, read_weights, save_weights
@@ -172,7 +172,7 @@ class KerasTrainer:
         if count != len(expected) or stored != expected:
             raise RunError(
                 f"cannot resume: {str(path)!r} does not hold this model's {len(expected)} optimizer variables "
-                f"(trainer.json counts {count!r})"
+                f"({TRAINER} counts {count!r})"
             )
         for index, variable in enumerate(self.optimizer.variables):
             variable.assign(saved[f"keras.{index}"])

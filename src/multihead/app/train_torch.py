@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from multihead.app.batching import Batch
 from multihead.app.console import rank, world_size
 from multihead.app.memory import keep_freed_memory
-from multihead.app.runs import OPTIMIZER, WEIGHTS, Checkpoint, RunError
+from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
 from multihead.config import TransformerConfig
 from multihead.io import load_weights, read_weights, save_weights
@@ -134,6 +134,6 @@ class TorchTrainer:
             torch.set_rng_state(torch.from_numpy(tensors["rng.torch"]))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as error:
             raise RunError(
-                f"cannot resume: {str(path)!r} and the optimizer in trainer.json do not fit the model "
+                f"cannot resume: {str(path)!r} and the optimizer in {TRAINER} do not fit the model "
                 f"({type(error).__name__}: {error})"
             ) from None

@@ -6,9 +6,7 @@ runs one step, one loss evaluation, one batch of translations. So resume, the le
 the progress bar, the history and the evaluation records are the same whichever framework trains, one record per
 step. The run directory is described in :mod:`multihead.app.runs`.
 
-Defaults are a recipe per kind of data (``RECIPES``): small and fast for the built-in tasks (fresh examples every
-step, no dropout); for a corpus, the paper's recipe sized for a CPU and a corpus of ~30k pairs (joint subwords,
-tied embeddings, batches by token count, label smoothing, warm-up then inverse square root decay, validation BLEU).
+The options and their defaults, a recipe per kind of data, are in :mod:`multihead.app.options`.
 
 Notation: B batch, Ls source length, Lt target length, V target vocabulary.
 """
@@ -21,8 +19,7 @@ import math
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from numbers import Real
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,162 +30,31 @@ from multihead.app.console import UserError, framework_notices_filtered, is_main
 from multihead.app.corpus import fingerprint
 from multihead.app.data import Corpus, Task, load_corpus, load_task
 from multihead.app.evaluate import exact_match, score
+from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags
 from multihead.app.runs import (
     AVERAGE,
     BEST,
-    FORMAT,
-    OPTIMIZER,
     WEIGHTS,
     Checkpoint,
     RunError,
     check_writable,
     checkpoint_name,
     has_checkpoints,
+    history_plot,
     latest_checkpoint,
     open_checkpoint,
     point,
-    save_checkpoint,
+    save_average,
+    save_step,
+    trainer_record,
     write_history,
-    write_json,
 )
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import KINDS, PAD, Tokenizer, build_tokenizers
+from multihead.app.tokenizers import PAD, Tokenizer, build_tokenizers
 from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
 
-FRAMEWORKS = ("torch", "keras")
-
-# Every option's flag, for messages in the user's words.
-FLAGS = {
-    "out": "--out", "task": "--task", "data": "--data", "valid": "--valid", "framework": "--framework",
-    "steps": "--steps", "minutes": "--minutes", "tokenizer": "--tokenizer", "vocab_size": "--vocab-size",
-    "joint": "--joint-vocab", "batch_size": "--batch-size", "batch_tokens": "--batch-tokens", "lr": "--lr",
-    "warmup": "--warmup", "clip": "--clip", "label_smoothing": "--label-smoothing", "d_model": "--d-model",
-    "num_heads": "--heads", "layers": "--layers", "d_ff": "--d-ff", "dropout": "--dropout",
-    "eval_every": "--eval-every", "eval_examples": "--eval-examples", "checkpoint_every": "--checkpoint-every",
-    "keep": "--keep", "average": "--average", "patience": "--patience", "seed": "--seed",
-}  # fmt: skip
-
-# What --resume may change; every other option would change the model or the data.
-RESUMABLE = (
-    "steps", "minutes", "lr", "warmup", "clip", "label_smoothing", "batch_size", "batch_tokens", "eval_every",
-    "eval_examples", "checkpoint_every", "keep", "average", "patience",
-)  # fmt: skip
-
-RECIPES: dict[str, dict[str, Any]] = {
-    # Built-in tasks: fresh examples every step, so no dropout; small and quick.
-    "task": dict(
-        framework="torch", tokenizer=None, vocab_size=None, joint=False, batch_size=64, batch_tokens=None, lr=1e-3,
-        warmup=300, clip=0.0, label_smoothing=0.0, d_model=128, num_heads=4, layers=2, d_ff=256, dropout=0.0,
-        eval_every=500, eval_examples=200, checkpoint_every=500, keep=2, average=0, patience=0, seed=0,
-    ),
-    # Corpora of ~30k pairs on a CPU (Multi30k: docs/translation.md): the paper's recipe, sized to the budget.
-    "corpus": dict(
-        framework="torch", tokenizer="subword", vocab_size=8000, joint=True, batch_size=None, batch_tokens=4096,
-        lr=1.5e-3, warmup=200, clip=1.0, label_smoothing=0.1, d_model=256, num_heads=4, layers=3, d_ff=1024,
-        dropout=0.1, eval_every=200, eval_examples=None, checkpoint_every=100, keep=5, average=5, patience=0, seed=0,
-    ),
-}  # fmt: skip
 CORPUS_MAX_LEN = 256
-
-
-@dataclass
-class TrainOptions:
-    """Everything a training run is made of; ``None`` takes the recipe's value (see ``RECIPES``) or, on resume, the
-    run's. Saved, resolved, in each checkpoint's ``trainer.json``."""
-
-    out: str
-    task: str | None = None
-    data: Sequence[str] | None = None
-    valid: Sequence[str] | None = None
-    framework: str | None = None
-    steps: int | None = None
-    minutes: float | None = None
-    tokenizer: str | None = None
-    vocab_size: int | None = None
-    joint: bool | None = None
-    batch_size: int | None = None
-    batch_tokens: int | None = None
-    lr: float | None = None
-    warmup: int | None = None
-    clip: float | None = None
-    label_smoothing: float | None = None
-    d_model: int | None = None
-    num_heads: int | None = None
-    layers: int | None = None
-    d_ff: int | None = None
-    dropout: float | None = None
-    eval_every: int | None = None
-    eval_examples: int | None = None
-    checkpoint_every: int | None = None
-    keep: int | None = None
-    average: int | None = None
-    patience: int | None = None
-    seed: int | None = None
-    progress: bool = True
-    resume: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.data, str):
-            self.data = [self.data]
-        if isinstance(self.valid, str):
-            self.valid = [self.valid]
-        if self.task is not None and self.data is not None:
-            raise UserError("give --task or --data, not both")
-        if self.valid is not None and self.data is None:
-            raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
-        for name in ("steps", "batch_size", "batch_tokens", "warmup", "eval_every", "checkpoint_every", "keep",
-                     "eval_examples", "d_model", "num_heads", "layers", "d_ff", "vocab_size"):  # fmt: skip
-            _check_count(FLAGS[name], getattr(self, name))
-        for name in ("average", "patience", "seed"):  # NumPy seeds batches with the seed: no negative seeds
-            _check_count(FLAGS[name], getattr(self, name), minimum=0)
-        for name in ("minutes", "lr"):  # nan or inf would never reach a deadline or would train nothing
-            _check_number(FLAGS[name], getattr(self, name), positive=True)
-        for name in ("clip", "label_smoothing", "dropout"):
-            _check_number(FLAGS[name], getattr(self, name), positive=False)
-        for name in ("label_smoothing", "dropout"):
-            if getattr(self, name) is not None and getattr(self, name) >= 1:
-                raise UserError(f"{FLAGS[name]} must be in [0, 1), received {getattr(self, name)}")
-        if self.framework is not None and self.framework not in FRAMEWORKS:
-            raise UserError(f"--framework must be torch or keras, received {self.framework!r}")
-        if self.tokenizer is not None and self.tokenizer not in KINDS:
-            raise UserError(f"--tokenizer must be one of {', '.join(KINDS)}, received {self.tokenizer!r}")
-        if self.steps is None and self.minutes is None and not self.resume:
-            raise UserError("give --steps N or --minutes M (or both: whichever comes first)")
-
-
-def _check_count(flag: str, value: object, *, minimum: int = 1) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{flag} must be an int, received {value!r} of type {type(value).__name__}")
-    if value < minimum:
-        raise UserError(f"{flag} must be {'positive' if minimum else 'non-negative'}, received {value}")
-
-
-def _check_number(flag: str, value: object, *, positive: bool) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{flag} must be a number, received {value!r} of type {type(value).__name__}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        kind = "positive" if positive else "non-negative"
-        raise UserError(f"{flag} must be a {kind} finite number, received {value}")
-
-
-def _typed(name: str, value: object) -> str:
-    """An option as the user types it: ``--d-model 64``, ``--joint-vocab``, ``--no-joint-vocab``."""
-    if isinstance(value, bool):
-        return FLAGS[name] if value else f"--no-{FLAGS[name][2:]}"
-    return f"{FLAGS[name]} {value}"
-
-
-def _in_flags(message: str) -> str:
-    """A config error in the user's words: ``d_model=7`` and `` `num_heads` `` become ``--d-model 7``, ``--heads``."""
-    message = message.replace(" when `head_dim` is not given", "")  # the command line has no such option
-    for name, flag in FLAGS.items():
-        message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag} ")
-    return message
 
 
 # --- what a run is made of --------------------------------------------------------------------------------
@@ -204,7 +70,7 @@ class Setup:
     target: Tokenizer
     config: TransformerConfig
     corpus_ids: tuple[list[list[int]], list[list[int]]] | None  # a corpus's training pairs as ids
-    facts: dict[str, Any]  # saved in trainer.json: fingerprints, longest target
+    facts: dict[str, Any]  # saved in each checkpoint's record: fingerprints, longest target
 
     @property
     def is_corpus(self) -> bool:
@@ -215,10 +81,9 @@ def _resolve(options: TrainOptions, kind: str, saved: dict[str, Any] | None) -> 
     """The options in force: those given, else the run's (on resume), else the recipe's."""
     base = RECIPES[kind] if saved is None else saved
     resolved = {}
-    for field in fields(options):
-        if field.name not in ("out", "progress", "resume"):
-            given = getattr(options, field.name)
-            resolved[field.name] = given if given is not None else base.get(field.name)
+    for option in SAVED:
+        given = getattr(options, option.name)
+        resolved[option.name] = given if given is not None else base.get(option.name)
     if saved is None and kind == "corpus" and options.tokenizer in ("char", "word") and options.joint is None:
         resolved["joint"] = True
     if resolved["average"]:
@@ -244,7 +109,7 @@ def _config(options: dict[str, Any], source: Tokenizer, target: Tokenizer, max_l
             dropout=options["dropout"], max_len=max_len, pad_id=PAD, tie_embeddings=source is target,
         )  # fmt: skip
     except ValueError as error:
-        raise UserError(_in_flags(str(error))) from None
+        raise UserError(in_flags(str(error))) from None
 
 
 def _load_data(options: TrainOptions, saved: dict[str, Any] | None) -> Task | Corpus:
@@ -290,19 +155,23 @@ def new_setup(options: TrainOptions) -> Setup:
     return Setup(resolved, data, source, target, config, (sources, targets), facts)
 
 
+def _refuse_changes(options: TrainOptions, saved: dict[str, Any]) -> None:
+    """Refuse, on resume, a given option that would change the run's model (its data are checked apart)."""
+    may_change = ", ".join(FLAGS[name] for name in RESUMABLE)
+    for option in SAVED:
+        given = getattr(options, option.name)
+        if option.resumable or option.name in DATA or given is None or given == saved.get(option.name):
+            continue
+        raise UserError(
+            f"{option.typed(given)} would change the run, which has {option.typed(saved.get(option.name))}: "
+            f"--resume continues a run as it was built; it may change only {may_change}"
+        )
+
+
 def resumed_setup(options: TrainOptions, checkpoint: Checkpoint) -> Setup:
     """The setup of the run ``checkpoint`` belongs to; options that would change its model or data are refused."""
     saved = checkpoint.options
-    given = asdict(options)
-    may_change = ", ".join(FLAGS[n] for n in RESUMABLE)
-    for name in FLAGS:
-        if name in RESUMABLE or name in ("out", "task", "data", "valid") or given.get(name) is None:
-            continue
-        if given[name] != saved.get(name):
-            raise UserError(
-                f"{_typed(name, given[name])} would change the run, which has {_typed(name, saved.get(name))}: "
-                f"--resume continues a run as it was built; it may change only {may_change}"
-            )
+    _refuse_changes(options, saved)
     run, corpus = repr(str(checkpoint.path.parents[1])), " ".join(saved["data"] or [])
     if saved["task"] is not None:
         if options.data is not None:
@@ -324,7 +193,7 @@ def resumed_setup(options: TrainOptions, checkpoint: Checkpoint) -> Setup:
             )
         if options.valid is not None and facts.get("valid") is None:
             raise UserError(f"--valid would change the run: {run} validated on a held-out tenth of --data")
-        for flag, paths, key in (("--data", options.data, "train"), ("--valid", options.valid, "valid")):
+        for flag, paths, key in ((FLAGS["data"], options.data, "train"), (FLAGS["valid"], options.valid, "valid")):
             now = fingerprint(paths) if paths else None
             if now is not None and facts.get(key) is not None:
                 now = [{**entry, "name": old["name"]} for entry, old in zip(now, facts[key], strict=False)]
@@ -367,7 +236,7 @@ class Trainer(Protocol):
     def load_weights(self, path: Path) -> None: ...
 
     def write_optimizer(self, path: Path) -> dict[str, Any]:
-        """Write the optimizer state (and RNG state); return what ``trainer.json`` keeps about it."""
+        """Write the optimizer state (and RNG state); return what the checkpoint's record keeps about it."""
         ...
 
     def agree(self, flag: bool) -> bool:
@@ -462,10 +331,10 @@ class Training:
             self.checkpoint, self.trainer = open_checkpoint(out, "latest", load, doing="resuming from")
             self.setup = resumed_setup(options, self.checkpoint)
             self.trainer.configure(self.setup.options)
-            trainer_json = self.checkpoint.trainer
-            self.step_count = trainer_json["step"]
-            self.history = {key: trainer_json[key] for key in ("losses", "evals")}
-            self.seconds, self.tokens = trainer_json.get("seconds", 0.0), trainer_json.get("tokens", 0)
+            record = self.checkpoint.trainer
+            self.step_count = record["step"]
+            self.history = {key: record[key] for key in ("losses", "evals")}
+            self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
         else:
             self.setup = new_setup(options)
             if is_main_rank():
@@ -535,31 +404,22 @@ class Training:
 
     # save ----------------------------------------------------------------------------------------------
 
-    def trainer_json(self, optimizer: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "format": FORMAT, "framework": self.setup.options["framework"], "step": self.step_count,
-            "options": self.setup.options, "optimizer": optimizer, "data": self.setup.facts,
-            "seconds": round(self.seconds, 3), "tokens": self.tokens, **self.history,
-        }  # fmt: skip
-
     def save(self) -> None:
         """Write a checkpoint of this step (rank 0 only) and the run's history files."""
         if not is_main_rank():
             return
-        meta: dict[str, Any] = {}
 
-        def write_optimizer(path: Path) -> None:
-            meta.update(self.trainer.write_optimizer(path))
+        def record(optimizer: dict[str, Any]) -> dict[str, Any]:
+            return trainer_record(
+                framework=self.setup.options["framework"], step=self.step_count, options=self.setup.options,
+                optimizer=optimizer, data=self.setup.facts, seconds=self.seconds, tokens=self.tokens,
+                history=self.history,
+            )  # fmt: skip
 
-        writers = {
-            "config.json": lambda path: path.write_text(self.setup.config.to_json() + "\n", encoding="utf-8"),
-            WEIGHTS: self.trainer.write_weights,
-            OPTIMIZER: write_optimizer,
-            "trainer.json": lambda path: write_json(self.trainer_json(meta))(path),
-        }
-        save_checkpoint(
-            self.out, checkpoint_name(self.step_count), writers, tokenizers=(self.setup.source, self.setup.target),
-            keep=self.setup.options["keep"],
+        save_step(
+            self.out, self.step_count, config=self.setup.config, write_weights=self.trainer.write_weights,
+            write_optimizer=self.trainer.write_optimizer, record=record,
+            tokenizers=(self.setup.source, self.setup.target), keep=self.setup.options["keep"],
         )  # fmt: skip
         self.write_history()
 
@@ -569,30 +429,9 @@ class Training:
         try:
             from multihead.app.plot import plot_history
 
-            plot_history(history, self.out / "history.png")
+            plot_history(history, history_plot(self.out))
         except ImportError:  # matplotlib is optional for training
             pass
-
-    def average(self, count: int) -> Path | None:
-        """Average the weights of the last ``count`` checkpoints into ``checkpoints/average``."""
-        import safetensors.numpy
-
-        from multihead.io import read_weights
-
-        kept = sorted((self.out / "checkpoints").glob("step-*"))[-count:]
-        if len(kept) < 2:
-            return None
-        stacks = [read_weights(path / WEIGHTS) for path in kept]
-        averaged = {
-            name: np.mean([s[name] for s in stacks], axis=0).astype(stacks[-1][name].dtype) for name in stacks[-1]
-        }
-        latest = kept[-1]
-        writers = {
-            name: (lambda path, source=latest / name: path.write_bytes(source.read_bytes()))
-            for name in ("config.json", "trainer.json")
-        }
-        writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
-        return save_checkpoint(self.out, AVERAGE, writers, tokenizers=(self.setup.source, self.setup.target))
 
     # the whole run -------------------------------------------------------------------------------------
 
@@ -669,7 +508,9 @@ class Training:
         o = self.setup.options
         if not self.history["evals"] or self.history["evals"][-1]["step"] != self.step_count:
             self.consider(self.evaluate(o["eval_examples"]), checkpoint_name(self.step_count))
-        averaged = self.average(o["average"]) if o["average"] else None
+        averaged = (
+            save_average(self.out, o["average"], (self.setup.source, self.setup.target)) if o["average"] else None
+        )
         if averaged is not None:
             self.trainer.load_weights(averaged / WEIGHTS)
             evaluation = {**self.evaluate(o["eval_examples"]), "checkpoint": AVERAGE}

@@ -1,0 +1,283 @@
+"""The training options, each defined once: its name, flag, help, kind of value, default in each recipe, and whether
+``--resume`` may change it (``OPTIONS``).
+
+Everything else is made from this table: :class:`TrainOptions` (the options as a dataclass, checked on creation),
+``train``'s arguments and their ``--help`` (:func:`add_train_arguments`), the recipes (``RECIPES``), the options
+``--resume`` refuses and the epilog that lists them, and the messages that quote an option as the user types it.
+
+A recipe is the defaults for a kind of data: small and fast for the built-in tasks (fresh examples every step, no
+dropout); for a corpus, the paper's recipe sized for a CPU and a corpus of ~30k pairs (joint subwords, tied
+embeddings, batches by token count, label smoothing, warm-up then inverse square root decay, validation BLEU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+from multihead.app.console import UserError
+from multihead.app.data import TASKS
+from multihead.app.tokenizers import KINDS
+from multihead.io import FRAMEWORKS
+
+# --- kinds of values: how the command line reads one, and how TrainOptions checks one -------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of option value: ``parse`` reads it from the command line (its errors are what argparse prints after
+    "argument --flag:"), ``check`` refuses a bad value given through :class:`TrainOptions`."""
+
+    parse: Callable[[str], Any] | None
+    check: Callable[[str, Any], None]
+    annotation: str
+
+
+def _whole(text: str, minimum: int) -> int:
+    what = "a positive whole number" if minimum else "a whole number (0 or more)"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, received {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {what}, received {text}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, received {text!r}") from None
+
+
+def _check_whole(minimum: int) -> Callable[[str, Any], None]:
+    def check(flag: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{flag} must be an int, received {value!r} of type {type(value).__name__}")
+        if value < minimum:
+            raise UserError(f"{flag} must be {'positive' if minimum else 'non-negative'}, received {value}")
+
+    return check
+
+
+def _check_number(*, positive: bool, below_one: bool = False) -> Callable[[str, Any], None]:
+    """A finite number, positive or non-negative; ``below_one``: a fraction in [0, 1)."""
+
+    def check(flag: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise TypeError(f"{flag} must be a number, received {value!r} of type {type(value).__name__}")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):  # nan or inf would never end
+            kind = "positive" if positive else "non-negative"
+            raise UserError(f"{flag} must be a {kind} finite number, received {value}")
+        if below_one and value >= 1:
+            raise UserError(f"{flag} must be in [0, 1), received {value}")
+
+    return check
+
+
+def _check_choice(choices: Sequence[str], wording: str) -> Callable[[str, Any], None]:
+    def check(flag: str, value: Any) -> None:
+        if value not in choices:
+            raise UserError(f"{flag} must be {wording}, received {value!r}")
+
+    return check
+
+
+def _unchecked(flag: str, value: Any) -> None:
+    return None
+
+
+POSITIVE = Kind(lambda text: _whole(text, 1), _check_whole(1), "int | None")
+COUNT = Kind(lambda text: _whole(text, 0), _check_whole(0), "int | None")  # NumPy seeds batches: no negative seed
+POSITIVE_NUMBER = Kind(_number, _check_number(positive=True), "float | None")
+NON_NEGATIVE_NUMBER = Kind(_number, _check_number(positive=False), "float | None")
+FRACTION = Kind(_number, _check_number(positive=False, below_one=True), "float | None")
+TEXT = Kind(None, _unchecked, "str | None")
+FILES = Kind(None, _unchecked, "Sequence[str] | None")
+SWITCH = Kind(None, _unchecked, "bool | None")
+
+
+# --- the table ----------------------------------------------------------------------------------------------
+
+TASK, CORPUS = "task", "corpus"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One training option. ``task`` and ``corpus`` are its defaults in the two recipes (``None``: none, or the
+    task's own) when ``recipe``; ``resumable``: ``--resume`` may change it; ``saved``: part of what a run is made
+    of, kept in its checkpoints (the others say how this process runs); ``argparse``: what else ``add_argument``
+    takes."""
+
+    name: str
+    flag: str
+    help: str
+    kind: Kind
+    task: Any = None
+    corpus: Any = None
+    recipe: bool = True
+    resumable: bool = False
+    saved: bool = True
+    argparse: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def default_text(self) -> str:
+        """What ``--help`` says of the recipes' defaults."""
+        if self.task == self.corpus:
+            return f"default: {self.task}"
+        task = "the task's" if self.task is None else self.task
+        corpus = "none" if self.corpus is None else self.corpus
+        return f"default: {task} for a built-in task, {corpus} for --data"
+
+    def help_text(self) -> str:
+        if not self.recipe:
+            return self.help  # it says itself what happens without the option
+        if "{default}" in self.help:
+            return self.help.format(default=self.default_text())
+        return f"{self.help} ({self.default_text()})" if self.help else self.default_text()
+
+    def typed(self, value: Any) -> str:
+        """The option as the user types it: ``--d-model 64``, ``--joint-vocab``, ``--no-joint-vocab``."""
+        if isinstance(value, bool):
+            return self.flag if value else f"--no-{self.flag[2:]}"
+        return f"{self.flag} {value}"
+
+
+OPTIONS = (
+    Option("out", "--out", "run directory for checkpoints (e.g. runs/dates)", TEXT, recipe=False, saved=False,
+           argparse=dict(required=True)),
+    Option("task", "--task", f"built-in task: {', '.join(TASKS)} (default: dates)", TEXT, recipe=False,
+           argparse=dict(metavar="NAME")),
+    Option("data", "--data", "a parallel corpus: SRC TGT (two line-aligned files) or FILE.tsv; plain or .gz", FILES,
+           recipe=False, argparse=dict(nargs="+", metavar="FILE")),
+    Option("valid", "--valid", "validation set for --data, as --data (default: a held-out tenth of --data)", FILES,
+           recipe=False, argparse=dict(nargs="+", metavar="FILE")),
+    Option("framework", "--framework", "", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
+    Option("steps", "--steps", "total optimizer steps", POSITIVE, recipe=False, resumable=True),
+    Option("minutes", "--minutes", "stop after this much time (with --steps: first wins)", POSITIVE_NUMBER,
+           recipe=False, resumable=True),
+    Option("resume", "--resume", "continue the run in --out", SWITCH, recipe=False, saved=False,
+           argparse=dict(action="store_true")),
+    Option("tokenizer", "--tokenizer", "", TEXT, None, "subword", argparse=dict(choices=KINDS)),
+    Option("vocab_size", "--vocab-size", "subword vocabulary size", POSITIVE, None, 8000),
+    Option("joint", "--joint-vocab", "one vocabulary for both languages, with tied embeddings", SWITCH, False, True,
+           argparse=dict(action=argparse.BooleanOptionalAction)),
+    Option("batch_size", "--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True),
+    Option("batch_tokens", "--batch-tokens", "padded tokens per batch, corpora", POSITIVE, None, 4096, resumable=True),
+    Option("lr", "--lr", "peak learning rate", POSITIVE_NUMBER, 1e-3, 1.5e-3, resumable=True),
+    Option("warmup", "--warmup", "warm-up steps, then 1/sqrt decay", POSITIVE, 300, 200, resumable=True),
+    Option("clip", "--clip", "gradient norm clipping, 0: off", NON_NEGATIVE_NUMBER, 0.0, 1.0, resumable=True),
+    Option("label_smoothing", "--label-smoothing", "", FRACTION, 0.0, 0.1, resumable=True),
+    Option("d_model", "--d-model", "", POSITIVE, 128, 256),
+    Option("num_heads", "--heads", "", POSITIVE, 4, 4, argparse=dict(metavar="HEADS")),
+    Option("layers", "--layers", "encoder and decoder layers each", POSITIVE, 2, 3),
+    Option("d_ff", "--d-ff", "", POSITIVE, 256, 1024),
+    Option("dropout", "--dropout", "", FRACTION, 0.0, 0.1),
+    Option("eval_every", "--eval-every", "evaluation interval in steps", POSITIVE, 500, 200, resumable=True),
+    Option("eval_examples", "--eval-examples", "held-out examples per evaluation ({default}: all)", POSITIVE, 200,
+           None, resumable=True),
+    Option("checkpoint_every", "--checkpoint-every", "", POSITIVE, 500, 100, resumable=True),
+    Option("keep", "--keep", "step checkpoints kept, besides the best", POSITIVE, 2, 5, resumable=True),
+    Option("average", "--average", "average the last N checkpoints at the end", COUNT, 0, 5, resumable=True),
+    Option("patience", "--patience", "stop after N evaluations without improvement, 0: never", COUNT, 0, 0,
+           resumable=True),
+    Option("seed", "--seed", "", COUNT, 0, 0),
+    Option("progress", "--no-progress", "no progress bar", SWITCH, recipe=False, saved=False,
+           argparse=dict(action="store_false")),
+)  # fmt: skip
+BY_NAME = {option.name: option for option in OPTIONS}
+SAVED = tuple(option for option in OPTIONS if option.saved)
+RECIPES: dict[str, dict[str, Any]] = {
+    recipe: {option.name: getattr(option, recipe) for option in OPTIONS if option.recipe} for recipe in (TASK, CORPUS)
+}
+FLAGS = {option.name: option.flag for option in OPTIONS}
+"""Every option's flag, for messages in the user's words."""
+RESUMABLE = tuple(option.name for option in OPTIONS if option.resumable)
+"""What ``--resume`` may change; every other saved option would change the model or the data."""
+DATA = ("task", "data", "valid")
+"""The options that say what a run learns from, which ``--resume`` checks its own way (the corpus' fingerprint)."""
+
+
+def in_flags(message: str) -> str:
+    """A config error in the user's words: ``d_model=7`` and `` `num_heads` `` become ``--d-model 7``, ``--heads``."""
+    message = message.replace(" when `head_dim` is not given", "")  # the command line has no such option
+    for name, flag in FLAGS.items():
+        message = message.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag} ")
+    return message
+
+
+# --- the options as a dataclass -----------------------------------------------------------------------------
+
+
+def _check(options: Any) -> None:
+    """Every given value of its kind, and the combinations the options allow."""
+    if isinstance(options.data, str):
+        options.data = [options.data]
+    if isinstance(options.valid, str):
+        options.valid = [options.valid]
+    if options.task is not None and options.data is not None:
+        raise UserError("give --task or --data, not both")
+    if options.valid is not None and options.data is None:
+        raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
+    for option in SAVED:
+        value = getattr(options, option.name)
+        if value is not None:
+            option.kind.check(option.flag, value)
+    if options.framework is not None:
+        _check_choice(FRAMEWORKS, " or ".join(FRAMEWORKS))("--framework", options.framework)
+    if options.tokenizer is not None:
+        _check_choice(KINDS, f"one of {', '.join(KINDS)}")("--tokenizer", options.tokenizer)
+    if options.steps is None and options.minutes is None and not options.resume:
+        raise UserError("give --steps N or --minutes M (or both: whichever comes first)")
+
+
+def _field(option: Option) -> tuple[str, str, Any]:
+    if option.name == "out":
+        return option.name, "str", dataclasses.field()
+    default = {"progress": True, "resume": False}.get(option.name)
+    return option.name, option.kind.annotation, dataclasses.field(default=default)
+
+
+TrainOptions = dataclasses.make_dataclass(
+    "TrainOptions",
+    [_field(option) for option in OPTIONS],
+    namespace={
+        "__doc__": "Everything a training run is made of (one field per option of ``OPTIONS``); ``None`` takes the "
+        "recipe's value (see ``RECIPES``) or, on resume, the run's. Saved, resolved, in each checkpoint.",
+        "__post_init__": _check,
+        "__module__": __name__,
+    },
+)
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option as an argument of ``train``: ``--task`` and ``--data`` exclusive, each with its help."""
+    data = parser.add_mutually_exclusive_group()
+    for option in OPTIONS:
+        target = data if option.name in ("task", "data") else parser
+        extra = dict(option.argparse)
+        if option.kind.parse is not None:
+            extra["type"] = option.kind.parse
+        target.add_argument(option.flag, dest=option.name, help=option.help_text(), **extra)
+
+
+def resume_epilog() -> str:
+    refused = ", ".join(option.flag for option in SAVED if not option.resumable)
+    changeable = ", ".join(BY_NAME[name].flag for name in RESUMABLE)
+    return (
+        f"--resume continues a run as it was built: it refuses options that would change the model or the data "
+        f"({refused}) and takes the run's values for those not given. These may change on resume: {changeable}."
+    )
+
+
+def train_options(args: argparse.Namespace) -> Any:
+    """The :class:`TrainOptions` a parsed ``train`` command line gives."""
+    return TrainOptions(**{option.name: getattr(args, option.name) for option in OPTIONS})

@@ -1,0 +1,386 @@
+"""Training: like the paper for a corpus (batches by token count bucketed by length, label smoothing, the warm-up
+schedule, gradient clipping, validation loss and BLEU every N steps, a ``best`` checkpoint kept beside ``latest``,
+early stopping, checkpoint averaging, the run's history; and the defaults for ``--data`` are the recipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+import torch.nn.functional as F
+
+import multihead.app.training as training
+from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, write_corpus
+from multihead.app.batching import CorpusBatches
+from multihead.app.runs import latest_checkpoint
+from multihead.app.schedule import learning_rate
+from multihead.app.tokenizers import PAD
+from multihead.app.train_torch import TorchTrainer
+from multihead.app.training import RECIPES, Training, TrainOptions, train
+from multihead.app.translate import Translator
+from multihead.io import save_weights
+
+
+def corpus_options(tmp_path: Path, **overrides: Any) -> TrainOptions:
+    data = write_corpus(tmp_path / "corpus")
+    valid = write_corpus(tmp_path / "corpus", VALID, "valid")
+    base = dict(vocab_size=120, batch_tokens=120, steps=12, warmup=4, lr=1e-2, average=0, dropout=0.0, **SMALL)
+    return TrainOptions(out=str(tmp_path / "run"), data=data, valid=valid, **{**base, **overrides})
+
+
+@pytest.fixture
+def steps_seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every training step of the torch trainer: its batch, learning rate, and the rate the optimizer then had."""
+    seen: list[dict[str, Any]] = []
+    original = TorchTrainer.train_step
+
+    def spy(self: TorchTrainer, batch: Any, lr: float) -> float:
+        loss = original(self, batch, lr)
+        seen.append({"batch": batch, "lr": lr, "optimizer_lr": self.optimizer.param_groups[0]["lr"]})
+        return loss
+
+    monkeypatch.setattr(TorchTrainer, "train_step", spy)
+    return seen
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_batches_hold_at_most_batch_tokens_padded_tokens_in_few_lengths(
+    tmp_path: Path, steps_seen: list[dict[str, Any]]
+) -> None:
+    train(corpus_options(tmp_path, batch_tokens=120, steps=24))
+    assert len(steps_seen) == 24
+    lengths = set()
+    for step in steps_seen:
+        batch = step["batch"]
+        assert batch.src.size <= 120, batch.src.shape  # rows × padded source length
+        assert batch.tgt_in.size <= 120, batch.tgt_in.shape  # rows × padded target length (with BOS/EOS)
+        real = (batch.tgt_out != PAD).sum(1)
+        # bucketed by length: the rows of a batch are of similar length, so little of it is padding
+        assert real.max() - real.min() <= 3, real
+        lengths.add(batch.tgt_in.shape[1])
+    assert len(lengths) > 1  # batches of different lengths, each as full as the budget allows
+    assert {len(step["batch"].src) for step in steps_seen} != {1}
+
+
+def test_every_pair_is_trained_on_once_per_epoch_in_a_new_order() -> None:
+    rng = np.random.default_rng(0)
+    sources = [list(range(4, 4 + rng.integers(1, 30))) for _ in range(300)]
+    targets = [list(range(4, 4 + rng.integers(1, 30))) for _ in range(300)]
+    batches = CorpusBatches(sources, targets, 200, seed=0)
+    epochs, step = [], 0
+    for _ in range(2):
+        epoch = []
+        while batches.epoch_of(step) < len(epochs) + 1:
+            epoch.append(batches.rows(step))
+            step += 1
+        epochs.append(epoch)
+    for epoch in epochs:
+        assert sorted(i for rows in epoch for i in rows) == list(range(300))
+    assert epochs[0] != epochs[1]
+    again = CorpusBatches(sources, targets, 200, seed=0)  # what a resumed run replays
+    assert [again.rows(s) for s in range(step - 1, -1, -1)][::-1] == [rows for epoch in epochs for rows in epoch]
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_learning_rate_follows_the_warm_up_and_inverse_square_root_schedule(
+    tmp_path: Path, steps_seen: list[dict[str, Any]]
+) -> None:
+    train(corpus_options(tmp_path, steps=12, warmup=4, lr=2e-3))
+    expected = [learning_rate(step, peak=2e-3, warmup=4) for step in range(1, 13)]
+    assert [step["lr"] for step in steps_seen] == pytest.approx(expected)
+    assert [step["optimizer_lr"] for step in steps_seen] == pytest.approx(expected)
+    assert max(expected) == pytest.approx(2e-3)
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+@pytest.mark.parametrize("clip", [0.05, 0.0])
+def test_gradients_are_clipped_by_their_global_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clip: float):
+    norms: list[tuple[float, float]] = []
+    original = torch.nn.utils.clip_grad_norm_
+
+    def spy(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
+        parameters = list(parameters)
+        before = original(parameters, max_norm, *args, **kwargs)
+        after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters if p.grad is not None]))
+        norms.append((max_norm, float(before), float(after)))
+        return before
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    train(corpus_options(tmp_path, steps=4, clip=clip))
+    if not clip:
+        assert norms == []
+        return
+    assert len(norms) == 4
+    for max_norm, before, after in norms:
+        assert max_norm == clip
+        assert before > clip  # (a fresh model's gradients are larger than this)
+        assert after == pytest.approx(clip, rel=1e-3)
+
+
+def _smoothed_loss(model: torch.nn.Module, batch: Any, smoothing: float) -> float:
+    logits = model(torch.from_numpy(batch.src), torch.from_numpy(batch.tgt_in))
+    summed = F.cross_entropy(
+        logits.flatten(0, 1), torch.from_numpy(batch.tgt_out).flatten(), ignore_index=PAD, reduction="sum",
+        label_smoothing=smoothing,
+    )  # fmt: skip
+    return float(summed) / batch.target_tokens
+
+
+@pytest.mark.parametrize(("given", "used"), [(None, 0.1), (0.0, 0.0), (0.3, 0.3)], ids=["default", "off", "0.3"])
+def test_label_smoothing_defaults_to_0_1_for_a_corpus_and_reaches_the_loss(
+    tmp_path: Path, given: float | None, used: float
+) -> None:
+    run = Training(corpus_options(tmp_path, label_smoothing=given))
+    run.build()
+    assert run.setup.options["label_smoothing"] == used
+    batch = run.batch(0)
+    with torch.no_grad():
+        expected = _smoothed_loss(run.trainer.model, batch, used)
+        other = _smoothed_loss(run.trainer.model, batch, 0.2)
+    loss = run.trainer.train_step(batch, lr=0.0)  # the loss of the weights before the step
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert loss != pytest.approx(other, rel=1e-3)
+
+
+def test_built_in_tasks_train_without_label_smoothing(tmp_path: Path) -> None:
+    run = Training(TrainOptions(out=str(tmp_path / "run"), task="copy", steps=1, **SMALL))
+    run.build()
+    assert run.setup.options["label_smoothing"] == 0.0
+
+
+def test_the_defaults_for_data_are_the_recipe(tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch):
+    """``multihead train --data SRC TGT --valid SRC TGT --out RUN --minutes 30`` and nothing else."""
+    built: list[tuple[Any, dict[str, Any]]] = []
+
+    def capture(framework: str, config: Any, options: dict[str, Any], checkpoint: Any) -> None:
+        built.append((config, options))
+        raise KeyboardInterrupt  # stop before training
+
+    monkeypatch.setattr(training, "make_trainer", capture)
+    data, valid = write_corpus(tmp_path / "corpus"), write_corpus(tmp_path / "corpus", VALID, "valid")
+    result = cli("train", "--data", *data, "--valid", *valid, "--out", tmp_path / "run", "--minutes", "30")
+    assert result.status == 130
+    ((config, options),) = built
+    recipe = RECIPES["corpus"]
+    assert {name: options[name] for name in recipe} == recipe
+    assert (recipe["tokenizer"], recipe["joint"], recipe["vocab_size"]) == ("subword", True, 8000)
+    assert (recipe["d_model"], recipe["layers"], recipe["dropout"], recipe["label_smoothing"]) == (256, 3, 0.1, 0.1)
+    assert recipe["batch_tokens"] == 4096
+    assert recipe["batch_size"] is None
+    assert (config.d_model, config.num_encoder_layers, config.d_ff, config.tie_embeddings) == (256, 3, 1024, True)
+    assert options["minutes"] == 30.0
+
+
+# --- evaluation, best, early stopping, averaging, history -------------------------------------------------
+
+
+def test_validation_loss_and_bleu_every_n_steps_into_the_history(corpus_run: CorpusRun) -> None:
+    history = json.loads((corpus_run.path / "history.json").read_text(encoding="utf-8"))
+    assert history["metric"] == "bleu"
+    assert [step for step, _ in history["losses"]] == list(range(1, 121))
+    steps = [evaluation for evaluation in history["evals"] if "checkpoint" not in evaluation]
+    assert [evaluation["step"] for evaluation in steps] == [30, 60, 90, 120]  # --eval-every 30
+    for evaluation in history["evals"]:
+        assert evaluation["examples"] == len(VALID)  # the whole --valid set
+        assert evaluation["valid_loss"] > 0
+        assert 0 <= evaluation["bleu"] <= 100
+        assert 0 <= evaluation["chrf"] <= 100
+        assert evaluation["signature"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert steps[-1]["valid_loss"] < steps[0]["valid_loss"]  # it learned
+    assert max(e["bleu"] for e in steps) > 5
+    assert (corpus_run.path / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_averaging_the_last_checkpoints(corpus_run: CorpusRun) -> None:
+    """``--average 2`` writes ``checkpoints/average``: the mean of the last two checkpoints' weights, evaluated."""
+    checkpoints = corpus_run.path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["average", "step-0000090", "step-0000120"]  # --keep 2
+    last = [safetensors.numpy.load_file(checkpoints / f"step-{step:07d}" / "model.safetensors") for step in (90, 120)]
+    averaged = safetensors.numpy.load_file(checkpoints / "average" / "model.safetensors")
+    assert averaged.keys() == last[0].keys()
+    for name, value in averaged.items():
+        np.testing.assert_allclose(value, (last[0][name] + last[1][name]) / 2, rtol=1e-6, atol=1e-7)
+    history = json.loads((corpus_run.path / "history.json").read_text(encoding="utf-8"))
+    assert [e["checkpoint"] for e in history["evals"] if "checkpoint" in e] == ["average"]
+    assert not (checkpoints / "average" / "optimizer.safetensors").exists()  # nothing to resume from there
+
+
+def _bleu_by_step(scores: dict[int, float]) -> Callable[[Training, int | None], dict[str, Any]]:
+    """A stand-in for ``Training.evaluate`` whose BLEU at step s is ``scores[s]`` (0 where not given)."""
+
+    def evaluate(self: Training, count: int | None) -> dict[str, Any]:
+        bleu = scores.get(self.step_count, 0.0)
+        return {**no_evaluation(self, count), "bleu": bleu}
+
+    return evaluate
+
+
+def test_best_is_kept_beside_latest_and_rotation_never_deletes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Callable[..., Cli]
+) -> None:
+    monkeypatch.setattr(Training, "evaluate", _bleu_by_step({4: 30.0, 8: 10.0, 12: 20.0, 16: 25.0}))
+    result = train(corpus_options(tmp_path, steps=16, eval_every=4, checkpoint_every=2, keep=1))
+    out = tmp_path / "run"
+    assert (out / "best").read_text().strip() == "step-0000004"
+    assert (out / "latest").read_text().strip() == "step-0000016"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000004", "step-0000016"]
+    assert (result.checkpoint, result.scores["bleu"]) == ("step-0000004", 30.0)
+    monkeypatch.undo()
+    best = Translator(out, "best").translate(["der Hund läuft schnell."])
+    assert Translator(out).checkpoint.path.name == "step-0000004"  # translate and evaluate use best by default
+    assert Translator(out, "step-4").translate(["der Hund läuft schnell."]) == best
+
+
+def test_patience_stops_training_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(Training, "evaluate", _bleu_by_step({2: 10.0, 4: 12.0, 6: 11.0, 8: 12.0}))
+    result = train(corpus_options(tmp_path, steps=1000, eval_every=2, checkpoint_every=100, patience=2))
+    assert result.step == 8  # best at step 4, then two evaluations without improvement
+    assert not result.interrupted
+    assert "stopping early: no better validation bleu in 2 evaluations" in capsys.readouterr().out
+    assert latest_checkpoint(tmp_path / "run").name == "step-0000008"
+    assert (tmp_path / "run" / "best").read_text().strip() == "step-0000004"
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_training_pairs_longer_than_the_model_reads_are_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(training, "CORPUS_MAX_LEN", 12)
+    pairs = [*TRAIN[:40], ("der Hund " * 10, "the dog " * 10)]
+    options = corpus_options(tmp_path, steps=1)
+    options.data = write_corpus(tmp_path / "long", pairs)
+    run = Training(options)
+    run.build()
+    assert len(run.setup.corpus_ids[0]) == 40
+    assert "1 sentence pairs longer than 12 tokens are left out of training" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_the_progress_bar_shows_loss_tokens_per_second_and_time_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar is drawn as it goes, and stays
+    train(corpus_options(tmp_path, steps=5, minutes=5, progress=True))
+    final = capsys.readouterr().err.split("\r")[-1]
+    assert re.search(r"5/5 \[\d\d:\d\d<00:00, ", final), final  # tqdm's elapsed<remaining
+    assert re.search(r"loss=\d+\.\d{3}, tok/s=\d+, left=\d+:\d\d\]", final), final
+
+
+# --- a short run, the options, Ctrl-C, data-parallel --------------------------------------------------------
+
+
+def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    result = train(tiny(tmp_path / "run", steps=60, checkpoint_every=30, lr=3e-3))
+    first, last = np.mean([x for _, x in result.losses[:5]]), np.mean([x for _, x in result.losses[-5:]])
+    assert last < 0.9 * first
+    assert 0.0 <= result.accuracy <= 1.0
+    assert result.heldout == 1000
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert checkpoint.name == "step-0000060"
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        "config.json", "model.safetensors", "optimizer.safetensors", "tokenizer.json", "trainer.json",
+    ]  # fmt: skip
+    assert isinstance(Translator(tmp_path / "run").translate(["abcd"])[0], str)
+    assert oct(checkpoint.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"lr": float("nan")}, ValueError, r"--lr must be a positive finite number, received nan"),
+        ({"minutes": float("inf")}, ValueError, r"--minutes must be a positive finite number, received inf"),
+        ({"seed": -1}, ValueError, r"--seed must be non-negative, received -1"),
+        ({"warmup": 0}, ValueError, r"--warmup must be positive, received 0"),
+        ({"steps": "6"}, TypeError, r"--steps must be an int, received '6' of type str"),
+    ],
+    ids=["lr-nan", "minutes-inf", "seed-negative", "warmup-zero", "steps-string"],
+)
+def test_train_options_are_checked(tmp_path: Path, overrides: dict, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        tiny(tmp_path / "run", **overrides)
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigint_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "multihead", "train", "--task", "reverse", "--out", str(out), "--steps", "100000",
+               "--checkpoint-every", "5", "--no-progress", "--d-model", "16", "--heads", "2", "--layers", "1",
+               "--d-ff", "32", "--batch-size", "8"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(out) is None and time.monotonic() < deadline:  # training is under way
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=max(1, deadline - time.monotonic()))
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "checkpoint saved" in stderr
+    checkpoint = latest_checkpoint(out)
+    step = json.loads((checkpoint / "trainer.json").read_text())["step"]
+    assert step >= 5
+    assert checkpoint.name == f"step-{step:07d}"
+    assert f"interrupted at step {step}: checkpoint saved" in stderr  # the interrupted step itself was saved
+
+
+def test_tokenizer_kind_is_checked_with_the_options(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"tokenizer.*'byte'"):
+        TrainOptions(out=str(tmp_path / "run"), task="copy", steps=1, tokenizer="byte")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, out: str, weights: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_default_dtype(torch.float64)  # so that only the order of summation differs, at 1e-16
+    result = train(TrainOptions(out=out, task="reverse", steps=4, checkpoint_every=4, **TINY))
+    save_weights(result.model, weights)
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> None:
+    weights = [str(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    context = torch.multiprocessing.get_context("spawn")
+    port = _free_port()
+    workers = [context.Process(target=_rank, args=(r, 2, port, str(tmp_path / "ddp"), weights[r])) for r in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    torch.set_default_dtype(torch.float64)
+    try:
+        single = train(TrainOptions(out=str(tmp_path / "single"), task="reverse", steps=4, checkpoint_every=4, **TINY))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    expected = {name: value.numpy() for name, value in single.model.state_dict().items()}
+    ranks = [safetensors.numpy.load_file(path) for path in weights]
+    for name, value in expected.items():
+        assert ranks[0][name].dtype == np.float64
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
+        np.testing.assert_allclose(ranks[0][name], value, atol=1e-9, rtol=0)
+    assert latest_checkpoint(tmp_path / "ddp").name == "step-0000004"

@@ -1,0 +1,298 @@
+"""Translation at scale and translate's inputs: a self-contained run,
+``--input FILE|-`` and ``--output``, batched equals one at a time, beam search, ``evaluate``'s JSON line, and
+``--checkpoint latest|best|average|step-N``. Every input is checked before anything is translated or printed."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sacrebleu.metrics import BLEU
+
+import multihead.app.translate as translate_module
+from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, write_lines
+from multihead.app.cli import main
+from multihead.app.translate import Translator
+
+SOURCES = [source for source, _ in VALID]
+REFERENCES = [target for _, target in VALID]
+
+
+def best_of(run: CorpusRun) -> str:
+    """The checkpoint the run's validation BLEU chose."""
+    history = json.loads((run.path / "history.json").read_text(encoding="utf-8"))
+    best = max(history["evals"], key=lambda evaluation: evaluation["bleu"])
+    name = best.get("checkpoint", f"step-{best['step']:07d}")
+    assert (run.path / "best").read_text(encoding="utf-8").strip() == name
+    return name
+
+
+def test_a_run_is_self_contained(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """The fixture moved the run and deleted its corpus: it translates as it did before, and so does a copy."""
+    assert Translator(corpus_run.path).translate(SAMPLES) == corpus_run.translations
+    copy = corpus_run.copy(tmp_path / "another" / "machine")
+    result = cli("translate", copy, *SAMPLES)
+    assert result.status == 0, result.err
+    assert result.out_lines == corpus_run.translations
+    assert result.err == ""
+
+
+@pytest.mark.parametrize("source", ["file", "gz", "stdin"])
+def test_input_gives_one_translation_per_line_in_order(
+    source: str, corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = SOURCES[::-1]  # not sorted by length: the order must come back as it went in
+    expected = Translator(corpus_run.path).translate(lines)
+    if source == "stdin":
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+        path = "-"
+    else:
+        path = write_lines(tmp_path / ("in.txt.gz" if source == "gz" else "in.txt"), lines)
+    result = cli("translate", corpus_run.path, "--input", path)
+    assert result.status == 0, result.err
+    assert result.out_lines == expected
+    output = tmp_path / "out.txt"
+    if source == "stdin":
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    result = cli("translate", corpus_run.path, "--input", path, "--output", output)
+    assert result.status == 0, result.err
+    assert result.out == ""
+    assert output.read_text(encoding="utf-8") == "".join(line + "\n" for line in expected)
+
+
+def test_stdin_is_split_only_at_line_feeds(
+    corpus_run: CorpusRun, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a file is: a form feed or a Unicode line separator inside a line does not make two lines of it."""
+    data = "der Hund\x0cläuft.\ndie Katze\u2028isst.\r\ndas Kind singt.\n".encode()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    result = cli("translate", corpus_run.path, "--input", "-")
+    assert result.status == 0, result.err
+    assert len(result.out_lines) == 3
+
+
+def test_texts_and_input_are_one_or_the_other(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]):
+    path = write_lines(tmp_path / "in.txt", SAMPLES)
+    assert_refused(cli("translate", corpus_run.path), "--input")
+    assert_refused(cli("translate", corpus_run.path, "abc", "--input", path), "--input")
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batched_translation_equals_one_at_a_time(corpus_run: CorpusRun, beam: int) -> None:
+    translator = Translator(corpus_run.path)
+    batched = translator.translate(SOURCES, beam=beam)
+    assert batched == [translator.translate([source], beam=beam)[0] for source in SOURCES]
+    assert len(set(batched)) > 1
+
+
+def test_beam_search_gives_one_translation_per_input(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
+    greedy = cli("translate", corpus_run.path, *SAMPLES)
+    beam = cli("translate", corpus_run.path, *SAMPLES, "--beam", "4", "--length-penalty", "1.0")
+    assert greedy.status == beam.status == 0
+    assert len(beam.out_lines) == len(SAMPLES)
+    assert cli("translate", corpus_run.path, *SAMPLES, "--beam", "1").out_lines == greedy.out_lines
+    assert_refused(cli("translate", corpus_run.path, "abc", "--beam", "0"), "--beam")
+
+
+def test_cross_attention_plot_of_a_subword_model(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]):
+    result = cli("translate", corpus_run.path, SAMPLES[0], "--plot", tmp_path / "attention.png")
+    assert result.status == 0, result.err
+    assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- evaluate ---------------------------------------------------------------------------------------------
+
+
+def test_evaluate_ends_with_a_json_line_of_sacrebleu_scores(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    src, ref = write_lines(tmp_path / "test.de", SOURCES), write_lines(tmp_path / "test.en.gz", REFERENCES)
+    result = cli("evaluate", corpus_run.path, src, ref, "--output", tmp_path / "hypotheses.txt")
+    assert result.status == 0, result.err
+    summary = result.json()
+    assert {"bleu", "chrf", "signature", "sentences", "seconds"} <= set(summary)
+    assert summary["sentences"] == len(SOURCES)
+    assert summary["seconds"] >= 0
+    assert summary["beam"] == 1
+    assert summary["checkpoint"] == best_of(corpus_run)
+    hypotheses = (tmp_path / "hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    assert hypotheses == Translator(corpus_run.path).translate(SOURCES)
+    bleu = BLEU()
+    assert summary["bleu"] == round(bleu.corpus_score(hypotheses, [REFERENCES]).score, 2)
+    assert summary["signature"]["bleu"] == str(bleu.get_signature())
+    assert summary["signature"]["chrf"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no")
+    assert summary["bleu"] > 5  # the model learned something
+    beam = cli("evaluate", corpus_run.path, src, ref, "--beam", "2").json()
+    assert (beam["beam"], beam["sentences"]) == (2, len(SOURCES))
+
+
+def test_evaluate_refuses_files_of_different_lengths(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(translate_module.Translator, "__init__", lambda *args: pytest.fail("the model was loaded"))
+    src, ref = write_lines(tmp_path / "test.de", SOURCES), write_lines(tmp_path / "test.en", REFERENCES[:-1])
+    result = cli("evaluate", corpus_run.path, src, ref)
+    assert_refused(result, f"SRC '{src}' has {len(SOURCES)} lines", f"REF '{ref}' has {len(SOURCES) - 1}")
+    assert result.out == ""
+
+
+# --- --checkpoint ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("which", "name"),
+    [(None, "BEST"), ("best", "BEST"), ("latest", "step-0000120"), ("average", "average"),
+     ("step-90", "step-0000090"), ("step-0000120", "step-0000120"), ("90", "step-0000090")],
+)  # fmt: skip
+def test_checkpoint_chooses_what_translates(
+    which: str | None, name: str, corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    if name == "BEST":
+        name = best_of(corpus_run)
+    src, ref = write_lines(tmp_path / "test.de", SAMPLES), write_lines(tmp_path / "test.en", REFERENCES[:6])
+    chosen = [] if which is None else ["--checkpoint", which]
+    summary = cli("evaluate", corpus_run.path, src, ref, *chosen).json()
+    assert summary["checkpoint"] == name
+    translated = cli("translate", corpus_run.path, *SAMPLES, *chosen)
+    assert translated.status == 0, translated.err
+    assert translated.out_lines == Translator(corpus_run.path, name).translate(SAMPLES)
+
+
+def test_checkpoints_translate_differently(corpus_run: CorpusRun) -> None:
+    """(So that the test above can tell them apart.)"""
+    translations = {name: tuple(Translator(corpus_run.path, name).translate(SOURCES)) for name in ("step-90", "latest")}
+    assert len(set(translations.values())) == 2
+
+
+@pytest.mark.parametrize(
+    ("which", "fragments"),
+    [
+        ("step-7", ["no checkpoint step-0000007", "it keeps: step-0000090, step-0000120"]),
+        ("newest", ["--checkpoint must be latest, best, average or step-N, received 'newest'"]),
+    ],
+)
+def test_checkpoint_that_is_not_there_is_refused(
+    which: str, fragments: list[str], corpus_run: CorpusRun, cli: Callable[..., Cli]
+) -> None:
+    result = cli("translate", corpus_run.path, "abc", "--checkpoint", which)
+    assert_refused(result, *fragments)
+    assert result.out == ""
+
+
+# --- every input checked before any is translated --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("texts", "named"),
+    [([""], "text 1 is empty"), (["   "], "text 1 is empty"), (["\t"], "text 1 is empty"),
+     ([SAMPLES[0], "", SAMPLES[1]], "text 2 is empty"), ([SAMPLES[0], SAMPLES[1], " "], "text 3 is empty")],
+    ids=["empty", "spaces", "tab", "second-of-three", "last-of-three"],
+)  # fmt: skip
+def test_an_empty_text_aborts_before_anything_is_printed(
+    texts: list[str], named: str, corpus_run: CorpusRun, cli: Callable[..., Cli]
+) -> None:
+    result = cli("translate", corpus_run.path, *texts)
+    assert_refused(result, named)
+    assert result.out == ""
+
+
+def test_an_empty_input_line_aborts_before_anything_is_written(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    path = write_lines(tmp_path / "in.txt", [SAMPLES[0], SAMPLES[1], "  ", SAMPLES[2]])
+    result = cli("translate", corpus_run.path, "--input", path, "--output", tmp_path / "out.txt")
+    assert_refused(result, "--input line 3 is empty")
+    assert not (tmp_path / "out.txt").exists()
+    src, ref = write_lines(tmp_path / "test.de", ["", SAMPLES[0]]), write_lines(tmp_path / "test.en", ["a", "b"])
+    result = cli("evaluate", corpus_run.path, src, ref)
+    assert_refused(result, "SRC line 1 is empty")
+    assert result.out == ""
+
+
+def test_input_longer_than_the_model_reads_is_refused_in_the_users_terms(
+    corpus_run: CorpusRun, cli: Callable[..., Cli]
+) -> None:
+    result = cli("translate", corpus_run.path, SAMPLES[0], "der Hund " * 200)
+    assert_refused(result, "text 2 is too long: ", " subword tokens; this model reads at most 256")
+    assert "position" not in result.err
+    assert "`" not in result.err
+    assert result.out == ""
+
+
+def test_unknown_characters_are_listed_one_by_one(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
+    result = cli("translate", corpus_run.path, SAMPLES[0], "der Hund Ωβ läuft.")
+    assert result.status == 0, result.err
+    assert len(result.out_lines) == 2
+    assert result.err_lines == ["warning: text 2: 'Ω', 'β' not in the training vocabulary, read as <unk>"]
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+@pytest.mark.parametrize("where", ["missing-directory", "a-directory"])
+def test_files_to_write_are_checked_before_the_model_loads(
+    command: str,
+    where: str,
+    corpus_run: CorpusRun,
+    tmp_path: Path,
+    cli: Callable[..., Cli],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(translate_module.Translator, "__init__", lambda *args: pytest.fail("the model was loaded"))
+    src, ref = write_lines(tmp_path / "test.de", SAMPLES), write_lines(tmp_path / "test.en", SAMPLES)
+    target = tmp_path / "absent" / "out.txt" if where == "missing-directory" else tmp_path
+    args = [*SAMPLES] if command == "translate" else [src, ref]
+    result = cli(command, corpus_run.path, *args, "--output", target)
+    assert_refused(result, "--output", str(target))
+    assert "`" not in result.err
+
+
+def test_evaluate_json_names_the_checkpoint_of_a_task_run_as_latest(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """A built-in task's run has no best checkpoint: the default is the latest, and asking for best says why not."""
+    out = tmp_path / "run"
+    train = ["train", "--task", "copy", "--out", out, "--steps", "2", "--eval-examples", "2", "--batch-size", "4"]
+    assert cli(*train, "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--no-progress").status == 0
+    src, ref = write_lines(tmp_path / "src.txt", ["abc"]), write_lines(tmp_path / "ref.txt", ["abc"])
+    assert cli("evaluate", out, src, ref).json()["checkpoint"] == "step-0000002"
+    refused = cli("translate", out, "abc", "--checkpoint", "best")
+    assert_refused(refused, "has no best checkpoint", "--checkpoint latest")
+    assert json.loads((out / "history.json").read_text(encoding="utf-8"))["metric"] == "accuracy"
+
+
+def test_an_empty_input_file(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """Nothing in, nothing out; but nothing to plot or to score is an error (it was a traceback)."""
+    empty = write_lines(tmp_path / "empty.txt", [])
+    result = cli("translate", corpus_run.path, "--input", empty)
+    assert (result.status, result.out, result.err) == (0, "", "")
+    assert_refused(cli("translate", corpus_run.path, "--input", empty, "--plot", tmp_path / "a.png"), "--plot")
+    assert not (tmp_path / "a.png").exists()
+    assert_refused(cli("evaluate", corpus_run.path, empty, empty), "hold no lines")
+
+
+# --- a built-in task's run ---------------------------------------------------------------------------
+
+
+def test_translate_prints_and_plots(dates_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "attention.png"
+    assert main(["translate", str(dates_run), "21 November 2026", "4 July 1976", "--plot", str(plot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["translate", str(dates_run), "21 November 2026", "--beam", "3"]) == 0
+
+
+def test_translation_exposes_every_layer_and_head(dates_run: Path) -> None:
+    translation = Translator(dates_run).attention("21 Nov 2026")
+    assert len(translation.cross_attention) == 1  # one decoder layer
+    heads, rows, columns = translation.cross_attention[0].shape
+    assert (heads, columns) == (2, len("21 Nov 2026"))
+    assert rows == len(translation.target_tokens)
+    np.testing.assert_allclose(translation.cross_attention[0].sum(-1), 1.0, atol=1e-5)
+
+
+def test_unknown_characters_warn(dates_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["translate", str(dates_run), "21 Novémber 2026"]) == 0
+    assert "warning: text 1: 'é' not in the training vocabulary, read as <unk>" in capsys.readouterr().err
