@@ -1,9 +1,9 @@
-"""Cached greedy generation with PyTorch, time per decoding step, for one or more checkouts side by side (issue 13's
-check; the figures are quoted in docs/performance.md).
+"""Cached greedy generation, time per decoding step, for one or more checkouts side by side (the figures are quoted in
+docs/performance.md): PyTorch's, or Keras' compiled generation on the active Keras backend (``--framework keras``).
 
-    .venv/bin/python benchmarks/generation_step.py [--src OTHER/src ...] [--rounds 3] [--runs 7]
+    .venv/bin/python benchmarks/generation_step.py [--src OTHER/src ...] [--rounds 3] [--runs 7] [--framework keras]
 
-The model of the issue: B=8, source length 32, up to 128 tokens, d_model 256, 3+3 layers, 8 heads, d_ff 512,
+The model: B=8, source length 32, up to 128 tokens, d_model 256, 3+3 layers, 8 heads, d_ff 512,
 vocabulary 8000, EOS made unreachable so that every run takes all 128 steps. Each round runs every checkout in a
 fresh process, one after the other (this checkout's ``src`` first, then each ``--src``); each process warms up, then
 times ``--runs`` generations and prints their median time per step.
@@ -23,29 +23,52 @@ from pathlib import Path
 HERE_SRC = Path(__file__).resolve().parent.parent / "src"
 
 
-def child(runs: int, tokens: int) -> dict:
+SIZES = dict(d_model=256, num_heads=8, num_encoder_layers=3, num_decoder_layers=3, d_ff=512, dropout=0.0)
+EOS = 2
+
+
+def torch_model() -> tuple[object, object]:
+    """The model (EOS unreachable, so that every run decodes all its tokens) and a batch of sources."""
     import torch
 
-    import multihead
     from multihead.torch import Transformer
 
     torch.manual_seed(0)
-    model = Transformer(8000, 8000, d_model=256, num_heads=8, num_encoder_layers=3, num_decoder_layers=3, d_ff=512,
-                        dropout=0.0).eval()  # fmt: skip
-    eos_id = 2
+    model = Transformer(8000, 8000, **SIZES).eval()
     with torch.no_grad():
-        model.output_proj.bias[eos_id] = -1e9  # never ends early: every run decodes `tokens` steps
-    src = torch.randint(3, 8000, (8, 32))
-    model.generate(src, max_len=tokens, bos_id=1, eos_id=eos_id)  # warm-up
+        model.output_proj.bias[EOS] = -1e9
+    return model, torch.randint(3, 8000, (8, 32))
+
+
+def keras_model() -> tuple[object, object]:
+    """As :func:`torch_model`, in Keras; generation runs compiled (on TensorFlow and JAX)."""
+    import keras
+    import numpy as np
+
+    from multihead.keras import Transformer
+
+    keras.utils.set_random_seed(0)
+    model = Transformer(8000, 8000, **SIZES)
+    model.build()
+    bias = np.zeros(8000, "float32")
+    bias[EOS] = -1e9
+    model.output_proj.bias.assign(bias)
+    return model, np.random.default_rng(0).integers(3, 8000, (8, 32)).astype("int32")
+
+
+def child(runs: int, tokens: int, framework: str) -> dict:
+    import multihead
+
+    model, src = (torch_model if framework == "torch" else keras_model)()
+    model.generate(src, max_len=tokens, bos_id=1, eos_id=EOS)  # warm-up (and compilation)
     per_step = []
     for _ in range(runs):
         begin = time.perf_counter()
-        out = model.generate(src, max_len=tokens, bos_id=1, eos_id=eos_id)
+        out = model.generate(src, max_len=tokens, bos_id=1, eos_id=EOS)
         per_step.append((time.perf_counter() - begin) / out.shape[1] * 1e3)
         if out.shape[1] != tokens:
             raise RuntimeError(f"generation stopped after {out.shape[1]} of {tokens} tokens")
-    return {"src": str(Path(multihead.__file__).parent.parent), "ms_per_step": statistics.median(per_step),
-            "threads": torch.get_num_threads()}  # fmt: skip
+    return {"src": str(Path(multihead.__file__).parent.parent), "ms_per_step": statistics.median(per_step)}
 
 
 def main() -> None:
@@ -54,17 +77,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of fresh processes, checkouts interleaved")
     parser.add_argument("--runs", type=int, default=7, help="timed generations per process")
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per run")
+    parser.add_argument("--framework", choices=("torch", "keras"), default="torch", help="which front end generates")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.runs, args.tokens)))
+        print(json.dumps(child(args.runs, args.tokens, args.framework)))
         return
     sources = [str(HERE_SRC), *(str(Path(s).resolve()) for s in args.src)]
     results: dict[str, list[float]] = {s: [] for s in sources}
     for round_ in range(args.rounds):
         for src in sources:
             env = {**os.environ, "PYTHONPATH": src}
-            command = [sys.executable, __file__, "--child", "--runs", str(args.runs), "--tokens", str(args.tokens)]
+            command = [sys.executable, __file__, "--child", "--runs", str(args.runs), "--tokens", str(args.tokens),
+                       "--framework", args.framework]  # fmt: skip
             out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
             measured = json.loads(out.strip().splitlines()[-1])
             if measured["src"] != src:

@@ -1,5 +1,5 @@
 """One training step of our Transformer against the same model built on ``torch.nn.Transformer``, interleaved in one
-process on the same batches (issue 14's speed check; results quoted in docs/translation.md).
+process on the same batches (results quoted in docs/translation.md).
 
 Both models: d_model 256, 3+3 layers, 4 heads, d_ff 1024, post-norm, dropout 0.1, one tied 8000-symbol vocabulary,
 sinusoidal positions, Adam, label smoothing 0.1, the same padded batches of about 4096 tokens with key padding

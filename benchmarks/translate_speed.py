@@ -1,11 +1,11 @@
-"""Greedy translation of a file in batches against one sentence at a time (issue 14's speed check; results quoted in
+"""Greedy translation of a file in batches against one sentence at a time (results quoted in
 docs/translation.md).
 
     .venv/bin/python benchmarks/translate_speed.py RUN SRC [--single 100] [--before OTHER/src]
 
 Batched: all of SRC, twice, the faster taken. One at a time: the first ``--single`` sentences, each its own call,
-with the same code. ``--before`` also times them one at a time the way ``multihead translate`` did before issue 14,
-with the code of another checkout (``git worktree add /tmp/before 8208ce5``) in a child process: the run's weights
+with the same code. ``--before`` also times them one at a time the way ``multihead translate`` did at first, with
+the code of another checkout (``git worktree add /tmp/before 8208ce5``) in a child process: the run's weights
 in that checkout's ``Transformer``, one ``generate`` per sentence up to the model's ``max_len - 1`` tokens, then the
 encode and decode with cross-attention weights that its ``translate`` computed for every sentence.
 """
@@ -95,7 +95,7 @@ def main() -> None:
         if measured["src"] != env["PYTHONPATH"]:
             raise RuntimeError(f"the child imported multihead from {measured['src']}, not {env['PYTHONPATH']}")
         before_rate = len(sources) / measured["seconds"]
-        print(f"one at a time before issue 14 ({args.before}): {before_rate:.1f} sentences/s")
+        print(f"one at a time, as the first version did ({args.before}): {before_rate:.1f} sentences/s")
         print(f"batched against it: {batched_rate / before_rate:.1f}x")
 
 
