@@ -156,18 +156,21 @@ def test_only_the_run_module_names_the_run_format_files() -> None:
 
 
 def flag_definitions(path: Path, flags: set[str]) -> list[str]:
-    """Where a module defines options rather than uses them: a flag given to ``add_argument``, a flag in a list,
-    tuple, set or dict display (a table of flags), or a text listing three flags or more (a list typed by hand)."""
+    """Where a module defines options rather than uses them: a flag given to ``add_argument`` or ``Option``, a flag
+    in a list, tuple, set or dict display (a table of flags), or a text listing three flags or more, comma-separated
+    (a list typed by hand)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+        called = getattr(node.func, "attr", None) or getattr(node.func, "id", "") if isinstance(node, ast.Call) else ""
+        if called in ("add_argument", "Option"):
             found += [arg.value for arg in node.args if isinstance(arg, ast.Constant) and arg.value in flags]
         elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
             items = node.values if isinstance(node, ast.Dict) else node.elts
             found += [item.value for item in items if isinstance(item, ast.Constant) and item.value in flags]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            listed = [flag for flag in flags if re.search(rf"{flag}\b(?!-)", node.value)]
-            found += [", ".join(sorted(listed))] if len(listed) >= 3 else []
+            for listing in re.findall(r"--[a-z-]+(?:, --[a-z-]+){2,}", node.value):
+                listed = [flag for flag in listing.split(", ") if flag in flags]
+                found += [listing] if len(listed) >= 3 else []
     return found
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import multihead.app.training as training
-from app.support import SMALL, Cli, assert_refused, no_evaluation, snapshot, write_corpus
+from app.support import SMALL, Cli, assert_refused, no_evaluation, snapshot, write_corpus, write_lines
 from multihead import __version__
 from multihead.app.cli import DEMO_EXAMPLES, main
 from multihead.app.training import TrainOptions, train
@@ -78,3 +78,29 @@ def test_demo_refuses_a_run_of_something_else(
     assert_refused(result, f"--out '{out}' holds a run of {held}, not the demo's dates; choose another --out")
     assert result.out == ""
     assert snapshot(out) == before
+
+
+def test_options_may_come_before_between_or_after_the_positional_arguments(
+    task_run: Path, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    expected = cli("translate", task_run, "abc", "cab").out
+    for args in (
+        ["translate", task_run, "--beam", "1", "abc", "cab"],
+        ["translate", "--checkpoint", "latest", task_run, "abc", "--length-penalty", "0.6", "cab"],
+        ["translate", task_run, "abc", "cab", "--beam", "1"],
+    ):
+        result = cli(*args)
+        assert (result.status, result.out) == (0, expected), (args, result.err)
+    src = write_lines(tmp_path / "src.txt", ["abc", "cab"])
+    ref = write_lines(tmp_path / "ref.txt", ["cba", "bac"])
+    result = cli("evaluate", "--beam", "2", task_run, src, "--checkpoint", "latest", ref)
+    assert result.status == 0, result.err
+    assert result.json()["beam"] == 2
+
+
+def test_an_unknown_option_is_named_with_the_commands_help(task_run: Path, cli: Callable[..., Cli]) -> None:
+    result = cli("translate", task_run, "abc", "--bogus")
+    assert result.status == 2
+    assert result.err_lines == [
+        "multihead translate: error: unrecognized arguments: --bogus (see multihead translate --help)"
+    ]

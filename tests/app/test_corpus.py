@@ -11,8 +11,9 @@ import pytest
 
 import multihead.app.training as training
 from app.support import PAIRS, TRAIN, VALID, Cli, assert_refused, snapshot, write_corpus, write_lines
+from multihead.app.console import UserError
 from multihead.app.corpus import read_parallel
-from multihead.app.data import load_corpus
+from multihead.app.data import check_sides, load_corpus
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
@@ -20,10 +21,62 @@ def test_two_line_aligned_files(tmp_path: Path, gz: bool) -> None:
     assert read_parallel(write_corpus(tmp_path, gz=gz)) == TRAIN
 
 
-def test_a_tab_inside_a_line_of_two_files_is_part_of_the_sentence(tmp_path: Path) -> None:
-    """Multi30k's German training data has a line with a TAB: only the TSV format splits on it."""
-    pairs = [("ein\tHund", "a dog"), ("eine Katze", "a cat")]
-    assert read_parallel(write_corpus(tmp_path, pairs)) == pairs
+def test_a_tab_inside_a_line_of_two_files_is_a_space(tmp_path: Path) -> None:
+    """Multi30k's German training data has a line with a TAB: only the TSV format splits on it; in two files it is
+    whitespace between words, not a symbol of the vocabulary."""
+    pairs = [("ein\tHund", "a\tdog"), ("eine Katze", "a cat")]
+    assert read_parallel(write_corpus(tmp_path, pairs), "--data") == [("ein Hund", "a dog"), ("eine Katze", "a cat")]
+
+
+@pytest.mark.parametrize(("line", "column"), [("der Hund\t", "target"), ("\tthe dog", "source")])
+def test_a_tsv_line_with_an_empty_column_is_named(tmp_path: Path, line: str, column: str) -> None:
+    path = write_lines(tmp_path / "corpus.tsv", ["die Katze\tthe cat", line])
+    with pytest.raises(UserError, match=rf"--data: '.*corpus.tsv' line 2: the {column} column is empty"):
+        read_parallel([str(path)], "--data")
+
+
+# --- what looks like a mistake: warned about, not refused -------------------------------------------------------
+
+
+def warnings_of(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+
+
+def test_one_text_on_both_sides_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (source, _) = write_corpus(tmp_path)
+    check_sides(load_corpus([source, source]), [source, source], None)
+    assert warnings_of(capsys) == [
+        f"warning: --data {source} {source}: source and target are the same text on every line: the model will learn "
+        "to copy"
+    ]
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["by-file-names", "by-words"])
+def test_a_validation_set_the_other_way_round_is_warned_about(
+    tmp_path: Path, named: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if named:
+        data, valid = write_corpus(tmp_path), write_corpus(tmp_path, VALID, "valid")[::-1]
+    else:
+        data = [str(write_lines(tmp_path / "train.tsv", [f"{s}\t{t}" for s, t in TRAIN]))]
+        valid = [str(write_lines(tmp_path / "valid.tsv", [f"{t}\t{s}" for s, t in VALID]))]
+    check_sides(load_corpus(data, valid), data, valid)
+    assert warnings_of(capsys) == [
+        f"warning: --valid {' '.join(valid)} reads the other way round from --data {' '.join(data)}: source and "
+        "target swapped? (validation scores, and the best checkpoint, would mean nothing)"
+    ]
+    right = valid[::-1] if named else [str(write_lines(tmp_path / "ok.tsv", [f"{s}\t{t}" for s, t in VALID]))]
+    check_sides(load_corpus(data, right), data, right)
+    assert warnings_of(capsys) == []
+
+
+def test_the_training_set_as_validation_set_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_corpus(tmp_path)
+    check_sides(load_corpus(data, data), data, data)
+    assert warnings_of(capsys) == [
+        f"warning: --valid {' '.join(data)} holds only training pairs: its scores will not say how the model does on "
+        "new sentences"
+    ]
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 import multihead
-import multihead.app.training as train_module
 import multihead.app.training as training
 from app.support import (
     SMALL,
@@ -113,8 +112,13 @@ def test_bad_combinations_are_named_by_their_flags(
 
 def test_input_longer_than_the_model_reads_is_counted_in_characters(reverse_run: Path, cli: Callable[..., Cli]) -> None:
     result = cli("translate", reverse_run, "abc", "a" * 400)
-    assert_in_users_words(result, "text 2 is too long: 400 characters; this model reads at most ")
-    assert result.out == ""
+    assert result.status == 0, result.err
+    assert len(result.out_lines) == 2
+    assert re.fullmatch(
+        r"warning: text 2 is longer than this model reads \(400 characters, at most \d+\): cut to its first \d+",
+        result.err_lines[0],
+    ), result.err
+    assert not PROGRAM_WORDS.search(result.err), result.err
 
 
 def test_unknown_characters_are_listed_each_on_its_own(reverse_run: Path, cli: Callable[..., Cli]) -> None:
@@ -137,17 +141,50 @@ def test_train_help_shows_the_defaults(cli: Callable[..., Cli]) -> None:
     for flag in set(FLAGS.values()) - no_default:
         assert "default" in helps[flag], (flag, helps[flag])
     text = _help(cli, "train")
-    assert "--d-model D_MODEL default: 128 for a built-in task, 256 for --data" in text
+    assert (
+        "--d-model D_MODEL the model's width: embeddings and every layer's output (default: 128 for a built-in task, "
+        "256 for --data)"
+    ) in text
     assert "--task NAME built-in task: dates, numbers, numbers-to-words, copy, reverse, sort (default: dates)" in text
     assert "--lr LR peak learning rate (default: 0.001 for a built-in task, 0.0015 for --data)" in text
+
+
+def test_every_train_option_is_explained(cli: Callable[..., Cli]) -> None:
+    (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
+    for action in commands.choices["train"]._actions:
+        help_text = re.sub(r"\(?default:[^)]*\)?", "", action.help or "").strip()
+        assert help_text, f"{action.option_strings} is not explained"
+    text = _help(cli, "train")
+    assert "--steps or --minutes is required" in text
+    assert "KERAS_BACKEND" in text
+    for flag, words in {"--heads": "attention heads", "--d-model": "width", "--d-ff": "feed-forward",
+                        "--seed": "random seed", "--label-smoothing": "probability"}.items():  # fmt: skip
+        assert re.search(rf"{flag} \S+ [^-]*{words}", text), flag
+
+
+def test_every_command_says_what_it_does(cli: Callable[..., Cli]) -> None:
+    (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
+    for name, parser in commands.choices.items():
+        if name != "bench":  # its own parser describes it
+            assert len(parser.description or "") > 40, name
+    assert "our attention against what users would pick instead" in _help(cli, "bench")
+
+
+def test_evaluate_help_names_every_key_of_its_json(cli: Callable[..., Cli]) -> None:
+    text = _help(cli, "evaluate")
+    for key in ("bleu", "bleu_lowercase", "chrf", "signature", "sentences", "seconds", "beam", "checkpoint"):
+        assert re.search(rf"\b{key}\b", text), key
 
 
 @pytest.mark.parametrize(
     ("command", "shown"),
     [
         ("demo", ["(default: runs/dates)", "(default: 1500)"]),
-        ("translate", ["beam size (1: greedy) (default: 1)", "(default: 0.6)", "default: best if the run has one"]),
-        ("evaluate", ["beam size (1: greedy) (default: 1)", "the last line of stdout is a JSON object"]),
+        (
+            "translate",
+            ["beam size, 1 to 64 (1: greedy) (default: 1)", "(default: 0.6)", "default: best if the run has one"],
+        ),
+        ("evaluate", ["beam size, 1 to 64 (1: greedy) (default: 1)", "the last line of stdout is a JSON object"]),
     ],
 )
 def test_other_helps_show_their_defaults(command: str, shown: list[str], cli: Callable[..., Cli]) -> None:
@@ -277,19 +314,22 @@ def assert_one_line_error(status: int, lines: list[str], fragment: str) -> None:
         (["train", "--out", "OUT", "--steps", "1", "--warmup", "0"], "--warmup"),
         (["train", "--out", "OUT", "--steps", "1", "--minutes", "soon"], "--minutes"),
         (["train", "--out", "OUT", "--steps", "1", "--task", "copy", "--data", "x.tsv"], "--data"),
-        (["translate", "RUN"], "text"),
         (["translate", "RUN", "abc", "--beam", "0"], "--beam"),
+        (["translate", "RUN", "abc", "--beam", "100000"], "--beam"),
+        (["translate", "RUN", "abc", "--length-penalty", "-3"], "--length-penalty"),
+        (["evaluate", "RUN", "SRC", "REF", "--length-penalty", "nan"], "--length-penalty"),
         (["demo", "--steps", "0"], "--steps"),
     ],
     ids=[
         "no-out", "steps-zero", "steps-negative", "steps-word", "batch-size-zero", "framework-jax", "tokenizer-byte",
-        "warmup-zero", "minutes-word", "task-and-data", "translate-no-text", "beam-zero", "demo-steps-zero",
+        "warmup-zero", "minutes-word", "task-and-data", "beam-zero", "beam-too-wide",
+        "length-penalty-negative", "length-penalty-nan", "demo-steps-zero",
     ],
 )  # fmt: skip
 def test_cli_usage_errors(
     args: list[str], option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(train_module, "make_trainer", lambda options: pytest.fail("training started"))
+    monkeypatch.setattr(training, "make_trainer", lambda options: pytest.fail("training started"))
     args = [str(tmp_path / a) if a in ("OUT", "RUN") else a for a in args]
     assert_usage_error(*run_main(args, capsys), option)
     assert list(tmp_path.iterdir()) == []
@@ -299,7 +339,7 @@ def test_cli_minutes_not_a_number_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--minutes nan`` would never reach its deadline: training without end."""
-    monkeypatch.setattr(train_module, "make_trainer", lambda options: pytest.fail("training started with minutes=nan"))
+    monkeypatch.setattr(training, "make_trainer", lambda options: pytest.fail("training started with minutes=nan"))
     status, lines = run_main(["train", "--out", str(tmp_path / "run"), "--minutes", "nan", "--no-progress"], capsys)
     assert_one_line_error(status, lines, r"--minutes")
 
@@ -456,3 +496,17 @@ def test_user_errors_are_one_line_with_status_2(case: str, message: str, dates_r
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("multihead: error: ")
     assert message in lines[0]
+
+
+def test_an_unknown_keras_backend_is_named_before_anything_is_written(tmp_path: Path) -> None:
+    env = {**os.environ, "KERAS_BACKEND": "nonsense"}
+    env.pop("MULTIHEAD_DEBUG", None)
+    command = [sys.executable, "-m", "multihead", "train", "--framework", "keras", "--task", "dates", "--steps", "1",
+               "--out", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stderr
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        "multihead: error: KERAS_BACKEND='nonsense' is not a backend --framework keras trains on: set it to "
+        "tensorflow, jax or torch (unset: Keras' default, tensorflow)"
+    ]
+    assert not (tmp_path / "run").exists()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +17,18 @@ import numpy as np
 import pytest
 import torch
 
-from app.support import TRAIN, VALID, Cli, CorpusRun, assert_refused, snapshot, tiny, write_corpus
+from app.support import (
+    SMALL_FLAGS,
+    TRAIN,
+    VALID,
+    Cli,
+    CorpusRun,
+    assert_refused,
+    snapshot,
+    subprocess_env,
+    tiny,
+    write_corpus,
+)
 from multihead.app.cli import build_parser
 from multihead.app.options import FLAGS, RESUMABLE
 from multihead.app.runs import latest_checkpoint
@@ -217,3 +230,27 @@ def test_resume_follows_the_uninterrupted_loss_curve(tmp_path: Path) -> None:
     np.testing.assert_allclose([x for _, x in resumed.losses], [x for _, x in whole.losses], atol=1e-6, rtol=0)
     for name, value in whole.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], value, atol=1e-6, rtol=0)
+
+
+# --- a Keras run on another backend ----------------------------------------------------------------------------
+
+
+def _keras_train(out: Path, backend: str, *args: str) -> subprocess.CompletedProcess:
+    env = subprocess_env(KERAS_BACKEND=backend)
+    command = [sys.executable, "-m", "multihead", "train", "--framework", "keras", "--task", "reverse", "--out",
+               str(out), *SMALL_FLAGS, "--batch-size", "4", "--warmup", "5", "--eval-every", "1000", *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_a_keras_run_records_its_backend_and_a_change_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = _keras_train(out, "torch", "--steps", "2")
+    assert first.returncode == 0, first.stderr
+    assert trainer_json(out)["keras_backend"] == "torch"
+    again = _keras_train(out, "tensorflow", "--steps", "3", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert (
+        "warning: this run trained on the Keras backend torch; it goes on with tensorflow (KERAS_BACKEND): the same "
+        "model, other numerics"
+    ) in again.stderr.splitlines()
+    assert trainer_json(out)["keras_backend"] == "tensorflow"

@@ -1,16 +1,21 @@
 """The run directory: checkpoints written whole or not at all, ``latest`` moved only after a complete
-checkpoint, nothing left behind by an interrupted save (the format itself is described in :mod:`multihead.app.runs`)."""
+checkpoint, nothing left behind by an interrupted save, one process at a time (the format itself is described in
+:mod:`multihead.app.runs`)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import multihead.app.runs as runs
 import multihead.io as mio
-from app.support import damaged_run, snapshot, tiny, undamaged
-from multihead.app.runs import RunError, latest_checkpoint
+from app.support import SMALL_FLAGS, damaged_run, snapshot, subprocess_env, tiny, undamaged
+from multihead.app.runs import RunError, latest_checkpoint, read_checkpoint
 from multihead.app.training import train
 
 
@@ -79,3 +84,66 @@ def test_an_interrupted_save_is_never_picked_up(tmp_path: Path, monkeypatch: pyt
 
 def test_run_error_is_a_value_error() -> None:
     assert issubclass(RunError, ValueError)
+
+
+# --- one process at a time ------------------------------------------------------------------------------------
+
+TRAIN_TINY = ["train", "--task", "reverse", *SMALL_FLAGS, "--batch-size", "4", "--warmup", "5", "--eval-every", "1000"]
+
+
+def _multihead(*args: object) -> subprocess.Popen:
+    command = [sys.executable, "-m", "multihead", *map(str, args)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+
+
+def test_two_trainings_of_one_run_directory_never_run_at_once(tmp_path: Path) -> None:
+    """The first takes the run's lock; the second, started while the first trains, is refused in one line naming
+    the first's process, and the run the first writes is whole."""
+    out = tmp_path / "run"
+    first = _multihead(*TRAIN_TINY, "--out", out, "--steps", "400", "--checkpoint-every", "100")
+    deadline = time.monotonic() + 120
+    while not ((out / runs.LOCK).is_file() and (out / runs.LOCK).read_text().strip()):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the first training never took the lock"
+        time.sleep(0.05)
+    second = _multihead(*TRAIN_TINY, "--out", out, "--steps", "3", "--resume")
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2, err
+    assert [line for line in err.splitlines() if line.strip()] == [
+        f"multihead: error: {str(out)!r} is in use by another multihead process (pid {first.pid}); wait for it to "
+        "end, or choose another --out"
+    ]
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert latest_checkpoint(out).name == "step-0000400"
+    assert read_checkpoint(latest_checkpoint(out)).step == 400
+    assert not (out / runs.LOCK).exists()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    train(tiny(out, steps=3))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / runs.LOCK).write_text(ended.stdout)  # as a training killed with SIGKILL leaves it
+    capsys.readouterr()
+    train(tiny(out, steps=6, resume=True))
+    assert latest_checkpoint(out).name == "step-0000006"
+    assert (
+        f"warning: {str(out)!r} was locked by process {ended.stdout.strip()}, which ended without unlocking it: "
+        "taking it over"
+    ) in capsys.readouterr().err.splitlines()
+    assert not (out / runs.LOCK).exists()
+
+
+def test_a_refused_training_leaves_the_lock_to_its_holder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(tiny(out, steps=3))
+    holder = runs.RunLock(out)
+    holder.acquire()
+    try:
+        with pytest.raises(RunError, match=rf"is in use by another multihead process \(pid {os.getpid()}\)"):
+            train(tiny(out, steps=6, resume=True))
+        assert (out / runs.LOCK).read_text().strip() == str(os.getpid())
+    finally:
+        holder.release()
+    assert latest_checkpoint(out).name == "step-0000003"

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import multihead.app.training as training
 from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, write_corpus
 from multihead.app.batching import CorpusBatches
+from multihead.app.console import UserError
 from multihead.app.runs import latest_checkpoint
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import PAD
@@ -267,7 +268,7 @@ def test_training_pairs_longer_than_the_model_reads_are_left_out(
     run = Training(options)
     run.build()
     assert len(run.setup.corpus_ids[0]) == 40
-    assert "1 sentence pairs longer than 12 tokens are left out of training" in capsys.readouterr().err
+    assert "warning: --data: 1 sentence pair longer than 12 tokens is left out of training" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("fast_evaluation")
@@ -384,3 +385,40 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
         np.testing.assert_allclose(ranks[0][name], value, atol=1e-9, rtol=0)
     assert latest_checkpoint(tmp_path / "ddp").name == "step-0000004"
+
+
+# --- options that would do nothing, or not what was asked -----------------------------------------------------
+
+
+def test_a_vocabulary_size_for_a_tokenizer_without_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"--vocab-size sets the size of a subword vocabulary, and this run's "
+                       r"tokenizer is char .*drop --vocab-size, or add --tokenizer subword"):  # fmt: skip
+        train(tiny(tmp_path / "run", task="dates", vocab_size=50))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_a_vocabulary_smaller_than_the_corpus_alphabet_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = Training(corpus_options(tmp_path, vocab_size=10, steps=1))
+    run.build()
+    assert len(run.setup.source) > 10
+    symbols = len(run.setup.source)
+    assert (
+        f"warning: --vocab-size 10 is too small for the corpus's characters: the vocabulary has {symbols} symbols"
+    ) in capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_no_progress_bar_is_drawn_into_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a log file a bar is only stale lines: none is drawn when stderr is not a terminal."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    train(corpus_options(tmp_path, steps=5, minutes=5, progress=True))
+    err = capsys.readouterr().err
+    assert "it/s" not in err
+    assert "step/s" not in err
+    assert "\r" not in err
+    assert "%|" not in err

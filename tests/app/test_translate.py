@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,8 +80,25 @@ def test_stdin_is_split_only_at_line_feeds(
 
 def test_texts_and_input_are_one_or_the_other(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]):
     path = write_lines(tmp_path / "in.txt", SAMPLES)
-    assert_refused(cli("translate", corpus_run.path), "--input")
-    assert_refused(cli("translate", corpus_run.path, "abc", "--input", path), "--input")
+    assert_refused(cli("translate", corpus_run.path, "abc", "--input", path), "give the texts", "--input", "not both")
+
+
+def test_without_texts_standard_input_is_read_when_piped(
+    corpus_run: CorpusRun, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(f"{s}\n" for s in SAMPLES).encode())))
+    result = cli("translate", corpus_run.path)
+    assert result.status == 0, result.err
+    assert result.out_lines == corpus_run.translations
+
+
+def test_without_texts_or_a_pipe_the_user_is_told_what_to_give(
+    corpus_run: CorpusRun, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    result = cli("translate", corpus_run.path)
+    assert_refused(result, "nothing to translate: give the texts, --input FILE, or pipe them into standard input")
+    assert "not both" not in result.err
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -201,27 +220,54 @@ def test_an_empty_text_aborts_before_anything_is_printed(
     assert result.out == ""
 
 
-def test_an_empty_input_line_aborts_before_anything_is_written(
-    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
-) -> None:
-    path = write_lines(tmp_path / "in.txt", [SAMPLES[0], SAMPLES[1], "  ", SAMPLES[2]])
+def test_blank_input_lines_give_blank_lines(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """A blank line in, a blank line out: the translations stay aligned with the input, a final blank line too."""
+    path = write_lines(tmp_path / "in.txt", [SAMPLES[0], SAMPLES[1], "  ", SAMPLES[2], ""])
     result = cli("translate", corpus_run.path, "--input", path, "--output", tmp_path / "out.txt")
-    assert_refused(result, "--input line 3 is empty")
-    assert not (tmp_path / "out.txt").exists()
+    assert (result.status, result.err) == (0, "")
+    written = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    translations = corpus_run.translations
+    assert written == [translations[0], translations[1], "", translations[2], "", ""]
     src, ref = write_lines(tmp_path / "test.de", ["", SAMPLES[0]]), write_lines(tmp_path / "test.en", ["a", "b"])
     result = cli("evaluate", corpus_run.path, src, ref)
-    assert_refused(result, "SRC line 1 is empty")
-    assert result.out == ""
+    assert result.status == 0, result.err
+    assert result.json()["sentences"] == 2
 
 
-def test_input_longer_than_the_model_reads_is_refused_in_the_users_terms(
-    corpus_run: CorpusRun, cli: Callable[..., Cli]
+def test_final_blank_lines_of_src_and_ref_are_no_sentences(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
-    result = cli("translate", corpus_run.path, SAMPLES[0], "der Hund " * 200)
-    assert_refused(result, "text 2 is too long: ", " subword tokens; this model reads at most 256")
+    src = write_lines(tmp_path / "test.de", SAMPLES)
+    ref = write_lines(tmp_path / "test.en", [*(target for _, target in VALID[:6]), ""])
+    result = cli("evaluate", corpus_run.path, src, ref)
+    assert result.status == 0, result.err
+    assert result.json()["sentences"] == len(SAMPLES)
+    src = write_lines(tmp_path / "test2.de", [*SAMPLES, "", "  "])
+    assert cli("evaluate", corpus_run.path, src, ref).json()["bleu"] == result.json()["bleu"]
+
+
+def test_a_line_longer_than_the_model_reads_is_translated_in_pieces(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """Split at sentence ends, with one warning naming the line in the user's terms; the file is never refused."""
+    long = " ".join([SAMPLES[1]] * 60)  # 60 sentences, several times what the model reads
+    path = write_lines(tmp_path / "in.txt", [SAMPLES[0], long, SAMPLES[2]])
+    result = cli("translate", corpus_run.path, "--input", path)
+    assert result.status == 0, result.err
+    assert len(result.out_lines) == 3
+    assert [result.out_lines[0], result.out_lines[2]] == [corpus_run.translations[0], corpus_run.translations[2]]
+    assert result.out_lines[1] == " ".join([corpus_run.translations[1]] * 60)  # sentence by sentence
+    assert len(result.err_lines) == 1, result.err
+    assert re.fullmatch(
+        r"warning: --input line 2 is longer than this model reads \(\d+ subword tokens, at most 256\): translated "
+        r"in 60 pieces split at sentence ends",
+        result.err_lines[0],
+    ), result.err_lines[0]
     assert "position" not in result.err
     assert "`" not in result.err
-    assert result.out == ""
+    one_sentence = cli("translate", corpus_run.path, "der Hund " * 200)  # no sentence end: cut
+    assert one_sentence.status == 0
+    assert one_sentence.err_lines[-1].endswith(": cut to its first 256"), one_sentence.err
 
 
 def test_unknown_characters_are_listed_one_by_one(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
@@ -296,3 +342,24 @@ def test_translation_exposes_every_layer_and_head(dates_run: Path) -> None:
 def test_unknown_characters_warn(dates_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["translate", str(dates_run), "21 Novémber 2026"]) == 0
     assert "warning: text 1: 'é' not in the training vocabulary, read as <unk>" in capsys.readouterr().err
+
+
+# --- what the command is given --------------------------------------------------------------------------------
+
+
+def test_the_output_is_never_the_input(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    path = write_lines(tmp_path / "in.txt", SAMPLES)
+    before = path.read_bytes()
+    assert_refused(cli("translate", corpus_run.path, "--input", path, "--output", path), "--output", "is --input")
+    src, ref = write_lines(tmp_path / "test.de", SAMPLES), write_lines(tmp_path / "test.en", SAMPLES)
+    assert_refused(cli("evaluate", corpus_run.path, src, ref, "--output", ref), "--output", "is REF")
+    assert path.read_bytes() == before
+    assert ref.read_bytes() == before
+
+
+def test_a_directory_as_input_is_named_as_translation_input(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    result = cli("translate", corpus_run.path, "--input", tmp_path)
+    assert_refused(result, "--input", "is a directory; give a text file, one sentence a line")
+    assert "TSV" not in result.err

@@ -24,6 +24,7 @@ from multihead.app.console import (
     OneLineErrorParser,
     UserError,
     is_main_rank,
+    plural,
     quiet_frameworks,
     report_error,
     say,
@@ -46,9 +47,10 @@ def _report(result: Result, out: str) -> int:
         say(f"accuracy: {result.accuracy:.3f} (exact match on {result.heldout} held-out examples)")
     if result.scores is not None:
         scores = result.scores
+        sentences = plural(scores["examples"], "validation sentence")
         say(
-            f"bleu: {scores['bleu']:.2f}, chrf: {scores['chrf']:.2f} (sacreBLEU, greedy, on {scores['examples']} "
-            f"validation sentences; checkpoint {result.checkpoint}: translate and evaluate use it by default)"
+            f"bleu: {scores['bleu']:.2f}, chrf: {scores['chrf']:.2f} (sacreBLEU, greedy, on {sentences}; "
+            f"checkpoint {result.checkpoint}: translate and evaluate use it by default)"
         )
     return 0
 
@@ -67,7 +69,9 @@ def _train(args: argparse.Namespace) -> int:
 def _read_input(path: str) -> list[str]:
     from multihead.app.corpus import read_lines, read_stdin_lines
 
-    return read_stdin_lines("--input") if path == "-" else read_lines(path, "--input")
+    return (
+        read_stdin_lines("--input") if path == "-" else read_lines(path, "--input", "a text file, one sentence a line")
+    )
 
 
 def _write_output(path: str | None, lines: Sequence[str]) -> None:
@@ -80,31 +84,53 @@ def _write_output(path: str | None, lines: Sequence[str]) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def _check_targets(**targets: str | None) -> None:
-    """Each ``--flag FILE`` the command will write can be written: checked before the model loads and translates."""
+def _check_targets(read: dict[str, str | None], **targets: str | None) -> None:
+    """Each ``--flag FILE`` the command will write can be written, and is none of the files it reads (``read``: how
+    each is named): checked before the model loads and translates."""
     from multihead.files import check_file_target
 
     for name, target in targets.items():
         flag = "--" + name
-        if target is not None:
-            try:
-                check_file_target(target, flag)
-            except ValueError as error:
-                raise UserError(str(error).replace(f"`{flag}`", flag)) from None
+        if target is None:
+            continue
+        try:
+            check_file_target(target, flag)
+        except ValueError as error:
+            raise UserError(str(error).replace(f"`{flag}`", flag)) from None
+        for what, path in read.items():
+            if (
+                path not in (None, "-")
+                and Path(path).exists()
+                and Path(target).exists()
+                and os.path.samefile(path, target)
+            ):
+                raise UserError(
+                    f"{flag} {target} is {what} {path}: writing it would overwrite what is read; choose another {flag}"
+                )
+
+
+def _translation_input(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The texts to translate and how messages name each: the TEXT arguments, the lines of ``--input``, or, with
+    neither, the lines piped into standard input."""
+    if args.text and args.input is not None:
+        raise UserError("give the texts to translate or --input FILE, not both")
+    if args.text:
+        for number, text in enumerate(args.text, start=1):
+            if not text.strip():
+                raise UserError(f"nothing to translate: text {number} is empty")
+        return args.text, [f"text {number}" for number in range(1, len(args.text) + 1)]
+    if args.input is None and sys.stdin.isatty():
+        raise UserError("nothing to translate: give the texts, --input FILE, or pipe them into standard input")
+    lines = _read_input("-" if args.input is None else args.input)
+    name = "--input line" if args.input is not None else "standard input line"
+    return lines, [f"{name} {number}" for number in range(1, len(lines) + 1)]
 
 
 def _translate(args: argparse.Namespace) -> int:
-    if bool(args.text) == (args.input is not None):
-        raise UserError("give the texts to translate, or --input FILE (- for stdin), not both")
-    _check_targets(plot=args.plot, output=args.output)
-    texts = args.text or _read_input(args.input)
-    if args.plot and not texts:
-        raise UserError(f"--plot: nothing to plot, --input {args.input} holds no lines")
-    names = (
-        [f"text {i + 1}" for i in range(len(texts))]
-        if args.text
-        else [f"--input line {i + 1}" for i in range(len(texts))]
-    )
+    texts, names = _translation_input(args)
+    _check_targets({"--input": args.input}, plot=args.plot, output=args.output)
+    if args.plot and not any(text.strip() for text in texts):
+        raise UserError("--plot: nothing to plot, the input holds no text")
     from multihead.app.translate import Translator
 
     translator = Translator(args.run, args.checkpoint)
@@ -115,9 +141,17 @@ def _translate(args: argparse.Namespace) -> int:
     if args.plot:
         from multihead.app.plot import plot_cross_attention
 
-        path = plot_cross_attention(translator.attention(texts[0], beam=args.beam), args.plot)
+        first = next(text for text in texts if text.strip())
+        path = plot_cross_attention(translator.attention(first, beam=args.beam), args.plot)
         print(f"attention plot: {path}", file=sys.stderr)
     return 0
+
+
+def _without_final_blanks(lines: list[str]) -> list[str]:
+    """``lines`` less the blank lines at the end (an editor's final empty line is not a sentence)."""
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    return lines
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -125,11 +159,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.evaluate import score
     from multihead.app.translate import Translator
 
-    _check_targets(output=args.output)
-    sources, references = read_lines(args.src, "SRC"), read_lines(args.ref, "REF")
+    _check_targets({"SRC": args.src, "REF": args.ref}, output=args.output)
+    sources, references = (
+        _without_final_blanks(read_lines(args.src, "SRC")),
+        _without_final_blanks(read_lines(args.ref, "REF")),
+    )
     if len(sources) != len(references):
         raise UserError(
-            f"SRC {args.src!r} has {len(sources)} lines but REF {args.ref!r} has {len(references)}; "
+            f"SRC {args.src!r} has {plural(len(sources), 'line')} but REF {args.ref!r} has {len(references)}; "
             "they must be line-aligned"
         )
     if not sources:
@@ -146,7 +183,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     scores = score(hypotheses, references)
     print(f"BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")
     print(f"chrF {scores['chrf']:.2f} ({scores['signature']['chrf']})")
-    print(f"{len(sources)} sentences in {seconds:.1f} s ({len(sources) / seconds:.1f} sentences/s), beam {args.beam}")
+    rate = f"{len(sources) / seconds:.1f} sentences/s"
+    print(f"{plural(len(sources), 'sentence')} in {seconds:.1f} s ({rate}), beam {args.beam}")
     summary = {
         **scores, "sentences": len(sources), "seconds": round(seconds, 3), "beam": args.beam,
         "checkpoint": translator.checkpoint.path.name,
@@ -206,8 +244,10 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
     train = _command(
         commands, "train", _train, help="train a translation Transformer on a built-in task or a parallel corpus",
-        description="Train a translation Transformer; checkpoints go to --out. Ctrl-C saves a checkpoint and stops; "
-        "--resume continues the newest intact one. Under torchrun it trains data-parallel. Defaults are a recipe "
+        description="Train a translation Transformer on --task NAME or --data FILES for --steps N or --minutes M (one "
+        "of them is required for a new run); checkpoints go to --out. Ctrl-C saves a checkpoint and stops; "
+        "--resume continues the newest intact one. One process at a time trains a run directory. Under torchrun it "
+        "trains data-parallel. Defaults are a recipe "
         "for the kind of data: small and quick for a built-in task; for --data, the paper's recipe sized for "
         "~30k sentence pairs on a CPU (see docs/translation.md).",
         epilog=resume_epilog(),
@@ -217,20 +257,26 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
 def _add_decoding_options(command: argparse.ArgumentParser) -> None:
     """What ``translate`` and ``evaluate`` share: the checkpoint and the search."""
-    from multihead.app.options import POSITIVE, POSITIVE_NUMBER
+    from multihead.app.options import MAX_BEAM, beam_size, length_penalty
 
     command.add_argument(
         "--checkpoint", metavar="WHICH",
         help="latest, best, average or step-N (default: best if the run has one, else latest)",
     )  # fmt: skip
-    command.add_argument("--beam", type=POSITIVE.parse, default=1, help="beam size (1: greedy)")
-    command.add_argument("--length-penalty", type=POSITIVE_NUMBER.parse, default=0.6, help="beam scores / length^this")
+    command.add_argument("--beam", type=beam_size, default=1, help=f"beam size, 1 to {MAX_BEAM} (1: greedy)")
+    command.add_argument(
+        "--length-penalty", type=length_penalty, default=0.6,
+        help="beam search ranks hypotheses by log-probability / length^this (0 or more; 0: by log-probability)",
+    )  # fmt: skip
 
 
 def _add_translate(commands: argparse._SubParsersAction) -> None:
     translate = _command(
         commands, "translate", _translate, help="translate texts or a file with a trained run",
-        description="Translate each TEXT, or each line of --input, in order; one translation per line.",
+        description="Translate each TEXT, or each line of --input FILE or of standard input (piped, when no TEXT is "
+        "given), in order: one translation per line, a blank line for a blank line. A line longer than the model reads "
+        "is translated in pieces split at sentence ends, with a warning. Options may come before, between or after "
+        "the run and the texts.",
     )  # fmt: skip
     translate.add_argument("run", help=RUN_HELP)
     translate.add_argument("text", nargs="*", help="texts to translate")
@@ -243,8 +289,9 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
 def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     evaluate = _command(
         commands, "evaluate", _evaluate, help="translate SRC and score it against REF with sacreBLEU (BLEU, chrF)",
-        description="Translate SRC and score against REF with sacreBLEU; the last line of stdout is a JSON object "
-        "with bleu, chrf, signature, sentences and seconds (the translation time).",
+        description="Translate SRC and score against REF with sacreBLEU (blank lines at the end of either file are "
+        "not sentences); the last line of stdout is a JSON object with bleu, bleu_lowercase, chrf, signature (of each "
+        "score), sentences, seconds (the translation time), beam and checkpoint.",
     )  # fmt: skip
     evaluate.add_argument("run", help=RUN_HELP)
     evaluate.add_argument("src", help="source sentences, one per line (plain or .gz)")
@@ -259,6 +306,9 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     demo = _command(
         commands, "demo", _demo,
         help="train the dates task, translate three examples and plot the attention (make demo)",
+        description="Train a small Transformer to write dates as YYYY-MM-DD (about 15 minutes on 2 CPU cores; run "
+        "again, it resumes), translate three dates and draw the cross-attention of every layer and head into "
+        "OUT/attention.png.",
     )  # fmt: skip
     demo.add_argument("--out", default="runs/dates", help="run directory (resumed when it holds the demo's run)")
     demo.add_argument("--steps", type=POSITIVE.parse, default=1500, help="training steps")
@@ -284,17 +334,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line's arguments. A command's options may come before, between or after its positional arguments
+    (argparse's intermixed parsing); ``bench`` hands every option on, in order, to the benchmark's own parser."""
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not argv or argv[0] not in commands.choices:  # --version, --help, no command or an unknown one
+        return parser.parse_args(argv)
+    name, rest = argv[0], list(argv[1:])
+    if name == "bench":
+        return argparse.Namespace(command=name, handler=_bench, options=rest)
+    args = commands.choices[name].parse_intermixed_args(rest)
+    args.command = name
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_frameworks()
-    parser = build_parser()
-    # `bench` hands every option on, in order, to the benchmark's own parser.
-    args, passed_on = parser.parse_known_args(argv)
-    if args.command == "bench":
-        args.options = passed_on
-    elif passed_on:
-        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
+    args = parse(sys.argv[1:] if argv is None else list(argv))
     if args.command is None:
-        parser.print_help()
+        build_parser().print_help()
         return EXIT_USAGE
     try:
         return args.handler(args)

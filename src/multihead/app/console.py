@@ -90,17 +90,24 @@ def report_error(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 sentence pair``, ``2 sentence pairs``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def warn(message: str) -> None:
     say(f"warning: {message}", sys.stderr)
 
 
 def progress_bar(total: int | None, initial: int = 0, enabled: bool = True, unit: str = "step") -> Any:
-    """A tqdm bar on stderr (rank 0 only), redrawn at most every 30 s when stderr is not a terminal (a log file)."""
+    """A tqdm bar on stderr, drawn only on a terminal and by rank 0 (in a log file, or from other ranks, a bar is
+    only stale lines; the evaluations say how training goes there)."""
     from tqdm import tqdm
 
+    drawn = enabled and is_main_rank() and sys.stderr.isatty()
     return tqdm(
-        total=total, initial=initial, disable=not enabled or not is_main_rank(), unit=unit, dynamic_ncols=True,
-        file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30.0, leave=sys.stderr.isatty(),
+        total=total, initial=initial, disable=not drawn, unit=unit, dynamic_ncols=True, file=sys.stderr,
+        mininterval=0.5,
     )  # fmt: skip
 
 

@@ -7,8 +7,9 @@
 
 Everything that would make a bad corpus is refused before anything is written, in one line naming the file and the
 line: a missing file, invalid UTF-8, a truncated ``.gz``, files of different line counts, a line empty on one side
-only. Lines empty on both sides are skipped; surrounding whitespace is stripped. A corpus's fingerprint (bytes and
-SHA-256 of each file) lets a resumed run check that it is given the corpus it trained on.
+only, a TSV line with an empty column. Lines empty on both sides are skipped; surrounding whitespace is stripped; in
+two-file corpora a TAB inside a line is read as a space. A corpus's fingerprint (bytes and SHA-256 of each file)
+lets a resumed run check that it is given the corpus it trained on.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from multihead.app.console import UserError
+from multihead.app.console import UserError, plural
 
 Pair = tuple[str, str]
+CORPUS_FILES = "a file (TSV, or one file per language)"
 __all__ = ["Pair", "fingerprint", "read_lines", "read_parallel", "read_stdin_lines"]
 
 
-def _check_file(option: str, path: Path) -> None:
+def _check_file(option: str, path: Path, expected: str) -> None:
     if not path.exists():
         raise UserError(f"{option}: {str(path)!r} does not exist")
     if path.is_dir():
-        raise UserError(f"{option}: {str(path)!r} is a directory; give a file (TSV, or one file per language)")
+        raise UserError(f"{option}: {str(path)!r} is a directory; give {expected}")
 
 
 def _raw_lines(path: Path) -> Iterator[bytes]:
@@ -58,11 +60,11 @@ def _decode(raw_lines: Iterable[bytes], name: str, option: str) -> list[str]:
     return lines
 
 
-def read_lines(path: str | os.PathLike[str], option: str) -> list[str]:
+def read_lines(path: str | os.PathLike[str], option: str, expected: str = "a text file") -> list[str]:
     """The lines of a UTF-8 text file (plain or ``.gz``), without line ends; a :class:`UserError` naming ``option``,
-    the file and the line for anything unreadable."""
+    the file and the line for anything unreadable (``expected`` says what a directory should have been)."""
     path = Path(path)
-    _check_file(option, path)
+    _check_file(option, path, expected)
     try:
         return _decode(_raw_lines(path), repr(str(path)), option)
     except (EOFError, gzip.BadGzipFile, zlib.error) as error:
@@ -81,34 +83,42 @@ def read_stdin_lines(option: str) -> list[str]:
 
 def _pairs_from_tsv(path: Path, option: str) -> list[Pair]:
     pairs = []
-    for number, line in enumerate(read_lines(path, option), start=1):
+    for number, line in enumerate(read_lines(path, option, CORPUS_FILES), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
-        if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
+        if len(fields) < 2:
             raise UserError(
                 f"{option}: {str(path)!r} line {number}: expected 'source<TAB>target', received {line[:60]!r}"
             )
+        for column, field in zip(("source", "target"), fields, strict=False):
+            if not field.strip():
+                raise UserError(f"{option}: {str(path)!r} line {number}: the {column} column is empty")
         pairs.append((fields[0].strip(), fields[1].strip()))
     return pairs
 
 
 def _pairs_from_files(source: Path, target: Path, option: str) -> list[Pair]:
-    sources, targets = read_lines(source, option), read_lines(target, option)
+    sources, targets = read_lines(source, option, CORPUS_FILES), read_lines(target, option, CORPUS_FILES)
     if len(sources) != len(targets):
         raise UserError(
-            f"{option}: {str(source)!r} has {len(sources)} lines but {str(target)!r} has {len(targets)}; "
+            f"{option}: {str(source)!r} has {plural(len(sources), 'line')} but {str(target)!r} has {len(targets)}; "
             "the two files must be line-aligned translations"
         )
     pairs = []
     for number, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
-        src, tgt = src.strip(), tgt.strip()
+        src, tgt = _spaced(src), _spaced(tgt)
         if bool(src) != bool(tgt):
             empty, other = (source, target) if not src else (target, source)
             raise UserError(f"{option}: line {number} is empty in {str(empty)!r} but not in {str(other)!r}")
         if src:
             pairs.append((src, tgt))
     return pairs
+
+
+def _spaced(line: str) -> str:
+    """A line of a one-language file with its TABs read as spaces (a TAB is no symbol a model should learn)."""
+    return line.replace("\t", " ").strip()
 
 
 def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> list[Pair]:

@@ -3,9 +3,9 @@
 A training step allocates a few tensors far larger than the rest: the logits and their gradients, ``B·Lt × V``
 floats (about 130 MB for 4096 target tokens and a vocabulary of 8000). glibc's ``malloc`` gives every block above
 its mmap threshold (which it raises by itself to 32 MiB at most) fresh pages from the kernel and returns them when it
-is freed, so each step pays a page fault for every 4 KiB of those tensors. Measured on the corpus recipe on a 2-core
-VM: a PyTorch step took 1.30-1.40 s with the memory kept, against 2.0-2.2 s without (``benchmarks/train_step.py``,
-``--malloc-default``). TensorFlow and JAX keep their own pools, so this concerns PyTorch only.
+is freed, so each step pays a page fault for every 4 KiB of those tensors (docs/translation.md measures what that
+costs: ``benchmarks/train_step.py --malloc-default``). TensorFlow and JAX keep their own pools, so this concerns
+PyTorch only.
 """
 
 from __future__ import annotations

@@ -103,6 +103,24 @@ FILES = Kind(None, _unchecked, "Sequence[str] | None")
 SWITCH = Kind(None, _unchecked, "bool | None")
 
 
+MAX_BEAM = 64
+"""The widest beam ``translate`` and ``evaluate`` take: beyond a few dozen a beam costs much and finds nothing more."""
+
+
+def beam_size(text: str) -> int:
+    value = _whole(text, 1)
+    if value > MAX_BEAM:
+        raise argparse.ArgumentTypeError(f"must be from 1 (greedy) to {MAX_BEAM}, received {text}")
+    return value
+
+
+def length_penalty(text: str) -> float:
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more (0: scores not divided), received {text}")
+    return value
+
+
 # --- the table ----------------------------------------------------------------------------------------------
 
 TASK, CORPUS = "task", "corpus"
@@ -157,14 +175,17 @@ OPTIONS = (
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
     Option("valid", "--valid", "validation set for --data, as --data (default: a held-out tenth of --data)", FILES,
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
-    Option("framework", "--framework", "", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
-    Option("steps", "--steps", "total optimizer steps", POSITIVE, recipe=False, resumable=True),
-    Option("minutes", "--minutes", "stop after this much time (with --steps: first wins)", POSITIVE_NUMBER,
+    Option("framework", "--framework", "PyTorch, or Keras on the backend KERAS_BACKEND names (tensorflow, jax or "
+           "torch)", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
+    Option("steps", "--steps", "total optimizer steps (--steps or --minutes is required for a new run)", POSITIVE,
            recipe=False, resumable=True),
+    Option("minutes", "--minutes", "stop after this much training time (with --steps: whichever comes first)",
+           POSITIVE_NUMBER, recipe=False, resumable=True),
     Option("resume", "--resume", "continue the run in --out", SWITCH, recipe=False, saved=False,
            argparse=dict(action="store_true")),
-    Option("tokenizer", "--tokenizer", "", TEXT, None, "subword", argparse=dict(choices=KINDS)),
-    Option("vocab_size", "--vocab-size", "subword vocabulary size", POSITIVE, None, 8000),
+    Option("tokenizer", "--tokenizer", "characters, whitespace-separated words or learned subwords (BPE)", TEXT, None,
+           "subword", argparse=dict(choices=KINDS)),
+    Option("vocab_size", "--vocab-size", "subword vocabulary size (--tokenizer subword only)", POSITIVE, None, 8000),
     Option("joint", "--joint-vocab", "one vocabulary for both languages, with tied embeddings", SWITCH, False, True,
            argparse=dict(action=argparse.BooleanOptionalAction)),
     Option("batch_size", "--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True),
@@ -172,21 +193,24 @@ OPTIONS = (
     Option("lr", "--lr", "peak learning rate", POSITIVE_NUMBER, 1e-3, 1.5e-3, resumable=True),
     Option("warmup", "--warmup", "warm-up steps, then 1/sqrt decay", POSITIVE, 300, 200, resumable=True),
     Option("clip", "--clip", "gradient norm clipping, 0: off", NON_NEGATIVE_NUMBER, 0.0, 1.0, resumable=True),
-    Option("label_smoothing", "--label-smoothing", "", FRACTION, 0.0, 0.1, resumable=True),
-    Option("d_model", "--d-model", "", POSITIVE, 128, 256),
-    Option("num_heads", "--heads", "", POSITIVE, 4, 4, argparse=dict(metavar="HEADS")),
+    Option("label_smoothing", "--label-smoothing", "the share of each target's probability spread over the whole "
+           "vocabulary in the loss, in [0, 1)", FRACTION, 0.0, 0.1, resumable=True),
+    Option("d_model", "--d-model", "the model's width: embeddings and every layer's output", POSITIVE, 128, 256),
+    Option("num_heads", "--heads", "attention heads per layer (they must divide --d-model)", POSITIVE, 4, 4,
+           argparse=dict(metavar="HEADS")),
     Option("layers", "--layers", "encoder and decoder layers each", POSITIVE, 2, 3),
-    Option("d_ff", "--d-ff", "", POSITIVE, 256, 1024),
-    Option("dropout", "--dropout", "", FRACTION, 0.0, 0.1),
+    Option("d_ff", "--d-ff", "the feed-forward blocks' inner width", POSITIVE, 256, 1024),
+    Option("dropout", "--dropout", "dropout rate in training, in [0, 1)", FRACTION, 0.0, 0.1),
     Option("eval_every", "--eval-every", "evaluation interval in steps", POSITIVE, 500, 200, resumable=True),
     Option("eval_examples", "--eval-examples", "held-out examples per evaluation ({default}: all)", POSITIVE, 200,
            None, resumable=True),
-    Option("checkpoint_every", "--checkpoint-every", "", POSITIVE, 500, 100, resumable=True),
+    Option("checkpoint_every", "--checkpoint-every", "checkpoint interval in steps", POSITIVE, 500, 100,
+           resumable=True),
     Option("keep", "--keep", "step checkpoints kept, besides the best", POSITIVE, 2, 5, resumable=True),
     Option("average", "--average", "average the last N checkpoints at the end", COUNT, 0, 5, resumable=True),
     Option("patience", "--patience", "stop after N evaluations without improvement, 0: never", COUNT, 0, 0,
            resumable=True),
-    Option("seed", "--seed", "", COUNT, 0, 0),
+    Option("seed", "--seed", "random seed of the initial weights, dropout and the order of the batches", COUNT, 0, 0),
     Option("progress", "--no-progress", "no progress bar", SWITCH, recipe=False, saved=False,
            argparse=dict(action="store_false")),
 )  # fmt: skip

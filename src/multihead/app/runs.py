@@ -5,6 +5,7 @@
       best                         the checkpoint with the best validation BLEU (corpus runs)
       history.json, history.png    loss and validation scores over the run
       attention.png                the cross-attention of the demo's first example (multihead demo)
+      .lock                        while a process trains the run: its process id (see RunLock)
       checkpoints/step-0000500/    config.json, model.safetensors, optimizer.safetensors, trainer.json,
                                    tokenizer.json (+ subwords.json for a subword vocabulary)
       checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
@@ -23,6 +24,7 @@ damaged (truncated, corrupt or foreign files), warning once with the damaged fil
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -48,6 +50,7 @@ CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optim
 TOKENIZER = "tokenizer.json"
 REQUIRED = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, TRAINER)  # what a step checkpoint holds, at least
 HISTORY, HISTORY_PLOT, ATTENTION_PLOT = "history.json", "history.png", "attention.png"
+LOCK = ".lock"
 FORMAT = 2  # of trainer.json
 STEP_NAME = re.compile(r"step-(\d{7,})")
 
@@ -75,6 +78,57 @@ class Checkpoint:
     @property
     def options(self) -> dict[str, Any]:
         return self.trainer["options"]
+
+
+# --- one process at a time ----------------------------------------------------------------------------------
+
+
+class RunLock:
+    """One process at a time writes a run directory.
+
+    :meth:`acquire` takes an advisory lock on ``RUN/.lock`` (the system releases it when the process ends, however
+    it ends) and writes the process id into the file; :meth:`release` removes the file, then lets the lock go.
+    Another process's :meth:`acquire` meanwhile is refused in one line naming the holder. A lock file whose lock is
+    free was left by a process that could not remove it (killed): it is taken over, with a warning.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / LOCK
+        self.handle: Any = None
+
+    def acquire(self) -> None:
+        while self.handle is None:
+            handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                handle.close()
+                raise RunError(
+                    f"{str(self.path.parent)!r} is in use by another multihead process (pid {holder}); wait for it to "
+                    "end, or choose another --out"
+                ) from None
+            if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(handle.fileno()).st_ino:
+                handle.close()  # its holder removed it as we opened it: lock the file there now
+                continue
+            handle.seek(0)
+            left = handle.read().strip()
+            if left:
+                warn(f"{str(self.path.parent)!r} was locked by process {left}, which ended without unlocking it: "
+                     "taking it over")  # fmt: skip
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            self.handle = handle
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.path.unlink(missing_ok=True)  # while still holding it: nobody can lock the removed file after us
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
+            self.handle = None
 
 
 # --- writing ----------------------------------------------------------------------------------------------
@@ -137,6 +191,7 @@ def save_checkpoint(
 def trainer_record(
     *,
     framework: str,
+    keras_backend: str | None,
     step: int,
     options: dict[str, Any],
     optimizer: dict[str, Any],
@@ -145,12 +200,13 @@ def trainer_record(
     tokens: int,
     history: dict[str, list],
 ) -> dict[str, Any]:
-    """A checkpoint's ``trainer.json``: what trained it, how far, its options, optimizer and data facts, and the
-    history (``losses`` and ``evals``) up to it."""
-    return {
+    """A checkpoint's ``trainer.json``: what trained it (the framework, and Keras' backend), how far, its options,
+    optimizer and data facts, and the history (``losses`` and ``evals``) up to it."""
+    record = {
         "format": FORMAT, "framework": framework, "step": step, "options": options, "optimizer": optimizer,
         "data": data, "seconds": round(seconds, 3), "tokens": tokens, **history,
     }  # fmt: skip
+    return record if keras_backend is None else {**record, "keras_backend": keras_backend}
 
 
 def save_step(

@@ -61,10 +61,9 @@ def _one_thread_per_operation() -> None:
     """On TensorFlow, run operations side by side on one thread each (inter-op threads: the cores; intra-op: 1).
 
     TensorFlow's default gives every core an operation and every operation every core, so a step of many small
-    operations (a built-in task's: a few dozen short sentences at d_model 128) oversubscribes the cores: 50 ms a
-    step this way against 60 ms by default on 2 cores. A corpus step's large products want every core each (60 steps
-    of the corpus recipe: 95 s by default, 115 s this way), so corpora keep the default. Thread pools are fixed once
-    TensorFlow has run an operation in the process; then this changes nothing.
+    operations (a built-in task's: a few dozen short sentences at d_model 128) oversubscribes the cores; a corpus
+    step's large products want every core each, so corpora keep the default (docs/performance.md has the figures).
+    Thread pools are fixed once TensorFlow has run an operation in the process; then this changes nothing.
     """
     if keras.backend.backend() != "tensorflow":
         return
@@ -95,6 +94,7 @@ class KerasTrainer:
     framework = "keras"
 
     def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        self.backend = keras.backend.backend()
         if options["batch_tokens"] is None:  # a built-in task: batches of a few dozen short sentences
             _one_thread_per_operation()
         keras.utils.set_random_seed(options["seed"])

@@ -31,6 +31,7 @@ from multihead.torch import Transformer
 
 class TorchTrainer:
     framework = "torch"
+    backend = None
 
     def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
         keep_freed_memory()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
 import signal
 import time
 from collections.abc import Sequence
@@ -26,9 +27,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from multihead.app.batching import Batch, CorpusBatches, evaluation_batches, make_batch
-from multihead.app.console import UserError, framework_notices_filtered, is_main_rank, progress_bar, say, warn
+from multihead.app.console import (
+    UserError,
+    framework_notices_filtered,
+    is_main_rank,
+    plural,
+    progress_bar,
+    say,
+    warn,
+)
 from multihead.app.corpus import fingerprint
-from multihead.app.data import Corpus, Task, load_corpus, load_task
+from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task
 from multihead.app.evaluate import exact_match, score
 from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags
 from multihead.app.runs import (
@@ -37,6 +46,7 @@ from multihead.app.runs import (
     WEIGHTS,
     Checkpoint,
     RunError,
+    RunLock,
     check_writable,
     checkpoint_name,
     has_checkpoints,
@@ -46,6 +56,7 @@ from multihead.app.runs import (
     point,
     save_average,
     save_step,
+    trained_options,
     trainer_record,
     write_history,
 )
@@ -119,6 +130,28 @@ def _load_data(options: TrainOptions, saved: dict[str, Any] | None) -> Task | Co
     return load_task(name)
 
 
+def _check_vocab_size(options: TrainOptions, resolved: dict[str, Any]) -> None:
+    """``--vocab-size`` sizes a subword vocabulary; given with another tokenizer, it would do nothing."""
+    if options.vocab_size is not None and resolved["tokenizer"] != "subword":
+        raise UserError(
+            f"--vocab-size sets the size of a subword vocabulary, and this run's tokenizer is {resolved['tokenizer']} "
+            "(it keeps every symbol it sees): drop --vocab-size, or add --tokenizer subword"
+        )
+
+
+def _tokenizers(resolved: dict[str, Any], pairs: Sequence[tuple[str, str]]) -> tuple[Tokenizer, Tokenizer]:
+    """The tokenizers learned from ``pairs``; a warning when a subword vocabulary outgrew ``--vocab-size`` (which
+    cannot be smaller than the specials and the characters of the corpus)."""
+    asked = resolved["vocab_size"] or 0
+    source, target = build_tokenizers(
+        resolved["tokenizer"], [s for s, _ in pairs], [t for _, t in pairs], vocab_size=asked, joint=resolved["joint"]
+    )
+    grown = max(len(source), len(target))
+    if resolved["tokenizer"] == "subword" and asked and grown > asked:
+        warn(f"--vocab-size {asked} is too small for the corpus's characters: the vocabulary has {grown} symbols")
+    return source, target
+
+
 def new_setup(options: TrainOptions) -> Setup:
     """The setup of a fresh run: data read, tokenizers learned, model sized."""
     data = _load_data(options, None)
@@ -126,11 +159,9 @@ def new_setup(options: TrainOptions) -> Setup:
     resolved = _resolve(options, kind, None)
     if isinstance(data, Task):
         resolved.update(task=data.name, data=None, valid=None, tokenizer=resolved["tokenizer"] or data.tokenizer)
+        _check_vocab_size(options, resolved)
         sample = data.vocabulary_sample()
-        source, target = build_tokenizers(
-            resolved["tokenizer"], [s for s, _ in sample], [t for _, t in sample],
-            vocab_size=resolved["vocab_size"] or 0, joint=resolved["joint"],
-        )  # fmt: skip
+        source, target = _tokenizers(resolved, sample)
         longest = max(
             len(tokenizer.encode(text)[0]) for s, t in sample for tokenizer, text in ((source, s), (target, t))
         )
@@ -138,15 +169,15 @@ def new_setup(options: TrainOptions) -> Setup:
         facts = {"longest_target": max(len(target.encode(t)[0]) for _, t in sample)}
         return Setup(resolved, data, source, target, config, None, facts)
     resolved.update(task=None, data=list(options.data), valid=list(options.valid) if options.valid else None)
-    say(f"learning a {resolved['tokenizer']} vocabulary from {len(data.train)} sentence pairs")
-    source, target = build_tokenizers(
-        resolved["tokenizer"], [s for s, _ in data.train], [t for _, t in data.train],
-        vocab_size=resolved["vocab_size"], joint=resolved["joint"],
-    )  # fmt: skip
+    _check_vocab_size(options, resolved)
+    check_sides(data, options.data, options.valid)  # a new run's corpus (a resumed one's is the same files)
+    say(f"learning a {resolved['tokenizer']} vocabulary from {plural(len(data.train), 'sentence pair')}")
+    source, target = _tokenizers(resolved, data.train)
     config = _config(resolved, source, target, CORPUS_MAX_LEN)
     sources, targets, dropped = _encode_corpus(data.train, source, target, CORPUS_MAX_LEN)
     if dropped:
-        warn(f"--data: {dropped} sentence pairs longer than {CORPUS_MAX_LEN} tokens are left out of training")
+        left_out = f"{plural(dropped, 'sentence pair')} longer than {CORPUS_MAX_LEN} tokens"
+        warn(f"--data: {left_out} {'is' if dropped == 1 else 'are'} left out of training")
     facts = {
         "train": fingerprint(options.data),
         "valid": fingerprint(options.valid) if options.valid else None,
@@ -217,6 +248,7 @@ class Trainer(Protocol):
     """What a framework supplies: the model and its optimizer, and the computations on them."""
 
     framework: str
+    backend: str | None  # Keras' backend; None for PyTorch
     model: Any
 
     def train_step(self, batch: Batch, lr: float) -> float:
@@ -246,6 +278,21 @@ class Trainer(Protocol):
     def pad_to(self) -> int:
         """Batch lengths are rounded up to a multiple of this (fewer shapes for a compiling framework)."""
         ...
+
+
+KERAS_BACKENDS = ("tensorflow", "jax", "torch")
+"""The Keras backends ``--framework keras`` trains on."""
+
+
+def check_keras_backend() -> None:
+    """``KERAS_BACKEND``, when set, names a backend Keras trains on here: checked before Keras is imported (which would
+    fail on another name) and before anything is written."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend is not None and backend not in KERAS_BACKENDS:
+        raise UserError(
+            f"KERAS_BACKEND={backend!r} is not a backend --framework keras trains on: set it to "
+            f"{', '.join(KERAS_BACKENDS[:-1])} or {KERAS_BACKENDS[-1]} (unset: Keras' default, tensorflow)"
+        )
 
 
 def make_trainer(
@@ -301,51 +348,74 @@ class Result:
     model: Any = None  # the trained model (this rank's copy under torchrun)
 
 
+def _holds_a_run(out: Path) -> RunError:
+    return RunError(f"{str(out)!r} already holds a run; pass --resume to continue it, or choose another --out")
+
+
 class Training:
     """One run: :meth:`build`, then :meth:`step` until done, :meth:`evaluate` and :meth:`save` along the way."""
 
     def __init__(self, options: TrainOptions) -> None:
         self.options = options
         self.out = Path(options.out)
+        self.lock = RunLock(self.out)
 
     # build ---------------------------------------------------------------------------------------------
 
     def build(self) -> None:
-        """Check the output directory, then set up afresh or from the newest intact checkpoint."""
+        """Check the output directory, take its lock, then set up afresh or from the newest intact checkpoint."""
         out, options = self.out, self.options
         if out.exists() and not out.is_dir():
             raise RunError(f"cannot write to output directory {str(out)!r}: it is a file")
+        if out.is_dir() and is_main_rank():
+            self.lock.acquire()  # before reading it: another process may be writing it
         existing = out.exists() and has_checkpoints(out)
         if options.resume and not existing:
             why = "does not exist" if not out.exists() else "holds no run"
             raise RunError(f"--resume: {str(out)!r} {why}; drop --resume to start a new run there")
         if existing and not options.resume:
-            raise RunError(f"{str(out)!r} already holds a run; pass --resume to continue it, or choose another --out")
+            raise _holds_a_run(out)
+        framework = (trained_options(out) or {}).get("framework") if existing else options.framework
+        if framework == "keras":
+            check_keras_backend()
         if existing:
-
-            def load(found: Checkpoint) -> Trainer:
-                # The run's own framework: a different --framework is refused by resumed_setup, as a change of the
-                # run (not as a damaged checkpoint).
-                return make_trainer(found.trainer["framework"], found.config, found.options, found)
-
-            self.checkpoint, self.trainer = open_checkpoint(out, "latest", load, doing="resuming from")
-            self.setup = resumed_setup(options, self.checkpoint)
-            self.trainer.configure(self.setup.options)
-            record = self.checkpoint.trainer
-            self.step_count = record["step"]
-            self.history = {key: record[key] for key in ("losses", "evals")}
-            self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
+            self._resume()
         else:
-            self.setup = new_setup(options)
-            if is_main_rank():
-                check_writable(out)
-            self.checkpoint = None
-            self.trainer = make_trainer(self.setup.options["framework"], self.setup.config, self.setup.options, None)
-            self.step_count, self.history, self.seconds, self.tokens = 0, {"losses": [], "evals": []}, 0.0, 0
+            self._start()
         o = self.setup.options
         self.batches = None
         if self.setup.is_corpus:
             self.batches = CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"], self.trainer.pad_to())
+
+    def _resume(self) -> None:
+        def load(found: Checkpoint) -> Trainer:
+            # The run's own framework: a different --framework is refused by resumed_setup, as a change of the run
+            # (not as a damaged checkpoint).
+            return make_trainer(found.trainer["framework"], found.config, found.options, found)
+
+        self.checkpoint, self.trainer = open_checkpoint(self.out, "latest", load, doing="resuming from")
+        self.setup = resumed_setup(self.options, self.checkpoint)
+        self.trainer.configure(self.setup.options)
+        record = self.checkpoint.trainer
+        trained_on = record.get("keras_backend")
+        if trained_on is not None and trained_on != self.trainer.backend:
+            warn(f"this run trained on the Keras backend {trained_on}; it goes on with {self.trainer.backend} "
+                 "(KERAS_BACKEND): the same model, other numerics")  # fmt: skip
+        self.step_count = record["step"]
+        self.history = {key: record[key] for key in ("losses", "evals")}
+        self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
+
+    def _start(self) -> None:
+        self.setup = new_setup(self.options)
+        if is_main_rank():
+            check_writable(self.out)
+            self.lock.acquire()
+            if has_checkpoints(self.out):  # another process made a run here while this one read its data
+                raise _holds_a_run(self.out)
+        self.checkpoint = None
+        o = self.setup.options
+        self.trainer = make_trainer(o["framework"], self.setup.config, o, None)
+        self.step_count, self.history, self.seconds, self.tokens = 0, {"losses": [], "evals": []}, 0.0, 0
 
     # step ----------------------------------------------------------------------------------------------
 
@@ -411,9 +481,9 @@ class Training:
 
         def record(optimizer: dict[str, Any]) -> dict[str, Any]:
             return trainer_record(
-                framework=self.setup.options["framework"], step=self.step_count, options=self.setup.options,
-                optimizer=optimizer, data=self.setup.facts, seconds=self.seconds, tokens=self.tokens,
-                history=self.history,
+                framework=self.setup.options["framework"], keras_backend=self.trainer.backend, step=self.step_count,
+                options=self.setup.options, optimizer=optimizer, data=self.setup.facts, seconds=self.seconds,
+                tokens=self.tokens, history=self.history,
             )  # fmt: skip
 
         save_step(
@@ -526,5 +596,8 @@ class Training:
 def train(options: TrainOptions) -> Result:
     """Train as ``options`` say: build, step until done, save; the final evaluation in the result."""
     training = Training(options)
-    training.build()
-    return training.run()
+    try:
+        training.build()
+        return training.run()
+    finally:
+        training.lock.release()

@@ -1,13 +1,15 @@
 """Translating with a trained run: many sentences in length-sorted batches, and one sentence's cross-attention.
 
 The run's checkpoint holds everything needed (config, weights, tokenizers): the training corpus is never read.
-Every input is checked before any is translated, so a bad line stops the command before it prints anything.
+Every line gives one line: a blank line a blank one; a line longer than the model reads is translated in pieces
+split at sentence ends (a sentence too long alone is cut), with one warning naming it.
 
 Notation: B batch, Ls source length, T generated length, H heads, Lt target length.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,8 @@ from multihead.app.tokenizers import BOS, EOS, PAD
 
 Ids = list[int]
 Generate = Callable[[np.ndarray, int], np.ndarray]  # src (B, Ls), max_len -> tokens (B, T)
+SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
+"""Where a text too long for the model is split: after the end of a sentence."""
 BATCH_TOKENS = 6000
 """Source tokens per translation batch (times the beam): large batches amortise each decoding step's fixed cost."""
 
@@ -95,22 +99,35 @@ class Translator:
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
         self.torch = torch
 
-    def _encode(self, texts: Sequence[str], names: Sequence[str]) -> list[Ids]:
-        """Every text's ids, checked all together before anything is translated."""
-        encoded = []
-        max_len = self.checkpoint.config.max_len
-        for text, name in zip(texts, names, strict=True):
-            if not text.strip():
-                raise UserError(f"nothing to translate: {name} is empty")
-            ids, unknown = self.source.encode(text)
-            if len(ids) > max_len:
-                unit = {"char": "characters", "word": "words"}.get(self.source.kind, "subword tokens")
-                raise UserError(f"{name} is too long: {len(ids)} {unit}; this model reads at most {max_len}")
-            if unknown:
-                shown = ", ".join(repr(piece) for piece in dict.fromkeys(unknown))
-                warn(f"{name}: {shown} not in the training vocabulary, read as <unk>")
-            encoded.append(ids)
-        return encoded
+    def _unit(self) -> str:
+        return {"char": "characters", "word": "words"}.get(self.source.kind, "subword tokens")
+
+    def _encode(self, text: str, name: str) -> Ids:
+        """The ids of ``text``, with a warning naming what the vocabulary lacks."""
+        ids, unknown = self.source.encode(text)
+        if unknown:
+            shown = ", ".join(repr(piece) for piece in dict.fromkeys(unknown))
+            warn(f"{name}: {shown} not in the training vocabulary, read as <unk>")
+        return ids
+
+    def _pieces(self, text: str, name: str) -> list[Ids]:
+        """``text`` as the pieces the model reads: itself, or, when it is longer than the model reads, each of its
+        sentences (as the model learnt to translate them; a sentence too long alone is cut), with one warning
+        naming it. A blank text is no piece."""
+        if not text.strip():
+            return []
+        ids, max_len = self._encode(text, name), self.checkpoint.config.max_len
+        if len(ids) <= max_len:
+            return [ids]
+        pieces = self.source.encode_all(SENTENCE_END.split(text.strip()))
+        cut = any(len(piece) > max_len for piece in pieces)
+        if len(pieces) == 1:
+            how = f"cut to its first {max_len}"
+        else:
+            how = f"translated in {len(pieces)} pieces split at sentence ends"
+            how += f", a sentence longer than that cut to its first {max_len}" if cut else ""
+        warn(f"{name} is longer than this model reads ({len(ids)} {self._unit()}, at most {max_len}): {how}")
+        return [piece[:max_len] for piece in pieces]
 
     def _limit(self, source_length: int) -> int:
         return length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
@@ -136,19 +153,25 @@ class Translator:
         names: Sequence[str] | None = None,
         progress: bool = False,
     ) -> list[str]:
-        """Translations of ``texts``, in order. ``names`` say how errors and warnings refer to each text."""
+        """Translations of ``texts``, in order: a blank text gives a blank line, a text longer than the model reads is
+        translated in pieces (:meth:`_pieces`). ``names`` say how warnings refer to each text."""
         names = names or [f"text {i + 1}" for i in range(len(texts))]
-        sources = self._encode(texts, names)
-        outputs = translate_ids(
-            self.generate(beam, length_penalty), sources, limit=self._limit, batch_tokens=BATCH_TOKENS // beam,
-            progress=progress,
-        )  # fmt: skip
-        return [self.target.decode(ids) for ids in outputs]
+        pieces = [self._pieces(text, name) for text, name in zip(texts, names, strict=True)]
+        flat = [ids for text_pieces in pieces for ids in text_pieces]
+        generate = self.generate(beam, length_penalty)
+        batch_tokens = BATCH_TOKENS // beam
+        outputs = iter(translate_ids(generate, flat, limit=self._limit, batch_tokens=batch_tokens, progress=progress))
+        return [" ".join(self.target.decode(next(outputs)) for _ in text_pieces) for text_pieces in pieces]
 
     def attention(self, text: str, *, beam: int = 1, length_penalty: float = 0.6) -> Translation:
         """One sentence's translation with every decoder layer's cross-attention."""
         torch = self.torch
-        (ids,) = self._encode([text], ["the text"])
+        ids = self._encode(text, "the text")
+        if len(ids) > self.checkpoint.config.max_len:
+            raise UserError(
+                f"the text to plot is longer than this model reads: {len(ids)} {self._unit()}, at most "
+                f"{self.checkpoint.config.max_len}"
+            )
         (out,) = translate_ids(self.generate(beam, length_penalty), [ids], limit=self._limit)
         src = torch.tensor([ids])
         with torch.no_grad():
