@@ -51,16 +51,13 @@ KEY_BLOCK = 1024
 """The key length above which the blocked path is taken, and its largest block."""
 BLOCK_SCORES = 2**23
 """Scores per block (32 MiB of float32), which bounds the blocked path's working memory whatever the length: the
-blocks run one after the other (a TensorFlow graph with a float mask runs up to 10 at once). Measured at B=1
-L=4096 inside tf.function, query chunks of 2x more were slower; with XLA's key blocks, 4x and 2x more were slower
-and took more memory, 1/2 and 1/4 no faster."""
+blocks run one after the other (a TensorFlow graph with a float mask runs up to 10 at once). Larger blocks were
+slower, smaller ones no faster (docs/performance.md)."""
 KEPT_SCORES = 2**27
 """On TensorFlow's blocked path, up to this many probabilities (512 MiB of float32: B=1, H=8, L=4096) are kept for
 the gradient, which then costs the explicit path's four products; beyond, or with an unknown batch size, the
 backward pass recomputes them chunk by chunk (a fifth product) and memory stays linear in length. Kept, they cost
-memory only where a gradient is taken. At B=1 L=4096 inside tf.function, with gradients, on a 2-core AMD EPYC
-(benchmarks/keras_layer_step.py): 0.95-1.01x the time of Keras' own layer, against 1.06-1.09x recomputing; 831
-against 314 MiB of peak growth (Keras' own layer: 2242 MiB); forward alone unchanged."""
+memory only where a gradient is taken (docs/performance.md: time and memory both ways)."""
 
 
 def block_size(batch: int | None, heads: int, length: int) -> int:
@@ -341,10 +338,9 @@ def _tf_query_chunks(
     ``dK += dSᵀ Q``, ``dV += Pᵀ dO`` over the chunks. Nothing ``Lq × Lk`` exists then, only ``chunk × Lk`` per
     chunk.
 
-    Why not key blocks with an online softmax here: inside a ``tf.function`` at B=1 L=4096, TensorFlow's fused
-    softmax and oneDNN's matmuls on whole rows take 0.74-0.78x the time of key blocks as an XLA cluster forward and
-    0.82-0.84x with gradients (XLA:CPU's matmuls are slower than oneDNN's; without XLA, a graph runs the online
-    softmax's elementwise operations one by one, slower still); 0.87-1.02x the explicit path's time at that length.
+    Why not key blocks with an online softmax here: TensorFlow's fused softmax and oneDNN's matmuls on whole rows
+    are faster than key blocks compiled as an XLA cluster (XLA:CPU's matmuls are slower than oneDNN's; without XLA,
+    a graph runs the online softmax's elementwise operations one by one, slower still): docs/performance.md.
     """
     chunks = _QueryChunks(q, k, mask, causal, chunk)
     attend = chunks.recomputed if recompute else chunks.attend
@@ -446,8 +442,7 @@ FUSED_BACKENDS = ("torch", "jax")
 AUTO_FUSED_BACKENDS = ("torch",)
 """Backends whose kernel ``"auto"`` takes. Not JAX: without an explicit ``implementation="cudnn"`` (GPU only),
 ``jax.nn.dot_product_attention`` is XLA's own matmul-softmax-matmul, in a ``(B, L, H, D)`` layout that costs two
-transposes and a vmap over head groups: measured on CPU inside ``jax.jit``, 1.1-2.2x slower than the explicit path
-forward and 1.2-1.3x with gradients (B=64 L=5, B=8 L=512, B=1 L=1024)."""
+transposes and a vmap over head groups: slower than the explicit path on CPU (docs/performance.md)."""
 
 
 def _fused_dtype_ok(dtype: str) -> bool:

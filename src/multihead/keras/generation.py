@@ -1,7 +1,7 @@
 """Compiled generation for the Keras :class:`~multihead.keras.Transformer`: one traced program per decoding step.
 
 Eager decoding (:class:`multihead.decoding.DecodingSession`) dispatches every operation of every step, which on
-TensorFlow costs about 2 ms per ``Dense`` call, and on JAX compiles every operation anew for every new cache length.
+TensorFlow costs milliseconds per ``Dense`` call, and on JAX compiles every operation anew for every new cache length.
 Here a step (the model's own decoding steps, ``model.decoder_steps()``: embedding, every decoder layer's step path,
 the output projection, the log-softmax) is traced once into one program over fixed shapes, compiled by XLA, and runs
 as one call per step:
@@ -17,8 +17,8 @@ as one call per step:
 
 Between steps the state (buffers, projected memory, mask) stays where the program writes it: on TensorFlow in
 ``tf.Variable``s that the step program (``tf.function(jit_compile=True)``, called through its concrete function)
-updates in place, since passing a dozen tensors in and out of an XLA program costs more than the step's arithmetic
-(0.85 ms a call for this state alone, against 2.0 ms for a whole step of the benchmark's model); on JAX as arrays
+updates in place, since passing a dozen tensors in and out of an XLA program costs nearly as much as the step's
+arithmetic; on JAX as arrays
 donated to the next ``jax.jit`` call, which may then update them in place (weights passed in through a
 ``keras.StatelessScope``).
 

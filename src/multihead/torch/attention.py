@@ -42,9 +42,9 @@ __all__ = ["KVCache", "MultiHeadAttention"]
 class Affine(NamedTuple):
     """``nn.Linear`` layers laid out for decoding steps: ``x @ weight + bias`` with ``weight (in, out)``.
 
-    For a few rows (one token per sentence) this BLAS multiplies a row-major ``(in, out)`` matrix up to twice as fast
-    as ``nn.Linear``'s transposed ``(out, in)`` one (256 → 8000 on 8 rows: 0.22 against 0.46 ms here), and layers
-    that read the same input run as one product. Made from the modules' weights when a ``generate`` call starts, so
+    For a few rows (one token per sentence) the CPU's BLAS multiplies a row-major ``(in, out)`` matrix up to twice as
+    fast as ``nn.Linear``'s transposed ``(out, in)`` one (docs/performance.md), and layers that read the same input
+    run as one product. Made from the modules' weights when a ``generate`` call starts, so
     it always computes what they do.
     """
 
