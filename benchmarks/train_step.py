@@ -1,12 +1,17 @@
 """One training step of our Transformer against the same model built on ``torch.nn.Transformer``, interleaved in one
 process on the same batches (results quoted in docs/translation.md).
 
-Both models: d_model 256, 3+3 layers, 4 heads, d_ff 1024, post-norm, dropout 0.1, one tied 8000-symbol vocabulary,
-sinusoidal positions, Adam, label smoothing 0.1, the same padded batches of about 4096 tokens with key padding
-masks. A step is forward, loss, backward and the optimizer's update. Like ``multihead train``, the process keeps the
-memory it frees for reuse (:mod:`multihead.app.memory`); ``--malloc-default`` leaves glibc's allocator as it comes.
+Both models: by default d_model 256, 3+3 layers, 4 heads, d_ff 1024, one tied 8000-symbol vocabulary (the CPU
+corpus recipe); with ``--base`` the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048, a tied
+32000-symbol vocabulary, the GPU recipe's sizes). Post-norm, dropout 0.1, sinusoidal positions, Adam, label
+smoothing 0.1, the same padded batches of about ``--batch-tokens`` tokens with key padding masks. A step is
+forward, loss, backward and the optimizer's update; ours runs the path ``multihead train`` runs (the model's
+unchecked ``_forward``: the batches are the benchmark's own). On CUDA each step ends with a synchronisation, and
+batches are on the device before the clock starts. Like ``multihead train``, the process keeps the memory it frees
+for reuse (:mod:`multihead.app.memory`); ``--malloc-default`` leaves glibc's allocator as it comes.
 
     .venv/bin/python benchmarks/train_step.py [--steps 20] [--compile] [--bf16] [--malloc-default]
+    python benchmarks/train_step.py --device cuda --base --bf16 --batch-tokens 8192   # and 32768
 
 Notation: B batch, L length, E d_model, V vocabulary.
 """
@@ -17,6 +22,7 @@ import argparse
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,26 +33,41 @@ from multihead.app.memory import keep_freed_memory
 from multihead.positional import sinusoidal_positions
 from multihead.torch import Transformer
 
-V, E, HEADS, LAYERS, FF, PAD = 8000, 256, 4, 3, 1024, 0
+PAD = 0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    vocab: int = 8000
+    d_model: int = 256
+    heads: int = 4
+    layers: int = 3
+    d_ff: int = 1024
+
+
+BASE = Sizes(32000, 512, 8, 6, 2048)
 
 
 class TorchNNTransformer(nn.Module):
     """The same model on torch.nn.Transformer (post-norm, batch first, the same tied embeddings and positions)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: Sizes) -> None:
         super().__init__()
-        self.embed = nn.Embedding(V, E)
-        nn.init.normal_(self.embed.weight, std=E**-0.5)
-        self.register_buffer("table", torch.from_numpy(sinusoidal_positions(256, E)).float(), persistent=False)
-        self.core = nn.Transformer(E, HEADS, LAYERS, LAYERS, FF, dropout=0.1, batch_first=True)
-        self.bias = nn.Parameter(torch.zeros(V))
+        self.scale = math.sqrt(sizes.d_model)
+        self.embed = nn.Embedding(sizes.vocab, sizes.d_model)
+        nn.init.normal_(self.embed.weight, std=sizes.d_model**-0.5)
+        table = torch.from_numpy(sinusoidal_positions(256, sizes.d_model)).float()
+        self.register_buffer("table", table, persistent=False)
+        self.core = nn.Transformer(sizes.d_model, sizes.heads, sizes.layers, sizes.layers, sizes.d_ff, dropout=0.1,
+                                   batch_first=True)  # fmt: skip
+        self.bias = nn.Parameter(torch.zeros(sizes.vocab))
         self.dropout = nn.Dropout(0.1)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.embed(tokens) * math.sqrt(E) + self.table[: tokens.shape[1]])  # (B, L, E)
+        return self.dropout(self.embed(tokens) * self.scale + self.table[: tokens.shape[1]])  # (B, L, E)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
         hidden = self.core(
             self.embed_tokens(src), self.embed_tokens(tgt), tgt_mask=causal, tgt_is_causal=True,
             src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD, memory_key_padding_mask=src == PAD,
@@ -54,35 +75,39 @@ class TorchNNTransformer(nn.Module):
         return F.linear(hidden, self.embed.weight, self.bias)  # (B, L, V)
 
 
-def batches(count: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Padded batches shaped like Multi30k's: lengths 8-40 bucketed, about 4096 padded tokens each."""
+def batches(
+    count: int, tokens: int, vocab: int, device: str, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Padded batches shaped like Multi30k's: lengths 8-40 bucketed, about ``tokens`` padded tokens each."""
     rng = np.random.default_rng(seed)
     made = []
     for _ in range(count):
         length = int(rng.integers(10, 40))
-        rows = 4096 // length
+        rows = tokens // length
         lengths = rng.integers(max(2, length - 4), length + 1, size=rows)
         src = np.zeros((rows, length), dtype=np.int64)
         tgt = np.zeros((rows, length), dtype=np.int64)
         for row, n in enumerate(lengths):
-            src[row, :n] = rng.integers(4, V, size=n)
-            tgt[row, :n] = rng.integers(4, V, size=n)
-        made.append((torch.from_numpy(src), torch.from_numpy(tgt[:, :-1]), torch.from_numpy(tgt[:, 1:])))
+            src[row, :n] = rng.integers(4, vocab, size=n)
+            tgt[row, :n] = rng.integers(4, vocab, size=n)
+        arrays = (src, tgt[:, :-1], tgt[:, 1:])
+        made.append(tuple(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays))
     return made
 
 
-def step_function(model: nn.Module, bf16: bool) -> callable:
+def step_function(model: nn.Module, forward: callable, bf16: bool, device: torch.device) -> callable:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
-    def step(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> float:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(src, tgt_in)
+    def step(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = forward(src, tgt_in)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=PAD,
                                    label_smoothing=0.1)  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        return loss.item()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     return step
 
@@ -93,18 +118,25 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (dynamic shapes)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for both models")
     parser.add_argument("--malloc-default", action="store_true", help="leave glibc's malloc settings as they are")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--base", action="store_true", help="the paper's base model and a 32k vocabulary")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default: 4096)")
     args = parser.parse_args()
     if not args.malloc_default:
         keep_freed_memory()
+    device = torch.device(args.device)
+    sizes = BASE if args.base else Sizes()
     torch.manual_seed(0)
-    ours = Transformer(V, V, d_model=E, num_heads=HEADS, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
-                       d_ff=FF, dropout=0.1, pad_id=PAD, tie_embeddings=True)  # fmt: skip
-    theirs = TorchNNTransformer()
-    models = {"multihead": ours, "torch.nn.Transformer": theirs}
+    ours = Transformer(sizes.vocab, sizes.vocab, d_model=sizes.d_model, num_heads=sizes.heads,
+                       num_encoder_layers=sizes.layers, num_decoder_layers=sizes.layers, d_ff=sizes.d_ff, dropout=0.1,
+                       pad_id=PAD, tie_embeddings=True).to(device)  # fmt: skip
+    theirs = TorchNNTransformer(sizes).to(device)
+    forwards = {"multihead": ours._forward, "torch.nn.Transformer": theirs}
     if args.compile:
-        models = {name: torch.compile(model, dynamic=True) for name, model in models.items()}
-    steps = {name: step_function(model, args.bf16) for name, model in models.items()}
-    data = batches(args.steps + 3)
+        forwards = {name: torch.compile(forward, dynamic=True) for name, forward in forwards.items()}
+    models = {"multihead": ours, "torch.nn.Transformer": theirs}
+    steps = {name: step_function(models[name], forward, args.bf16, device) for name, forward in forwards.items()}
+    data = batches(args.steps + 3, args.batch_tokens, sizes.vocab, args.device)
     times: dict[str, list[float]] = {name: [] for name in steps}
     warm_up = dict.fromkeys(steps, 0.0)  # with --compile: compiling, for the first shapes
     for index, batch in enumerate(data):
@@ -123,7 +155,8 @@ def main() -> None:
             f"(3 warm-up steps: {warm_up[name]:.1f} s; slowest timed step {max(measured) * 1e3:.0f} ms)"
         )
     ratio = statistics.median(times["multihead"]) / statistics.median(times["torch.nn.Transformer"])
-    print(f"ratio multihead / torch.nn.Transformer: {ratio:.3f} (medians of {args.steps} interleaved steps)")
+    print(f"ratio multihead / torch.nn.Transformer: {ratio:.3f} (medians of {args.steps} interleaved steps on "
+          f"{args.device})")  # fmt: skip
 
 
 if __name__ == "__main__":

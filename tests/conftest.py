@@ -8,6 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of test output
+# On NVIDIA GPUs, JAX and TensorFlow multiply float32 matrices in TF32 by default (errors ~1e-3): the tests compare
+# with float64 references, so they ask for full float32 (nothing changes on CPUs).
+os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 if os.environ.get("KERAS_BACKEND") == "jax":
     os.environ.setdefault("JAX_ENABLE_X64", "1")  # JAX has no float64 without it; the tests compare float64 results
     # Compiling dominates the JAX pass (a program for every new shape): LLVM's optimisations cost more than they save.

@@ -39,6 +39,8 @@ TINY = dict(batch_size=16, d_model=16, num_heads=2, layers=1, d_ff=32, eval_ever
 CORPUS_FLAGS = [*SMALL_FLAGS, "--vocab-size", "120", "--batch-tokens", "200", "--lr", "1e-2", "--warmup", "10",
                 "--dropout", "0"]  # fmt: skip
 SAMPLES = [source for source, _ in VALID[:6]]  # what the tests translate
+# What a PyTorch trainer is built with in tests that make one directly.
+TRAINER_OPTIONS = dict(device="cpu", seed=0, lr=1e-2, clip=0.0, label_smoothing=0.1, precision="fp32", compile=False)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -160,3 +162,14 @@ def trainer_without(key: str) -> Callable[[Path], None]:
 def garbage_optimizer(checkpoint: Path) -> None:
     """A damage: an optimizer state that is not a safetensors file."""
     (checkpoint / "optimizer.safetensors").write_bytes(b"not safetensors")
+
+
+def torch_trainer(config: Any = None, **options: Any) -> Any:
+    """A PyTorch trainer of a tiny model (vocabularies of 12, padding id 0) on the CPU, fresh, with ``options`` over
+    :data:`TRAINER_OPTIONS`."""
+    from multihead.app.tokenizers import PAD
+    from multihead.app.train_torch import TorchTrainer
+    from multihead.config import TransformerConfig
+
+    config = config or TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 32, PAD, False)
+    return TorchTrainer(config, {**TRAINER_OPTIONS, **options}, None)

@@ -77,10 +77,11 @@ def test_keras_trains_dates_on_batches_of_several_lengths(tmp_path: Path, monkey
     trainers: set[KerasTrainer] = set()
     original = KerasTrainer.train_step
 
-    def spy(self: KerasTrainer, batch: Any, lr: float) -> float:
+    def spy(self: KerasTrainer, batches: Any, lr: float, tokens: int) -> float:
+        (batch,) = batches
         shapes.append((batch.src.shape[1], batch.tgt_in.shape[1]))
         trainers.add(self)
-        return original(self, batch, lr)
+        return original(self, batches, lr, tokens)
 
     monkeypatch.setattr(KerasTrainer, "train_step", spy)
     monkeypatch.setattr(training.Training, "evaluate", no_evaluation)
@@ -139,11 +140,11 @@ def test_each_step_reports_its_own_loss(tmp_path: Path) -> None:
     from multihead.config import TransformerConfig
 
     config = TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 16, 0, False)
-    trainer = KerasTrainer(config, {"seed": 0, "lr": 1e-2, "clip": 0.0, "label_smoothing": 0.0, "batch_tokens": None},
-                           None)  # fmt: skip
+    options = {"seed": 0, "lr": 1e-2, "clip": 0.0, "label_smoothing": 0.0, "batch_tokens": None, "precision": "fp32"}
+    trainer = KerasTrainer(config, options, None)
     rng = np.random.default_rng(0)
     for length in (5, 7, 6):
         batch = make_batch(rng.integers(4, 12, (3, length)).tolist(), rng.integers(4, 12, (3, length - 2)).tolist())
         logits = trainer.model((batch.src.astype("int32"), batch.tgt_in.astype("int32")), training=False)
         expected = float(keras.ops.convert_to_numpy(token_loss(0.0)(batch.tgt_out, logits)))
-        assert trainer.train_step(batch, 1e-2) == pytest.approx(expected, rel=1e-5)
+        assert trainer.train_step([batch], 1e-2, batch.target_tokens) == pytest.approx(expected, rel=1e-5)

@@ -7,8 +7,8 @@ import platform
 import pytest
 
 import multihead.app.train_torch as train_torch
+from app.support import torch_trainer
 from multihead.app.memory import keep_freed_memory
-from multihead.config import TransformerConfig
 
 
 def test_glibc_keeps_freed_memory_and_other_c_libraries_are_left_alone() -> None:
@@ -24,6 +24,5 @@ def test_the_users_own_malloc_settings_stand(setting: str, monkeypatch: pytest.M
 def test_the_torch_trainer_keeps_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(train_torch, "keep_freed_memory", lambda: calls.append(True))
-    config = TransformerConfig(10, 10, 16, 2, 1, 1, 32, 0.0, "relu", False, 16, 0, False)
-    train_torch.TorchTrainer(config, {"seed": 0, "lr": 1e-3, "clip": 0.0, "label_smoothing": 0.0}, None)
+    torch_trainer()
     assert calls == [True]

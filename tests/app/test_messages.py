@@ -143,10 +143,12 @@ def test_train_help_shows_the_defaults(cli: Callable[..., Cli]) -> None:
     text = _help(cli, "train")
     assert (
         "--d-model D_MODEL the model's width: embeddings and every layer's output (default: 128 for a built-in task, "
-        "256 for --data)"
+        "256 for --data (512 on a GPU))"
     ) in text
     assert "--task NAME built-in task: dates, numbers, numbers-to-words, copy, reverse, sort (default: dates)" in text
-    assert "--lr LR peak learning rate (default: 0.001 for a built-in task, 0.0015 for --data)" in text
+    assert "--lr LR peak learning rate (default: 0.001 for a built-in task, 0.0015 for --data (0.001 on a GPU))" in text
+    assert "an optimizer step takes world size x --batch-tokens x --accumulate" in text
+    assert "or the paper's base model on a GPU" in text
 
 
 def test_every_train_option_is_explained(cli: Callable[..., Cli]) -> None:

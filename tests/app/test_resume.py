@@ -146,7 +146,7 @@ def test_help_says_what_resume_refuses_and_what_may_change() -> None:
         flag
         for action in commands.choices["train"]._actions
         for flag in action.option_strings
-        if flag.startswith("--") and flag != "--no-joint-vocab"
+        if flag.startswith("--") and flag not in ("--no-joint-vocab", "--no-compile")
     }
     assert options == {*REFUSED, *MAY_CHANGE, "--out", "--resume", "--help", "--no-progress"}
 
@@ -181,17 +181,20 @@ def test_resume_takes_the_options_that_may_change(task_run: Path, tmp_path: Path
         "--steps": "6", "--minutes": "10", "--lr": "0.002", "--warmup": "3", "--clip": "0.5",
         "--label-smoothing": "0.2", "--batch-size": "8", "--batch-tokens": "300", "--eval-every": "3",
         "--eval-examples": "5", "--checkpoint-every": "3", "--keep": "3", "--average": "0", "--patience": "4",
+        "--device": "cpu", "--precision": "bf16", "--accumulate": "2",
     }  # fmt: skip
-    assert set(changes) == set(MAY_CHANGE)
+    assert {*changes, "--compile"} == set(MAY_CHANGE)  # --compile: its first step takes a minute on the CPU
     same = ["--task", "reverse", "--d-model", "16", "--heads", "2", "--seed", "0", "--framework", "torch"]
     args = [part for flag, value in changes.items() for part in (flag, value)]
-    result = cli("train", "--resume", "--out", run, *args, *same, "--no-progress")
+    result = cli("train", "--resume", "--out", run, *args, *same, "--no-compile", "--no-progress")
     assert result.status == 0, result.err
     options = trainer_json(run)["options"]
     flags = {flag: name for name, flag in FLAGS.items()}
     for flag, value in changes.items():
         assert options[flags[flag]] == type(options[flags[flag]])(value), flag
+    assert options["compile"] is False
     assert trainer_json(run)["step"] == 6
+    assert trainer_json(run)["process"]["precision"] == "bf16"
 
 
 def test_a_task_run_refuses_another_task_or_a_corpus(task_run: Path, tmp_path: Path, cli: Callable[..., Cli]) -> None:
@@ -246,11 +249,11 @@ def test_a_keras_run_records_its_backend_and_a_change_is_named(tmp_path: Path) -
     out = tmp_path / "run"
     first = _keras_train(out, "torch", "--steps", "2")
     assert first.returncode == 0, first.stderr
-    assert trainer_json(out)["keras_backend"] == "torch"
+    assert trainer_json(out)["process"]["keras_backend"] == "torch"
     again = _keras_train(out, "tensorflow", "--steps", "3", "--resume")
     assert again.returncode == 0, again.stderr
     assert (
         "warning: this run trained on the Keras backend torch; it goes on with tensorflow (KERAS_BACKEND): the same "
         "model, other numerics"
     ) in again.stderr.splitlines()
-    assert trainer_json(out)["keras_backend"] == "tensorflow"
+    assert trainer_json(out)["process"]["keras_backend"] == "tensorflow"

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import multihead.app.training as training
-from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, write_corpus
-from multihead.app.batching import CorpusBatches
+from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, torch_trainer, write_corpus
+from multihead.app.batching import CorpusBatches, join_batches, make_batch
 from multihead.app.console import UserError
 from multihead.app.runs import latest_checkpoint
 from multihead.app.schedule import learning_rate
@@ -48,8 +48,9 @@ def steps_seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     original = TorchTrainer.train_step
 
-    def spy(self: TorchTrainer, batch: Any, lr: float) -> float:
-        loss = original(self, batch, lr)
+    def spy(self: TorchTrainer, batches: Any, lr: float, tokens: int) -> Any:
+        loss = original(self, batches, lr, tokens)
+        (batch,) = batches
         seen.append({"batch": batch, "lr": lr, "optimizer_lr": self.optimizer.param_groups[0]["lr"]})
         return loss
 
@@ -147,11 +148,11 @@ def test_label_smoothing_defaults_to_0_1_for_a_corpus_and_reaches_the_loss(
     run = Training(corpus_options(tmp_path, label_smoothing=given))
     run.build()
     assert run.setup.options["label_smoothing"] == used
-    batch = run.batch(0)
+    batch = run.micro_batch(0)
     with torch.no_grad():
         expected = _smoothed_loss(run.trainer.model, batch, used)
         other = _smoothed_loss(run.trainer.model, batch, 0.2)
-    loss = run.trainer.train_step(batch, lr=0.0)  # the loss of the weights before the step
+    loss = float(run.trainer.train_step([batch], 0.0, batch.target_tokens))  # the loss before the step
     assert loss == pytest.approx(expected, rel=1e-5)
     assert loss != pytest.approx(other, rel=1e-3)
 
@@ -355,27 +356,30 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, out: str, weights: str) -> None:
+def _rank(rank: int, world: int, port: int, out: str, weights: str, accumulate: int) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_default_dtype(torch.float64)  # so that only the order of summation differs, at 1e-16
-    result = train(TrainOptions(out=out, task="reverse", steps=4, checkpoint_every=4, **TINY))
+    options = dict(task="reverse", steps=4, checkpoint_every=4, accumulate=accumulate, **TINY)
+    result = train(TrainOptions(out=out, **options))
     save_weights(result.model, weights)
     torch.distributed.destroy_process_group()
 
 
-def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> None:
+def test_two_processes_accumulating_equal_one_accumulating_twice_as_many(tmp_path: Path) -> None:
+    """A step takes world size × --accumulate batches: two ranks of 2 learn what one process of 4 learns."""
     weights = [str(tmp_path / f"rank{r}.safetensors") for r in range(2)]
     context = torch.multiprocessing.get_context("spawn")
     port = _free_port()
-    workers = [context.Process(target=_rank, args=(r, 2, port, str(tmp_path / "ddp"), weights[r])) for r in range(2)]
+    workers = [context.Process(target=_rank, args=(r, 2, port, str(tmp_path / "ddp"), weights[r], 2)) for r in range(2)]
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(timeout=120)
+        worker.join(timeout=180)
         assert worker.exitcode == 0
     torch.set_default_dtype(torch.float64)
     try:
-        single = train(TrainOptions(out=str(tmp_path / "single"), task="reverse", steps=4, checkpoint_every=4, **TINY))
+        options = dict(task="reverse", steps=4, checkpoint_every=4, accumulate=4, **TINY)
+        single = train(TrainOptions(out=str(tmp_path / "single"), **options))
     finally:
         torch.set_default_dtype(torch.float32)
     expected = {name: value.numpy() for name, value in single.model.state_dict().items()}
@@ -385,6 +389,32 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
         np.testing.assert_allclose(ranks[0][name], value, atol=1e-9, rtol=0)
     assert latest_checkpoint(tmp_path / "ddp").name == "step-0000004"
+    ddp, alone = (json.loads((latest_checkpoint(tmp_path / run) / "trainer.json").read_text())
+                  for run in ("ddp", "single"))  # fmt: skip
+    assert ddp["tokens"] == alone["tokens"]  # the same global batches
+    assert ddp["process"]["world_size"] == 2
+
+
+def test_two_accumulated_batches_equal_one_batch_of_both() -> None:
+    """Gradients of batches accumulated into one step equal those of one batch holding all their sentences (their
+    padding masked), in float64. (Not the updated weights: Adam divides a gradient by its own size, so the keys'
+    biases, whose exact gradient is zero, move by the sign of rounding noise.)"""
+    rng = np.random.default_rng(0)
+    first = make_batch(rng.integers(4, 12, (3, 5)).tolist(), rng.integers(4, 12, (3, 4)).tolist())
+    second = make_batch(rng.integers(4, 12, (2, 8)).tolist(), rng.integers(4, 12, (2, 7)).tolist())
+    both = join_batches([first, second])
+    torch.set_default_dtype(torch.float64)
+    try:
+        accumulated, whole = torch_trainer(), torch_trainer()
+        tokens = first.target_tokens + second.target_tokens
+        loss_accumulated = accumulated.train_step([first, second], 1e-2, tokens)
+        loss_whole = whole.train_step([both], 1e-2, tokens)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert float(loss_accumulated) == pytest.approx(float(loss_whole), rel=1e-12)
+    assert accumulated.model.output_proj.weight.grad.abs().sum() > 0
+    for (name, value), other in zip(accumulated.model.named_parameters(), whole.model.parameters(), strict=True):
+        torch.testing.assert_close(value.grad, other.grad, atol=1e-12, rtol=0, msg=name)
 
 
 # --- options that would do nothing, or not what was asked -----------------------------------------------------

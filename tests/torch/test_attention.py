@@ -6,6 +6,7 @@ Notation: B batch, Lq/Lk lengths, E d_model, H heads.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,6 +148,35 @@ def test_skipping_padded_queries_keeps_gradients(causal: bool) -> None:
     torch.testing.assert_close(packed_grad, dense_grad, atol=1e-12, rtol=1e-12)
     assert not packed[~lengths].any()
     assert not packed_grad[~lengths].any()  # padding cannot influence anything
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_off_the_packed_devices_padded_batches_take_one_kernel_call_and_agree(
+    causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the packed path is not the faster one (a device outside ``PACKED_DEVICES``, i.e. CUDA), a padded
+    self-attention batch runs the padded kernel with its key mask: the same outputs and gradients, padded query rows
+    zero. Simulated here by taking the CPU out of ``PACKED_DEVICES``."""
+    module = Config("self", 16, 4).build("fused")
+    real = padding_mask([6, 3, 0, 5], 6)
+    x = randn(4, 6, 16, requires_grad=True)
+    packed = module(x, key_mask=real, query_mask=real, causal=causal)
+    (packed_grad,) = torch.autograd.grad(packed.square().sum(), x)
+
+    def packed_path(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the packed path ran off the packed devices")
+
+    monkeypatch.setattr(sys.modules["multihead.torch.attention"], "PACKED_DEVICES", frozenset())
+    monkeypatch.setattr(MultiHeadAttention, "_attend_packed", packed_path)
+    with TorchCalls() as calls:
+        padded = module(x, key_mask=real, query_mask=real, causal=causal)
+    assert calls.count(F.scaled_dot_product_attention) == 1
+    (padded_grad,) = torch.autograd.grad(padded.square().sum(), x)
+    torch.testing.assert_close(padded, packed, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(padded_grad, packed_grad, atol=1e-12, rtol=1e-12)
+    assert not padded[~real].any()
+    expected, _ = reference_call(module, x, x, x, key_mask=real, query_mask=real, causal=causal)
+    np.testing.assert_allclose(to_numpy(padded), expected, atol=1e-12, rtol=0)
 
 
 def test_skipping_padded_queries_equals_running_each_sequence_alone() -> None:

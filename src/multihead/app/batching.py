@@ -37,9 +37,18 @@ class Batch:
     def as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.src, self.tgt_in, self.tgt_out
 
-    def rows(self, start: int, step: int) -> Batch:
-        """Rows ``start::step`` (a data-parallel rank's share)."""
-        return Batch(self.src[start::step], self.tgt_in[start::step], self.tgt_out[start::step])
+
+def join_batches(batches: Sequence[Batch]) -> Batch:
+    """``batches`` as one, every array padded to the longest."""
+    if len(batches) == 1:
+        return batches[0]
+    arrays = []
+    for parts in zip(*(batch.as_arrays() for batch in batches), strict=True):
+        width = max(part.shape[1] for part in parts)
+        arrays.append(
+            np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=PAD) for p in parts])
+        )
+    return Batch(*arrays)
 
 
 def round_up(length: int, multiple: int) -> int:

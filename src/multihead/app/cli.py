@@ -133,7 +133,7 @@ def _translate(args: argparse.Namespace) -> int:
         raise UserError("--plot: nothing to plot, the input holds no text")
     from multihead.app.translate import Translator
 
-    translator = Translator(args.run, args.checkpoint)
+    translator = Translator(args.run, args.checkpoint, device=args.device)
     translations = translator.translate(
         texts, beam=args.beam, length_penalty=args.length_penalty, names=names, progress=sys.stderr.isatty()
     )
@@ -171,7 +171,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         )
     if not sources:
         raise UserError(f"SRC {args.src!r} and REF {args.ref!r} hold no lines: nothing to evaluate")
-    translator = Translator(args.run, args.checkpoint)
+    translator = Translator(args.run, args.checkpoint, device=args.device)
     begin = time.perf_counter()
     hypotheses = translator.translate(
         sources, beam=args.beam, length_penalty=args.length_penalty,
@@ -210,11 +210,13 @@ def _demo(args: argparse.Namespace) -> int:
         what = f"task {trained['task']!r}" if trained.get("task") else "a corpus"
         raise UserError(f"--out {args.out!r} holds a run of {what}, not the demo's dates; choose another --out")
     say(f"multihead {__version__} demo: train a Transformer to write dates as YYYY-MM-DD ({args.out})")
-    options = TrainOptions(out=args.out, task="dates", steps=args.steps, resume=existing, progress=not args.no_progress)
+    options = TrainOptions(
+        out=args.out, task="dates", steps=args.steps, resume=existing, progress=not args.no_progress, device=args.device
+    )
     status = _report(train(options), args.out)
     if status:
         return status
-    translator = Translator(args.out)
+    translator = Translator(args.out, device=args.device)
     for text, translation in zip(DEMO_EXAMPLES, translator.translate(DEMO_EXAMPLES), strict=True):
         print(f"  {text!r} -> {translation!r}")
     path = plot_cross_attention(translator.attention(DEMO_EXAMPLES[0]), attention_plot(out))
@@ -247,9 +249,9 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         description="Train a translation Transformer on --task NAME or --data FILES for --steps N or --minutes M (one "
         "of them is required for a new run); checkpoints go to --out. Ctrl-C saves a checkpoint and stops; "
         "--resume continues the newest intact one. One process at a time trains a run directory. Under torchrun it "
-        "trains data-parallel. Defaults are a recipe "
-        "for the kind of data: small and quick for a built-in task; for --data, the paper's recipe sized for "
-        "~30k sentence pairs on a CPU (see docs/translation.md).",
+        "trains data-parallel, one GPU per process. Defaults are a recipe for the kind of data and device: small "
+        "and quick for a built-in task; for --data, the paper's recipe sized for ~30k sentence pairs on a CPU, or the "
+        "paper's base model on a GPU (see docs/translation.md).",
         epilog=resume_epilog(),
     )  # fmt: skip
     add_train_arguments(train)
@@ -257,8 +259,9 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
 
 def _add_decoding_options(command: argparse.ArgumentParser) -> None:
     """What ``translate`` and ``evaluate`` share: the checkpoint and the search."""
-    from multihead.app.options import MAX_BEAM, beam_size, length_penalty
+    from multihead.app.options import BY_NAME, MAX_BEAM, beam_size, length_penalty
 
+    BY_NAME["device"].add_to(command)
     command.add_argument(
         "--checkpoint", metavar="WHICH",
         help="latest, best, average or step-N (default: best if the run has one, else latest)",
@@ -301,7 +304,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.options import POSITIVE
+    from multihead.app.options import BY_NAME, POSITIVE
 
     demo = _command(
         commands, "demo", _demo,
@@ -312,6 +315,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     demo.add_argument("--out", default="runs/dates", help="run directory (resumed when it holds the demo's run)")
     demo.add_argument("--steps", type=POSITIVE.parse, default=1500, help="training steps")
+    BY_NAME["device"].add_to(demo)
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from multihead.app.console import UserError
 from multihead.app.data import TASKS
+from multihead.app.devices import DEVICE_CHOICES, PRECISIONS, device_name
 from multihead.app.tokenizers import KINDS
 from multihead.io import FRAMEWORKS
 
@@ -93,12 +94,20 @@ def _unchecked(flag: str, value: Any) -> None:
     return None
 
 
+def _check_device(flag: str, value: Any) -> None:
+    try:
+        device_name(value)
+    except argparse.ArgumentTypeError as error:
+        raise UserError(f"{flag} {error}") from None
+
+
 POSITIVE = Kind(lambda text: _whole(text, 1), _check_whole(1), "int | None")
 COUNT = Kind(lambda text: _whole(text, 0), _check_whole(0), "int | None")  # NumPy seeds batches: no negative seed
 POSITIVE_NUMBER = Kind(_number, _check_number(positive=True), "float | None")
 NON_NEGATIVE_NUMBER = Kind(_number, _check_number(positive=False), "float | None")
 FRACTION = Kind(_number, _check_number(positive=False, below_one=True), "float | None")
 TEXT = Kind(None, _unchecked, "str | None")
+DEVICE = Kind(device_name, lambda flag, value: _check_device(flag, value), "str | None")
 FILES = Kind(None, _unchecked, "Sequence[str] | None")
 SWITCH = Kind(None, _unchecked, "bool | None")
 
@@ -123,15 +132,17 @@ def length_penalty(text: str) -> float:
 
 # --- the table ----------------------------------------------------------------------------------------------
 
-TASK, CORPUS = "task", "corpus"
+TASK, CORPUS, CORPUS_GPU = "task", "corpus", "corpus-gpu"
+AS_CORPUS = object()  # an option's GPU default when it is the corpus recipe's
 
 
 @dataclass(frozen=True)
 class Option:
     """One training option. ``task`` and ``corpus`` are its defaults in the two recipes (``None``: none, or the
     task's own) when ``recipe``; ``resumable``: ``--resume`` may change it; ``saved``: part of what a run is made
-    of, kept in its checkpoints (the others say how this process runs); ``argparse``: what else ``add_argument``
-    takes."""
+    of, kept in its checkpoints (the others say how this process runs); ``machine``: a choice of this machine's, not
+    the run's (``--resume`` takes it as given, else its default, never the run's); ``argparse``: what else
+    ``add_argument`` takes."""
 
     name: str
     flag: str
@@ -142,15 +153,29 @@ class Option:
     recipe: bool = True
     resumable: bool = False
     saved: bool = True
+    machine: bool = False
     argparse: dict[str, Any] = dataclasses.field(default_factory=dict)
+    gpu: Any = AS_CORPUS  # the corpus recipe's default on a GPU
+
+    @property
+    def gpu_default(self) -> Any:
+        return self.corpus if self.gpu is AS_CORPUS else self.gpu
 
     def default_text(self) -> str:
         """What ``--help`` says of the recipes' defaults."""
+        gpu = "" if self.gpu_default == self.corpus else f" ({self.gpu_default} on a GPU)"
         if self.task == self.corpus:
-            return f"default: {self.task}"
+            return f"default: {self.task}{gpu}"
         task = "the task's" if self.task is None else self.task
         corpus = "none" if self.corpus is None else self.corpus
-        return f"default: {task} for a built-in task, {corpus} for --data"
+        return f"default: {task} for a built-in task, {corpus} for --data{gpu}"
+
+    def add_to(self, parser: Any) -> None:
+        """This option as an argument of ``parser`` (or of an argument group)."""
+        extra = dict(self.argparse)
+        if self.kind.parse is not None:
+            extra["type"] = self.kind.parse
+        parser.add_argument(self.flag, dest=self.name, help=self.help_text(), **extra)
 
     def help_text(self) -> str:
         if not self.recipe:
@@ -177,6 +202,14 @@ OPTIONS = (
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
     Option("framework", "--framework", "PyTorch, or Keras on the backend KERAS_BACKEND names (tensorflow, jax or "
            "torch)", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
+    Option("device", "--device", f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the "
+           "CPU; under torchrun each rank its cuda:LOCAL_RANK; on resume too, whatever the run trained on)", DEVICE,
+           "auto", "auto", resumable=True, machine=True),
+    Option("precision", "--precision", "fp32, or autocast to bf16 or fp16 (fp16 with dynamic loss scaling); auto: "
+           "bf16 on a CUDA device that has it, else fp32", TEXT, "auto", "auto", resumable=True,
+           argparse=dict(choices=PRECISIONS)),
+    Option("compile", "--compile", "run the training step under torch.compile (its first steps compile)", SWITCH,
+           False, False, resumable=True, argparse=dict(action=argparse.BooleanOptionalAction)),
     Option("steps", "--steps", "total optimizer steps (--steps or --minutes is required for a new run)", POSITIVE,
            recipe=False, resumable=True),
     Option("minutes", "--minutes", "stop after this much training time (with --steps: whichever comes first)",
@@ -189,23 +222,27 @@ OPTIONS = (
     Option("joint", "--joint-vocab", "one vocabulary for both languages, with tied embeddings", SWITCH, False, True,
            argparse=dict(action=argparse.BooleanOptionalAction)),
     Option("batch_size", "--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True),
-    Option("batch_tokens", "--batch-tokens", "padded tokens per batch, corpora", POSITIVE, None, 4096, resumable=True),
-    Option("lr", "--lr", "peak learning rate", POSITIVE_NUMBER, 1e-3, 1.5e-3, resumable=True),
-    Option("warmup", "--warmup", "warm-up steps, then 1/sqrt decay", POSITIVE, 300, 200, resumable=True),
+    Option("batch_tokens", "--batch-tokens", "padded tokens per batch and rank, corpora (an optimizer step takes "
+           "world size x --batch-tokens x --accumulate)", POSITIVE, None, 4096, resumable=True, gpu=8192),
+    Option("accumulate", "--accumulate", "batches whose gradients add up to one optimizer step (on each rank)",
+           POSITIVE, 1, 1, resumable=True),
+    Option("lr", "--lr", "peak learning rate", POSITIVE_NUMBER, 1e-3, 1.5e-3, resumable=True, gpu=1e-3),
+    Option("warmup", "--warmup", "warm-up steps, then 1/sqrt decay", POSITIVE, 300, 200, resumable=True, gpu=400),
     Option("clip", "--clip", "gradient norm clipping, 0: off", NON_NEGATIVE_NUMBER, 0.0, 1.0, resumable=True),
     Option("label_smoothing", "--label-smoothing", "the share of each target's probability spread over the whole "
            "vocabulary in the loss, in [0, 1)", FRACTION, 0.0, 0.1, resumable=True),
-    Option("d_model", "--d-model", "the model's width: embeddings and every layer's output", POSITIVE, 128, 256),
+    Option("d_model", "--d-model", "the model's width: embeddings and every layer's output", POSITIVE, 128, 256,
+           gpu=512),
     Option("num_heads", "--heads", "attention heads per layer (they must divide --d-model)", POSITIVE, 4, 4,
-           argparse=dict(metavar="HEADS")),
-    Option("layers", "--layers", "encoder and decoder layers each", POSITIVE, 2, 3),
-    Option("d_ff", "--d-ff", "the feed-forward blocks' inner width", POSITIVE, 256, 1024),
-    Option("dropout", "--dropout", "dropout rate in training, in [0, 1)", FRACTION, 0.0, 0.1),
-    Option("eval_every", "--eval-every", "evaluation interval in steps", POSITIVE, 500, 200, resumable=True),
+           argparse=dict(metavar="HEADS"), gpu=8),
+    Option("layers", "--layers", "encoder and decoder layers each", POSITIVE, 2, 3, gpu=6),
+    Option("d_ff", "--d-ff", "the feed-forward blocks' inner width", POSITIVE, 256, 1024, gpu=2048),
+    Option("dropout", "--dropout", "dropout rate in training, in [0, 1)", FRACTION, 0.0, 0.1, gpu=0.3),
+    Option("eval_every", "--eval-every", "evaluation interval in steps", POSITIVE, 500, 200, resumable=True, gpu=250),
     Option("eval_examples", "--eval-examples", "held-out examples per evaluation ({default}: all)", POSITIVE, 200,
            None, resumable=True),
     Option("checkpoint_every", "--checkpoint-every", "checkpoint interval in steps", POSITIVE, 500, 100,
-           resumable=True),
+           resumable=True, gpu=250),
     Option("keep", "--keep", "step checkpoints kept, besides the best", POSITIVE, 2, 5, resumable=True),
     Option("average", "--average", "average the last N checkpoints at the end", COUNT, 0, 5, resumable=True),
     Option("patience", "--patience", "stop after N evaluations without improvement, 0: never", COUNT, 0, 0,
@@ -219,6 +256,7 @@ SAVED = tuple(option for option in OPTIONS if option.saved)
 RECIPES: dict[str, dict[str, Any]] = {
     recipe: {option.name: getattr(option, recipe) for option in OPTIONS if option.recipe} for recipe in (TASK, CORPUS)
 }
+RECIPES[CORPUS_GPU] = {option.name: option.gpu_default for option in OPTIONS if option.recipe}
 FLAGS = {option.name: option.flag for option in OPTIONS}
 """Every option's flag, for messages in the user's words."""
 RESUMABLE = tuple(option.name for option in OPTIONS if option.resumable)
@@ -256,6 +294,8 @@ def _check(options: Any) -> None:
         _check_choice(FRAMEWORKS, " or ".join(FRAMEWORKS))("--framework", options.framework)
     if options.tokenizer is not None:
         _check_choice(KINDS, f"one of {', '.join(KINDS)}")("--tokenizer", options.tokenizer)
+    if options.precision is not None:
+        _check_choice(PRECISIONS, f"one of {', '.join(PRECISIONS)}")("--precision", options.precision)
     if options.steps is None and options.minutes is None and not options.resume:
         raise UserError("give --steps N or --minutes M (or both: whichever comes first)")
 
@@ -286,11 +326,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option as an argument of ``train``: ``--task`` and ``--data`` exclusive, each with its help."""
     data = parser.add_mutually_exclusive_group()
     for option in OPTIONS:
-        target = data if option.name in ("task", "data") else parser
-        extra = dict(option.argparse)
-        if option.kind.parse is not None:
-            extra["type"] = option.kind.parse
-        target.add_argument(option.flag, dest=option.name, help=option.help_text(), **extra)
+        option.add_to(data if option.name in ("task", "data") else parser)
 
 
 def resume_epilog() -> str:

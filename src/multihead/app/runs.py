@@ -191,7 +191,7 @@ def save_checkpoint(
 def trainer_record(
     *,
     framework: str,
-    keras_backend: str | None,
+    process: dict[str, Any],
     step: int,
     options: dict[str, Any],
     optimizer: dict[str, Any],
@@ -200,13 +200,13 @@ def trainer_record(
     tokens: int,
     history: dict[str, list],
 ) -> dict[str, Any]:
-    """A checkpoint's ``trainer.json``: what trained it (the framework, and Keras' backend), how far, its options,
-    optimizer and data facts, and the history (``losses`` and ``evals``) up to it."""
-    record = {
-        "format": FORMAT, "framework": framework, "step": step, "options": options, "optimizer": optimizer,
-        "data": data, "seconds": round(seconds, 3), "tokens": tokens, **history,
+    """A checkpoint's ``trainer.json``: what trained it (the framework, and ``process``: the device, precision, world
+    size, Keras' backend), how far, its options, optimizer and data facts, and the history (``losses`` and
+    ``evals``) up to it."""
+    return {
+        "format": FORMAT, "framework": framework, "process": process, "step": step, "options": options,
+        "optimizer": optimizer, "data": data, "seconds": round(seconds, 3), "tokens": tokens, **history,
     }  # fmt: skip
-    return record if keras_backend is None else {**record, "keras_backend": keras_backend}
 
 
 def save_step(

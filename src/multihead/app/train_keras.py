@@ -11,12 +11,17 @@ its step (XLA) once per input shape, so there batches come in few shapes: length
 ``LENGTH_MULTIPLE``, and a corpus batch of padded length ``L`` is filled up with empty rows to ``batch_tokens // L``
 rows (the loss ignores them). The torch backend runs eagerly and takes batches as they come.
 
+Where JAX sees several devices (GPUs, or CPU devices made with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``),
+training is data-parallel through ``keras.distribution.DataParallel``: the weights are replicated, each batch's rows
+are split over the devices (filled up with empty rows to a multiple of their number) and the gradients combined.
+
 Notation: B batch, Lt target length, V target vocabulary.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from multihead.app.batching import Batch
+from multihead.app.batching import Batch, join_batches
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
 from multihead.config import TransformerConfig
@@ -47,6 +52,22 @@ def token_loss(label_smoothing: float) -> Any:
 
 
 LENGTH_MULTIPLE = 8
+
+
+def keras_device() -> str:
+    """Where Keras' backend computes: ``gpu`` when it sees one, else ``cpu``."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    if backend == "jax":
+        import jax
+
+        return "gpu" if jax.devices()[0].platform == "gpu" else "cpu"
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
 
 
 def fill_rows(batch: Batch, rows: int) -> Batch:
@@ -90,11 +111,23 @@ def _traced_step(model: Transformer) -> Any:
     return step
 
 
+def _data_parallel() -> int:
+    """On JAX with several devices, distribute what Keras builds next over all of them, data-parallel; the number of
+    devices a batch is split over."""
+    devices = keras.distribution.list_devices() if keras.backend.backend() == "jax" else []
+    if len(devices) < 2:
+        return 1
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+    return len(devices)
+
+
 class KerasTrainer:
     framework = "keras"
 
     def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
-        self.backend = keras.backend.backend()
+        self.backend, self.device = keras.backend.backend(), keras_device()
+        self.prefetch = False
+        self.devices = _data_parallel()
         if options["batch_tokens"] is None:  # a built-in task: batches of a few dozen short sentences
             _one_thread_per_operation()
         keras.utils.set_random_seed(options["seed"])
@@ -124,10 +157,17 @@ class KerasTrainer:
     def pad_to(self) -> int:
         return LENGTH_MULTIPLE if self.fixed_shapes else 1
 
-    def train_step(self, batch: Batch, lr: float) -> float:
+    def facts(self) -> dict[str, Any]:
+        return {"device": self.device, "devices": self.devices, "precision": "fp32", "keras_backend": self.backend}
+
+    def train_step(self, batches: Sequence[Batch], lr: float, global_tokens: int) -> float:
+        """One optimizer step; several batches (``--accumulate``) are joined into one, which gives the same token-mean
+        loss and gradients (their padding is masked)."""
+        batch = join_batches(batches)
         self.optimizer.learning_rate.assign(lr)
         if self.fixed_shapes and self.batch_tokens is not None:  # a corpus: one row count per padded length
             batch = fill_rows(batch, self.batch_tokens // max(batch.src.shape[1], batch.tgt_in.shape[1]))
+        batch = fill_rows(batch, -(-len(batch.src) // self.devices) * self.devices)  # rows split over the devices
         src, tgt_in, tgt_out = (a.astype("int32") for a in batch.as_arrays())
         if self.traced_step is None:
             return float(self.model.train_on_batch((src, tgt_in), tgt_out))

@@ -1,14 +1,23 @@
-"""The PyTorch trainer under :mod:`multihead.app.training`: model, Adam, one step at a time.
+"""The PyTorch trainer under :mod:`multihead.app.training`: model, Adam, one step at a time, on the CPU or a GPU.
 
-Under ``torchrun`` it trains data-parallel: every rank draws the same global batch, trains on its share, and
-DistributedDataParallel averages the gradients; the loss is scaled so that the average is the global token mean.
-Only rank 0 writes checkpoints.
+An optimizer step takes this rank's micro-batches (``--accumulate`` of them), adds up their gradients and steps;
+under ``torchrun`` DistributedDataParallel averages the gradients of every rank (NCCL on GPUs, each rank on
+``cuda:LOCAL_RANK``; gloo on the CPU). The loss is scaled so that the average is the token mean of the whole global
+batch. Only rank 0 writes checkpoints.
+
+On a GPU nothing in a step waits for the device: the batches come from pinned memory without blocking, the model
+runs its unchecked path (the batches are the run's own tokens), and the loss stays a tensor until the training loop
+reads it, every few steps. ``--precision`` autocasts the forward pass and the loss to bf16 or fp16 (fp16 with a
+``GradScaler``, whose state is checkpointed); the weights and the optimizer state stay float32. ``--compile`` runs
+the step's forward pass under ``torch.compile``.
 
 Notation: B batch, Lt target length, V target vocabulary.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +26,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import save_file
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from multihead.app.batching import Batch
-from multihead.app.console import rank, world_size
+from multihead.app.console import UserError, rank, world_size
+from multihead.app.devices import resolve_device, resolve_precision
 from multihead.app.memory import keep_freed_memory
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
@@ -29,78 +40,144 @@ from multihead.io import load_weights, read_weights, save_weights
 from multihead.torch import Transformer
 
 
+class TokenLoss(nn.Module):
+    """What DistributedDataParallel and ``torch.compile`` wrap: a batch's summed (label-smoothed) cross-entropy over
+    its target tokens, through the model's unchecked teacher-forced path."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, smoothing: float) -> torch.Tensor:
+        logits = self.model._forward(src, tgt_in)  # (B, Lt, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # autocast's half precision: float32
+        return F.cross_entropy(
+            logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum", label_smoothing=smoothing
+        )
+
+
 class TorchTrainer:
     framework = "torch"
-    backend = None
 
     def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
         keep_freed_memory()
         self.rank, self.world = rank(), world_size()
+        self.device = torch.device(resolve_device(options["device"] or "auto"))
+        self.prefetch = self.device.type == "cuda"  # batches built on a thread while the GPU computes
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-            torch.set_num_threads(max(1, torch.get_num_threads() // self.world))
-        self.configure(options)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            if self.device.type == "cpu":
+                torch.set_num_threads(max(1, torch.get_num_threads() // self.world))
         torch.manual_seed(options["seed"])
-        self.model = Transformer.from_config(config)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options["lr"], betas=(0.9, 0.98), eps=1e-9)
+        self.model = Transformer.from_config(config)  # initialised on the CPU: the same weights on any device
         if checkpoint is not None:
             load_weights(self.model, checkpoint.path / WEIGHTS)
+        self.model.to(self.device).train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options["lr"], betas=(0.9, 0.98), eps=1e-9)
+        self.configure(options)
+        if checkpoint is not None:
             self._restore_optimizer(checkpoint)
-        self.engine = DistributedDataParallel(self.model) if self.world > 1 else self.model
-        self.model.train()
 
     def configure(self, options: dict[str, Any]) -> None:
-        """Take the options that may change on resume (gradient clipping, label smoothing)."""
+        """Take the options that may change on resume (clipping, label smoothing, precision, compilation)."""
         self.clip, self.label_smoothing = options["clip"], options["label_smoothing"]
+        self.precision = resolve_precision(options["precision"] or "auto", str(self.device))
+        previous = getattr(self, "scaler", None)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision.scaled else None
+        if self.scaler is not None and previous is not None:
+            self.scaler.load_state_dict(previous.state_dict())
+        self.skipped = getattr(self, "skipped", 0)
+        step = TokenLoss(self.model)
+        self.ddp = DistributedDataParallel(step) if self.world > 1 else None
+        engine = self.ddp or step
+        self.engine = torch.compile(engine, dynamic=True) if options["compile"] else engine
 
     def pad_to(self) -> int:
         return 1
 
-    def train_step(self, batch: Batch, lr: float) -> float:
-        global_tokens = batch.target_tokens
-        share = batch.rows(self.rank, self.world)
-        src, tgt_in, tgt_out = (torch.from_numpy(a) for a in (share.src, share.tgt_in, share.tgt_out))
+    def _tensors(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """A batch on the device: from pinned memory, without waiting, on a GPU."""
+        arrays = (torch.from_numpy(a) for a in batch.as_arrays())
+        if self.device.type == "cpu":
+            return tuple(arrays)
+        return tuple(a.pin_memory().to(self.device, non_blocking=True) for a in arrays)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.precision.autocast))
+
+    def train_step(self, batches: Sequence[Batch], lr: float, global_tokens: int) -> torch.Tensor:
+        """One optimizer step over this rank's ``batches``; the mean loss per target token of the whole global batch
+        (``global_tokens`` tokens), as a tensor on the device."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        logits = self.engine(src, tgt_in)  # (B, Lt, V)
-        summed = F.cross_entropy(
-            logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum",
-            label_smoothing=self.label_smoothing,
-        )  # fmt: skip
-        # DDP averages gradients over ranks; scaling by the world size makes that the global token mean.
-        loss = summed * self.world / global_tokens
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        summed = torch.zeros((), device=self.device)
+        try:
+            for index, batch in enumerate(batches):
+                last = index == len(batches) - 1
+                # Gradients are averaged over the ranks once, after this rank's last batch.
+                with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
+                    with self._autocast():
+                        loss_sum = self.engine(*self._tensors(batch), self.label_smoothing)
+                    # DDP averages gradients over ranks; scaling by the world size makes that the global token mean.
+                    loss = loss_sum * self.world / global_tokens
+                    (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+                summed += loss_sum.detach()
+        except torch.OutOfMemoryError:
+            raise UserError(
+                f"out of memory on {self.device} with a batch of {max(b.src.size for b in batches)} source and "
+                f"{max(b.tgt_in.size for b in batches)} target positions: lower --batch-tokens (or --batch-size), "
+                "and raise --accumulate to keep the step's size"
+            ) from None
+        self._update()
+        if self.world > 1:
+            dist.all_reduce(summed)
+        return summed / global_tokens
+
+    def _update(self) -> None:
+        """Clip and step; with fp16, through the loss scaler, counting the steps it skips."""
+        if self.scaler is None:
+            if self.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            self.optimizer.step()
+            return
+        self.scaler.unscale_(self.optimizer)
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
-        reported = summed.detach()
-        if self.world > 1:
-            dist.all_reduce(reported)
-        return float(reported) / global_tokens
+        scale = self.scaler._get_scale_async().clone()  # a tensor: reading it would wait for the device
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.skipped += self.scaler._get_scale_async() < scale  # the scale drops exactly when a step had inf or NaN
 
     def loss_sum(self, batch: Batch) -> float:
         self.model.eval()
         with torch.inference_mode():
-            logits = self.model(torch.from_numpy(batch.src), torch.from_numpy(batch.tgt_in))
-            summed = F.cross_entropy(
-                logits.flatten(0, 1), torch.from_numpy(batch.tgt_out).flatten(), ignore_index=PAD, reduction="sum"
-            )
+            src, tgt_in, tgt_out = self._tensors(batch)
+            summed = TokenLoss(self.model)(src, tgt_in, tgt_out, 0.0)
         self.model.train()
         return float(summed)
 
     def generate(self, src: np.ndarray, max_len: int) -> np.ndarray:
         self.model.eval()
-        out = self.model.generate(torch.from_numpy(src), max_len=max_len, bos_id=BOS, eos_id=EOS)
+        out = self.model.generate(torch.from_numpy(src).to(self.device), max_len=max_len, bos_id=BOS, eos_id=EOS)
         self.model.train()
-        return out.numpy()
+        return out.cpu().numpy()
 
     def agree(self, flag: bool) -> bool:
         if self.world == 1:
             return flag
-        value = torch.tensor([float(flag)])
+        value = torch.tensor([float(flag)], device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
+
+    def facts(self) -> dict[str, Any]:
+        """What the run's record keeps of how this process trained."""
+        facts = {"device": str(self.device), "precision": self.precision.name}
+        return facts if self.scaler is None else {**facts, "skipped_steps": int(self.skipped)}
 
     def write_weights(self, path: Path) -> None:
         save_weights(self.model, path)
@@ -110,13 +187,19 @@ class TorchTrainer:
 
     def write_optimizer(self, path: Path) -> dict[str, Any]:
         state = self.optimizer.state_dict()
-        tensors = {f"state.{i}.{k}": v.contiguous() for i, s in state["state"].items() for k, v in s.items()}
+        tensors = {f"state.{i}.{k}": v.cpu().contiguous() for i, s in state["state"].items() for k, v in s.items()}
         tensors["rng.torch"] = torch.get_rng_state()
+        if self.device.type == "cuda":
+            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
         save_file(tensors, str(path))
-        return {"param_groups": state["param_groups"], "state": {i: list(s) for i, s in state["state"].items()}}
+        meta = {"param_groups": state["param_groups"], "state": {i: list(s) for i, s in state["state"].items()}}
+        if self.scaler is None:
+            return meta
+        return {**meta, "scaler": self.scaler.state_dict(), "skipped_steps": int(self.skipped)}
 
     def _restore_optimizer(self, checkpoint: Checkpoint) -> None:
-        """Load the optimizer state and torch RNG of a checkpoint; a :class:`RunError` if they do not fit."""
+        """Load the optimizer state, the RNG (the CUDA one when both runs are on GPUs) and the loss scaler of a
+        checkpoint; a :class:`RunError` if they do not fit."""
         path = checkpoint.path / OPTIMIZER
         try:
             tensors = read_weights(path)
@@ -133,6 +216,11 @@ class TorchTrainer:
                         raise ValueError(f"state.{index}.{name} has shape {tuple(value.shape)}")
             self.optimizer.load_state_dict({"param_groups": meta["param_groups"], "state": state})
             torch.set_rng_state(torch.from_numpy(tensors["rng.torch"]))
+            if "rng.cuda" in tensors and self.device.type == "cuda":
+                torch.cuda.set_rng_state(torch.from_numpy(tensors["rng.cuda"]), self.device)
+            if self.scaler is not None and "scaler" in meta:
+                self.scaler.load_state_dict(meta["scaler"])
+                self.skipped = int(meta.get("skipped_steps", 0))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as error:
             raise RunError(
                 f"cannot resume: {str(path)!r} and the optimizer in {TRAINER} do not fit the model "

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,11 +34,14 @@ from multihead.app.console import (
     is_main_rank,
     plural,
     progress_bar,
+    rank,
     say,
     warn,
+    world_size,
 )
 from multihead.app.corpus import fingerprint
 from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task
+from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
 from multihead.app.evaluate import exact_match, score
 from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags
 from multihead.app.runs import (
@@ -66,6 +70,9 @@ from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
 
 CORPUS_MAX_LEN = 256
+READ_EVERY = 10
+"""Steps between reads of the loss from the device (and, with several ranks, between their agreeing to stop): a GPU
+waits for the host only then."""
 
 
 # --- what a run is made of --------------------------------------------------------------------------------
@@ -89,13 +96,15 @@ class Setup:
 
 
 def _resolve(options: TrainOptions, kind: str, saved: dict[str, Any] | None) -> dict[str, Any]:
-    """The options in force: those given, else the run's (on resume), else the recipe's."""
-    base = RECIPES[kind] if saved is None else saved
+    """The options in force: those given, else the run's (on resume; not this machine's choices), else the
+    recipe's."""
+    recipe = RECIPES[kind]
     resolved = {}
-    for option in SAVED:
+    for option in SAVED:  # a run saved before an option existed takes the recipe's value for it
         given = getattr(options, option.name)
-        resolved[option.name] = given if given is not None else base.get(option.name)
-    if saved is None and kind == "corpus" and options.tokenizer in ("char", "word") and options.joint is None:
+        base = recipe if saved is None or option.machine else saved
+        resolved[option.name] = given if given is not None else base.get(option.name, recipe.get(option.name))
+    if saved is None and kind != "task" and options.tokenizer in ("char", "word") and options.joint is None:
         resolved["joint"] = True
     if resolved["average"]:
         resolved["keep"] = max(resolved["keep"], resolved["average"])
@@ -155,7 +164,9 @@ def _tokenizers(resolved: dict[str, Any], pairs: Sequence[tuple[str, str]]) -> t
 def new_setup(options: TrainOptions) -> Setup:
     """The setup of a fresh run: data read, tokenizers learned, model sized."""
     data = _load_data(options, None)
-    kind = "corpus" if isinstance(data, Corpus) else "task"
+    kind = "task" if isinstance(data, Task) else "corpus"
+    if kind == "corpus" and resolve_device(options.device or "auto").startswith("cuda"):
+        kind = "corpus-gpu"  # the recipe sized for a GPU
     resolved = _resolve(options, kind, None)
     if isinstance(data, Task):
         resolved.update(task=data.name, data=None, valid=None, tokenizer=resolved["tokenizer"] or data.tokenizer)
@@ -248,11 +259,16 @@ class Trainer(Protocol):
     """What a framework supplies: the model and its optimizer, and the computations on them."""
 
     framework: str
-    backend: str | None  # Keras' backend; None for PyTorch
     model: Any
+    prefetch: bool  # whether the next step's batches are built while this one computes
 
-    def train_step(self, batch: Batch, lr: float) -> float:
-        """One optimizer step; the mean loss per target token of the whole (global) batch."""
+    def train_step(self, batches: Sequence[Batch], lr: float, global_tokens: int) -> Any:
+        """One optimizer step over this rank's ``batches``; the mean loss per target token of the whole global batch
+        (``global_tokens`` tokens), a float or a 0-d tensor that ``float()`` reads."""
+        ...
+
+    def facts(self) -> dict[str, Any]:
+        """How this process trains (device, precision...), for the run's record."""
         ...
 
     def loss_sum(self, batch: Batch) -> float:
@@ -295,17 +311,34 @@ def check_keras_backend() -> None:
         )
 
 
+def check_device(framework: str, device: str) -> None:
+    """The device a run is to train on exists: checked before anything is written. Keras is imported here, after
+    its backend's name is checked and, for ``--device cpu``, with the GPUs hidden from it."""
+    if framework != "keras":
+        resolve_device(device)
+        return
+    check_keras_backend()
+    if device == "cpu":
+        keep_frameworks_off_gpus()
+    with framework_notices_filtered():
+        # Keras imports TensorFlow whenever it is installed, whatever the backend (set_random_seed seeds it too):
+        # here, where its start-up notices are filtered, rather than in the middle of a progress bar.
+        if importlib.util.find_spec("tensorflow") is not None:
+            importlib.import_module("tensorflow")
+        from multihead.app.train_keras import keras_device
+
+    found = keras_device()
+    if device.startswith("cuda") and found == "cpu":
+        raise UserError(f"--device {device}: Keras' {os.environ.get('KERAS_BACKEND', 'tensorflow')} backend sees no "
+                        "GPU on this machine; use --device cpu, or auto")  # fmt: skip
+
+
 def make_trainer(
     framework: str, setup_config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None
 ) -> Trainer:
+    check_device(framework, options.get("device") or "auto")
     if framework == "keras":
-        with framework_notices_filtered():
-            from multihead.app.train_keras import KerasTrainer
-
-            # Keras imports TensorFlow whenever it is installed, whatever the backend (set_random_seed seeds it too):
-            # here, where its start-up notices are filtered, rather than in the middle of a progress bar.
-            if importlib.util.find_spec("tensorflow") is not None:
-                importlib.import_module("tensorflow")
+        from multihead.app.train_keras import KerasTrainer
 
         return KerasTrainer(setup_config, options, checkpoint)
     from multihead.app.train_torch import TorchTrainer
@@ -359,6 +392,9 @@ class Training:
         self.options = options
         self.out = Path(options.out)
         self.lock = RunLock(self.out)
+        self.world = world_size()
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches")
+        self._upcoming: Future | None = None
 
     # build ---------------------------------------------------------------------------------------------
 
@@ -375,9 +411,16 @@ class Training:
             raise RunError(f"--resume: {str(out)!r} {why}; drop --resume to start a new run there")
         if existing and not options.resume:
             raise _holds_a_run(out)
-        framework = (trained_options(out) or {}).get("framework") if existing else options.framework
-        if framework == "keras":
-            check_keras_backend()
+        trained = (trained_options(out) or {}) if existing else {}
+        framework = options.framework or trained.get("framework") or "torch"
+        if framework == "keras" and (options.precision not in (None, "auto", "fp32") or options.compile):
+            what = (
+                f"--precision {options.precision}" if options.precision not in (None, "auto", "fp32") else "--compile"
+            )
+            raise UserError(
+                f"{what} applies to --framework torch: Keras trains in float32 and compiles its steps itself"
+            )
+        check_device(framework, options.device or "auto")
         if existing:
             self._resume()
         else:
@@ -388,22 +431,37 @@ class Training:
             self.batches = CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"], self.trainer.pad_to())
 
     def _resume(self) -> None:
+        # This machine's choices (the device), as given or by default, never the run's.
+        here = {option.name: getattr(self.options, option.name) or option.corpus for option in SAVED if option.machine}
+
         def load(found: Checkpoint) -> Trainer:
             # The run's own framework: a different --framework is refused by resumed_setup, as a change of the run
             # (not as a damaged checkpoint).
-            return make_trainer(found.trainer["framework"], found.config, found.options, found)
+            return make_trainer(found.trainer["framework"], found.config, {**found.options, **here}, found)
 
         self.checkpoint, self.trainer = open_checkpoint(self.out, "latest", load, doing="resuming from")
         self.setup = resumed_setup(self.options, self.checkpoint)
         self.trainer.configure(self.setup.options)
         record = self.checkpoint.trainer
-        trained_on = record.get("keras_backend")
-        if trained_on is not None and trained_on != self.trainer.backend:
-            warn(f"this run trained on the Keras backend {trained_on}; it goes on with {self.trainer.backend} "
-                 "(KERAS_BACKEND): the same model, other numerics")  # fmt: skip
+        self._warn_of_changes(record.get("process") or {})
         self.step_count = record["step"]
         self.history = {key: record[key] for key in ("losses", "evals")}
         self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
+
+    def _warn_of_changes(self, before: dict[str, Any]) -> None:
+        """Say what resuming changes in how the run trains: Keras' backend, or the batch a step takes (world size
+        × ``--accumulate`` batches of ``--batch-tokens``)."""
+        trained_on, now = before.get("keras_backend"), self.trainer.facts().get("keras_backend")
+        if trained_on is not None and trained_on != now:
+            warn(f"this run trained on the Keras backend {trained_on}; it goes on with {now} (KERAS_BACKEND): the "
+                 "same model, other numerics")  # fmt: skip
+        accumulate = self.setup.options["accumulate"] or 1
+        saved_accumulate = self.checkpoint.options.get("accumulate") or 1
+        batches_before, batches_now = before.get("world_size", 1) * saved_accumulate, self.world * accumulate
+        if batches_now != batches_before:
+            warn(f"a step now takes {batches_now} batches (world size {self.world} × --accumulate {accumulate}), "
+                 f"where it took {batches_before}: keep world size × --accumulate equal to keep the batch a step "
+                 "learns from")  # fmt: skip
 
     def _start(self) -> None:
         self.setup = new_setup(self.options)
@@ -419,24 +477,57 @@ class Training:
 
     # step ----------------------------------------------------------------------------------------------
 
-    def batch(self, step: int) -> Batch:
-        """The training batch of ``step`` (0-based): the same whichever framework, rank or resume."""
+    def micro_batch(self, index: int) -> Batch:
+        """Batch ``index`` of the run (0-based): the same whichever framework, rank or resume. Optimizer step ``s``
+        takes batches ``s·n .. s·n + n - 1``, ``n`` = world size × ``--accumulate``; rank ``r`` those ``≡ r mod``
+        the world size."""
         o = self.setup.options
         if self.batches is not None:
-            return self.batches.batch(step)
-        pairs = self.setup.data.batch(o["seed"], step, o["batch_size"])
+            return self.batches.batch(index)
+        pairs = self.setup.data.batch(o["seed"], index, o["batch_size"])
         sources = self.setup.source.encode_all([s for s, _ in pairs])
         targets = self.setup.target.encode_all([t for _, t in pairs])
         return make_batch(sources, targets, self.trainer.pad_to())
 
-    def step(self) -> float:
+    def step_batches(self, step: int) -> tuple[list[Batch], int]:
+        """This rank's batches of optimizer step ``step`` and the target tokens of all the ranks' batches."""
+        per_step = self.world * (self.setup.options["accumulate"] or 1)
+        indices = range(step * per_step, (step + 1) * per_step)
+        mine = {index: self.micro_batch(index) for index in indices[rank() :: self.world]}
+        tokens = sum(mine[index].target_tokens if index in mine else self._target_tokens(index) for index in indices)
+        return list(mine.values()), tokens
+
+    def _target_tokens(self, index: int) -> int:
+        """The target tokens of another rank's batch ``index`` (a corpus counts them without building it)."""
+        if self.batches is not None:
+            return self.batches.target_tokens(index)
+        return self.micro_batch(index).target_tokens
+
+    def _next_batches(self) -> tuple[list[Batch], int]:
+        """This step's batches; on a GPU the next step's are built meanwhile, on a thread of their own."""
+        upcoming, self._upcoming = self._upcoming, None
+        batches = upcoming.result() if upcoming is not None else self.step_batches(self.step_count)
+        if self.trainer.prefetch:
+            self._upcoming = self._builder.submit(self.step_batches, self.step_count + 1)
+        return batches
+
+    def step(self) -> None:
         o = self.setup.options
-        batch = self.batch(self.step_count)
-        loss = self.trainer.train_step(batch, learning_rate(self.step_count + 1, peak=o["lr"], warmup=o["warmup"]))
+        batches, tokens = self._next_batches()
+        lr = learning_rate(self.step_count + 1, peak=o["lr"], warmup=o["warmup"])
+        loss = self.trainer.train_step(batches, lr, tokens)
         self.step_count += 1
-        self.tokens += batch.target_tokens
-        self.history["losses"].append([self.step_count, loss])
-        return loss
+        self.tokens += tokens
+        self.history["losses"].append([self.step_count, loss])  # a tensor on the device until read
+
+    def losses_read(self) -> float:
+        """Read the losses still held as tensors (a GPU waits here, not at every step); the newest loss."""
+        losses = self.history["losses"]
+        for entry in reversed(losses):
+            if isinstance(entry[1], float):
+                break
+            entry[1] = float(entry[1])
+        return losses[-1][1]
 
     # evaluate ------------------------------------------------------------------------------------------
 
@@ -479,9 +570,11 @@ class Training:
         if not is_main_rank():
             return
 
+        self.losses_read()
+
         def record(optimizer: dict[str, Any]) -> dict[str, Any]:
             return trainer_record(
-                framework=self.setup.options["framework"], keras_backend=self.trainer.backend, step=self.step_count,
+                framework=self.setup.options["framework"], process=self.process_facts(), step=self.step_count,
                 options=self.setup.options, optimizer=optimizer, data=self.setup.facts, seconds=self.seconds,
                 tokens=self.tokens, history=self.history,
             )  # fmt: skip
@@ -493,8 +586,16 @@ class Training:
         )  # fmt: skip
         self.write_history()
 
+    def process_facts(self) -> dict[str, Any]:
+        """How this run is trained: the framework's facts (device, precision...) and the world size."""
+        return {**self.trainer.facts(), "world_size": self.world}
+
     def write_history(self) -> None:
-        history = {"metric": self.metric, **self.history, "seconds": round(self.seconds, 1), "tokens": self.tokens}
+        self.losses_read()
+        history = {
+            "metric": self.metric, **self.history, "seconds": round(self.seconds, 1), "tokens": self.tokens,
+            "device": self.process_facts()["device"],
+        }  # fmt: skip
         write_history(self.out, history)
         try:
             from multihead.app.plot import plot_history
@@ -507,51 +608,63 @@ class Training:
 
     def run(self) -> Result:
         o = self.setup.options
-        total = o["steps"]
         deadline = None if o["minutes"] is None else time.monotonic() + 60 * o["minutes"]
-        bar = progress_bar(total, self.step_count, self.options.progress)
-        interrupted, stale = False, 0
-        started, tokens_before = time.monotonic(), self.tokens
+        bar = progress_bar(o["steps"], self.step_count, self.options.progress)
+        self._stale = 0
+        started, tokens_before, first_step = time.monotonic(), self.tokens, self.step_count
         with Interrupt() as interrupt:
-            while total is None or self.step_count < total:
+            while o["steps"] is None or self.step_count < o["steps"]:
                 out_of_time = deadline is not None and time.monotonic() >= deadline
-                early = o["patience"] and stale >= o["patience"]
-                if self.trainer.agree(interrupt.requested or out_of_time or bool(early)):
-                    interrupted = interrupt.requested
-                    if early:
-                        say(f"stopping early: no better validation {self.metric} in {stale} evaluations")
+                early = bool(o["patience"]) and self._stale >= o["patience"]
+                # Ranks agree on stopping at the same steps (every step alone; with several, every READ_EVERY).
+                due = self.world == 1 or self.step_count % READ_EVERY == 0
+                if due and self.trainer.agree(interrupt.requested or out_of_time or early):
+                    if early and not interrupt.requested:
+                        say(f"stopping early: no better validation {self.metric} in {self._stale} evaluations")
                     break
                 tick = time.monotonic()
-                loss = self.step()
+                self.step()
                 self.seconds += time.monotonic() - tick
+                if o["compile"] and self.step_count == first_step + 1:
+                    bar.write(f"--compile: the first step took {time.monotonic() - tick:.1f} s (compiling it)")
                 bar.update(1)
-                postfix = {
-                    "loss": f"{loss:.3f}",
-                    "tok/s": f"{(self.tokens - tokens_before) / (time.monotonic() - started):.0f}",
-                }
-                if deadline is not None:
-                    left = max(0, int(deadline - time.monotonic()))
-                    postfix["left"] = f"{left // 60}:{left % 60:02d}"
-                bar.set_postfix(postfix, refresh=False)  # drawing is bar.update's job, at most every mininterval
-                saved = False
-                if is_main_rank() and self.step_count % o["eval_every"] == 0:
-                    evaluation = self.evaluate(o["eval_examples"])
-                    improved = self.record(evaluation)
-                    stale = 0 if improved else stale + 1
-                    bar.write(self._describe(evaluation))
-                    if improved and self.setup.is_corpus:
-                        self.save()
-                        saved = True
-                        point(self.out, BEST, checkpoint_name(self.step_count))
-                if self.step_count % o["checkpoint_every"] == 0 and not saved:
-                    self.save()
+                if self.step_count % READ_EVERY == 0 or self.step_count == o["steps"]:
+                    rate = (self.tokens - tokens_before) / (time.monotonic() - started)
+                    bar.set_postfix(self._postfix(rate, deadline), refresh=False)  # drawn by bar.update, at most
+                self._evaluate_and_save(bar)  # every mininterval
         bar.close()
         if latest_checkpoint(self.out) is None or latest_checkpoint(self.out).name != checkpoint_name(self.step_count):
             self.save()
-        return self.finish(interrupted)
+        return self.finish(interrupt.requested)
+
+    def _postfix(self, rate: float, deadline: float | None) -> dict[str, str]:
+        """The progress bar's loss (read from the device here), tokens/s and time left."""
+        postfix = {"loss": f"{self.losses_read():.3f}", "tok/s": f"{rate:.0f}"}
+        skipped = self.trainer.facts().get("skipped_steps")  # by fp16's loss scaler
+        if skipped:
+            postfix["skipped"] = str(skipped)
+        if deadline is not None:
+            left = max(0, int(deadline - time.monotonic()))
+            postfix["left"] = f"{left // 60}:{left % 60:02d}"
+        return postfix
+
+    def _evaluate_and_save(self, bar: Any) -> None:
+        """Evaluate (rank 0) and checkpoint when this step is due to; ``best`` follows an improving corpus run."""
+        o, saved = self.setup.options, False
+        if is_main_rank() and self.step_count % o["eval_every"] == 0:
+            evaluation = self.evaluate(o["eval_examples"])
+            improved = self.record(evaluation)
+            self._stale = 0 if improved else self._stale + 1
+            bar.write(self._describe(evaluation))
+            if improved and self.setup.is_corpus:
+                self.save()
+                saved = True
+                point(self.out, BEST, checkpoint_name(self.step_count))
+        if self.step_count % o["checkpoint_every"] == 0 and not saved:
+            self.save()
 
     def _describe(self, evaluation: dict[str, Any]) -> str:
-        loss = self.history["losses"][-1][1]
+        loss = self.losses_read()
         if "accuracy" in evaluation:
             return f"step {self.step_count}: loss {loss:.4f}, held-out exact match {evaluation['accuracy']:.3f}"
         return (
@@ -567,6 +680,7 @@ class Training:
     def finish(self, interrupted: bool) -> Result:
         """The final evaluation: a task's held-out exact match; for a corpus, the last step and the average of the
         last checkpoints are evaluated too, and the result is the best checkpoint's scores."""
+        self.losses_read()
         losses = [tuple(x) for x in self.history["losses"]]
         result = Result(self.step_count, interrupted, losses, model=self.trainer.model)
         if interrupted or not is_main_rank():

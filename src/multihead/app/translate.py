@@ -81,18 +81,22 @@ def translate_ids(
 
 
 class Translator:
-    """A run's checkpoint, loaded in PyTorch (whatever trained it), ready to translate."""
+    """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
+    :mod:`multihead.app.devices`), ready to translate."""
 
-    def __init__(self, run: str | Path, checkpoint: str | None = None) -> None:
+    def __init__(self, run: str | Path, checkpoint: str | None = None, *, device: str | None = None) -> None:
         import torch
 
+        from multihead.app.devices import resolve_device
         from multihead.io import load_weights
         from multihead.torch import Transformer
+
+        self.device = torch.device(resolve_device(device or "auto"))
 
         def load(found: Checkpoint) -> Any:
             model = Transformer.from_config(found.config).eval()
             load_weights(model, found.path / WEIGHTS)
-            return model
+            return model.to(self.device)
 
         self.checkpoint, self.model = open_checkpoint(Path(run), checkpoint, load)
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
@@ -137,10 +141,10 @@ class Translator:
 
         def generate(src: np.ndarray, max_len: int) -> np.ndarray:
             out = self.model.generate(
-                torch.from_numpy(src), max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam,
+                torch.from_numpy(src).to(self.device), max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam,
                 length_penalty=length_penalty,
             )  # fmt: skip
-            return out.numpy()
+            return out.cpu().numpy()
 
         return generate
 
@@ -173,10 +177,11 @@ class Translator:
                 f"{self.checkpoint.config.max_len}"
             )
         (out,) = translate_ids(self.generate(beam, length_penalty), [ids], limit=self._limit)
-        src = torch.tensor([ids])
+        src = torch.tensor([ids], device=self.device)
         with torch.no_grad():
             memory = self.model.encode(src)
-            _, weights = self.model.decode(torch.tensor([[BOS, *out[:-1]]]), memory, return_weights=True)
+            tgt = torch.tensor([[BOS, *out[:-1]]], device=self.device)
+            _, weights = self.model.decode(tgt, memory, return_weights=True)
         return Translation(
             source=text,
             target=self.target.decode(out),
@@ -184,5 +189,5 @@ class Translator:
             target_tokens=self.target.pieces(out),
             source_word_starts=self.source.word_starts(ids),
             target_word_starts=self.target.word_starts(out),
-            cross_attention=[w[0].numpy() for w in weights],  # per layer (H, Lt, Ls)
+            cross_attention=[w[0].float().cpu().numpy() for w in weights],  # per layer (H, Lt, Ls)
         )

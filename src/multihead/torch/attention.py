@@ -1,10 +1,11 @@
 """Multi-head attention for PyTorch: a module around :func:`multihead.torch.attention`.
 
-The module projects, splits heads, calls the attention function, merges heads and projects out. Three things it adds:
-a :class:`KVCache` for decoding (self-attention appends to it; cross-attention projects the memory into it once);
-for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
-(:func:`multihead.torch.packed_attention`); and ``_step``, one token per row over a cache with the projections laid
-out for it (:class:`Affine`), which a Transformer's ``generate`` runs at every decoding step.
+The module projects, splits heads, calls the attention function, merges heads and projects out. Three things it
+adds: a :class:`KVCache` for decoding (self-attention appends to it; cross-attention projects the memory into it
+once); for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
+(:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``); and ``_step``,
+one token per row over a cache with the projections laid out for it (:class:`Affine`), which a Transformer's
+``generate`` runs at every decoding step.
 
 ``forward`` checks its arguments; ``_attend`` and ``_step`` are the unchecked paths the Transformer's layers call once
 their own public entry point has checked theirs.
@@ -37,6 +38,11 @@ from multihead.validation import (
 )
 
 __all__ = ["KVCache", "MultiHeadAttention"]
+
+PACKED_DEVICES = frozenset({"cpu"})
+"""Devices where a padded batch with a ``query_mask`` takes the packed path (only the real tokens, one sequence at a
+time), which beats the padded kernel there; elsewhere (CUDA) one kernel call over the padded batch with the padding in
+its mask is faster, and padded query rows are zeroed after it (docs/performance.md)."""
 
 
 class Affine(NamedTuple):
@@ -223,10 +229,11 @@ class MultiHeadAttention(nn.Module):
             mask: ``(Lq, Lk)``, ``(B, Lq, Lk)`` or broadcastable to ``(B, H, Lq, Lk)``; bool (``True`` = attend)
                 or float (added to the scores).
             key_mask: ``(B, Lk)`` bool, ``True`` at real (non-pad) keys.
-            query_mask: ``(B, Lq)`` bool, ``True`` at real queries. Padded query rows are not computed: their
-                output and weights are zero. Without ``cache`` or ``return_weights``, each sequence's real
-                queries attend only its real keys (those of ``key_mask``), so padding costs nothing; pass both
-                masks for a padded self-attention batch.
+            query_mask: ``(B, Lq)`` bool, ``True`` at real queries; padded query rows give zero output and
+                weights. On the CPU, without ``cache`` or ``return_weights``, they are not computed: each
+                sequence's real queries attend only its real keys (those of ``key_mask``), so padding costs
+                nothing; on a GPU one fused kernel call over the padded batch is faster. Pass both masks for a
+                padded self-attention batch.
             causal: bottom-right aligned causal masking, combined with the masks by AND.
             return_weights: also return the per-head weights ``(B, H, Lq, Lk)``.
             cache: a :class:`KVCache`. Self-attention appends to it and attends over all cached tokens (``Lk``
@@ -241,7 +248,7 @@ class MultiHeadAttention(nn.Module):
             return_weights=return_weights, cache=cache, cache_type=KVCache, implementations=IMPLEMENTATIONS, ops=OPS,
             parameter=self.q_proj.weight,
         )  # fmt: skip
-        if query_mask is not None and cache is None and not return_weights:
+        if query_mask is not None and cache is None and not return_weights and query.device.type in PACKED_DEVICES:
             return self._attend_packed(
                 query, call.key, call.value, mask=call.mask, key_mask=key_mask, query_mask=query_mask, causal=causal
             )

@@ -499,6 +499,17 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """Teacher-forced logits ``(B, Lt, V)`` for ``src (B, Ls)`` and ``tgt (B, Lt)``."""
         checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
+        return self._forward(src, tgt, src_key_mask, tgt_key_mask)
+
+    def _forward(
+        self,
+        src: torch.Tensor,
+        tgt: torch.Tensor,
+        src_key_mask: torch.Tensor | None = None,
+        tgt_key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` on checked arguments: nothing here reads a tensor's values on the host, so a training loop
+        that checked its batches itself runs without a synchronisation (and ``torch.compile`` without a break)."""
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask)
         return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None)

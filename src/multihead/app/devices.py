@@ -1,0 +1,80 @@
+"""Where a command runs its model, and in what precision: ``--device`` and ``--precision``.
+
+``--device auto`` (the default) takes the first CUDA device PyTorch sees, else the CPU; under ``torchrun`` each rank
+takes ``cuda:LOCAL_RANK``. A device this machine does not have is refused in one line before anything is written.
+``--precision auto`` is bf16 autocast on a CUDA device that supports it and float32 elsewhere; ``bf16`` and ``fp16``
+may also be asked for on the CPU. Weights are saved as float32 CPU tensors whatever trained them, so a run moves
+freely between devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+
+from multihead.app.console import UserError
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def device_name(text: str) -> str:
+    """An argparse type: the ``--device`` value as given, when it is one of the forms it takes."""
+    if not DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be {DEVICE_CHOICES}, received {text!r}")
+    return text
+
+
+def resolve_device(name: str, flag: str = "--device") -> str:
+    """The torch device ``name`` stands for on this machine (``cuda:LOCAL_RANK`` under torchrun for ``auto`` and
+    ``cuda``); a :class:`UserError` when the machine has no such device."""
+    import torch
+
+    if name == "cpu":
+        return "cpu"
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if name == "auto" and not available:
+        return "cpu"
+    index = int(name.partition(":")[2]) if ":" in name else int(os.environ.get("LOCAL_RANK", "0"))
+    if not available:
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise UserError(
+            f"{flag} {name}: PyTorch sees no CUDA device on this machine (torch {torch.__version__}, {build}); "
+            "use --device cpu, or auto"
+        )
+    if index >= available:
+        raise UserError(f"{flag} {name}: this machine has {available} CUDA device(s), cuda:0 to cuda:{available - 1}")
+    return f"cuda:{index}"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a training step computes in: ``autocast`` (``None``: float32 throughout) and whether the loss is scaled
+    against float16's narrow range."""
+
+    name: str
+    autocast: str | None  # "bfloat16" or "float16"
+    scaled: bool
+
+
+def resolve_precision(name: str, device: str) -> Precision:
+    """The precision ``--precision name`` stands for on ``device`` (``auto``: bf16 on a CUDA device with bf16, else
+    fp32)."""
+    import torch
+
+    if name == "auto":
+        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        name = "bf16" if bf16 else "fp32"
+    if name == "fp32":
+        return Precision("fp32", None, False)
+    return Precision(name, "bfloat16" if name == "bf16" else "float16", name == "fp16")
+
+
+def keep_frameworks_off_gpus() -> None:
+    """Hide the GPUs from every framework imported after this (``--device cpu`` for Keras, whose backends place
+    their work themselves): TensorFlow's and PyTorch's CUDA see no device, JAX runs on its CPU platform."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["JAX_PLATFORMS"] = "cpu"
