@@ -1,7 +1,10 @@
 """Greedy and beam search, and the generation driver (shared by both front ends), on toy models whose answers are
-known by construction."""
+known by construction, and beam search against an exhaustive search."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -34,6 +37,34 @@ def table_model(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6):
     return step
 
 
+def numpy_argmax(log_probs: np.ndarray) -> np.ndarray:
+    return log_probs.argmax(axis=-1)
+
+
+def numpy_top_k(log_probs: np.ndarray, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A :meth:`multihead.decoding.Steps.top_k` in NumPy: ties keep the lower index, as the frameworks' do."""
+    added = (log_probs + scores[:, None]).reshape(-1, beam * log_probs.shape[-1])  # (S, beam*V)
+    indices = np.argsort(-added, axis=-1, kind="stable")[:, :count]
+    return np.take_along_axis(added, indices, axis=-1).astype(np.float32), indices
+
+
+class ArraySession:
+    """A :class:`multihead.decoding.Session` over a NumPy step function of the whole prefix; it records the rows of
+    every reorder and passes only the rows still held to ``step``."""
+
+    def __init__(self, step: Callable[[np.ndarray], np.ndarray]) -> None:
+        self._step, self.orders = step, []
+
+    def step(self, prefix: np.ndarray) -> np.ndarray:
+        return self._step(prefix)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.orders.append(np.asarray(rows).copy())
+
+    argmax = staticmethod(numpy_argmax)
+    top_k = staticmethod(numpy_top_k)
+
+
 # Greedy takes A (0.6) and then can only continue badly; beam search finds B C (0.4 * 0.9).
 TRAP = {(): {A: 0.6, B: 0.4}, (A,): {B: 0.3, C: 0.3, EOS: 0.4}, (B,): {C: 0.9, EOS: 0.1}, (B, C): {EOS: 1.0}}
 
@@ -42,50 +73,129 @@ def test_greedy_follows_the_argmax_and_pads_after_eos() -> None:
     table = {(): {A: 0.9, EOS: 0.1}, (A,): {B: 0.8, EOS: 0.2}, (A, B): {EOS: 1.0}}
     other = {(): {EOS: 1.0}}
     step = table_model(table)
-    out = greedy_search(step, 1, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    out = greedy_search(ArraySession(step), 1, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     np.testing.assert_array_equal(out, [[A, B, EOS]])
 
     def two_rows(prefix: np.ndarray) -> np.ndarray:
         return np.concatenate([step(prefix[:1]), table_model(other)(prefix[1:])])
 
-    out = greedy_search(two_rows, 2, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    out = greedy_search(ArraySession(two_rows), 2, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     np.testing.assert_array_equal(out, [[A, B, EOS], [EOS, PAD, PAD]])
 
 
 def test_greedy_stops_at_max_len() -> None:
     step = table_model({(A,) * n: {A: 1.0} for n in range(20)})
-    assert greedy_search(step, 3, max_len=4, bos_id=BOS, eos_id=EOS, pad_id=PAD).shape == (3, 4)
+    assert greedy_search(ArraySession(step), 3, max_len=4, bos_id=BOS, eos_id=EOS, pad_id=PAD).shape == (3, 4)
 
 
 def test_beam_search_finds_what_greedy_misses() -> None:
     step = table_model(TRAP)
-    greedy = greedy_search(step, 1, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    greedy = greedy_search(ArraySession(step), 1, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     np.testing.assert_array_equal(greedy, [[A, EOS]])  # probability 0.24
-    beam = beam_search(step, lambda rows: None, 1, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+    beam = beam_search(ArraySession(step), 1, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD,
                        length_penalty=0.0)  # fmt: skip
     np.testing.assert_array_equal(beam, [[B, C, EOS]])  # probability 0.36
 
 
-def test_beam_size_one_is_greedy() -> None:
-    rng = np.random.default_rng(0)
-    logits = rng.normal(size=(4, 6, 6, 6))  # next token depends on the last two tokens
+def two_token_model(seed: int, vocab: int = 6) -> Callable[[np.ndarray], np.ndarray]:
+    """Random next-token log-probabilities that depend on the last two tokens; BOS and PAD are never produced."""
+    logits = np.random.default_rng(seed).normal(size=(vocab, vocab, vocab)) * 2
+    logits[..., [BOS, PAD]] = -np.inf
 
     def step(prefix: np.ndarray) -> np.ndarray:
-        rows = logits[np.arange(len(prefix)), prefix[:, -1], prefix[:, max(-2, -prefix.shape[1])]]
+        rows = logits[prefix[:, -1], prefix[:, max(-2, -prefix.shape[1])]]
         return rows - np.log(np.exp(rows).sum(-1, keepdims=True))
 
+    return step
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_size_one_without_a_length_penalty_is_greedy(seed: int) -> None:
+    """One beam stops when its finished hypothesis outranks the continuation: greedy's choice at every step. (With a
+    length penalty, a continuation may still outrank it later, and one beam goes on looking.)"""
+    step = two_token_model(seed)
     args = dict(max_len=8, bos_id=BOS, eos_id=EOS, pad_id=PAD)
-    np.testing.assert_array_equal(
-        beam_search(step, lambda rows: None, 4, beam_size=1, **args), greedy_search(step, 4, **args)
-    )
+    beam = beam_search(ArraySession(step), 1, beam_size=1, length_penalty=0.0, **args)
+    greedy = greedy_search(ArraySession(step), 1, **args)
+    np.testing.assert_array_equal(beam, greedy[:, : beam.shape[1]])
+    assert (greedy[:, beam.shape[1] :] == PAD).all()
 
 
-def test_beam_search_reorders_the_model_state() -> None:
-    orders = []
-    step = table_model(TRAP)
-    beam_search(step, orders.append, 1, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
-    assert orders
-    assert all(len(rows) == 2 and set(rows) <= {0, 1} for rows in orders)
+def exhaustive_best(step: Callable[[np.ndarray], np.ndarray], max_len: int, alpha: float) -> tuple[float, list]:
+    """The best hypothesis of a one-source model over every sequence of at most ``max_len`` tokens that ends at its
+    first EOS or at ``max_len``: its rank (log-probability / length ** alpha) and tokens."""
+    vocab = step(np.array([[BOS]])).shape[-1]
+    best: tuple[float, list] = (-np.inf, [])
+    for length in range(1, max_len + 1):
+        for body in itertools.product([t for t in range(vocab) if t not in (BOS, PAD, EOS)], repeat=length - 1):
+            for last in (EOS, *([t for t in range(vocab) if t not in (BOS, PAD, EOS)] if length == max_len else [])):
+                tokens = [*body, last]
+                prefix = np.array([[BOS, *tokens]])
+                score = sum(step(prefix[:, : i + 1])[0, tokens[i]] for i in range(length))
+                if score / length**alpha > best[0]:
+                    best = (score / length**alpha, tokens)
+    return best
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_beam_as_wide_as_every_hypothesis_finds_the_exhaustive_best(seed: int, alpha: float) -> None:
+    """Three tokens and EOS, up to 4 tokens: at most 108 candidates a step, so 128 beams keep every hypothesis alive,
+    and the early stop must not cut off the best one."""
+    step = two_token_model(seed)
+    rank, tokens = exhaustive_best(step, 4, alpha)
+    found = beam_search(ArraySession(step), 1, beam_size=128, max_len=4, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                        length_penalty=alpha)  # fmt: skip
+    assert found[0, : len(tokens)].tolist() == tokens
+    assert (found[0, len(tokens) :] == PAD).all()
+    assert rank > -np.inf
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_narrow_beams_find_real_hypotheses_ranked_no_higher_than_the_exhaustive_best(
+    alpha: float,
+) -> None:
+    for seed in range(6):
+        step = two_token_model(seed)
+        best_rank, _ = exhaustive_best(step, 5, alpha)
+        found = beam_search(ArraySession(step), 1, beam_size=3, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                            length_penalty=alpha)[0].tolist()  # fmt: skip
+        tokens = found[: found.index(EOS) + 1] if EOS in found else found
+        assert EOS in found or len(found) == 5  # a hypothesis ends at EOS or at max_len
+        assert all(token == PAD for token in found[len(tokens) :])
+        prefix = np.array([[BOS, *tokens]])
+        score = sum(step(prefix[:, : i + 1])[0, tokens[i]] for i in range(len(tokens)))
+        assert np.isfinite(score)  # every token possible
+        assert score / len(tokens) ** alpha <= best_rank + 1e-9
+
+
+def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> None:
+    """Sentence 0 ends at once (its only hypothesis is EOS, which no continuation can outrank); sentence 1 goes on:
+    from then on only its beams are computed."""
+    ends = table_model({(): {EOS: 1.0}})
+    never_ends = np.full(6, -np.inf)
+    never_ends[[A, B]] = np.log(0.5)  # whatever came before
+
+    def step(prefix: np.ndarray) -> np.ndarray:
+        return np.stack([ends(row[None])[0] if source == 0 else never_ends
+                         for source, row in zip(session.sources, prefix, strict=True)])  # fmt: skip
+
+    session = ArraySession(step)
+    session.sources = np.array([0, 0, 1, 1])
+    original = session.reorder
+
+    def reorder(rows: np.ndarray) -> None:
+        original(rows)
+        session.sources = session.sources[rows]
+
+    session.reorder = reorder
+    out = beam_search(session, 2, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD])
+    assert len(session.orders) == 4  # after steps 1 to 4; step 5 reaches max_len
+    assert set(session.orders[0]) <= {2, 3}  # sentence 1's beams only, from the four rows of both
+    assert all(len(rows) == 2 and set(rows) <= {0, 1} for rows in session.orders[1:])  # then of its own two
+    assert (session.sources == 1).all()
+    assert set(out[1].tolist()) <= {A, B}  # max_len reached: the best unfinished beam
 
 
 @pytest.mark.parametrize(
@@ -154,8 +264,8 @@ class TableSteps:
     def tensor(self, array: np.ndarray) -> np.ndarray:
         return array
 
-    def numpy(self, x: np.ndarray) -> np.ndarray:
-        return x
+    argmax = staticmethod(numpy_argmax)
+    top_k = staticmethod(numpy_top_k)
 
 
 class TableSession(DecodingSession):
@@ -195,20 +305,28 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
     session = TableSession([DEEP, OTHER], use_cache)
     out = generate(session, 2, beam_size=k, length_penalty=0.0, **SEARCH)
     np.testing.assert_array_equal(out, [[B, C, A, EOS], [C, A, EOS, PAD]])  # beam search's answer (0.36)
-    expected = beam_search(table_model(DEEP), lambda rows: None, 1, beam_size=k, length_penalty=0.0, **SEARCH)
-    np.testing.assert_array_equal(out[:1], expected)
+    expected = beam_search(ArraySession(table_model(DEEP)), 1, beam_size=k, length_penalty=0.0, **SEARCH)
+    np.testing.assert_array_equal(out[:1, : expected.shape[1]], expected)
 
     # First the sources are laid out as beams (row b * k + j is beam j of source b), then each step's rows.
     np.testing.assert_array_equal(session.taken[0], [0, 0, 1, 1])
     assert len(session.taken) > 1
+    sources = [0, 1]  # the sources still searched, each k rows of the state
     for rows in session.taken[1:]:
-        assert rows.shape == (2 * k,)
-        for b in range(2):
-            assert set(rows[b * k : (b + 1) * k]) <= set(range(b * k, (b + 1) * k)), rows  # beams stay home
-    assert all(np.array_equal(memory, [0, 0, 1, 1]) for memory in session.memories)
-    assert session.memory_key_mask.shape == (4, 3)  # the key mask follows the memory
+        assert rows.shape in ((2 * k,), (k,))
+        if len(rows) == 2 * k:
+            for b in range(2):
+                assert set(rows[b * k : (b + 1) * k]) <= set(range(b * k, (b + 1) * k)), rows  # beams stay home
+        else:  # a source has ended and left: its rows are no longer computed
+            kept = rows[0] // k
+            assert set(rows) <= set(range(kept * k, (kept + 1) * k)), rows
+            sources = [sources[kept]] if len(sources) == 2 else sources
+    assert sources == [0]  # source 1's answer is shorter: it leaves first
+    assert [memory.tolist() for memory in session.memories][-1] == [0, 0]
+    assert all(memory.tolist() in ([0, 0, 1, 1], [0, 0]) for memory in session.memories)
+    assert session.memory_key_mask.shape == (k, 3)  # the key mask follows the memory
     if use_cache:
-        assert session.cache.self_attention[0].keys.shape[0] == 2 * k
+        assert session.cache.self_attention[0].keys.shape[0] == k
 
 
 def test_generate_with_beam_size_one_is_greedy_and_lays_out_no_beams() -> None:

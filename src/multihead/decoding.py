@@ -5,9 +5,19 @@ A Transformer's ``generate`` checks its arguments, encodes the source and hands 
 decoding :class:`Steps`: one token per row over the cache (the memory projected into it once, at the start), or,
 without a cache, the whole prefix again at every step.
 
-The searches work on ``step(prefix) -> log_probs``: given the token prefixes ``(N, t)`` decoded so far (NumPy
-int64), the log-probabilities ``(N, V)`` of the next token. Beam search also needs ``reorder(rows)``: keep the
-model state (cache, encoder memory) of rows ``rows`` in that order.
+The searches drive a :class:`Session`: ``step(prefix)`` gives the log-probabilities ``(N, V)`` of the next token
+after the token prefixes ``(N, t)`` decoded so far, as a tensor where the model computes; ``argmax`` and ``top_k``
+choose from them there, so that only the chosen ids and scores reach the host; ``reorder(rows)`` keeps the model
+state (cache, encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state.
+
+Beam search ranks a hypothesis of ``n`` tokens (its EOS included) with total log-probability ``s`` by
+``s / n ** length_penalty`` (the length penalty of fairseq's ``--lenpen`` and of Hugging Face's ``length_penalty``;
+CTranslate2's ``length_penalty`` divides by ``n ** length_penalty`` likewise). At every step one top-k picks the
+``2 * beam_size`` best continuations of a sentence's beams; those ending in EOS among the first ``beam_size`` become
+finished hypotheses, and the first ``beam_size`` others are the next beams, so the beam is always full of unfinished
+hypotheses. A sentence stops when its best finished hypothesis ranks at least as high as any continuation of its
+beams could (their scores only fall: ``s / n ** length_penalty`` is bounded by its value at ``n`` = the next length or
+``max_len``), or at ``max_len``, where its unfinished beams are ranked too.
 
 Results hold the generated tokens after BOS, ``(B, T)`` with ``T <= max_len``: each row ends at its first EOS,
 and positions after it hold ``pad_id``.
@@ -19,7 +29,7 @@ key/value heads, D head dim, V vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
 
@@ -29,8 +39,6 @@ from multihead.cache import DecoderCache
 from multihead.config import TransformerConfig
 from multihead.validation import check_non_negative_int, check_positive_int
 
-Step = Callable[[np.ndarray], np.ndarray]
-Reorder = Callable[[np.ndarray], None]
 Tensor = Any
 
 
@@ -58,18 +66,34 @@ class Steps(Protocol):
         """A NumPy array as a tensor where the model computes."""
         ...
 
-    def numpy(self, x: Tensor) -> np.ndarray: ...
+    def argmax(self, log_probs: Tensor) -> np.ndarray:
+        """The most probable token of each row of ``log_probs (N, V)``: int64 ``(N,)`` on the host."""
+        ...
+
+    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``count`` best continuations of each sentence's ``beam`` rows (``N = S * beam``): ``scores (N,)`` added
+        to ``log_probs (N, V)``, the best over each sentence's ``beam * V`` candidates, best first. Their scores
+        (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the host."""
+        ...
 
 
 class Session(Protocol):
     """What the searches drive: one ``generate`` call's model state."""
 
-    def step(self, prefix: np.ndarray) -> np.ndarray:
-        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
+    def step(self, prefix: np.ndarray) -> Tensor:
+        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes."""
         ...
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep rows ``rows``, in that order, of the state."""
+        ...
+
+    def argmax(self, log_probs: Tensor) -> np.ndarray:
+        """As :meth:`Steps.argmax`."""
+        ...
+
+    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`Steps.top_k`."""
         ...
 
 
@@ -90,13 +114,17 @@ class DecodingSession:
                 cross_cache._append(keys, values)
             self.memory = None
 
-    def step(self, prefix: np.ndarray) -> np.ndarray:
+    def step(self, prefix: np.ndarray) -> Tensor:
         """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
         if self.cache is None:
-            log_probs = self.steps.recompute(self.steps.tensor(prefix), self.memory, self.memory_key_mask)
-        else:
-            log_probs = self.steps.step(self.steps.tensor(prefix[:, -1:]), self.cache, self.memory_key_mask)
-        return self.steps.numpy(log_probs)
+            return self.steps.recompute(self.steps.tensor(prefix), self.memory, self.memory_key_mask)
+        return self.steps.step(self.steps.tensor(prefix[:, -1:]), self.cache, self.memory_key_mask)
+
+    def argmax(self, log_probs: Tensor) -> np.ndarray:
+        return self.steps.argmax(log_probs)
+
+    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.steps.top_k(log_probs, scores, beam, count)
 
     def reorder(self, rows: np.ndarray) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds."""
@@ -122,10 +150,9 @@ def generate(
     """Greedy search (``beam_size=1``) or beam search over a session of ``batch`` sources; int64 ``(B, T)``."""
     search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if beam_size == 1:
-        return greedy_search(session.step, batch, reorder=session.reorder, **search)
+        return greedy_search(session, batch, **search)
     session.reorder(np.repeat(np.arange(batch), beam_size))  # row b * beam_size + j is beam j of sequence b
-    return beam_search(session.step, session.reorder, batch, beam_size=beam_size, length_penalty=length_penalty,
-                       **search)  # fmt: skip
+    return beam_search(session, batch, beam_size=beam_size, length_penalty=length_penalty, **search)
 
 
 def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -> int:
@@ -160,39 +187,43 @@ def check_generation_args(
         raise ValueError(f"`length_penalty` must be finite, received {length_penalty!r}")
 
 
-def greedy_search(
-    step: Step,
-    batch: int,
-    *,
-    max_len: int,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int,
-    reorder: Reorder | None = None,
-) -> np.ndarray:
-    """The most probable token at every step. With ``reorder``, rows that have ended leave the model's state once a
-    quarter of those still decoding have: the rest of the batch no longer computes them."""
+def greedy_search(session: Session, batch: int, *, max_len: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+    """The most probable token at every step. Rows that have ended leave the model's state once a quarter of those
+    still decoding have: the rest of the batch no longer computes them."""
     prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     finished = np.zeros(batch, dtype=bool)
     active = np.arange(batch)  # the rows of `prefix` the model's state still holds, in its order
     for _ in range(max_len):
         token = np.full(batch, pad_id)
-        token[active] = step(prefix[active]).argmax(axis=-1)  # (N,) for the N active rows
+        token[active] = session.argmax(session.step(prefix[active]))  # (N,) for the N active rows
         token[finished] = pad_id
         prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
         finished |= token == eos_id
         if finished.all():
             break
         ended = finished[active]
-        if reorder is not None and ended.sum() * 4 >= len(active):
-            reorder(np.flatnonzero(~ended))
+        if ended.sum() * 4 >= len(active):
+            session.reorder(np.flatnonzero(~ended))
             active = active[~ended]
     return prefix[:, 1:]
 
 
+@dataclass
+class _Best:
+    """The best finished hypothesis of each sentence: its rank (score / length ** length_penalty) and tokens."""
+
+    rank: np.ndarray  # (B,), -inf while none
+    tokens: list[np.ndarray]
+
+    def offer(self, sentences: np.ndarray, ranks: np.ndarray, tokens: np.ndarray) -> None:
+        """Hypotheses ``tokens[i]`` of ``sentences[i]`` ranked ``ranks[i]``, kept where better."""
+        for i in np.flatnonzero(ranks > self.rank[sentences]):
+            if ranks[i] > self.rank[sentences[i]]:  # a sentence may be offered several at once
+                self.rank[sentences[i]], self.tokens[sentences[i]] = ranks[i], tokens[i]
+
+
 def beam_search(
-    step: Step,
-    reorder: Reorder,
+    session: Session,
     batch: int,
     *,
     beam_size: int,
@@ -202,37 +233,44 @@ def beam_search(
     pad_id: int,
     length_penalty: float = 1.0,
 ) -> np.ndarray:
-    """Beam search over ``batch * beam_size`` rows; row ``b * beam_size + j`` is beam ``j`` of sequence ``b``.
-
-    The model state must already be laid out that way. Hypotheses are ranked by total log-probability divided
-    by ``length ** length_penalty``. With ``beam_size=1`` this is greedy search.
-    """
+    """Beam search over ``batch * beam_size`` rows; row ``b * beam_size + j`` is beam ``j`` of sequence ``b``, and
+    the model state must already be laid out that way (see the module's docstring for the rule)."""
     k = beam_size
-    prefix = np.full((batch * k, 1), bos_id, dtype=np.int64)  # (B*k, 1)
-    scores = np.zeros((batch, k))
+    sentences = np.arange(batch)  # the sentences still searched, in the state's order (k rows each)
+    prefix = np.full((batch * k, 1), bos_id, dtype=np.int64)  # (S*k, t + 1)
+    scores = np.zeros((batch, k), dtype=np.float32)
     scores[:, 1:] = -np.inf  # every beam starts identical: expand only the first at step 1
-    finished = np.zeros((batch, k), dtype=bool)
-    lengths = np.zeros((batch, k))
-    for _ in range(max_len):
-        log_probs = step(prefix)  # (B*k, V)
-        vocab = log_probs.shape[-1]
-        log_probs = log_probs.reshape(batch, k, vocab)
-        # A finished beam may only continue with padding, at no cost, so its score stays as it ended.
-        pad_only = np.full(vocab, -np.inf)
-        pad_only[pad_id] = 0.0
-        log_probs = np.where(finished[..., None], pad_only, log_probs)
-        candidates = (scores[..., None] + log_probs).reshape(batch, k * vocab)  # (B, k*V)
-        best = np.argsort(-candidates, axis=-1, kind="stable")[:, :k]  # (B, k)
-        origin, token = best // vocab, best % vocab
-        scores = np.take_along_axis(candidates, best, axis=-1)
-        was_finished = np.take_along_axis(finished, origin, axis=-1)
-        lengths = np.take_along_axis(lengths, origin, axis=-1) + ~was_finished
-        finished = was_finished | (token == eos_id)
-        rows = (np.arange(batch)[:, None] * k + origin).reshape(-1)  # (B*k,)
-        reorder(rows)
-        prefix = np.concatenate([prefix[rows], token.reshape(-1, 1)], axis=1)  # (B*k, t + 1)
-        if finished.all():
+    best = _Best(np.full(batch, -np.inf), [np.zeros(0, dtype=np.int64)] * batch)  # none: all padding
+    for t in range(1, max_len + 1):  # t: the length of the hypotheses this step makes
+        log_probs = session.step(prefix)
+        vocab = int(log_probs.shape[-1])
+        count = min(2 * k, k * vocab)
+        values, indices = session.top_k(log_probs, scores.reshape(-1), k, count)  # (S, count) each
+        rows = np.arange(len(sentences))[:, None] * k + indices // vocab  # (S, count): the beam row each extends
+        token = indices % vocab
+        ending = (token == eos_id) & (np.arange(count) < k) & np.isfinite(values)
+        where = np.nonzero(ending)
+        if len(where[0]):
+            ended = np.concatenate([prefix[rows[where], 1:], np.full((len(where[0]), 1), eos_id)], axis=1)
+            best.offer(sentences[where[0]], values[where] / t**length_penalty, ended)
+        # The next beams: the best k continuations that do not end (at most k of the 2k end: one per beam).
+        kept = np.argsort(token == eos_id, axis=1, kind="stable")[:, :k]  # (S, k)
+        scores = np.take_along_axis(values, kept, axis=1)
+        rows, token = np.take_along_axis(rows, kept, axis=1).reshape(-1), np.take_along_axis(token, kept, axis=1)
+        prefix = np.concatenate([prefix[rows], token.reshape(-1, 1)], axis=1)  # (S*k, t + 1)
+        if t == max_len:  # the beams end here, unfinished
+            best.offer(np.repeat(sentences, k), scores.reshape(-1) / t**length_penalty, prefix[:, 1:])
             break
-    ranked = scores / np.maximum(lengths, 1.0) ** length_penalty
-    winners = np.arange(batch) * k + ranked.argmax(axis=-1)
-    return prefix[winners, 1:]
+        # A continuation's score only falls: its rank is at most its score over the next or the last length.
+        bound = np.maximum(scores[:, 0] / (t + 1) ** length_penalty, scores[:, 0] / max_len**length_penalty)
+        going = ~(best.rank[sentences] >= bound) & np.isfinite(scores[:, 0])
+        if not going.any():
+            break
+        if not going.all():
+            kept_rows = np.flatnonzero(np.repeat(going, k))
+            rows, prefix, scores, sentences = rows[kept_rows], prefix[kept_rows], scores[going], sentences[going]
+        session.reorder(rows)
+    out = np.full((batch, max(1, *(len(tokens) for tokens in best.tokens))), pad_id, dtype=np.int64)
+    for index, tokens in enumerate(best.tokens):
+        out[index, : len(tokens)] = tokens
+    return out

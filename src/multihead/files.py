@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -17,7 +18,9 @@ from pathlib import Path
 
 PathLike = str | os.PathLike[str]
 
-__all__ = ["atomic_write", "check_file_target", "fsync_directory", "replace_directory", "umask_mode"]
+__all__ = [
+    "atomic_write", "check_file_target", "fsync_directory", "replace_directory", "umask_mode", "write_directory",
+]  # fmt: skip
 
 
 def umask_mode(directory: bool = False) -> int:
@@ -54,6 +57,25 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_directory(target: Path, write: Callable[[Path], None], *, prefix: str) -> None:
+    """Call ``write(staging)`` on a new temporary directory beside ``target`` (named ``prefix...``), make its files
+    durable with the modes a plain ``open()`` gives, then swap it into ``target``'s place in one step (a previous
+    ``target`` is removed). A failure or a crash leaves ``target`` as it was; the staging directory is removed."""
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        write(staging)
+        for written in staging.iterdir():
+            with open(written, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(written, umask_mode())
+        fsync_directory(staging)
+        os.chmod(staging, umask_mode(directory=True))
+        replace_directory(staging, target)  # a previous target is swapped out, whole, to `staging`
+        fsync_directory(target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def fsync_directory(path: Path) -> None:

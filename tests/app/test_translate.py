@@ -363,3 +363,33 @@ def test_a_directory_as_input_is_named_as_translation_input(
     result = cli("translate", corpus_run.path, "--input", tmp_path)
     assert_refused(result, "--input", "is a directory; give a text file, one sentence a line")
     assert "TSV" not in result.err
+
+
+# --- int8 ----------------------------------------------------------------------------------------------------------
+
+
+def test_int8_translates_with_quantized_linear_layers_close_to_float32(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    import torch
+
+    quantized = Translator(corpus_run.path, device="cpu", quantize="int8")
+    assert isinstance(quantized.generator.output_proj, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(quantized.model.output_proj, torch.nn.Linear)  # attention maps: the float32 model's
+    translations = quantized.translate(SAMPLES)
+    same = sum(a == b for a, b in zip(translations, corpus_run.translations, strict=True))
+    assert same >= len(SAMPLES) - 1, (translations, corpus_run.translations)
+    result = cli("translate", corpus_run.path, *SAMPLES, "--quantize", "int8", "--plot", tmp_path / "a.png")
+    assert result.status == 0, result.err
+    assert result.out_lines == translations
+    assert (tmp_path / "a.png").is_file()
+
+
+def test_int8_is_refused_off_the_cpu(corpus_run: CorpusRun, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    result = cli("translate", corpus_run.path, "Hallo", "--quantize", "int8", "--device", "cuda")
+    assert_refused(result, "--quantize int8 runs on the CPU", "--device cpu")
+    assert_refused(cli("translate", corpus_run.path, "Hallo", "--quantize", "int4"), "--quantize", "'int4'")

@@ -224,7 +224,7 @@ def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatc
     model = small_model(pad_id=PAD)
     step = decoding.DecodingSession.step  # the next-token log-probabilities at every step, cache or not
 
-    def row_0_ends_at_step_2(session: decoding.DecodingSession, prefix: np.ndarray) -> np.ndarray:
+    def row_0_ends_at_step_2(session: decoding.DecodingSession, prefix: np.ndarray) -> torch.Tensor:
         log_probs = step(session, prefix)
         log_probs[:, EOS] = -1e9
         if prefix.shape[1] == 2:  # tokens decoded, BOS included

@@ -42,7 +42,7 @@ import safetensors.numpy
 from multihead.app.console import UserError, warn
 from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import TransformerConfig
-from multihead.files import atomic_write, fsync_directory, replace_directory, umask_mode
+from multihead.files import atomic_write, write_directory
 from multihead.io import FRAMEWORKS, read_config, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
@@ -165,23 +165,15 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
-    try:
+
+    def fill(staging: Path) -> None:
         for file_name, write in writers.items():
             write(staging / file_name)
         if tokenizers is not None:
             save_tokenizers(*tokenizers, staging)
-        for written in staging.iterdir():
-            with open(written, "rb") as handle:
-                os.fsync(handle.fileno())
-            os.chmod(written, umask_mode())
-        fsync_directory(staging)
-        os.chmod(staging, umask_mode(directory=True))
-        final = root / name
-        replace_directory(staging, final)  # a checkpoint of the same name is swapped out, whole, to `staging`
-        fsync_directory(root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    final = root / name
+    write_directory(final, fill, prefix=f".tmp-{name}-")  # a checkpoint of the same name is replaced whole
     if STEP_NAME.fullmatch(name):
         point(out, LATEST, final.name)
         _rotate(out, keep)

@@ -10,6 +10,7 @@ Notation: B batch, Ls source length, T generated length, H heads, Lt target leng
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,9 +83,12 @@ def translate_ids(
 
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
-    :mod:`multihead.app.devices`), ready to translate."""
+    :mod:`multihead.app.devices`), ready to translate. ``quantize="int8"`` translates with the linear layers in int8
+    (PyTorch's dynamic quantization, on the CPU); attention maps still come from the float32 model."""
 
-    def __init__(self, run: str | Path, checkpoint: str | None = None, *, device: str | None = None) -> None:
+    def __init__(
+        self, run: str | Path, checkpoint: str | None = None, *, device: str | None = None, quantize: str | None = None
+    ) -> None:
         import torch
 
         from multihead.app.devices import resolve_device
@@ -92,6 +96,8 @@ class Translator:
         from multihead.torch import Transformer
 
         self.device = torch.device(resolve_device(device or "auto"))
+        if quantize is not None and self.device.type != "cpu":
+            raise UserError(f"--quantize {quantize} runs on the CPU (PyTorch's dynamic quantization): add --device cpu")
 
         def load(found: Checkpoint) -> Any:
             model = Transformer.from_config(found.config).eval()
@@ -99,6 +105,14 @@ class Translator:
             return model.to(self.device)
 
         self.checkpoint, self.model = open_checkpoint(Path(run), checkpoint, load)
+        self.generator = self.model  # what generates: the model, or its int8 copy
+        if quantize == "int8":
+            with warnings.catch_warnings():  # PyTorch's notices that its eager quantization is deprecated
+                warnings.simplefilter("ignore", UserWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.generator = torch.ao.quantization.quantize_dynamic(
+                    self.model, {torch.nn.Linear}, dtype=torch.qint8
+                )
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
         self.torch = torch
@@ -140,7 +154,7 @@ class Translator:
         torch = self.torch
 
         def generate(src: np.ndarray, max_len: int) -> np.ndarray:
-            out = self.model.generate(
+            out = self.generator.generate(
                 torch.from_numpy(src).to(self.device), max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam,
                 length_penalty=length_penalty,
             )  # fmt: skip

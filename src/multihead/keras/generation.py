@@ -300,19 +300,28 @@ class CompiledDecoding:
         self, model: Generating, src: Tensor, src_key_mask: Tensor | None, use_cache: bool, max_len: int
     ) -> None:
         start, self._steps = _programs(model, use_cache, capacity_for(max_len, model.config.max_len))
+        self._choices = model.decoder_steps()  # argmax and top_k, eagerly on the step's log-probabilities
         self._steps.load(start(*_filled_source(src, src_key_mask)))
         self._live = np.arange(int(src.shape[0]))  # (n,): the buffer row of each row the search holds
         self._size = rows_for(len(self._live))
         self._pending: np.ndarray | None = None  # (size,): the rows the next step gathers first
 
-    def step(self, prefix: np.ndarray) -> np.ndarray:
+    def step(self, prefix: np.ndarray) -> Tensor:
         tokens = np.zeros((self._size, 1), dtype="int32")
         tokens[self._live, 0] = prefix[:, -1]  # rows the search no longer asks about read token 0
         position = ops.convert_to_tensor(np.int32(prefix.shape[1] - 1))
         rows = None if self._pending is None else ops.convert_to_tensor(self._pending.astype("int32"))
         log_probs = self._steps(ops.convert_to_tensor(tokens), position, rows)
         self._pending = None
-        return np.asarray(ops.convert_to_numpy(log_probs))[self._live]
+        if len(self._live) == self._size and (self._live == np.arange(self._size)).all():
+            return log_probs
+        return ops.take(log_probs, ops.convert_to_tensor(self._live.astype("int32")), axis=0)
+
+    def argmax(self, log_probs: Tensor) -> np.ndarray:
+        return self._choices.argmax(log_probs)
+
+    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._choices.top_k(log_probs, scores, beam, count)
 
     def reorder(self, rows: np.ndarray) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them

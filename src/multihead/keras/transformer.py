@@ -753,5 +753,10 @@ class DecoderSteps:
     def tensor(self, array: np.ndarray) -> Tensor:
         return ops.convert_to_tensor(array.astype("int32") if array.dtype == np.int64 else array)
 
-    def numpy(self, x: Tensor) -> np.ndarray:
-        return np.asarray(ops.convert_to_numpy(x))
+    def argmax(self, log_probs: Tensor) -> np.ndarray:
+        return np.asarray(ops.convert_to_numpy(ops.argmax(log_probs, axis=-1))).astype(np.int64)
+
+    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        added = log_probs + ops.expand_dims(ops.convert_to_tensor(scores), -1)  # (S*beam, V)
+        values, indices = ops.top_k(ops.reshape(added, (-1, beam * int(added.shape[-1]))), count)  # (S, count)
+        return np.asarray(ops.convert_to_numpy(values)), np.asarray(ops.convert_to_numpy(indices)).astype(np.int64)

@@ -54,18 +54,23 @@ class Affine(NamedTuple):
     it always computes what they do.
     """
 
-    weight: torch.Tensor  # (in, out)
+    weight: torch.Tensor | None  # (in, out)
     bias: torch.Tensor | None  # (out,)
+    modules: tuple[nn.Module, ...] = ()  # linears that are not nn.Linear (int8 ones), run as they are
 
     @classmethod
-    def of(cls, *linears: nn.Linear) -> Affine:
+    def of(cls, *linears: nn.Module) -> Affine:
         """``linears``, which read the same input, as one: their outputs side by side."""
+        if not all(isinstance(linear, nn.Linear) for linear in linears):  # e.g. dynamically quantized to int8
+            return cls(None, None, linears)
         weight = torch.cat([linear.weight for linear in linears]).t().contiguous()  # (in, sum of out)
         bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
         return cls(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x (N, in)`` → ``(N, out)``."""
+        if self.modules:
+            return torch.cat([module(x) for module in self.modules], dim=-1)
         return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
 

@@ -569,7 +569,7 @@ class DecoderSteps:
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
-        self.device = model.output_proj.weight.device
+        self.device = model.src_embed.weight.device
         self.layers: list[_StepWeights] | None = None  # laid out at the first step that needs them
         self.output: Affine | None = None
 
@@ -601,5 +601,12 @@ class DecoderSteps:
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
 
-    def numpy(self, x: torch.Tensor) -> np.ndarray:
-        return x.cpu().numpy()
+    def argmax(self, log_probs: torch.Tensor) -> np.ndarray:
+        return log_probs.argmax(dim=-1).cpu().numpy()
+
+    def top_k(
+        self, log_probs: torch.Tensor, scores: np.ndarray, beam: int, count: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        added = log_probs + torch.from_numpy(scores).to(log_probs.device)[:, None]  # (S*beam, V)
+        values, indices = added.reshape(-1, beam * added.shape[-1]).topk(count, dim=-1)  # (S, count)
+        return values.cpu().numpy(), indices.cpu().numpy()

@@ -1,0 +1,177 @@
+"""``multihead export``: a run's checkpoint as a CTranslate2 model directory, with its tokenizer and a README.
+
+The model is described with ``ctranslate2.specs.TransformerSpec`` and our weights are put in its places: each
+self-attention's query, key and value projections fused into one matrix (the cross-attention's key and value into
+another), post-norm (``pre_norm=False``) unless the run is pre-norm, our own sinusoid table as the position
+encodings (CTranslate2's built-in one lays sines and cosines out differently), embeddings scaled by ``sqrt(d_model)``.
+Source sentences carry no BOS or EOS; the decoder starts from ``<bos>``. ``ctranslate2`` is the ``export`` extra.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from multihead.app.console import UserError
+from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
+from multihead.app.tokenizers import BOS, EOS, SPECIALS, UNK, SubwordTokenizer, Tokenizer, subword_file
+from multihead.config import LAYER_NORM_EPS
+from multihead.files import write_directory
+from multihead.io import read_weights
+from multihead.positional import sinusoidal_positions
+
+FORMATS = ("ctranslate2",)
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+README = "README.md"
+MAX_POSITIONS = 1024
+
+
+def _ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError(
+            "export --format ctranslate2 needs the ctranslate2 package: pip install 'multihead[export]' (or pip "
+            "install ctranslate2)"
+        ) from None
+    return ctranslate2
+
+
+def vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's symbols by id, as CTranslate2 names them (it reads ``<bos>``, ``<eos>``, ``<unk>`` by name)."""
+    if isinstance(tokenizer, SubwordTokenizer):
+        return [tokenizer.model.id_to_token(index) for index in range(len(tokenizer))]
+    return list(tokenizer.symbols)
+
+
+def _linear(spec: Any, weights: dict[str, np.ndarray], *names: str) -> None:
+    """``spec`` holds the ``nn.Linear`` layers ``names`` fused along their outputs."""
+    spec.weight = np.concatenate([weights[f"{name}.weight"] for name in names])
+    spec.bias = np.concatenate([weights[f"{name}.bias"] for name in names])
+
+
+def _norm(spec: Any, weights: dict[str, np.ndarray], name: str) -> None:
+    spec.gamma, spec.beta = weights[f"{name}.weight"], weights[f"{name}.bias"]
+
+
+def _attention(spec: Any, weights: dict[str, np.ndarray], name: str, *, self_attention: bool) -> None:
+    if self_attention:
+        _linear(spec.linear[0], weights, f"{name}.q_proj", f"{name}.k_proj", f"{name}.v_proj")
+    else:
+        _linear(spec.linear[0], weights, f"{name}.q_proj")
+        _linear(spec.linear[1], weights, f"{name}.k_proj", f"{name}.v_proj")
+    _linear(spec.linear[-1], weights, f"{name}.out_proj")
+
+
+def _stack(spec: Any, weights: dict[str, np.ndarray], stack: str, embedding: str, table: np.ndarray) -> None:
+    """An encoder or decoder: embeddings, positions, layers (their LayerNorms in our order: after self-attention,
+    then cross-attention in a decoder, then the feed-forward block) and a pre-norm stack's final LayerNorm."""
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings  # the encoder's: a list
+    embeddings.weight = weights[f"{embedding}.weight"]
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = table
+    for index, layer in enumerate(spec.layer):
+        name = f"{stack}.layers.{index}"
+        _attention(layer.self_attention, weights, f"{name}.self_attn", self_attention=True)
+        _norm(layer.self_attention.layer_norm, weights, f"{name}.norm1")
+        last = "norm2"
+        if stack == "decoder":
+            _attention(layer.attention, weights, f"{name}.cross_attn", self_attention=False)
+            _norm(layer.attention.layer_norm, weights, f"{name}.norm2")
+            last = "norm3"
+        _linear(layer.ffn.linear_0, weights, f"{name}.feed_forward.linear1")
+        _linear(layer.ffn.linear_1, weights, f"{name}.feed_forward.linear2")
+        _norm(layer.ffn.layer_norm, weights, f"{name}.{last}")
+    if f"{stack}.norm.weight" in weights:
+        _norm(spec.layer_norm, weights, f"{stack}.norm")
+
+
+def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    config = checkpoint.config
+    activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+    spec = transformer_spec.TransformerSpec.from_config(
+        (config.num_encoder_layers, config.num_decoder_layers), config.num_heads, pre_norm=config.norm_first,
+        activation=activations[config.activation],
+    )  # fmt: skip
+    # CTranslate2 reads up to 1024 source tokens and writes up to 256 by default: the sinusoids go on that far (the
+    # model trained on at most max_len positions, as `multihead translate` keeps to).
+    table = sinusoidal_positions(max(config.max_len, MAX_POSITIONS), config.d_model).astype(np.float32)
+    _stack(spec.encoder, weights, "encoder", "src_embed", table)
+    _stack(spec.decoder, weights, "decoder", "tgt_embed", table)
+    _linear(spec.decoder.projection, weights, "output_proj")
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (SPECIALS[i] for i in (UNK, BOS, EOS))
+    spec.config.decoder_start_token = SPECIALS[BOS]
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.register_source_vocabulary(vocabulary(checkpoint.source))
+    spec.register_target_vocabulary(vocabulary(checkpoint.target))
+    return spec
+
+
+def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) -> str:
+    subword = isinstance(checkpoint.source, SubwordTokenizer)
+    if subword:
+        source, target = files[0], files[-1]
+        load = f'source = target = tokenizers.Tokenizer.from_file("{source}")'
+        if source != target:
+            load = f'source, target = (tokenizers.Tokenizer.from_file(f) for f in ("{source}", "{target}"))'
+        lines = [
+            "import ctranslate2, tokenizers",
+            'translator = ctranslate2.Translator(".", device="cpu")  # this directory',
+            load,
+            'result = translator.translate_batch([source.encode("Zwei Hunde spielen im Schnee.").tokens])',
+            "print(target.decode([target.token_to_id(piece) for piece in result[0].hypotheses[0]]))",
+        ]
+    else:
+        split = "list(text)" if checkpoint.source.kind == "char" else "text.split()"
+        join = '"".join' if checkpoint.target.kind == "char" else '" ".join'
+        lines = [
+            "import ctranslate2",
+            'translator = ctranslate2.Translator(".", device="cpu")  # this directory',
+            'text = "21 November 2026"',
+            f"result = translator.translate_batch([{split}])",
+            f"print({join}(result[0].hypotheses[0]))",
+        ]
+    stored = quantization or "float32"
+    return (
+        f"# A multihead model for CTranslate2\n\nExported by `multihead export` from checkpoint "
+        f"`{checkpoint.path.name}` of `{checkpoint.path.parents[1].name}`, weights stored as {stored}. Translate "
+        f"with `pip install ctranslate2{' tokenizers' if subword else ''}`:\n\n```python\n"
+        + "\n".join(lines)
+        + "\n```\n\n`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
+        "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6) and `max_decoding_length`; the "
+        "model trained on at most "
+        f"{checkpoint.config.max_len} positions, which `multihead translate` keeps to. `ctranslate2.Translator` takes "
+        "`compute_type`, such as `int8` on the CPU.\n"
+    )
+
+
+def export(run: str | Path, out: str | Path, *, checkpoint: str | None, quantization: str | None) -> Path:
+    """Write the run's checkpoint as a CTranslate2 model into ``out`` (a new directory): model, vocabularies, the
+    tokenizer files and a README; written whole into a temporary directory, then moved into place."""
+    _ctranslate2()
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"{str(out)!r} exists: export writes a new directory; choose another OUT or remove it")
+    found, weights = open_checkpoint(Path(run), checkpoint, lambda c: read_weights(c.path / WEIGHTS))
+    spec = _spec(found, weights)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    joint = found.source is found.target
+    files = [subword_file(side, joint) for side, tokenizer in (("source", found.source), ("target", found.target))
+             if isinstance(tokenizer, SubwordTokenizer)]  # fmt: skip
+    files = list(dict.fromkeys(files))
+
+    def fill(staging: Path) -> None:
+        spec.save(str(staging))
+        for name in files:
+            shutil.copyfile(found.path / name, staging / name)
+        (staging / README).write_text(_readme(found, files, quantization), encoding="utf-8")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_directory(out, fill, prefix=f".{out.name}.tmp-")
+    return out
