@@ -329,6 +329,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         option.add_to(data if option.name in ("task", "data") else parser)
 
 
+def on_this_machine(options: Any) -> dict[str, Any]:
+    """The ``machine`` options (the device) as ``options`` give them, else their default; never a saved run's."""
+    return {
+        option.name: option.corpus if getattr(options, option.name) is None else getattr(options, option.name)
+        for option in SAVED
+        if option.machine
+    }
+
+
 def resume_epilog() -> str:
     refused = ", ".join(option.flag for option in SAVED if not option.resumable)
     changeable = ", ".join(BY_NAME[name].flag for name in RESUMABLE)

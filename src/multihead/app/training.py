@@ -43,7 +43,7 @@ from multihead.app.corpus import fingerprint
 from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
 from multihead.app.evaluate import exact_match, score
-from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags
+from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags, on_this_machine
 from multihead.app.runs import (
     AVERAGE,
     BEST,
@@ -99,11 +99,12 @@ def _resolve(options: TrainOptions, kind: str, saved: dict[str, Any] | None) -> 
     """The options in force: those given, else the run's (on resume; not this machine's choices), else the
     recipe's."""
     recipe = RECIPES[kind]
+    base = recipe if saved is None else saved
     resolved = {}
     for option in SAVED:  # a run saved before an option existed takes the recipe's value for it
         given = getattr(options, option.name)
-        base = recipe if saved is None or option.machine else saved
         resolved[option.name] = given if given is not None else base.get(option.name, recipe.get(option.name))
+    resolved.update(on_this_machine(options))
     if saved is None and kind != "task" and options.tokenizer in ("char", "word") and options.joint is None:
         resolved["joint"] = True
     if resolved["average"]:
@@ -336,7 +337,7 @@ def check_device(framework: str, device: str) -> None:
 def make_trainer(
     framework: str, setup_config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None
 ) -> Trainer:
-    check_device(framework, options.get("device") or "auto")
+    """The framework's trainer; :meth:`Training.build` has checked the device (and imported Keras) before."""
     if framework == "keras":
         from multihead.app.train_keras import KerasTrainer
 
@@ -431,8 +432,7 @@ class Training:
             self.batches = CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"], self.trainer.pad_to())
 
     def _resume(self) -> None:
-        # This machine's choices (the device), as given or by default, never the run's.
-        here = {option.name: getattr(self.options, option.name) or option.corpus for option in SAVED if option.machine}
+        here = on_this_machine(self.options)  # the device: this machine's, never the run's
 
         def load(found: Checkpoint) -> Trainer:
             # The run's own framework: a different --framework is refused by resumed_setup, as a change of the run
