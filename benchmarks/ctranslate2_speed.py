@@ -5,8 +5,10 @@ taken), in one process.
 
     .venv/bin/python benchmarks/ctranslate2_speed.py RUN SRC REF [--threads 2] [--beam 4] [--length-penalty 0.6]
 
-multihead runs as ``multihead translate`` does (batches of at most 4,096 tokens, sorted by length); CTranslate2
-takes the same sentences in batches of 4,096 tokens (``batch_type="tokens"``), ``intra_threads`` = ``--threads``.
+Both engines take the same batches with the same length limit, as ``multihead translate`` makes them (sorted by
+length, at most ``BATCH_TOKENS / beam`` source tokens each; a translation of an ``n``-token source stops after
+``max(longest training target + 1, 2 n + 10)`` tokens): CTranslate2's ``translate_batch`` is called once per batch
+with that ``max_decoding_length``, ``intra_threads`` = ``--threads``. multihead int8 is ``--quantize int8``.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import time
 from pathlib import Path
 
 import ctranslate2
+import numpy as np
 import sacrebleu
 import torch
 
 from multihead.app.corpus import read_lines
 from multihead.app.export import export, vocabulary
-from multihead.app.translate import Translator
+from multihead.app.tokenizers import EOS, PAD
+from multihead.app.translate import BATCH_TOKENS, Generate, Translator, length_limit, translate_ids
 
 
 def main() -> None:
@@ -36,44 +40,57 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sources, references = read_lines(args.src, "SRC"), read_lines(args.ref, "REF")
-    ours = Translator(args.run)
-    tokenizer = ours.source
+    ours = {
+        compute: Translator(args.run, quantize=quantize) for compute, quantize in (("float32", None), ("int8", "int8"))
+    }
+    translator = ours["float32"]
+    ids = translator.source.encode_all(sources)
+    names = vocabulary(translator.source)
+    target_ids = {piece: index for index, piece in enumerate(vocabulary(translator.target))}
+
+    def limit(source_length: int) -> int:
+        return length_limit(source_length, translator.longest_target, translator.checkpoint.config.max_len)
+
+    def theirs(engine: ctranslate2.Translator, beam: int) -> Generate:
+        def generate(src: np.ndarray, max_len: int) -> np.ndarray:
+            batch = [[names[index] for index in row if index != PAD] for row in src]
+            results = engine.translate_batch(
+                batch, beam_size=beam, length_penalty=args.length_penalty, max_decoding_length=max_len
+            )
+            out = np.full((len(src), max_len + 1), EOS, dtype=np.int64)  # (B, T): each row ends in EOS
+            for row, result in enumerate(results):
+                tokens = [target_ids[piece] for piece in result.hypotheses[0]]
+                out[row, : len(tokens)] = tokens
+            return out
+
+        return generate
+
     with tempfile.TemporaryDirectory() as directory:
         model = export(args.run, Path(directory) / "ct2", checkpoint=None, quantization=None)
         engines = {
             compute: ctranslate2.Translator(str(model), device="cpu", compute_type=compute, intra_threads=args.threads)
             for compute in ("float32", "int8")
         }
-        pieces = [tokenizer.pieces(tokenizer.encode(text)[0]) for text in sources]
-
-        ids = {piece: index for index, piece in enumerate(vocabulary(ours.target))}
-
-        def theirs(compute: str, beam: int) -> list[str]:
-            results = engines[compute].translate_batch(
-                pieces, beam_size=beam, length_penalty=args.length_penalty, max_batch_size=4096, batch_type="tokens"
-            )
-            return [ours.target.decode([ids[piece] for piece in result.hypotheses[0]]) for result in results]
-
         runs = {}
         for beam in (1, args.beam):
-            runs[f"multihead float32, beam {beam}"] = lambda beam=beam: ours.translate(
-                sources, beam=beam, length_penalty=args.length_penalty
-            )
-            for compute in engines:
-                runs[f"CTranslate2 {compute}, beam {beam}"] = lambda compute=compute, beam=beam: theirs(compute, beam)
+            for compute in ("float32", "int8"):
+                runs[f"multihead {compute}, beam {beam}"] = ours[compute].generate(beam, args.length_penalty), beam
+                runs[f"CTranslate2 {compute}, beam {beam}"] = theirs(engines[compute], beam), beam
         seconds, outputs = {name: float("inf") for name in runs}, {}
         for _ in range(2):  # interleaved: every configuration once, then again
-            for name, run in runs.items():
+            for name, (generate, beam) in runs.items():
                 begin = time.perf_counter()
-                outputs[name] = run()
+                found = translate_ids(generate, ids, limit=limit, batch_tokens=BATCH_TOKENS // beam)
                 seconds[name] = min(seconds[name], time.perf_counter() - begin)
+                outputs[name] = [translator.target.decode(tokens) for tokens in found]
     for name in runs:
         bleu = sacrebleu.metrics.BLEU()
         score = bleu.corpus_score(outputs[name], [references])
         print(f"{name:32s} {seconds[name]:7.2f} s  BLEU {score.score:5.2f}")
     for beam in (1, args.beam):
-        base = seconds[f"CTranslate2 float32, beam {beam}"]
-        print(f"beam {beam}: multihead / CTranslate2 float32 = {seconds[f'multihead float32, beam {beam}'] / base:.2f}")
+        for compute in ("float32", "int8"):
+            ratio = seconds[f"multihead {compute}, beam {beam}"] / seconds[f"CTranslate2 {compute}, beam {beam}"]
+            print(f"beam {beam}, {compute}: multihead / CTranslate2 = {ratio:.2f}")
     print(f"multihead beam {args.beam} / its greedy = "
           f"{seconds[f'multihead float32, beam {args.beam}'] / seconds['multihead float32, beam 1']:.2f}")  # fmt: skip
     greedy = zip(outputs["multihead float32, beam 1"], outputs["CTranslate2 float32, beam 1"], strict=True)

@@ -94,6 +94,11 @@ def test_a_preallocated_cache_holds_what_a_growing_one_holds(front_end, capacity
     np.testing.assert_array_equal(numpy_of(preallocated.keys), numpy_of(growing.keys))
     np.testing.assert_array_equal(numpy_of(preallocated.values), numpy_of(growing.values))
     assert numpy_of(preallocated.keys).shape == (3, 2, 6, 3)  # only the cached positions, never the spare ones
+    # A reordered buffer (only its filled positions copied) goes on taking tokens up to its capacity.
+    k, v = keys_values(3, capacity - 6, seed=7)
+    for a, b in zip(growing.append(tensor(k), tensor(v)), preallocated.append(tensor(k), tensor(v)), strict=True):
+        np.testing.assert_array_equal(numpy_of(a), numpy_of(b))
+    assert preallocated.length == capacity
 
 
 def test_a_preallocated_torch_cache_writes_in_place() -> None:
@@ -104,6 +109,30 @@ def test_a_preallocated_torch_cache_writes_in_place() -> None:
         cache.append(*(torch.from_numpy(x) for x in keys_values(1, 1, seed)))
         assert cache.keys.data_ptr() == address  # no reallocation per step
     assert cache.length == 7
+
+
+def test_a_preallocated_cache_reordered_step_after_step_holds_its_rows(front_end) -> None:
+    """Beam search's pattern: a token, a reorder (fewer rows once a sentence has left), a token; the torch cache writes
+    each reorder into the buffers the one before left."""
+    cache_type, tensor = front_end
+    cache = cache_type(capacity=6)
+    expected_keys, expected_values = keys_values(4, 1, seed=0)
+    cache.append(tensor(expected_keys), tensor(expected_values))
+    buffers = []
+    for seed, rows in enumerate([np.array([1, 1, 3, 0]), np.array([3, 2, 0, 0]), np.array([1, 0]), np.array([1, 1])]):
+        buffers.append(cache._keys)
+        cache.reorder(rows)
+        expected_keys, expected_values = expected_keys[rows], expected_values[rows]
+        k, v = keys_values(len(rows), 1, seed=seed + 1)
+        cache.append(tensor(k), tensor(v))
+        expected_keys = np.concatenate([expected_keys, k], axis=2)
+        expected_values = np.concatenate([expected_values, v], axis=2)
+        np.testing.assert_array_equal(numpy_of(cache.keys), expected_keys)
+        np.testing.assert_array_equal(numpy_of(cache.values), expected_values)
+    if cache_type is KVCache:  # every reorder after the first wrote into the buffer of the one before it
+        assert [cache._keys.data_ptr()] == [buffers[-2].data_ptr()]
+        assert buffers[3].data_ptr() == buffers[1].data_ptr()
+        assert buffers[2].data_ptr() != buffers[1].data_ptr()
 
 
 def test_reorder_keeps_rows_and_reset_empties(front_end) -> None:
@@ -196,6 +225,19 @@ def test_decoder_cache_keeps_one_cache_per_layer_and_reorders_them_all(front_end
         np.testing.assert_array_equal(numpy_of(decoder_cache.self_attention[layer].keys), expected_self[[2, 1, 2]])
         np.testing.assert_array_equal(numpy_of(decoder_cache.cross_attention[layer].keys), expected_cross[[2, 1, 2]])
     assert DecoderCache(0, cache_type).length == 0
+
+
+def test_a_decoder_cache_reordered_within_the_same_sources_keeps_the_memory(front_end) -> None:
+    cache_type, tensor = front_end
+    decoder_cache = DecoderCache(1, cache_type, capacity=5)
+    decoder_cache.self_attention[0].append(*(tensor(x) for x in keys_values(4, 2, seed=0)))
+    memory = keys_values(4, 3, seed=1)[0]
+    decoder_cache.cross_attention[0].append(tensor(memory), tensor(memory))
+    decoder_cache.reorder(np.array([1, 1, 3, 2]), same_sources=True)
+    np.testing.assert_array_equal(
+        numpy_of(decoder_cache.self_attention[0].keys), keys_values(4, 2, seed=0)[0][[1, 1, 3, 2]]
+    )
+    np.testing.assert_array_equal(numpy_of(decoder_cache.cross_attention[0].keys), memory)  # not moved
 
 
 def test_check_decoder_cache() -> None:

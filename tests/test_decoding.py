@@ -58,7 +58,7 @@ class ArraySession:
     def step(self, prefix: np.ndarray) -> np.ndarray:
         return self._step(prefix)
 
-    def reorder(self, rows: np.ndarray) -> None:
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.orders.append(np.asarray(rows).copy())
 
     argmax = staticmethod(numpy_argmax)
@@ -181,18 +181,19 @@ def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> 
                          for source, row in zip(session.sources, prefix, strict=True)])  # fmt: skip
 
     session = ArraySession(step)
-    session.sources = np.array([0, 0, 1, 1])
+    session.sources = np.array([0, 1])  # one row per sentence for the first step
     original = session.reorder
 
-    def reorder(rows: np.ndarray) -> None:
+    def reorder(rows: np.ndarray, *, same_sources: bool = False) -> None:
         original(rows)
+        assert not same_sources or (session.sources[rows] == session.sources).all()
         session.sources = session.sources[rows]
 
     session.reorder = reorder
     out = beam_search(session, 2, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD])
     assert len(session.orders) == 4  # after steps 1 to 4; step 5 reaches max_len
-    assert set(session.orders[0]) <= {2, 3}  # sentence 1's beams only, from the four rows of both
+    assert session.orders[0].tolist() == [1, 1]  # sentence 1's row becomes its two beams; sentence 0 has left
     assert all(len(rows) == 2 and set(rows) <= {0, 1} for rows in session.orders[1:])  # then of its own two
     assert (session.sources == 1).all()
     assert set(out[1].tolist()) <= {A, B}  # max_len reached: the best unfinished beam
@@ -240,6 +241,7 @@ class TableSteps:
     def __init__(self, tables: list[dict]) -> None:
         self.tables = [table_model(table) for table in tables]
         self.memories: list[np.ndarray] = []  # the sources decoded at every step
+        self.taken: list[np.ndarray] = []  # the rows of every take
 
     def project_memory(self, memory: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         sources = memory[:, None, None, None].astype(np.float64)  # (N, 1, 1, 1)
@@ -259,6 +261,7 @@ class TableSteps:
         return np.concatenate([self.tables[source](row[None]) for source, row in zip(sources, prefixes, strict=True)])
 
     def take(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        self.taken.append(rows)
         return x[rows]
 
     def tensor(self, array: np.ndarray) -> np.ndarray:
@@ -276,14 +279,16 @@ class TableSession(DecodingSession):
         batch = len(tables)
         super().__init__(TableSteps(tables), np.arange(batch), np.ones((batch, 3), dtype=bool), cache)
         self.taken: list[np.ndarray] = []  # the rows of every reorder
+        self.same_sources: list[bool] = []  # and whether it said the rows kept their sources
 
     @property
     def memories(self) -> list[np.ndarray]:
         return self.steps.memories
 
-    def reorder(self, rows: np.ndarray) -> None:
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.taken.append(np.asarray(rows).copy())
-        super().reorder(rows)
+        self.same_sources.append(same_sources)
+        super().reorder(rows, same_sources=same_sources)
 
 
 SEARCH = dict(max_len=6, bos_id=BOS, eos_id=EOS, pad_id=PAD)
@@ -308,12 +313,16 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
     expected = beam_search(ArraySession(table_model(DEEP)), 1, beam_size=k, length_penalty=0.0, **SEARCH)
     np.testing.assert_array_equal(out[:1, : expected.shape[1]], expected)
 
-    # First the sources are laid out as beams (row b * k + j is beam j of source b), then each step's rows.
+    # The first step computes one row per source; then its rows become the beams (row b * k + j is beam j of
+    # source b), then each step's rows.
     np.testing.assert_array_equal(session.taken[0], [0, 0, 1, 1])
+    assert not session.same_sources[0]
+    assert session.memories[0].tolist() == [0, 1]
     assert len(session.taken) > 1
     sources = [0, 1]  # the sources still searched, each k rows of the state
-    for rows in session.taken[1:]:
+    for rows, same_sources in zip(session.taken[1:], session.same_sources[1:], strict=True):
         assert rows.shape in ((2 * k,), (k,))
+        assert same_sources == (len(rows) == len(sources) * k)  # said exactly when no source left
         if len(rows) == 2 * k:
             for b in range(2):
                 assert set(rows[b * k : (b + 1) * k]) <= set(range(b * k, (b + 1) * k)), rows  # beams stay home
@@ -323,7 +332,12 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
             sources = [sources[kept]] if len(sources) == 2 else sources
     assert sources == [0]  # source 1's answer is shorter: it leaves first
     assert [memory.tolist() for memory in session.memories][-1] == [0, 0]
-    assert all(memory.tolist() in ([0, 0, 1, 1], [0, 0]) for memory in session.memories)
+    assert all(memory.tolist() in ([0, 0, 1, 1], [0, 0]) for memory in session.memories[1:])
+    # The source's state (memory or its projection, key mask) moves only when the beams are made and when a source
+    # leaves; the reorders among a source's beams leave it where it is.
+    moves = session.same_sources.count(False)
+    assert moves == 2
+    assert len(session.steps.taken) == moves * (1 if use_cache else 2)  # the key mask, and the memory if not cached
     assert session.memory_key_mask.shape == (k, 3)  # the key mask follows the memory
     if use_cache:
         assert session.cache.self_attention[0].keys.shape[0] == k

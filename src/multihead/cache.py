@@ -28,6 +28,7 @@ class KVCacheBase:
         self.capacity = check_optional_positive_int("capacity", capacity)
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # the buffers a reorder left, for the next one to write
         self.length = 0
 
     # The four tensor operations a front end supplies.
@@ -45,6 +46,12 @@ class KVCacheBase:
     def _take(self, x: Tensor, rows: Any) -> Tensor:
         """Rows ``rows`` of axis 0."""
         raise NotImplementedError
+
+    def _take_filled(self, buffer: Tensor, rows: Any, spare: Tensor | None) -> Tensor:
+        """A buffer of ``capacity`` positions whose first ``length`` hold rows ``rows`` of ``buffer``'s; ``spare`` is a
+        buffer as long that no one reads any more (``None`` at first): a front end may write into it."""
+        filled = self._take(buffer[:, :, : self.length], rows)  # (n, Hkv, L, D)
+        return self._write(self._empty(filled, self.capacity), filled, 0)
 
     def _keep(self, x: Tensor) -> Tensor:
         """``x`` laid out to be read at every later step (the first keys and values of a growing cache)."""
@@ -140,12 +147,21 @@ class KVCacheBase:
         return self.keys, self.values
 
     def reorder(self, rows: Any) -> None:
-        """Keep batch rows ``rows`` (in that order), as beam search needs."""
-        if self._keys is not None:
+        """Keep batch rows ``rows`` (in that order), as beam search needs. Of a buffer, only the positions filled
+        so far are copied, into the buffers the previous reorder left where the front end can (tensors read from
+        the cache before a reorder may then change)."""
+        if self._keys is None:
+            return
+        if self.capacity is None:
             self._keys, self._values = self._take(self._keys, rows), self._take(self._values, rows)
+            return
+        spare_keys, spare_values = self._spare or (None, None)
+        self._spare = self._keys, self._values
+        self._keys = self._take_filled(self._keys, rows, spare_keys)
+        self._values = self._take_filled(self._values, rows, spare_values)
 
     def reset(self) -> None:
-        self._keys = self._values = None
+        self._keys = self._values = self._spare = None
         self.length = 0
 
 
@@ -164,8 +180,10 @@ class DecoderCache:
         """Target tokens decoded so far."""
         return self.self_attention[0].length if self.self_attention else 0
 
-    def reorder(self, rows: Any) -> None:
-        for cache in (*self.self_attention, *self.cross_attention):
+    def reorder(self, rows: Any, *, same_sources: bool = False) -> None:
+        """Keep batch rows ``rows`` (in that order); ``same_sources``: row ``i`` keeps its source, so the projected
+        memory stays as it is."""
+        for cache in (*self.self_attention, *(() if same_sources else self.cross_attention)):
             cache.reorder(rows)
 
 

@@ -8,7 +8,9 @@ without a cache, the whole prefix again at every step.
 The searches drive a :class:`Session`: ``step(prefix)`` gives the log-probabilities ``(N, V)`` of the next token
 after the token prefixes ``(N, t)`` decoded so far, as a tensor where the model computes; ``argmax`` and ``top_k``
 choose from them there, so that only the chosen ids and scores reach the host; ``reorder(rows)`` keeps the model
-state (cache, encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state.
+state (cache, encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state. Beam search
+mostly reorders rows among the beams of one sentence, which share their source: it says so (``same_sources``), and
+the source's state (encoder memory, its projections and key mask) stays where it is.
 
 Beam search ranks a hypothesis of ``n`` tokens (its EOS included) with total log-probability ``s`` by
 ``s / n ** length_penalty`` (the length penalty of fairseq's ``--lenpen`` and of Hugging Face's ``length_penalty``;
@@ -84,8 +86,9 @@ class Session(Protocol):
         """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes."""
         ...
 
-    def reorder(self, rows: np.ndarray) -> None:
-        """Keep rows ``rows``, in that order, of the state."""
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        """Keep rows ``rows``, in that order, of the state; ``same_sources``: row ``i`` keeps its source (the rows
+        ``rows[i]`` and ``i`` translate the same sentence), so only the target's state moves."""
         ...
 
     def argmax(self, log_probs: Tensor) -> np.ndarray:
@@ -126,14 +129,16 @@ class DecodingSession:
     def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         return self.steps.top_k(log_probs, scores, beam, count)
 
-    def reorder(self, rows: np.ndarray) -> None:
-        """Keep rows ``rows``, in that order, of everything the session holds."""
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        """Keep rows ``rows``, in that order, of everything the session holds (see :meth:`Session.reorder`)."""
+        if self.cache is not None:
+            self.cache.reorder(rows, same_sources=same_sources)
+        if same_sources:
+            return
         if self.memory is not None:
             self.memory = self.steps.take(self.memory, rows)
         if self.memory_key_mask is not None:
             self.memory_key_mask = self.steps.take(self.memory_key_mask, rows)
-        if self.cache is not None:
-            self.cache.reorder(rows)
 
 
 def generate(
@@ -151,7 +156,6 @@ def generate(
     search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if beam_size == 1:
         return greedy_search(session, batch, **search)
-    session.reorder(np.repeat(np.arange(batch), beam_size))  # row b * beam_size + j is beam j of sequence b
     return beam_search(session, batch, beam_size=beam_size, length_penalty=length_penalty, **search)
 
 
@@ -233,27 +237,32 @@ def beam_search(
     pad_id: int,
     length_penalty: float = 1.0,
 ) -> np.ndarray:
-    """Beam search over ``batch * beam_size`` rows; row ``b * beam_size + j`` is beam ``j`` of sequence ``b``, and
-    the model state must already be laid out that way (see the module's docstring for the rule)."""
+    """Beam search over a session holding one row per sequence (see the module's docstring for the rule). The first
+    step, where every beam is the same BOS, is computed once per sequence; from the second on, row
+    ``b * beam_size + j`` is beam ``j`` of the ``b``-th sequence still searched."""
     k = beam_size
-    sentences = np.arange(batch)  # the sentences still searched, in the state's order (k rows each)
-    prefix = np.full((batch * k, 1), bos_id, dtype=np.int64)  # (S*k, t + 1)
-    scores = np.zeros((batch, k), dtype=np.float32)
-    scores[:, 1:] = -np.inf  # every beam starts identical: expand only the first at step 1
+    width = 1  # the state's rows per sentence: one for the first step, then its k beams
+    sentences = np.arange(batch)  # the sentences still searched, in the state's order (width rows each)
+    prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (S*width, t + 1)
+    scores = np.zeros((batch, width), dtype=np.float32)
     best = _Best(np.full(batch, -np.inf), [np.zeros(0, dtype=np.int64)] * batch)  # none: all padding
     for t in range(1, max_len + 1):  # t: the length of the hypotheses this step makes
         log_probs = session.step(prefix)
         vocab = int(log_probs.shape[-1])
-        count = min(2 * k, k * vocab)
-        values, indices = session.top_k(log_probs, scores.reshape(-1), k, count)  # (S, count) each
-        rows = np.arange(len(sentences))[:, None] * k + indices // vocab  # (S, count): the beam row each extends
+        count = min(2 * k, width * vocab)
+        values, indices = session.top_k(log_probs, scores.reshape(-1), width, count)  # (S, count) each
+        if count < min(2 * k, k * vocab):  # a first step with fewer tokens than 2k: dead candidates fill the rest
+            dead = ((0, 0), (0, min(2 * k, k * vocab) - count))
+            values, indices = np.pad(values, dead, constant_values=-np.inf), np.pad(indices, dead)
+            count = values.shape[1]
+        rows = np.arange(len(sentences))[:, None] * width + indices // vocab  # (S, count): the row each extends
         token = indices % vocab
         ending = (token == eos_id) & (np.arange(count) < k) & np.isfinite(values)
         where = np.nonzero(ending)
         if len(where[0]):
             ended = np.concatenate([prefix[rows[where], 1:], np.full((len(where[0]), 1), eos_id)], axis=1)
             best.offer(sentences[where[0]], values[where] / t**length_penalty, ended)
-        # The next beams: the best k continuations that do not end (at most k of the 2k end: one per beam).
+        # The next beams: the best k continuations that do not end (at most one per row ends, so at most k of the 2k).
         kept = np.argsort(token == eos_id, axis=1, kind="stable")[:, :k]  # (S, k)
         scores = np.take_along_axis(values, kept, axis=1)
         rows, token = np.take_along_axis(rows, kept, axis=1).reshape(-1), np.take_along_axis(token, kept, axis=1)
@@ -266,10 +275,12 @@ def beam_search(
         going = ~(best.rank[sentences] >= bound) & np.isfinite(scores[:, 0])
         if not going.any():
             break
+        same_sources = bool(going.all()) and width == k  # row i is row rows[i]'s sentence, in the same place
         if not going.all():
             kept_rows = np.flatnonzero(np.repeat(going, k))
             rows, prefix, scores, sentences = rows[kept_rows], prefix[kept_rows], scores[going], sentences[going]
-        session.reorder(rows)
+        session.reorder(rows, same_sources=same_sources)
+        width = k
     out = np.full((batch, max(1, *(len(tokens) for tokens in best.tokens))), pad_id, dtype=np.int64)
     for index, tokens in enumerate(best.tokens):
         out[index, : len(tokens)] = tokens

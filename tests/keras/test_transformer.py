@@ -147,14 +147,18 @@ def test_compiled_step_is_traced_once_and_kept(tmp_path: Path) -> None:
     src = tensor(token_array(2, 5))
     first = model.generate(src, max_len=9, bos_id=BOS, eos_id=EOS, compiled=True)
     [(_, step)] = model.generation_programs.values()
-    assert step.experimental_get_tracing_count() == 1
+    traced = step.experimental_get_tracing_count()
+    # One trace for 2 rows, and one for 1 row if a sentence ended before the other (the buffers shrink to a power of
+    # two).
+    ends = {row.index(EOS) if EOS in row else None for row in np.asarray(first).tolist()}
+    assert traced == (2 if len(ends) > 1 else 1)
     again = model.generate(src, max_len=12, bos_id=BOS, eos_id=EOS, compiled=True)  # the same capacity, 16
     assert len(model.generation_programs) == 1
-    assert step.experimental_get_tracing_count() == 1
+    assert step.experimental_get_tracing_count() == traced
     np.testing.assert_array_equal(again[:, : first.shape[1]], first)
-    # A batch of 1 and a source of 11 fill up to other shapes (1 row, 16 positions): one more trace and compilation.
-    model.generate(tensor(token_array(1, 11)), max_len=9, bos_id=BOS, eos_id=EOS, compiled=True)
-    assert step.experimental_get_tracing_count() == 2
+    # A batch of 3 and a source of 11 fill up to another shape (4 rows, 16 positions): one more trace at least.
+    model.generate(tensor(token_array(3, 11)), max_len=9, bos_id=BOS, eos_id=EOS, compiled=True)
+    assert step.experimental_get_tracing_count() > traced
 
 
 def test_compiled_generation_is_refused_where_there_is_none(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ as one call per step:
   the whole buffer with a validity mask (keys ``0..position``);
 - the cross-attention keys and values are projected from the encoder memory once, by a start program that also
   encodes the source;
-- beam search's reordering waits for the next step, whose program gathers every buffer by the rows kept;
+- beam search's reordering waits for the next step, whose program gathers the self-attention buffers by the rows
+  kept, and the projected memory and its mask too when a sentence has left (the beams of one sentence share them);
 - without the cache (``use_cache=False``) a step rewrites one position of a ``(N, C)`` token buffer and recomputes
   every position: causal self-attention keeps later positions from changing the step's logits.
 
@@ -141,8 +142,11 @@ def _cached(model: Generating, capacity: int) -> tuple[Callable[..., Any], Calla
         self_keys, self_values = steps.empty_self_caches(ops.shape(src)[0], capacity, memory.dtype)
         return self_keys, self_values, [k for k, _ in projected], [v for _, v in projected], src_key_mask
 
-    def step(token: Tensor, position: Tensor, rows: Tensor | None, state: State) -> tuple[Tensor, State]:
-        self_keys, self_values, memory_keys, memory_values, memory_key_mask = _gather(state, rows)
+    def step(
+        token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None, state: State
+    ) -> tuple[Tensor, State]:
+        self_keys, self_values = _gather(state[:2], rows)
+        memory_keys, memory_values, memory_key_mask = _gather(state[2:], source_rows)
         buffers = _Buffers(position, self_keys, self_values, memory_keys, memory_values)
         written = ops.expand_dims(ops.arange(capacity) <= position, 0)  # (1, C): the keys written so far
         log_probs = steps.step(token, buffers, memory_key_mask, written)  # (N, V)
@@ -166,8 +170,11 @@ def _recomputed(model: Generating, capacity: int) -> tuple[Callable[..., Any], C
         memory = model.encode(src, src_key_mask=src_key_mask, training=False)  # (N, Ls, E)
         return ops.zeros((ops.shape(src)[0], capacity), dtype="int32"), memory, src_key_mask
 
-    def step(token: Tensor, position: Tensor, rows: Tensor | None, state: State) -> tuple[Tensor, State]:
-        tokens, memory, memory_key_mask = _gather(state, rows)
+    def step(
+        token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None, state: State
+    ) -> tuple[Tensor, State]:
+        (tokens,) = _gather(state[:1], rows)
+        memory, memory_key_mask = _gather(state[1:], source_rows)
         tokens = ops.slice_update(tokens, _start(position, 1, 2), token)  # (N, C)
         return steps.recompute(tokens, memory, memory_key_mask, position), (tokens, memory, memory_key_mask)
 
@@ -192,8 +199,8 @@ def _jax_program(
 
 class Steps:
     """The step program of one mode and capacity and the state it works on: :meth:`load` a state, then each call
-    runs one step on it (``token (N, 1)``, ``position``, ``rows (N,)`` or ``None``) and returns the
-    log-probabilities."""
+    runs one step on it (``token (N, 1)``, ``position``, the rows of the target's state to gather first and those of
+    the source's, ``(N,)`` each or ``None``) and returns the log-probabilities."""
 
     def load(self, state: State) -> None:
         raise NotImplementedError
@@ -202,7 +209,7 @@ class Steps:
     def state(self) -> State:
         raise NotImplementedError
 
-    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
         raise NotImplementedError
 
 
@@ -213,8 +220,8 @@ class _VariableSteps(Steps):
 
     def __init__(self, step: Callable[..., tuple[Tensor, State]]) -> None:
         self.step = step
-        self.slots: dict[tuple, tuple[State, dict[bool, Callable[..., Tensor]]]] = {}
-        self.current: tuple[State, dict[bool, Callable[..., Tensor]]] | None = None
+        self.slots: dict[tuple, tuple[State, dict[tuple[bool, bool], Callable[..., Tensor]]]] = {}
+        self.current: tuple[State, dict[tuple[bool, bool], Callable[..., Tensor]]] | None = None
 
     def load(self, state: State) -> None:
         import tensorflow as tf
@@ -233,23 +240,25 @@ class _VariableSteps(Steps):
 
         return tf.nest.map_structure(lambda variable: variable.value(), self.current[0])
 
-    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
         import tensorflow as tf
 
         variables, programs = self.current
-        gathers = rows is not None
+        gathers = (rows is not None, source_rows is not None)
         if gathers not in programs:
 
-            def run(token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
+            def run(token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
                 state = tf.nest.map_structure(lambda variable: variable.read_value(), variables)
-                log_probs, changed = self.step(token, position, rows, state)
+                log_probs, changed = self.step(token, position, rows, source_rows, state)
                 for variable, before, after in zip(*map(tf.nest.flatten, (variables, state, changed)), strict=True):
                     if after is not before:
                         variable.assign(after)
                 return log_probs
 
-            programs[gathers] = tf.function(run, jit_compile=True).get_concrete_function(token, position, rows)
-        return programs[gathers](token, position, rows)
+            programs[gathers] = tf.function(run, jit_compile=True).get_concrete_function(
+                token, position, rows, source_rows
+            )
+        return programs[gathers](token, position, rows, source_rows)
 
     def experimental_get_tracing_count(self) -> int:
         """Steps traced so far, for every state shape."""
@@ -270,8 +279,8 @@ class _DonatedSteps(Steps):
     def state(self) -> State:
         return self._state
 
-    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None) -> Tensor:
-        log_probs, self._state = self.program(token, position, rows, state=self._state)
+    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
+        log_probs, self._state = self.program(token, position, rows, source_rows, state=self._state)
         return log_probs
 
 
@@ -288,12 +297,13 @@ def capacity_for(max_len: int, model_max_len: int) -> int:
 class CompiledDecoding:
     """One compiled ``generate`` call (a :class:`multihead.decoding.Session`).
 
-    Its buffers keep a fixed number of rows, a power of two, so that the step program keeps its shapes: the rows the
-    search asks about (``live``, in its order) are some of them, the others are filling. A reorder that keeps fewer,
-    distinct rows (greedy search dropping finished sentences) only narrows ``live``, and those rows go on being
-    computed, which costs less than a program for every new batch size; one that keeps at most as many rows as the
-    buffers hold (beam search) waits for the next step, whose program gathers them (``pending``); one that keeps
-    more (beam search's first expansion, from B to B * beam_size rows) gathers the buffers at once, eagerly.
+    Its buffers keep a number of rows that is a power of two, so that the step program keeps its shapes: the rows the
+    search asks about (``live``, in its order) are some of them, the others are filling. A reorder that keeps rows
+    for another power of two (beam search's expansion from B to B * beam_size rows after the first step; half of the
+    rows or fewer once sentences have ended) gathers the buffers at once, eagerly, into that many rows (a program
+    for each power of two, not for every batch size). Otherwise, a reorder that keeps fewer, distinct rows (greedy
+    search dropping finished sentences) only narrows ``live``, and those rows go on being computed; one that keeps as
+    many rows or repeats some (beam search) waits for the next step, whose program gathers them (``pending``).
     """
 
     def __init__(
@@ -305,14 +315,15 @@ class CompiledDecoding:
         self._live = np.arange(int(src.shape[0]))  # (n,): the buffer row of each row the search holds
         self._size = rows_for(len(self._live))
         self._pending: np.ndarray | None = None  # (size,): the rows the next step gathers first
+        self._pending_sources = False  # whether it gathers the source's state (memory, mask) by them too
 
     def step(self, prefix: np.ndarray) -> Tensor:
         tokens = np.zeros((self._size, 1), dtype="int32")
         tokens[self._live, 0] = prefix[:, -1]  # rows the search no longer asks about read token 0
         position = ops.convert_to_tensor(np.int32(prefix.shape[1] - 1))
         rows = None if self._pending is None else ops.convert_to_tensor(self._pending.astype("int32"))
-        log_probs = self._steps(ops.convert_to_tensor(tokens), position, rows)
-        self._pending = None
+        log_probs = self._steps(ops.convert_to_tensor(tokens), position, rows, rows if self._pending_sources else None)
+        self._pending, self._pending_sources = None, False
         if len(self._live) == self._size and (self._live == np.arange(self._size)).all():
             return log_probs
         return ops.take(log_probs, ops.convert_to_tensor(self._live.astype("int32")), axis=0)
@@ -323,20 +334,23 @@ class CompiledDecoding:
     def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         return self._choices.top_k(log_probs, scores, beam, count)
 
-    def reorder(self, rows: np.ndarray) -> None:
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them
-        if len(kept) < len(self._live) and len(np.unique(kept)) == len(kept):
-            self._live = kept
-        elif len(kept) <= self._size:
-            filled = _filled_rows(kept, self._size)
-            self._pending = filled if self._pending is None else self._pending[filled]
-            self._live = np.arange(len(kept))
-        else:
+        if rows_for(len(kept)) != self._size:  # another power of two: the buffers are gathered at once
             gathered = kept if self._pending is None else self._pending[kept]
             self._size = rows_for(len(gathered))
             rows = ops.convert_to_tensor(_filled_rows(gathered, self._size).astype("int32"))
             self._steps.load(_gather(self._steps.state, rows))
-            self._live, self._pending = np.arange(len(kept)), None
+            self._live, self._pending, self._pending_sources = np.arange(len(kept)), None, False
+        elif len(kept) < len(self._live) and len(np.unique(kept)) == len(kept):
+            self._live = kept
+        else:
+            filled = _filled_rows(kept, self._size)
+            self._pending = filled if self._pending is None else self._pending[filled]
+            # Row i's source stays in buffer row i only if search row i was there (``live`` not narrowed).
+            in_place = (self._live == np.arange(len(self._live))).all()
+            self._pending_sources |= not (same_sources and in_place)
+            self._live = np.arange(len(kept))
 
 
 def _filled_rows(rows: np.ndarray, size: int) -> np.ndarray:

@@ -757,6 +757,13 @@ class DecoderSteps:
         return np.asarray(ops.convert_to_numpy(ops.argmax(log_probs, axis=-1))).astype(np.int64)
 
     def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        added = log_probs + ops.expand_dims(ops.convert_to_tensor(scores), -1)  # (S*beam, V)
-        values, indices = ops.top_k(ops.reshape(added, (-1, beam * int(added.shape[-1]))), count)  # (S, count)
-        return np.asarray(ops.convert_to_numpy(values)), np.asarray(ops.convert_to_numpy(indices)).astype(np.int64)
+        vocab = int(log_probs.shape[-1])
+        # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
+        row_best = min(count, vocab)
+        values, tokens = ops.top_k(log_probs, row_best)  # (S*beam, row_best)
+        values = np.asarray(ops.convert_to_numpy(values)) + scores[:, None]
+        tokens = np.asarray(ops.convert_to_numpy(tokens)).astype(np.int64)
+        values, tokens = values.reshape(-1, beam * row_best), tokens.reshape(-1, beam * row_best)  # (S, beam*row_best)
+        chosen = np.argsort(-values, axis=-1, kind="stable")[:, :count]  # (S, count), ties to the lower row
+        indices = chosen // row_best * vocab + np.take_along_axis(tokens, chosen, axis=-1)  # beam_row * V + token
+        return np.take_along_axis(values, chosen, axis=-1).astype(np.float32), indices

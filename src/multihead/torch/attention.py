@@ -104,6 +104,15 @@ class KVCache(KVCacheBase):
     def _take(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return x.index_select(0, torch.as_tensor(rows, device=x.device))
 
+    def _take_filled(self, buffer: torch.Tensor, rows: torch.Tensor, spare: torch.Tensor | None) -> torch.Tensor:
+        # Writing into the spare buffer: a new one would cost more than the copy (fresh pages at every step).
+        rows = torch.as_tensor(rows, device=buffer.device)
+        if spare is None or spare.shape[0] < rows.shape[0]:
+            spare = buffer.new_empty((rows.shape[0], *buffer.shape[1:]))
+        out = spare[: rows.shape[0]]  # (n, Hkv, capacity, D)
+        torch.index_select(buffer[:, :, : self.length], 0, rows, out=out[:, :, : self.length])
+        return out
+
     def _keep(self, x: torch.Tensor) -> torch.Tensor:
         # Projected keys arrive as a transposed view; matmul would copy it to contiguous memory at every step.
         return x.contiguous()

@@ -607,6 +607,12 @@ class DecoderSteps:
     def top_k(
         self, log_probs: torch.Tensor, scores: np.ndarray, beam: int, count: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        added = log_probs + torch.from_numpy(scores).to(log_probs.device)[:, None]  # (S*beam, V)
-        values, indices = added.reshape(-1, beam * added.shape[-1]).topk(count, dim=-1)  # (S, count)
+        vocab = log_probs.shape[-1]
+        # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
+        row_best = min(count, vocab)
+        values, tokens = log_probs.topk(row_best, dim=-1)  # (S*beam, row_best)
+        values = values + torch.from_numpy(scores).to(log_probs.device)[:, None]
+        values, chosen = values.reshape(-1, beam * row_best).topk(count, dim=-1)  # (S, count)
+        tokens = tokens.reshape(-1, beam * row_best).gather(1, chosen)  # (S, count)
+        indices = chosen.div(row_best, rounding_mode="floor") * vocab + tokens  # beam_row * V + token
         return values.cpu().numpy(), indices.cpu().numpy()
