@@ -13,7 +13,7 @@ import multihead.app.training as training
 from app.support import PAIRS, TRAIN, VALID, Cli, assert_refused, snapshot, write_corpus, write_lines
 from multihead.app.console import UserError
 from multihead.app.corpus import read_parallel
-from multihead.app.data import check_sides, load_corpus
+from multihead.app.data import check_sides, load_corpus, survey
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
@@ -44,7 +44,8 @@ def warnings_of(capsys: pytest.CaptureFixture[str]) -> list[str]:
 
 def test_one_text_on_both_sides_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (source, _) = write_corpus(tmp_path)
-    check_sides(load_corpus([source, source]), [source, source], None)
+    corpus = load_corpus([source, source])
+    check_sides(corpus, survey(corpus, 1000), [source, source], None)
     assert warnings_of(capsys) == [
         f"warning: --data {source} {source}: source and target are the same text on every line: the model will learn "
         "to copy"
@@ -60,19 +61,19 @@ def test_a_validation_set_the_other_way_round_is_warned_about(
     else:
         data = [str(write_lines(tmp_path / "train.tsv", [f"{s}\t{t}" for s, t in TRAIN]))]
         valid = [str(write_lines(tmp_path / "valid.tsv", [f"{t}\t{s}" for s, t in VALID]))]
-    check_sides(load_corpus(data, valid), data, valid)
+    check_sides(load_corpus(data, valid), survey(load_corpus(data, valid), 1000), data, valid)
     assert warnings_of(capsys) == [
         f"warning: --valid {' '.join(valid)} reads the other way round from --data {' '.join(data)}: source and "
         "target swapped? (validation scores, and the best checkpoint, would mean nothing)"
     ]
     right = valid[::-1] if named else [str(write_lines(tmp_path / "ok.tsv", [f"{s}\t{t}" for s, t in VALID]))]
-    check_sides(load_corpus(data, right), data, right)
+    check_sides(load_corpus(data, right), survey(load_corpus(data, right), 1000), data, right)
     assert warnings_of(capsys) == []
 
 
 def test_the_training_set_as_validation_set_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = write_corpus(tmp_path)
-    check_sides(load_corpus(data, data), data, data)
+    check_sides(load_corpus(data, data), survey(load_corpus(data, data), 1000), data, data)
     assert warnings_of(capsys) == [
         f"warning: --valid {' '.join(data)} holds only training pairs: its scores will not say how the model does on "
         "new sentences"
@@ -98,16 +99,17 @@ def test_tsv_takes_the_first_two_columns(tmp_path: Path, gz: bool) -> None:
 
 def test_valid_names_the_validation_set(tmp_path: Path) -> None:
     corpus = load_corpus(write_corpus(tmp_path), write_corpus(tmp_path, VALID, "valid"))
-    assert corpus.train == TRAIN
+    assert list(corpus.pairs()) == TRAIN
     assert corpus.valid == VALID
 
 
 def test_without_valid_a_tenth_is_held_out_and_never_trained_on(tmp_path: Path) -> None:
     corpus = load_corpus(write_corpus(tmp_path, PAIRS))
+    train = list(corpus.pairs())
     assert corpus.valid
-    assert corpus.train
-    assert not {s for s, _ in corpus.valid} & {s for s, _ in corpus.train}
-    assert sorted(corpus.train + corpus.valid) == sorted(PAIRS)
+    assert train
+    assert not {s for s, _ in corpus.valid} & {s for s, _ in train}
+    assert sorted(train + corpus.valid) == sorted(PAIRS)
     assert 0.03 < len(corpus.valid) / len(PAIRS) < 0.2  # about a tenth
 
 

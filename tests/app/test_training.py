@@ -26,6 +26,7 @@ import multihead.app.training as training
 from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, torch_trainer, write_corpus
 from multihead.app.batching import CorpusBatches, join_batches, make_batch
 from multihead.app.console import UserError
+from multihead.app.encoded import EncodedCorpus
 from multihead.app.runs import latest_checkpoint
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import PAD
@@ -81,7 +82,8 @@ def test_every_pair_is_trained_on_once_per_epoch_in_a_new_order() -> None:
     rng = np.random.default_rng(0)
     sources = [list(range(4, 4 + rng.integers(1, 30))) for _ in range(300)]
     targets = [list(range(4, 4 + rng.integers(1, 30))) for _ in range(300)]
-    batches = CorpusBatches(sources, targets, 200, seed=0)
+    corpus = EncodedCorpus.of(sources, targets)
+    batches = CorpusBatches(corpus, 200, seed=0)
     epochs, step = [], 0
     for _ in range(2):
         epoch = []
@@ -92,7 +94,7 @@ def test_every_pair_is_trained_on_once_per_epoch_in_a_new_order() -> None:
     for epoch in epochs:
         assert sorted(i for rows in epoch for i in rows) == list(range(300))
     assert epochs[0] != epochs[1]
-    again = CorpusBatches(sources, targets, 200, seed=0)  # what a resumed run replays
+    again = CorpusBatches(corpus, 200, seed=0)  # what a resumed run replays
     assert [again.rows(s) for s in range(step - 1, -1, -1)][::-1] == [rows for epoch in epochs for rows in epoch]
 
 
@@ -268,7 +270,7 @@ def test_training_pairs_longer_than_the_model_reads_are_left_out(
     options.data = write_corpus(tmp_path / "long", pairs)
     run = Training(options)
     run.build()
-    assert len(run.setup.corpus_ids[0]) == 40
+    assert len(run.setup.encoded) == 40
     assert "warning: --data: 1 sentence pair longer than 12 tokens is left out of training" in capsys.readouterr().err
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from multihead.app.encoded import EncodedCorpus
 from multihead.app.tokenizers import BOS, EOS, PAD
 
 Ids = list[int]
@@ -55,9 +56,9 @@ def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-def make_batch(sources: Sequence[Ids], targets: Sequence[Ids], pad_to: int = 1) -> Batch:
-    """Padded arrays of ``sources`` and ``targets``; lengths rounded up to a multiple of ``pad_to`` (fewer distinct
-    shapes, for frameworks that compile one program per shape)."""
+def make_batch(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_to: int = 1) -> Batch:
+    """Padded arrays of ``sources`` and ``targets`` (lists or arrays of ids); lengths rounded up to a multiple of
+    ``pad_to`` (fewer distinct shapes, for frameworks that compile one program per shape)."""
     length_src = round_up(max(map(len, sources)), pad_to)
     length_tgt = round_up(max(map(len, targets)) + 1, pad_to)
     src = np.full((len(sources), length_src), PAD, dtype=np.int64)
@@ -65,25 +66,23 @@ def make_batch(sources: Sequence[Ids], targets: Sequence[Ids], pad_to: int = 1) 
     tgt_out = np.full_like(tgt_in, PAD)
     for row, (s, t) in enumerate(zip(sources, targets, strict=True)):
         src[row, : len(s)] = s
-        tgt_in[row, : len(t) + 1] = [BOS, *t]
-        tgt_out[row, : len(t) + 1] = [*t, EOS]
+        tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = BOS, t
+        tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, EOS
     return Batch(src, tgt_in, tgt_out)
 
 
-def padded_tokens(sources: Sequence[Ids], targets: Sequence[Ids], rows: Sequence[int]) -> int:
-    """What a batch of ``rows`` costs: rows times its longer padded side."""
-    longest = max(max(len(sources[i]), len(targets[i]) + 1) for i in rows)
-    return len(rows) * longest
+def pair_lengths(source_lengths: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
+    """What each pair takes in a batch: its longer side, the target with its BOS or EOS."""
+    return np.maximum(source_lengths, target_lengths + 1)
 
 
-def length_batches(
-    sources: Sequence[Ids], targets: Sequence[Ids], order: Sequence[int], max_tokens: int, pad_to: int = 1
-) -> list[Ids]:
+def length_batches(lengths: np.ndarray, order: Sequence[int], max_tokens: int, pad_to: int = 1) -> list[Ids]:
     """Cut ``order`` (indices, sorted by length) into consecutive batches of at most ``max_tokens`` padded tokens
-    (lengths rounded up to a multiple of ``pad_to``)."""
+    (``lengths`` from :func:`pair_lengths`, rounded up to a multiple of ``pad_to``)."""
+    rounded = (-(-np.asarray(lengths) // pad_to) * pad_to).tolist()
     batches, current, longest = [], [], 0
     for index in order:
-        length = round_up(max(len(sources[index]), len(targets[index]) + 1), pad_to)
+        length = rounded[index]
         if current and (len(current) + 1) * max(longest, length) > max_tokens:
             batches.append(current)
             current, longest = [], 0
@@ -95,20 +94,18 @@ def length_batches(
 
 
 class CorpusBatches:
-    """The training batches of a corpus, step by step over shuffled, length-bucketed epochs."""
+    """The training batches of an encoded corpus, step by step over shuffled, length-bucketed epochs."""
 
-    def __init__(
-        self, sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, seed: int, pad_to: int = 1
-    ) -> None:
-        self.sources, self.targets = sources, targets
+    def __init__(self, corpus: EncodedCorpus, max_tokens: int, seed: int, pad_to: int = 1) -> None:
+        self.corpus = corpus
+        self.lengths = pair_lengths(corpus.sources.lengths, corpus.targets.lengths)  # (n,)
         self.max_tokens, self.seed, self.pad_to = max_tokens, seed, pad_to
         self._epoch, self._first_step, self._batches = -1, 0, []
 
     def _layout(self, epoch: int) -> list[Ids]:
         rng = np.random.default_rng([self.seed, epoch])
-        lengths = np.array([max(len(s), len(t) + 1) for s, t in zip(self.sources, self.targets, strict=True)])
-        order = np.lexsort((rng.random(len(lengths)), lengths))  # by length, ties at random
-        batches = length_batches(self.sources, self.targets, order.tolist(), self.max_tokens, self.pad_to)
+        order = np.lexsort((rng.random(len(self.lengths)), self.lengths))  # by length, ties at random
+        batches = length_batches(self.lengths, order.tolist(), self.max_tokens, self.pad_to)
         return [batches[i] for i in rng.permutation(len(batches))]
 
     def epoch_of(self, step: int) -> float:
@@ -128,13 +125,19 @@ class CorpusBatches:
 
     def batch(self, step: int) -> Batch:
         rows = self.rows(step)
-        return make_batch([self.sources[i] for i in rows], [self.targets[i] for i in rows], self.pad_to)
+        sources, targets = self.corpus.sources, self.corpus.targets
+        return make_batch([sources[i] for i in rows], [targets[i] for i in rows], self.pad_to)
+
+    def target_tokens(self, step: int) -> int:
+        """The target tokens of the batch at ``step`` (with their EOS), without building it."""
+        return int(self.corpus.targets.lengths[self.rows(step)].sum()) + len(self.rows(step))
 
 
 def evaluation_batches(
     sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, pad_to: int = 1
 ) -> Iterator[tuple[Ids, Batch]]:
     """The whole of a validation set in length-sorted batches, with each batch's row indices."""
-    order = sorted(range(len(sources)), key=lambda i: (max(len(sources[i]), len(targets[i]) + 1), i))
-    for rows in length_batches(sources, targets, order, max_tokens):
+    lengths = pair_lengths(np.array([len(s) for s in sources]), np.array([len(t) for t in targets]))
+    order = sorted(range(len(sources)), key=lambda i: (lengths[i], i))
+    for rows in length_batches(lengths, order, max_tokens):
         yield rows, make_batch([sources[i] for i in rows], [targets[i] for i in rows], pad_to)

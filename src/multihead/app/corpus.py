@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import os
 import sys
 import zlib
@@ -27,7 +28,7 @@ from multihead.app.console import UserError, plural
 
 Pair = tuple[str, str]
 CORPUS_FILES = "a file (TSV, or one file per language)"
-__all__ = ["Pair", "fingerprint", "read_lines", "read_parallel", "read_stdin_lines"]
+__all__ = ["Pair", "fingerprint", "iter_lines", "iter_parallel", "read_lines", "read_parallel", "read_stdin_lines"]
 
 
 def _check_file(option: str, path: Path, expected: str) -> None:
@@ -43,34 +44,42 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
         yield from file
 
 
-def _decode(raw_lines: Iterable[bytes], name: str, option: str) -> list[str]:
+def _decoded(raw_lines: Iterable[bytes], name: str, option: str) -> Iterator[str]:
     """Lines of bytes as text, without line ends; a :class:`UserError` naming ``option``, ``name`` and the line for
     invalid UTF-8."""
-    lines = []
     number = 0
     try:
         for number, raw in enumerate(raw_lines, start=1):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # editors on Windows often start UTF-8 with a BOM
                 raw = raw[3:]
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            yield raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as error:
         raise UserError(
             f"{option}: {name} line {number} is not UTF-8 text ({error.reason} at byte {error.start})"
         ) from None
-    return lines
+
+
+def _decode(raw_lines: Iterable[bytes], name: str, option: str) -> list[str]:
+    return list(_decoded(raw_lines, name, option))
+
+
+def iter_lines(path: str | os.PathLike[str], option: str, expected: str = "a text file") -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or ``.gz``) one at a time, as :func:`read_lines` reads them; its errors
+    come when the line that causes them is reached."""
+    path = Path(path)
+    _check_file(option, path, expected)
+    try:
+        yield from _decoded(_raw_lines(path), repr(str(path)), option)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise UserError(f"{option}: {str(path)!r} is a truncated or damaged gzip file ({error})") from None
+    except OSError as error:
+        raise UserError(f"{option}: cannot read {str(path)!r}: {error.strerror or error}") from None
 
 
 def read_lines(path: str | os.PathLike[str], option: str, expected: str = "a text file") -> list[str]:
     """The lines of a UTF-8 text file (plain or ``.gz``), without line ends; a :class:`UserError` naming ``option``,
     the file and the line for anything unreadable (``expected`` says what a directory should have been)."""
-    path = Path(path)
-    _check_file(option, path, expected)
-    try:
-        return _decode(_raw_lines(path), repr(str(path)), option)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-        raise UserError(f"{option}: {str(path)!r} is a truncated or damaged gzip file ({error})") from None
-    except OSError as error:
-        raise UserError(f"{option}: cannot read {str(path)!r}: {error.strerror or error}") from None
+    return list(iter_lines(path, option, expected))
 
 
 def read_stdin_lines(option: str) -> list[str]:
@@ -81,9 +90,8 @@ def read_stdin_lines(option: str) -> list[str]:
     return _decode(io.BytesIO(data), "standard input", option)
 
 
-def _pairs_from_tsv(path: Path, option: str) -> list[Pair]:
-    pairs = []
-    for number, line in enumerate(read_lines(path, option, CORPUS_FILES), start=1):
+def _pairs_from_tsv(path: Path, option: str) -> Iterator[Pair]:
+    for number, line in enumerate(iter_lines(path, option, CORPUS_FILES), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -94,26 +102,26 @@ def _pairs_from_tsv(path: Path, option: str) -> list[Pair]:
         for column, field in zip(("source", "target"), fields, strict=False):
             if not field.strip():
                 raise UserError(f"{option}: {str(path)!r} line {number}: the {column} column is empty")
-        pairs.append((fields[0].strip(), fields[1].strip()))
-    return pairs
+        yield fields[0].strip(), fields[1].strip()
 
 
-def _pairs_from_files(source: Path, target: Path, option: str) -> list[Pair]:
-    sources, targets = read_lines(source, option, CORPUS_FILES), read_lines(target, option, CORPUS_FILES)
-    if len(sources) != len(targets):
-        raise UserError(
-            f"{option}: {str(source)!r} has {plural(len(sources), 'line')} but {str(target)!r} has {len(targets)}; "
-            "the two files must be line-aligned translations"
-        )
-    pairs = []
-    for number, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
+def _pairs_from_files(source: Path, target: Path, option: str) -> Iterator[Pair]:
+    sources, targets = iter_lines(source, option, CORPUS_FILES), iter_lines(target, option, CORPUS_FILES)
+    number = 0
+    for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets), start=1):
+        if src is None or tgt is None:  # one file has ended: count the rest of the other to name both counts
+            longer = number + sum(1 for _ in (targets if src is None else sources))
+            counts = (number - 1, longer) if src is None else (longer, number - 1)
+            raise UserError(
+                f"{option}: {str(source)!r} has {plural(counts[0], 'line')} but {str(target)!r} has {counts[1]}; "
+                "the two files must be line-aligned translations"
+            )
         src, tgt = _spaced(src), _spaced(tgt)
         if bool(src) != bool(tgt):
             empty, other = (source, target) if not src else (target, source)
             raise UserError(f"{option}: line {number} is empty in {str(empty)!r} but not in {str(other)!r}")
         if src:
-            pairs.append((src, tgt))
-    return pairs
+            yield src, tgt
 
 
 def _spaced(line: str) -> str:
@@ -121,14 +129,22 @@ def _spaced(line: str) -> str:
     return line.replace("\t", " ").strip()
 
 
-def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> list[Pair]:
-    """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths)."""
+def iter_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> Iterator[Pair]:
+    """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths), read line by line: an
+    error comes when its line is reached (different line counts at the end of the shorter file)."""
     if len(paths) not in (1, 2):
         raise UserError(f"{option} takes one TSV file or two line-aligned files, received {len(paths)} paths")
     files = [Path(path) for path in paths]
-    pairs = _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(*files, option)
+    for file in files:  # before the first pair
+        _check_file(option, file, CORPUS_FILES)
+    yield from _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(*files, option)
+
+
+def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> list[Pair]:
+    """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths)."""
+    pairs = list(iter_parallel(paths, option))
     if not pairs:
-        raise UserError(f"{option}: {' and '.join(repr(str(f)) for f in files)} hold no sentence pairs")
+        raise UserError(f"{option}: {' and '.join(repr(str(p)) for p in paths)} hold no sentence pairs")
     return pairs
 
 

@@ -219,6 +219,8 @@ OPTIONS = (
     Option("tokenizer", "--tokenizer", "characters, whitespace-separated words or learned subwords (BPE)", TEXT, None,
            "subword", argparse=dict(choices=KINDS)),
     Option("vocab_size", "--vocab-size", "subword vocabulary size (--tokenizer subword only)", POSITIVE, None, 8000),
+    Option("vocab_sample", "--vocab-sample", "learn the vocabulary from at most this many sentence pairs (a "
+           "fixed-seed sample of a larger corpus)", POSITIVE, None, 1_000_000),
     Option("joint", "--joint-vocab", "one vocabulary for both languages, with tied embeddings", SWITCH, False, True,
            argparse=dict(action=argparse.BooleanOptionalAction)),
     Option("batch_size", "--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True),

@@ -40,6 +40,7 @@ import numpy as np
 import safetensors.numpy
 
 from multihead.app.console import UserError, warn
+from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import TransformerConfig
 from multihead.files import atomic_write, write_directory
@@ -51,6 +52,7 @@ TOKENIZER = "tokenizer.json"
 REQUIRED = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, TRAINER)  # what a step checkpoint holds, at least
 HISTORY, HISTORY_PLOT, ATTENTION_PLOT = "history.json", "history.png", "attention.png"
 LOCK = ".lock"
+ENCODED = "encoded"  # the encoded training corpus (multihead.app.encoded)
 FORMAT = 2  # of trainer.json
 STEP_NAME = re.compile(r"step-(\d{7,})")
 
@@ -259,6 +261,16 @@ def _rotate(out: Path, keep: int) -> None:
         doomed = root / f".tmp-{old.name}-removed"
         os.rename(old, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
+
+
+def encoded_corpus(out: Path, key: dict[str, Any]) -> EncodedCorpus | None:
+    """The run's encoded corpus if it was made from what ``key`` says and is intact (see
+    :mod:`multihead.app.encoded`)."""
+    return read_cache(out / ENCODED, key)
+
+
+def save_encoded_corpus(out: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> None:
+    write_cache(out / ENCODED, corpus, key)
 
 
 def write_history(out: Path, history: dict[str, Any]) -> None:

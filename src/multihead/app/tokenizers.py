@@ -13,6 +13,7 @@ and each subword vocabulary is a file of its own beside it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -220,6 +221,15 @@ def build_tokenizers(
 
 def subword_file(side: str, joint: bool) -> str:
     return "subwords.json" if joint else f"subwords.{side}.json"
+
+
+def digest(source: Tokenizer, target: Tokenizer) -> str:
+    """A SHA-256 of both tokenizers' vocabularies and rules: the same only for the same tokenizers."""
+    described = [
+        tokenizer.to_json() if isinstance(tokenizer, SubwordTokenizer) else json.dumps(tokenizer.to_dict())
+        for tokenizer in (source, target)
+    ]
+    return hashlib.sha256(json.dumps(described).encode("utf-8")).hexdigest()
 
 
 def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> list[str]:

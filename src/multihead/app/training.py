@@ -19,7 +19,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +40,9 @@ from multihead.app.console import (
     world_size,
 )
 from multihead.app.corpus import fingerprint
-from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task
+from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task, survey
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
+from multihead.app.encoded import EncodedCorpus, encode_pairs
 from multihead.app.evaluate import exact_match, score
 from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags, on_this_machine
 from multihead.app.runs import (
@@ -53,12 +54,14 @@ from multihead.app.runs import (
     RunLock,
     check_writable,
     checkpoint_name,
+    encoded_corpus,
     has_checkpoints,
     history_plot,
     latest_checkpoint,
     open_checkpoint,
     point,
     save_average,
+    save_encoded_corpus,
     save_step,
     trained_options,
     trainer_record,
@@ -66,6 +69,7 @@ from multihead.app.runs import (
 )
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import PAD, Tokenizer, build_tokenizers
+from multihead.app.tokenizers import digest as tokenizers_digest
 from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
 
@@ -87,7 +91,9 @@ class Setup:
     source: Tokenizer
     target: Tokenizer
     config: TransformerConfig
-    corpus_ids: tuple[list[list[int]], list[list[int]]] | None  # a corpus's training pairs as ids
+    encoded: EncodedCorpus | None  # a corpus's training pairs as ids
+    cache_key: dict[str, Any] | None  # what they were made from (the run's encoded-corpus cache holds it)
+    cached: bool  # whether they are the run's cache (else it is to be written)
     facts: dict[str, Any]  # saved in each checkpoint's record: fingerprints, longest target
 
     @property
@@ -112,14 +118,34 @@ def _resolve(options: TrainOptions, kind: str, saved: dict[str, Any] | None) -> 
     return resolved
 
 
-def _encode_corpus(
-    pairs: Sequence[tuple[str, str]], source: Tokenizer, target: Tokenizer, max_len: int
-) -> tuple[list[list[int]], list[list[int]], int]:
-    """Ids of the pairs that fit the model's positions, and how many did not."""
-    sources = source.encode_all([s for s, _ in pairs])
-    targets = target.encode_all([t for _, t in pairs])
-    kept = [i for i in range(len(pairs)) if len(sources[i]) <= max_len and len(targets[i]) + 1 <= max_len]
-    return [sources[i] for i in kept], [targets[i] for i in kept], len(pairs) - len(kept)
+def _cache_key(train: Any, source: Tokenizer, target: Tokenizer) -> dict[str, Any]:
+    """What a corpus's ids are made from: its files' fingerprints, the tokenizers, the length limit."""
+    return {"train": train, "tokenizers": tokenizers_digest(source, target), "max_len": CORPUS_MAX_LEN}
+
+
+def _encode(corpus: Corpus, source: Tokenizer, target: Tokenizer, size: int | None, progress: bool) -> EncodedCorpus:
+    """The ids of ``corpus``'s training pairs that fit the model's positions; a warning for those left out."""
+    encoded = encode_pairs(corpus.pairs(), source, target, CORPUS_MAX_LEN, total=size, progress=progress)
+    if not len(encoded):
+        raise UserError(f"--data: every sentence pair is longer than {CORPUS_MAX_LEN} tokens: nothing to train on")
+    if encoded.dropped:
+        left_out = f"{plural(encoded.dropped, 'sentence pair')} longer than {CORPUS_MAX_LEN} tokens"
+        warn(f"--data: {left_out} {'is' if encoded.dropped == 1 else 'are'} left out of training")
+    return encoded
+
+
+def _shared_encoding(out: Path, key: dict[str, Any], encode: Callable[[], EncodedCorpus]) -> tuple[EncodedCorpus, bool]:
+    """The run's encoded corpus, and whether it is the run's cache: the cache when it matches ``key``; else rank 0
+    encodes it (and :meth:`Training.build` writes the cache), and the other ranks of a torchrun wait for the cache
+    and map it (one copy on a machine)."""
+    found = encoded_corpus(out, key) if out.is_dir() else None
+    if found is not None:
+        return found, True
+    if is_main_rank():
+        return encode(), False
+    while (found := encoded_corpus(out, key) if out.is_dir() else None) is None:
+        time.sleep(0.5)
+    return found, True
 
 
 def _config(options: dict[str, Any], source: Tokenizer, target: Tokenizer, max_len: int) -> TransformerConfig:
@@ -162,7 +188,7 @@ def _tokenizers(resolved: dict[str, Any], pairs: Sequence[tuple[str, str]]) -> t
     return source, target
 
 
-def new_setup(options: TrainOptions) -> Setup:
+def new_setup(options: TrainOptions, out: Path) -> Setup:
     """The setup of a fresh run: data read, tokenizers learned, model sized."""
     data = _load_data(options, None)
     kind = "task" if isinstance(data, Task) else "corpus"
@@ -179,23 +205,25 @@ def new_setup(options: TrainOptions) -> Setup:
         )
         config = _config(resolved, source, target, max(64, 2 * longest + 2))
         facts = {"longest_target": max(len(target.encode(t)[0]) for _, t in sample)}
-        return Setup(resolved, data, source, target, config, None, facts)
+        return Setup(resolved, data, source, target, config, None, None, True, facts)
     resolved.update(task=None, data=list(options.data), valid=list(options.valid) if options.valid else None)
     _check_vocab_size(options, resolved)
-    check_sides(data, options.data, options.valid)  # a new run's corpus (a resumed one's is the same files)
-    say(f"learning a {resolved['tokenizer']} vocabulary from {plural(len(data.train), 'sentence pair')}")
-    source, target = _tokenizers(resolved, data.train)
+    found = survey(data, resolved["vocab_sample"], seed=resolved["seed"], progress=options.progress)
+    check_sides(data, found, options.data, options.valid)  # a new run's corpus (a resumed one's is the same files)
+    sampled = f", a sample of the {found.size:,}" if len(found.sample) < found.size else ""
+    say(f"learning a {resolved['tokenizer']} vocabulary from {plural(len(found.sample), 'sentence pair')}{sampled}")
+    source, target = _tokenizers(resolved, found.sample)
+    del found
     config = _config(resolved, source, target, CORPUS_MAX_LEN)
-    sources, targets, dropped = _encode_corpus(data.train, source, target, CORPUS_MAX_LEN)
-    if dropped:
-        left_out = f"{plural(dropped, 'sentence pair')} longer than {CORPUS_MAX_LEN} tokens"
-        warn(f"--data: {left_out} {'is' if dropped == 1 else 'are'} left out of training")
+    train = fingerprint(options.data)
+    key = _cache_key(train, source, target)
+    encoded, cached = _shared_encoding(out, key, lambda: _encode(data, source, target, None, options.progress))
     facts = {
-        "train": fingerprint(options.data),
+        "train": train,
         "valid": fingerprint(options.valid) if options.valid else None,
-        "longest_target": max(map(len, targets)),
+        "longest_target": int(encoded.targets.lengths.max()),
     }
-    return Setup(resolved, data, source, target, config, (sources, targets), facts)
+    return Setup(resolved, data, source, target, config, encoded, key, cached, facts)
 
 
 def _refuse_changes(options: TrainOptions, saved: dict[str, Any]) -> None:
@@ -211,7 +239,7 @@ def _refuse_changes(options: TrainOptions, saved: dict[str, Any]) -> None:
         )
 
 
-def resumed_setup(options: TrainOptions, checkpoint: Checkpoint) -> Setup:
+def resumed_setup(options: TrainOptions, checkpoint: Checkpoint, out: Path) -> Setup:
     """The setup of the run ``checkpoint`` belongs to; options that would change its model or data are refused."""
     saved = checkpoint.options
     _refuse_changes(options, saved)
@@ -246,11 +274,15 @@ def resumed_setup(options: TrainOptions, checkpoint: Checkpoint) -> Setup:
                     "(its size or SHA-256 differs); --resume needs the same files"
                 )
         resolved.update(data=list(options.data), valid=list(options.valid) if options.valid else None)
-        sources, targets, _ = _encode_corpus(data.train, checkpoint.source, checkpoint.target, CORPUS_MAX_LEN)
-        corpus_ids = (sources, targets)
+        key = _cache_key(facts["train"], checkpoint.source, checkpoint.target)
+        encoded, cached = _shared_encoding(
+            out, key, lambda: _encode(data, checkpoint.source, checkpoint.target, None, options.progress)
+        )
     else:
-        corpus_ids = None
-    return Setup(resolved, data, checkpoint.source, checkpoint.target, checkpoint.config, corpus_ids, dict(facts))
+        key, encoded, cached = None, None, True
+    return Setup(
+        resolved, data, checkpoint.source, checkpoint.target, checkpoint.config, encoded, key, cached, dict(facts)
+    )
 
 
 # --- the framework's part ---------------------------------------------------------------------------------
@@ -429,7 +461,7 @@ class Training:
         o = self.setup.options
         self.batches = None
         if self.setup.is_corpus:
-            self.batches = CorpusBatches(*self.setup.corpus_ids, o["batch_tokens"], o["seed"], self.trainer.pad_to())
+            self.batches = CorpusBatches(self.setup.encoded, o["batch_tokens"], o["seed"], self.trainer.pad_to())
 
     def _resume(self) -> None:
         here = on_this_machine(self.options)  # the device: this machine's, never the run's
@@ -440,13 +472,19 @@ class Training:
             return make_trainer(found.trainer["framework"], found.config, {**found.options, **here}, found)
 
         self.checkpoint, self.trainer = open_checkpoint(self.out, "latest", load, doing="resuming from")
-        self.setup = resumed_setup(self.options, self.checkpoint)
+        self.setup = resumed_setup(self.options, self.checkpoint, self.out)
+        self._save_encoding()
         self.trainer.configure(self.setup.options)
         record = self.checkpoint.trainer
         self._warn_of_changes(record.get("process") or {})
         self.step_count = record["step"]
         self.history = {key: record[key] for key in ("losses", "evals")}
         self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
+
+    def _save_encoding(self) -> None:
+        """Write the run's encoded corpus when it was encoded here (rank 0, the run's lock held)."""
+        if is_main_rank() and not self.setup.cached:
+            save_encoded_corpus(self.out, self.setup.encoded, self.setup.cache_key)
 
     def _warn_of_changes(self, before: dict[str, Any]) -> None:
         """Say what resuming changes in how the run trains: Keras' backend, or the batch a step takes (world size
@@ -464,12 +502,13 @@ class Training:
                  "learns from")  # fmt: skip
 
     def _start(self) -> None:
-        self.setup = new_setup(self.options)
+        self.setup = new_setup(self.options, self.out)
         if is_main_rank():
             check_writable(self.out)
             self.lock.acquire()
             if has_checkpoints(self.out):  # another process made a run here while this one read its data
                 raise _holds_a_run(self.out)
+        self._save_encoding()
         self.checkpoint = None
         o = self.setup.options
         self.trainer = make_trainer(o["framework"], self.setup.config, o, None)
