@@ -130,14 +130,15 @@ def _spaced(line: str) -> str:
 
 
 def iter_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> Iterator[Pair]:
-    """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths), read line by line: an
-    error comes when its line is reached (different line counts at the end of the shorter file)."""
+    """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths), read line by line. The
+    files are checked at the call (that they exist and are files); an error in a line comes when it is reached
+    (different line counts at the end of the shorter file)."""
     if len(paths) not in (1, 2):
         raise UserError(f"{option} takes one TSV file or two line-aligned files, received {len(paths)} paths")
     files = [Path(path) for path in paths]
-    for file in files:  # before the first pair
+    for file in files:
         _check_file(option, file, CORPUS_FILES)
-    yield from _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(*files, option)
+    return _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(*files, option)
 
 
 def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> list[Pair]:

@@ -142,6 +142,7 @@ def load_corpus(data: Sequence[str], valid: Sequence[str] | None = None) -> Corp
     in one pass over ``data``; only the held-out pairs are kept)."""
     name = " ".join(data)
     if valid:
+        iter_parallel(data, "--data").close()  # its files checked now; its lines are read when wanted
         return Corpus(name, list(data), read_parallel(valid, "--valid"), None)
     heldout, trained, last = [], False, None
     for source, target in iter_parallel(data, "--data"):
