@@ -5,8 +5,9 @@
 
 It makes its own corpora: Multi30k's training pairs (from ``--data``) repeated ``--repeats`` times, gzipped (without
 Multi30k, generated sentences of the same length), with the first 20 validation pairs as ``--valid`` so that the
-final validation costs little. Each size trains 1 step of the corpus recipe in a fresh process (its wall time and
-peak resident memory, from the operating system), then resumes for 1 more step.
+final validation costs little. Each size trains 1 step of the corpus recipe in a fresh process, evaluated at once
+(the time to that evaluation's line is the time to the first step; the peak resident memory of the whole process,
+from the operating system), then resumes for 1 more step, timed the same way.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,14 +38,19 @@ def lines(data: Path, name: str, side: str) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 20))) for _ in range(29000)]
 
 
-def run(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak resident GiB of one ``multihead`` process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def run(command: list[str]) -> tuple[float, float, float]:
+    """Seconds to the end of the first step (its evaluation line, on the 20 validation pairs), seconds to the end,
+    and peak resident GiB of one ``multihead train`` process."""
     begin = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    seconds = time.perf_counter() - begin
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB: the largest child so far
-    return seconds, (peak if peak > before else float("nan")) / 2**20
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    first = float("nan")
+    for line in process.stdout:
+        if line.startswith("step ") and first != first:
+            first = time.perf_counter() - begin
+    _, status, usage = os.wait4(process.pid, 0)
+    if status:
+        raise SystemExit(f"{' '.join(command)} failed ({status})")
+    return first, time.perf_counter() - begin, usage.ru_maxrss / 2**20
 
 
 def main() -> None:
@@ -55,12 +61,12 @@ def main() -> None:
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="large-corpus."))
     work.mkdir(parents=True, exist_ok=True)
-    multihead = [sys.executable, "-m", "multihead", "train", "--no-progress", "--eval-every", "100000"]
+    multihead = [sys.executable, "-m", "multihead", "train", "--no-progress", "--eval-every", "1"]
     sources, targets = lines(args.data, "train", "de"), lines(args.data, "train", "en")
     valid = [lines(args.data, "val", side)[:20] for side in ("de", "en")]
     for side, text in zip(("de", "en"), valid, strict=True):
         (work / f"valid.{side}").write_text("\n".join(text) + "\n", encoding="utf-8")
-    print(f"{'pairs':>10} {'tokens':>12} {'first step':>11} {'peak':>9} {'resume':>8} {'peak':>9}")
+    print(f"{'pairs':>10} {'tokens':>12} {'first step':>11} {'peak':>9} {'next step':>10} {'peak':>9}")
     for repeats in args.repeats:
         data = []
         for side, text in (("de", sources), ("en", targets)):
@@ -78,8 +84,8 @@ def main() -> None:
         tokens = sum(
             int(np.load(out / "encoded" / f"{side}.offsets.npy", mmap_mode="r")[-1]) for side in ("source", "target")
         )
-        print(f"{pairs:>10,} {tokens:>12,} {first[0]:>9.1f} s {first[1]:>6.2f} GiB {again[0]:>6.1f} s "
-              f"{again[1]:>6.2f} GiB")  # fmt: skip
+        print(f"{pairs:>10,} {tokens:>12,} {first[0]:>9.1f} s {first[2]:>6.2f} GiB {again[0]:>8.1f} s "
+              f"{again[2]:>6.2f} GiB")  # fmt: skip
 
 
 if __name__ == "__main__":

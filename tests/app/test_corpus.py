@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+import multihead.app.corpus as corpus
 import multihead.app.training as training
 from app.support import PAIRS, TRAIN, VALID, Cli, assert_refused, snapshot, write_corpus, write_lines
 from multihead.app.console import UserError
-from multihead.app.corpus import read_parallel
+from multihead.app.corpus import read_lines, read_parallel
 from multihead.app.data import check_sides, load_corpus, survey
 
 
@@ -181,3 +182,18 @@ def test_tsv_byte_order_mark_is_not_part_of_the_first_source(tmp_path: Path) -> 
     path = tmp_path / "bom.tsv"
     path.write_bytes("\ufeffa\tb\nc\td\n".encode())
     assert read_parallel([path])[0] == ("a", "b")
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 22])
+def test_lines_are_the_same_whatever_the_block_they_are_read_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    monkeypatch.setattr(corpus, "BLOCK", block)
+    text = "\ufeffeins\r\nzwei ü\n\n  drei\r\r\nvier ohne Zeilenende"
+    path = tmp_path / "lines.txt.gz"
+    path.write_bytes(gzip.compress(text.encode("utf-8")))
+    assert read_lines(path, "--data") == ["eins", "zwei ü", "", "  drei", "vier ohne Zeilenende"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"gut\nauch gut\nschlecht \xff hier\nwieder gut\n")
+    with pytest.raises(UserError, match=r"bad.txt' line 3 is not UTF-8 text"):
+        read_lines(bad, "--data")

@@ -38,10 +38,23 @@ def _check_file(option: str, path: Path, expected: str) -> None:
         raise UserError(f"{option}: {str(path)!r} is a directory; give {expected}")
 
 
+BLOCK = 1 << 22
+"""Bytes read at a time: lines are split and decoded a block at a time, far faster than one by one."""
+
+
 def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a file (plain or ``.gz``), as bytes without their line feed, read a block at a time."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as file:
-        yield from file
+        rest = b""
+        while block := file.read(BLOCK):
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            block, rest = block[:cut], block[cut:]
+            if block:
+                yield from block[:-1].split(b"\n")
+        if rest:
+            yield rest
 
 
 def _decoded(raw_lines: Iterable[bytes], name: str, option: str) -> Iterator[str]:
