@@ -126,6 +126,7 @@ CHANGES = {
     "--valid": (["--valid", "OTHER"], ["--valid", "is not the corpus this run trained on"]),
     "--tokenizer": (["--tokenizer", "word"], ["--tokenizer word", "--tokenizer subword"]),
     "--vocab-size": (["--vocab-size", "100"], ["--vocab-size 100", "--vocab-size 120"]),
+    "--vocab-sample": (["--vocab-sample", "5"], ["--vocab-sample 5", "--vocab-sample 1000000"]),
     "--joint-vocab": (["--no-joint-vocab"], ["--no-joint-vocab would change the run, which has --joint-vocab:"]),
     "--d-model": (["--d-model", "32"], ["--d-model 32", "--d-model 16"]),
     "--heads": (["--heads", "4"], ["--heads 4", "--heads 2"]),

@@ -11,6 +11,7 @@ Notation: B batch, Ls source length, Lt target length (with BOS or EOS).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -76,52 +77,54 @@ def pair_lengths(source_lengths: np.ndarray, target_lengths: np.ndarray) -> np.n
     return np.maximum(source_lengths, target_lengths + 1)
 
 
-def length_batches(lengths: np.ndarray, order: Sequence[int], max_tokens: int, pad_to: int = 1) -> list[Ids]:
-    """Cut ``order`` (indices, sorted by length) into consecutive batches of at most ``max_tokens`` padded tokens
-    (``lengths`` from :func:`pair_lengths`, rounded up to a multiple of ``pad_to``)."""
-    rounded = (-(-np.asarray(lengths) // pad_to) * pad_to).tolist()
-    batches, current, longest = [], [], 0
-    for index in order:
-        length = rounded[index]
-        if current and (len(current) + 1) * max(longest, length) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(index)
-        longest = max(longest, length)
-    if current:
-        batches.append(current)
-    return batches
+def length_cuts(lengths: np.ndarray, order: np.ndarray, max_tokens: int, pad_to: int = 1) -> np.ndarray:
+    """Cut ``order`` (indices sorted by length) into consecutive batches of at most ``max_tokens`` padded tokens
+    (``lengths`` from :func:`pair_lengths`, rounded up to a multiple of ``pad_to``; a pair longer than that is a
+    batch of its own): where each batch begins in ``order``, and where the last ends, ``(batches + 1,)``."""
+    rounded = -(-np.asarray(lengths)[order] // pad_to) * pad_to  # (n,): nondecreasing
+    cuts, start = [0], 0
+    while start < len(order):
+        most = max(1, max_tokens // int(rounded[start]))  # no batch from here holds more rows
+        window = rounded[start : start + most]  # (m,): the lengths of the rows it could hold
+        fits = np.arange(1, len(window) + 1) * window <= max_tokens  # True, then False: the lengths only grow
+        start += max(1, int(fits.sum()))
+        cuts.append(start)
+    return np.array(cuts)
 
 
 class CorpusBatches:
-    """The training batches of an encoded corpus, step by step over shuffled, length-bucketed epochs."""
+    """The training batches of an encoded corpus, step by step over shuffled, length-bucketed epochs. An epoch is
+    held as arrays (the corpus's order, each batch's start and end in it), never as lists of indices."""
 
     def __init__(self, corpus: EncodedCorpus, max_tokens: int, seed: int, pad_to: int = 1) -> None:
         self.corpus = corpus
         self.lengths = pair_lengths(corpus.sources.lengths, corpus.targets.lengths)  # (n,)
         self.max_tokens, self.seed, self.pad_to = max_tokens, seed, pad_to
-        self._epoch, self._first_step, self._batches = -1, 0, []
+        self._epoch, self._first_step = -1, 0
+        self._order, self._starts, self._ends = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
 
-    def _layout(self, epoch: int) -> list[Ids]:
+    def _layout(self, epoch: int) -> None:
         rng = np.random.default_rng([self.seed, epoch])
-        order = np.lexsort((rng.random(len(self.lengths)), self.lengths))  # by length, ties at random
-        batches = length_batches(self.lengths, order.tolist(), self.max_tokens, self.pad_to)
-        return [batches[i] for i in rng.permutation(len(batches))]
+        self._order = np.lexsort((rng.random(len(self.lengths)), self.lengths))  # by length, ties at random
+        cuts = length_cuts(self.lengths, self._order, self.max_tokens, self.pad_to)
+        shuffled = rng.permutation(len(cuts) - 1)  # the batches' order in the epoch
+        self._starts, self._ends = cuts[:-1][shuffled], cuts[1:][shuffled]
 
     def epoch_of(self, step: int) -> float:
         """Epochs completed at optimizer step ``step`` (fractional)."""
         self.rows(step)
-        return self._epoch + (step - self._first_step) / len(self._batches)
+        return self._epoch + (step - self._first_step) / len(self._starts)
 
     def rows(self, step: int) -> Ids:
         """The sentence indices of the batch at ``step`` (0-based)."""
         if step < self._first_step:
-            self._epoch, self._first_step, self._batches = -1, 0, []
-        while step >= self._first_step + len(self._batches):
-            self._first_step += len(self._batches)
+            self._epoch, self._first_step, self._starts = -1, 0, np.zeros(0, np.int64)
+        while step >= self._first_step + len(self._starts):
+            self._first_step += len(self._starts)
             self._epoch += 1
-            self._batches = self._layout(self._epoch)
-        return self._batches[step - self._first_step]
+            self._layout(self._epoch)
+        batch = step - self._first_step
+        return self._order[self._starts[batch] : self._ends[batch]].tolist()
 
     def batch(self, step: int) -> Batch:
         rows = self.rows(step)
@@ -138,6 +141,8 @@ def evaluation_batches(
 ) -> Iterator[tuple[Ids, Batch]]:
     """The whole of a validation set in length-sorted batches, with each batch's row indices."""
     lengths = pair_lengths(np.array([len(s) for s in sources]), np.array([len(t) for t in targets]))
-    order = sorted(range(len(sources)), key=lambda i: (lengths[i], i))
-    for rows in length_batches(lengths, order, max_tokens):
+    order = np.argsort(lengths, kind="stable")  # by length, then index
+    cuts = length_cuts(lengths, order, max_tokens)
+    for start, end in itertools.pairwise(cuts):
+        rows = order[start:end].tolist()
         yield rows, make_batch([sources[i] for i in rows], [targets[i] for i in rows], pad_to)
