@@ -213,11 +213,12 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
     sampled = f", a sample of the {found.size:,}" if len(found.sample) < found.size else ""
     say(f"learning a {resolved['tokenizer']} vocabulary from {plural(len(found.sample), 'sentence pair')}{sampled}")
     source, target = _tokenizers(resolved, found.sample)
-    del found
+    size = found.size
+    del found  # the sample's texts
     config = _config(resolved, source, target, CORPUS_MAX_LEN)
     train = fingerprint(options.data)
     key = _cache_key(train, source, target)
-    encoded, cached = _shared_encoding(out, key, lambda: _encode(data, source, target, None, options.progress))
+    encoded, cached = _shared_encoding(out, key, lambda: _encode(data, source, target, size, options.progress))
     facts = {
         "train": train,
         "valid": fingerprint(options.valid) if options.valid else None,
