@@ -397,6 +397,32 @@ def test_two_processes_accumulating_equal_one_accumulating_twice_as_many(tmp_pat
     assert ddp["process"]["world_size"] == 2
 
 
+def _corpus_rank(rank: int, world: int, port: int, options: dict[str, Any]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    train(TrainOptions(**options))
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_train_a_corpus_from_one_encoding(tmp_path: Path) -> None:
+    """Rank 0 encodes the corpus and writes the run's cache; rank 1 waits for it and maps it. Together they take the
+    batches one process takes with twice the accumulation."""
+    base = vars(corpus_options(tmp_path, steps=3, eval_every=1000))
+    context = torch.multiprocessing.get_context("spawn")
+    port = _free_port()
+    workers = [context.Process(target=_corpus_rank, args=(r, 2, port, base)) for r in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=180)
+        assert worker.exitcode == 0
+    train(TrainOptions(**{**base, "out": str(tmp_path / "single"), "accumulate": 2}))
+    ddp, alone = (json.loads((latest_checkpoint(Path(out)) / "trainer.json").read_text())
+                  for out in (base["out"], tmp_path / "single"))  # fmt: skip
+    assert ddp["process"]["world_size"] == 2
+    assert ddp["tokens"] == alone["tokens"]  # the same global batches, counted on both ranks
+    assert (Path(base["out"]) / "encoded" / "manifest.json").exists()
+
+
 def test_two_accumulated_batches_equal_one_batch_of_both() -> None:
     """Gradients of batches accumulated into one step equal those of one batch holding all their sentences (their
     padding masked), in float64. (Not the updated weights: Adam divides a gradient by its own size, so the keys'
