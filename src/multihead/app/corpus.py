@@ -28,7 +28,16 @@ from multihead.app.console import UserError, plural
 
 Pair = tuple[str, str]
 CORPUS_FILES = "a file (TSV, or one file per language)"
-__all__ = ["Pair", "fingerprint", "iter_lines", "iter_parallel", "read_lines", "read_parallel", "read_stdin_lines"]
+__all__ = [
+    "Pair",
+    "file_sha256",
+    "fingerprint",
+    "iter_lines",
+    "iter_parallel",
+    "read_lines",
+    "read_parallel",
+    "read_stdin_lines",
+]
 
 
 def _check_file(option: str, path: Path, expected: str) -> None:
@@ -162,13 +171,15 @@ def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data
     return pairs
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read a block at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def fingerprint(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, object]]:
     """Each file's name, size and SHA-256: what a resumed run checks its corpus against."""
-    prints = []
-    for path in map(Path, paths):
-        digest = hashlib.sha256()
-        with open(path, "rb") as file:
-            for block in iter(lambda file=file: file.read(1 << 20), b""):
-                digest.update(block)
-        prints.append({"name": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
-    return prints
+    return [{"name": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)} for path in map(Path, paths)]

@@ -13,7 +13,6 @@ corpus is encoded again, with a warning, and the cache rewritten.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from multihead.app.console import plural, progress_bar, say, warn
-from multihead.app.corpus import Pair
+from multihead.app.corpus import Pair, file_sha256
 from multihead.app.tokenizers import Tokenizer
 from multihead.files import write_directory
 
@@ -150,14 +149,6 @@ _ARRAYS = {
 }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_cache(directory: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> None:
     """``corpus`` into ``directory`` (replaced whole, atomically), made from what ``key`` says."""
 
@@ -165,7 +156,7 @@ def write_cache(directory: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> 
         files = {}
         for name, (side, array) in _ARRAYS.items():
             np.save(staging / name, getattr(getattr(corpus, side), array), allow_pickle=False)
-            files[name] = _sha256(staging / name)
+            files[name] = file_sha256(staging / name)
         manifest = {"format": FORMAT, "key": key, "pairs": len(corpus), "dropped": corpus.dropped, "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
@@ -187,7 +178,7 @@ def read_cache(directory: Path, key: dict[str, Any]) -> EncodedCorpus | None:
         arrays = {}
         for name, (side, array) in _ARRAYS.items():
             path = directory / name
-            if _sha256(path) != manifest["files"][name]:
+            if file_sha256(path) != manifest["files"][name]:
                 raise ValueError(f"{name} does not match its SHA-256")
             arrays[side, array] = np.load(path, mmap_mode="r", allow_pickle=False)
         corpus = EncodedCorpus(

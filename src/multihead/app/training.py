@@ -138,12 +138,12 @@ def _shared_encoding(out: Path, key: dict[str, Any], encode: Callable[[], Encode
     """The run's encoded corpus, and whether it is the run's cache: the cache when it matches ``key``; else rank 0
     encodes it (and :meth:`Training.build` writes the cache), and the other ranks of a torchrun wait for the cache
     and map it (one copy on a machine)."""
-    found = encoded_corpus(out, key) if out.is_dir() else None
+    found = encoded_corpus(out, key)
     if found is not None:
         return found, True
     if is_main_rank():
         return encode(), False
-    while (found := encoded_corpus(out, key) if out.is_dir() else None) is None:
+    while (found := encoded_corpus(out, key)) is None:
         time.sleep(0.5)
     return found, True
 
