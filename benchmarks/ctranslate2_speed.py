@@ -26,7 +26,7 @@ import torch
 from multihead.app.corpus import read_lines
 from multihead.app.export import export, vocabulary
 from multihead.app.tokenizers import EOS, PAD
-from multihead.app.translate import BATCH_TOKENS, Generate, Translator, length_limit, translate_ids
+from multihead.app.translate import BATCH_TOKENS, Generate, Translator, translate_ids
 
 
 def main() -> None:
@@ -47,9 +47,6 @@ def main() -> None:
     ids = translator.source.encode_all(sources)
     names = vocabulary(translator.source)
     target_ids = {piece: index for index, piece in enumerate(vocabulary(translator.target))}
-
-    def limit(source_length: int) -> int:
-        return length_limit(source_length, translator.longest_target, translator.checkpoint.config.max_len)
 
     def theirs(engine: ctranslate2.Translator, beam: int) -> Generate:
         def generate(src: np.ndarray, max_len: int) -> np.ndarray:
@@ -80,7 +77,7 @@ def main() -> None:
         for _ in range(2):  # interleaved: every configuration once, then again
             for name, (generate, beam) in runs.items():
                 begin = time.perf_counter()
-                found = translate_ids(generate, ids, limit=limit, batch_tokens=BATCH_TOKENS // beam)
+                found = translate_ids(generate, ids, limit=translator.limit, batch_tokens=BATCH_TOKENS // beam)
                 seconds[name] = min(seconds[name], time.perf_counter() - begin)
                 outputs[name] = [translator.target.decode(tokens) for tokens in found]
     for name in runs:
