@@ -174,7 +174,7 @@ def test_every_command_says_what_it_does(cli: Callable[..., Cli]) -> None:
 
 def test_evaluate_help_names_every_key_of_its_json(cli: Callable[..., Cli]) -> None:
     text = _help(cli, "evaluate")
-    for key in ("bleu", "bleu_lowercase", "chrf", "signature", "sentences", "seconds", "beam", "checkpoint"):
+    for key in ("bleu", "bleu_lowercase", "chrf", "signature", "sentences", "seconds", "beam", "checkpoint", "langs"):
         assert re.search(rf"\b{key}\b", text), key
 
 

@@ -1,4 +1,4 @@
-"""The ``multihead`` command line: train, translate, evaluate, export, demo, bench.
+"""The ``multihead`` command line: train, translate, evaluate, export, serve, demo, bench.
 
 User errors (unknown task, an unreadable corpus, an unusable output directory, a run that is not ours or is
 damaged beyond recovery, a file the system refuses to read or write) are one line on stderr with exit status 2,
@@ -28,7 +28,9 @@ from multihead.app.console import (
     quiet_frameworks,
     report_error,
     say,
+    warn,
 )
+from multihead.app.languages import pair_text
 
 if TYPE_CHECKING:
     from multihead.app.training import Result
@@ -128,16 +130,30 @@ def _translation_input(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def _translate(args: argparse.Namespace) -> int:
     texts, names = _translation_input(args)
-    _check_targets({"--input": args.input}, plot=args.plot, output=args.output)
-    if args.plot and not any(text.strip() for text in texts):
-        raise UserError("--plot: nothing to plot, the input holds no text")
+    _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
+    for flag, value in (("--plot", args.plot), ("--html", args.html)):
+        if value and not any(text.strip() for text in texts):
+            raise UserError(f"{flag}: nothing to show, the input holds no text")
     from multihead.app.translate import Translator
 
     translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
+    if sys.stderr.isatty():
+        say(f"{pair_text(translator.langs)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
     translations = translator.translate(
         texts, beam=args.beam, length_penalty=args.length_penalty, names=names, progress=sys.stderr.isatty()
     )
     _write_output(args.output, translations)
+    if args.html:
+        from multihead.app.view import attention_view, write_page
+
+        views = []
+        for text, name in zip(texts, names, strict=True):
+            if text.strip():
+                try:
+                    views.append(attention_view(translator.attention(text, beam=args.beam)))
+                except UserError as error:
+                    warn(f"--html leaves out {name}: {error}")
+        print(f"attention page: {write_page(views, args.html)}", file=sys.stderr)
     if args.plot:
         from multihead.app.plot import plot_cross_attention
 
@@ -183,11 +199,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     scores = score(hypotheses, references)
     print(f"BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")
     print(f"chrF {scores['chrf']:.2f} ({scores['signature']['chrf']})")
+    print(f"languages: {pair_text(translator.langs)}")
     rate = f"{len(sources) / seconds:.1f} sentences/s"
     print(f"{plural(len(sources), 'sentence')} in {seconds:.1f} s ({rate}), beam {args.beam}")
     summary = {
         **scores, "sentences": len(sources), "seconds": round(seconds, 3), "beam": args.beam,
-        "checkpoint": translator.checkpoint.path.name,
+        "checkpoint": translator.checkpoint.path.name, "langs": translator.langs,
     }  # fmt: skip
     print(json.dumps(summary, sort_keys=True))
     return 0
@@ -230,6 +247,17 @@ def _export(args: argparse.Namespace) -> int:
     out = export(args.run, args.out, checkpoint=args.checkpoint, quantization=args.quantization)
     say(f"wrote a CTranslate2 model to {out} (how to translate with it: {out / 'README.md'})")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from multihead.app.serve import Limits, read_api_keys, serve
+
+    keys = read_api_keys(args.api_keys) if args.api_keys else None
+    limits = Limits(char_limit=args.char_limit, batch_limit=args.batch_limit, req_limit=args.req_limit, api_keys=keys)
+    return serve(
+        args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
+        quantize=args.quantize, beam=args.beam, length_penalty=args.length_penalty, langs=args.langs, limits=limits,
+    )  # fmt: skip
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -303,6 +331,10 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
     translate.add_argument("--input", metavar="FILE", help="translate each line of FILE (plain or .gz; - for stdin)")
     translate.add_argument("--output", metavar="FILE", help="write the translations here (default: stdout)")
     translate.add_argument("--plot", metavar="PATH", help="save the first text's cross-attention maps (PNG)")
+    translate.add_argument(
+        "--html", metavar="FILE",
+        help="write every text's cross-attention as one standalone page (choose layer and head, point at a word)",
+    )  # fmt: skip
     _add_decoding_options(translate)
 
 
@@ -311,7 +343,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         commands, "evaluate", _evaluate, help="translate SRC and score it against REF with sacreBLEU (BLEU, chrF)",
         description="Translate SRC and score against REF with sacreBLEU (blank lines at the end of either file are "
         "not sentences); the last line of stdout is a JSON object with bleu, bleu_lowercase, chrf, signature (of each "
-        "score), sentences, seconds (the translation time), beam and checkpoint.",
+        "score), sentences, seconds (the translation time), beam, checkpoint and langs (the run's languages, or null).",
     )  # fmt: skip
     evaluate.add_argument("run", help=RUN_HELP)
     evaluate.add_argument("src", help="source sentences, one per line (plain or .gz)")
@@ -355,6 +387,34 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     _add_checkpoint_option(export)
 
 
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    from multihead.app.languages import language_code
+    from multihead.app.options import limit
+
+    serve = _command(
+        commands, "serve", _serve, help="serve a run over LibreTranslate's HTTP API, with an attention page at /",
+        description="Serve the run over LibreTranslate's HTTP API (POST /translate, GET /languages, POST /detect, "
+        "GET /health, GET /frontend/settings), so that LibreTranslate's clients work unchanged, and a page at / that "
+        "translates and shows the cross-attention. Concurrent requests are translated together. SIGINT or SIGTERM "
+        "answers the requests in flight, refuses new ones and exits 0. Needs the serve extra: pip install "
+        "'multihead[serve]'. See docs/serving.md.",
+    )  # fmt: skip
+    serve.add_argument("run", help=RUN_HELP)
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=limit(0), default=5000, help="the port to listen on (0: a free one)")
+    serve.add_argument(
+        "--langs", nargs=2, metavar=("SRC", "TGT"), type=language_code,
+        help="the run's languages, ISO 639-1 codes (default: what the run recorded)",
+    )  # fmt: skip
+    serve.add_argument("--char-limit", type=limit(-1), default=-1, help="characters per text (-1: no limit)")
+    serve.add_argument("--batch-limit", type=limit(-1), default=-1, help="texts per request (-1: no limit)")
+    serve.add_argument(
+        "--req-limit", type=limit(-1), default=-1, help="requests per minute from one address (-1: no limit)"
+    )
+    serve.add_argument("--api-keys", metavar="FILE", help="require one of the keys in FILE (one a line)")
+    _add_decoding_options(serve)
+
+
 def _add_bench(commands: argparse._SubParsersAction) -> None:
     commands.add_parser(
         "bench",
@@ -369,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
-    for add in (_add_train, _add_translate, _add_evaluate, _add_export, _add_demo, _add_bench):
+    for add in (_add_train, _add_translate, _add_evaluate, _add_export, _add_serve, _add_demo, _add_bench):
         add(commands)
     return parser
 

@@ -23,6 +23,7 @@ from typing import Any
 from multihead.app.console import UserError
 from multihead.app.data import TASKS
 from multihead.app.devices import DEVICE_CHOICES, PRECISIONS, device_name
+from multihead.app.languages import language_code
 from multihead.app.tokenizers import KINDS
 from multihead.io import FRAMEWORKS
 
@@ -48,6 +49,23 @@ def _whole(text: str, minimum: int) -> int:
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be {what}, received {text}")
     return value
+
+
+def limit(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number, ``minimum`` or more (``-1``, where allowed, means no limit)."""
+
+    def parse(text: str) -> int:
+        if minimum >= 0:
+            return _whole(text, minimum)
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number (-1: no limit), received {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be -1 (no limit) or a whole number, received {text}")
+        return value
+
+    return parse
 
 
 def _number(text: str) -> float:
@@ -110,6 +128,19 @@ TEXT = Kind(None, _unchecked, "str | None")
 DEVICE = Kind(device_name, lambda flag, value: _check_device(flag, value), "str | None")
 FILES = Kind(None, _unchecked, "Sequence[str] | None")
 SWITCH = Kind(None, _unchecked, "bool | None")
+
+
+def _check_langs(flag: str, value: Any) -> None:
+    if isinstance(value, str) or len(value) != 2:
+        raise UserError(f"{flag} takes two language codes, SRC TGT, received {value!r}")
+    for code in value:
+        try:
+            language_code(code)
+        except argparse.ArgumentTypeError as error:
+            raise UserError(f"{flag} {error}") from None
+
+
+LANGS = Kind(language_code, _check_langs, "Sequence[str] | None")
 
 
 MAX_BEAM = 64
@@ -200,6 +231,8 @@ OPTIONS = (
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
     Option("valid", "--valid", "validation set for --data, as --data (default: a held-out tenth of --data)", FILES,
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
+    Option("langs", "--langs", "the corpus's languages, ISO 639-1 codes (default: from --data file names such as "
+           "train.de.gz train.en.gz)", LANGS, recipe=False, argparse=dict(nargs=2, metavar=("SRC", "TGT"))),
     Option("framework", "--framework", "PyTorch, or Keras on the backend KERAS_BACKEND names (tensorflow, jax or "
            "torch)", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
     Option("device", "--device", f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the "
@@ -288,6 +321,8 @@ def _check(options: Any) -> None:
         raise UserError("give --task or --data, not both")
     if options.valid is not None and options.data is None:
         raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
+    if options.langs is not None and options.data is None:
+        raise UserError("--langs goes with --data (a built-in task translates no language)")
     for option in SAVED:
         value = getattr(options, option.name)
         if value is not None:

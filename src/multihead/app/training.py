@@ -44,6 +44,7 @@ from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
 from multihead.app.encoded import EncodedCorpus, encode_pairs
 from multihead.app.evaluate import exact_match, score
+from multihead.app.languages import from_file_names
 from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags, on_this_machine
 from multihead.app.runs import (
     AVERAGE,
@@ -207,6 +208,7 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
         facts = {"longest_target": max(len(target.encode(t)[0]) for _, t in sample)}
         return Setup(resolved, data, source, target, config, None, None, True, facts)
     resolved.update(task=None, data=list(options.data), valid=list(options.valid) if options.valid else None)
+    resolved["langs"] = list(options.langs) if options.langs else from_file_names(options.data)
     _check_vocab_size(options, resolved)
     found = survey(data, resolved["vocab_sample"], seed=resolved["seed"], progress=options.progress)
     check_sides(data, found, options.data, options.valid)  # a new run's corpus (a resumed one's is the same files)

@@ -118,6 +118,7 @@ class Translator:
                 )
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
+        self.langs: list[str] | None = self.checkpoint.options.get("langs")  # [source, target], when recorded
         self.batch_tokens = CUDA_BATCH_TOKENS if self.device.type == "cuda" else BATCH_TOKENS
         self.torch = torch
 

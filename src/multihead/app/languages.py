@@ -1,0 +1,52 @@
+"""The languages a run translates between: ISO 639-1 codes, given to ``train --langs SRC TGT`` or read from the
+corpus's file names (``train.de.gz`` and ``train.en.gz``: ``de`` to ``en``), kept in the run's options, shown by
+``translate``/``evaluate`` and answered by ``serve``'s ``/languages``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+CODE = re.compile(r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$")
+"""An ISO 639 code, with an optional script or region (``zh-Hans``, ``pt-BR``)."""
+NAMES = {
+    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish", "de": "German",
+    "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian", "fa": "Persian", "fi": "Finnish",
+    "fr": "French", "ga": "Irish", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian",
+    "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch",
+    "no": "Norwegian", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
+    "sl": "Slovenian", "sv": "Swedish", "th": "Thai", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese",
+    "zh": "Chinese",
+}  # fmt: skip
+"""English names of common languages (LibreTranslate's ``/languages`` gives names); others are named by code."""
+
+
+def language_code(text: str) -> str:
+    """``text`` as a language code (argparse type): refused unless it looks like one."""
+    if not CODE.match(text):
+        raise argparse.ArgumentTypeError(f"must be an ISO 639-1 language code such as de, en or zh, received {text!r}")
+    return text
+
+
+def language_name(code: str) -> str:
+    return NAMES.get(code.split("-")[0], code)
+
+
+def from_file_names(paths: Sequence[str]) -> list[str] | None:
+    """``[source, target]`` from two corpus files named ``NAME.CODE`` or ``NAME.CODE.gz`` that differ only in their
+    codes, else ``None``."""
+    if len(paths) != 2:
+        return None
+    found = [re.fullmatch(r"(.*)\.([a-z]{2,3})(\.gz)?", Path(path).name) for path in paths]
+    if not all(found) or found[0][2] == found[1][2] or (found[0][1], found[0][3]) != (found[1][1], found[1][3]):
+        return None
+    return [found[0][2], found[1][2]]
+
+
+def pair_text(langs: Sequence[str] | None) -> str:
+    """``de → en`` (German to English), or that the run does not say."""
+    if not langs:
+        return "languages not recorded (train --langs SRC TGT)"
+    return f"{langs[0]} → {langs[1]} ({language_name(langs[0])} to {language_name(langs[1])})"

@@ -1,0 +1,456 @@
+"""``multihead serve``: a run behind LibreTranslate's HTTP API, and a page that shows its attention.
+
+LibreTranslate's endpoints, field for field and error for error (its clients work unchanged): ``POST /translate``,
+``GET /languages``, ``POST /detect``, ``GET /health``, ``GET /frontend/settings``. Ours: ``GET /`` (the page,
+self-contained) and ``POST /attention`` (one sentence's cross-attention, as the page draws it).
+
+Requests wait in one queue; a worker thread takes what has gathered (up to :data:`GATHER` texts) and translates it
+together, in the translator's token-bounded batches, so the event loop never computes. Every error a user can cause
+is ``{"error": "..."}`` with a 4xx status, as LibreTranslate words it; a 500 would be a bug of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import html
+import json
+import queue
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from multihead.app.console import UserError, say
+from multihead.app.languages import language_name, pair_text
+from multihead.app.translate import Translator
+from multihead.app.view import attention_view, page
+
+GATHER = 256
+"""The most texts one round of the worker translates together: more wait for the next round."""
+BODY_LIMIT = 1 << 20
+"""The largest request body accepted (bytes): LibreTranslate's clients send text, not files."""
+SKIPPED = {"script", "style"}
+"""HTML elements whose text is not translated."""
+
+
+class ApiError(Exception):
+    """A request refused: its HTTP status and LibreTranslate's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask (``-1``: no limit): characters per text, texts per request, requests per minute from
+    one address, alternatives; ``api_keys``: when given, ``/translate`` and ``/attention`` require one of them."""
+
+    char_limit: int = -1
+    batch_limit: int = -1
+    req_limit: int = -1
+    alternatives_limit: int = 0
+    api_keys: frozenset[str] | None = None
+
+
+def read_api_keys(path: str) -> frozenset[str]:
+    """The keys in ``path``, one a line (blank lines and ``#`` comments ignored)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"--api-keys {path}: cannot read it ({error})") from None
+    keys = frozenset(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    if not keys:
+        raise UserError(f"--api-keys {path} holds no key: one key a line")
+    return keys
+
+
+# --- the worker ---------------------------------------------------------------------------------------------
+
+
+class Batcher:
+    """Texts from concurrent requests, translated together on one worker thread; each request gets its own answers,
+    in order. ``run`` jobs (the page's attention) take the worker alone. :meth:`close` finishes what was queued."""
+
+    STOP = object()
+
+    def __init__(self, translate: Callable[[list[str]], list[str]]) -> None:
+        self.translate = translate
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="translation worker", daemon=True)
+        self.thread.start()
+
+    async def texts(self, texts: list[str]) -> list[str]:
+        return await self._submit(texts)
+
+    async def run(self, call: Callable[[], Any]) -> Any:
+        return await self._submit(call)
+
+    async def _submit(self, work: Any) -> Any:
+        future: Future = Future()
+        self.jobs.put((work, future))
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        self.jobs.put(self.STOP)
+        self.thread.join()
+
+    def _work(self) -> None:
+        pending = None
+        while True:
+            job, pending = pending or self.jobs.get(), None
+            if job is self.STOP:
+                return
+            work, future = job
+            if callable(work):
+                try:
+                    future.set_result(work())
+                except Exception as error:  # the request's to answer; the worker goes on
+                    future.set_exception(error)
+                continue
+            gathered, count = [job], len(work)
+            while count < GATHER:  # what else is waiting now
+                try:
+                    more = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is self.STOP or callable(more[0]):
+                    pending = more
+                    break
+                gathered.append(more)
+                count += len(more[0])
+            try:
+                results = self.translate([text for texts, _ in gathered for text in texts])
+            except Exception as error:
+                for _, future in gathered:
+                    future.set_exception(error)
+                continue
+            start = 0
+            for texts, future in gathered:
+                future.set_result(results[start : start + len(texts)])
+                start += len(texts)
+
+
+class RateLimiter:
+    """At most ``per_minute`` requests from one address in any 60 seconds."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self.seen: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+    def check(self, address: str) -> None:
+        if self.per_minute < 0:
+            return
+        now, times = time.monotonic(), self.seen[address]
+        while times and times[0] <= now - 60:
+            times.popleft()
+        if len(times) >= self.per_minute:
+            raise ApiError(429, f"Slowdown: {self.per_minute} per 1 minute")
+        times.append(now)
+
+
+# --- the service ----------------------------------------------------------------------------------------------
+
+
+class Service:
+    """A loaded run, its language pair, the search it translates with, and the worker."""
+
+    def __init__(self, translator: Translator, langs: Sequence[str], *, beam: int, length_penalty: float) -> None:
+        self.translator, self.source, self.target = translator, langs[0], langs[1]
+        self.beam, self.length_penalty = beam, length_penalty
+        self.batcher = Batcher(self._translate_lines)
+
+    def _translate_lines(self, texts: list[str]) -> list[str]:
+        """Each text's lines translated (blank lines kept), all of them in one call."""
+        lines = [text.replace("\r\n", "\n").replace("\r", "\n").split("\n") for text in texts]
+        flat = [line for text_lines in lines for line in text_lines]
+        translated = iter(self.translator.translate(flat, beam=self.beam, length_penalty=self.length_penalty))
+        joined = ["\n".join(next(translated) for _ in text_lines) for text_lines in lines]
+        return [text if not text.strip() else out for text, out in zip(texts, joined, strict=True)]
+
+    def languages(self) -> list[dict[str, Any]]:
+        return [
+            {"code": self.source, "name": language_name(self.source), "targets": [self.target]},
+            {"code": self.target, "name": language_name(self.target), "targets": []},
+        ]
+
+    def check_pair(self, source: str, target: str) -> None:
+        known = {self.source, self.target}
+        for code in (source, target):
+            if code not in known:
+                raise ApiError(400, f"{code} is not supported")
+        if (source, target) != (self.source, self.target):
+            raise ApiError(
+                400,
+                f"{language_name(target)} ({target}) is not available as a target language from "
+                f"{language_name(source)} ({source})",
+            )
+
+    async def translate_html(self, text: str) -> str:
+        """``text`` as HTML: its text nodes translated (outside ``script`` and ``style``), its tags as they were."""
+        parts = re.split(r"(<!--.*?-->|<[^>]*>)", text, flags=re.DOTALL)
+        nodes, skipping = [], None
+        for index, part in enumerate(parts):
+            if index % 2:  # a tag or a comment
+                tag = re.match(r"<(/?)([A-Za-z][\w-]*)", part)
+                if tag and tag[2].lower() in SKIPPED:
+                    skipping = None if tag[1] else tag[2].lower()
+            elif part.strip() and skipping is None:
+                nodes.append(index)
+        translated = await self.batcher.texts([html.unescape(parts[i]).strip() for i in nodes])
+        for index, translation in zip(nodes, translated, strict=True):
+            part = parts[index]
+            lead, trail = part[: len(part) - len(part.lstrip())], part[len(part.rstrip()) :]
+            parts[index] = lead + html.escape(translation, quote=False) + trail
+        return "".join(parts)
+
+
+async def _arguments(request: Any) -> dict[str, Any]:
+    """The request's parameters: its JSON object, or its form fields; refused when too large or malformed."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > BODY_LIMIT:
+        raise ApiError(413, f"Request body too large: {length} bytes, at most {BODY_LIMIT}")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > BODY_LIMIT:
+            raise ApiError(413, f"Request body too large: more than {BODY_LIMIT} bytes")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        try:
+            arguments = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "Invalid JSON format") from None
+        if not isinstance(arguments, dict):
+            raise ApiError(400, "Invalid JSON format")
+        return arguments
+    if kind == "multipart/form-data":
+        request._body = body  # Starlette parses the form from the body already read
+        form = await request.form()
+        return {key: value for key, value in form.items() if isinstance(value, str)}
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+    except UnicodeDecodeError:
+        raise ApiError(400, "Invalid request: the form is not UTF-8") from None
+    return {key: values[0] for key, values in fields.items()}
+
+
+def _require_q(q: Any) -> None:
+    if q is None or q == "" or q == []:
+        raise ApiError(400, "Invalid request: missing q parameter")
+
+
+def _texts(q: Any, limits: Limits) -> list[str]:
+    """``q`` as a list of texts, checked against the limits."""
+    _require_q(q)
+    texts = q if isinstance(q, list) else [q]
+    if not all(isinstance(text, str) for text in texts):
+        raise ApiError(400, "Invalid request: q parameter must be a string or a list of strings")
+    if isinstance(q, list) and limits.batch_limit != -1 and len(q) > limits.batch_limit:
+        raise ApiError(400, f"Invalid request: request ({len(q)}) exceeds text limit ({limits.batch_limit})")
+    for text in texts:
+        if limits.char_limit != -1 and len(text) > limits.char_limit:
+            raise ApiError(400, f"Invalid request: request ({len(text)}) exceeds text limit ({limits.char_limit})")
+    return texts
+
+
+def create_app(service: Service, limits: Limits) -> Any:
+    """The Starlette application of ``service`` under ``limits``."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+
+    rate = RateLimiter(limits.req_limit)
+
+    def checked_access(arguments: dict[str, Any], request: Request) -> None:
+        """LibreTranslate's order: the API key, then the rate limit."""
+        if limits.api_keys is not None:
+            key = arguments.get("api_key")
+            if key and key not in limits.api_keys:
+                raise ApiError(403, "Invalid API key")
+            if not key:
+                raise ApiError(400, "Please contact the server operator to get an API key")
+        rate.check(request.client.host if request.client else "")
+
+    def text_argument(arguments: dict[str, Any], name: str) -> str | None:
+        value = arguments.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ApiError(400, f"Invalid request: {name} parameter must be a string")
+        return value or None
+
+    async def translate(request: Request) -> JSONResponse:
+        arguments = await _arguments(request)
+        checked_access(arguments, request)
+        q = arguments.get("q")
+        _require_q(q)
+        source, target = text_argument(arguments, "source"), text_argument(arguments, "target")
+        for name, value in (("source", source), ("target", target)):
+            if value is None:
+                raise ApiError(400, f"Invalid request: missing {name} parameter")
+        alternatives = arguments.get("alternatives", 0)
+        try:
+            alternatives = max(0, int(alternatives))
+        except (TypeError, ValueError):
+            raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
+        if limits.alternatives_limit != -1 and alternatives > limits.alternatives_limit:
+            raise ApiError(400, f"Invalid request: alternatives parameter must be <= {limits.alternatives_limit}")
+        texts = _texts(q, limits)
+        detected = source == "auto"
+        service.check_pair(service.source if detected else source, target)
+        text_format = text_argument(arguments, "format") or "text"
+        if text_format not in ("text", "html"):
+            raise ApiError(400, f"{text_format} format is not supported")
+        if text_format == "html":
+            translated = [await service.translate_html(text) for text in texts]
+        else:
+            translated = await service.batcher.texts(texts)
+        answer: dict[str, Any] = {"translatedText": translated if isinstance(q, list) else translated[0]}
+        if detected:
+            language = {"confidence": 100.0, "language": service.source}
+            answer["detectedLanguage"] = [language] * len(texts) if isinstance(q, list) else language
+        return JSONResponse(answer)
+
+    async def attention(request: Request) -> JSONResponse:
+        arguments = await _arguments(request)
+        checked_access(arguments, request)
+        (text,) = _texts(text_argument(arguments, "q"), limits)
+        sentence = next((line for line in text.splitlines() if line.strip()), None)
+        if sentence is None:
+            raise ApiError(400, "Invalid request: q holds no text")
+        translator = service.translator
+        found = await service.batcher.run(
+            lambda: translator.attention(sentence, beam=service.beam, length_penalty=service.length_penalty)
+        )
+        return JSONResponse(attention_view(found))
+
+    async def detect(request: Request) -> JSONResponse:
+        arguments = await _arguments(request)
+        checked_access(arguments, request)
+        _texts(arguments.get("q"), limits)
+        return JSONResponse([{"confidence": 100.0, "language": service.source}])
+
+    async def languages(request: Request) -> JSONResponse:
+        return JSONResponse(service.languages())
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def settings(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "charLimit": limits.char_limit,
+                "frontendTimeout": 500,
+                "apiKeys": limits.api_keys is not None,
+                "keyRequired": limits.api_keys is not None,
+                "suggestions": False,
+                "filesTranslation": False,
+                "supportedFilesFormat": [],
+                "language": {
+                    "source": {"code": service.source, "name": language_name(service.source)},
+                    "target": {"code": service.target, "name": language_name(service.target)},
+                },
+            }
+        )
+
+    html_page = page()
+
+    async def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(html_page)
+
+    async def refused(request: Request, error: Exception) -> JSONResponse:
+        if isinstance(error, ApiError):
+            return JSONResponse({"error": error.message}, status_code=error.status)
+        if isinstance(error, HTTPException):
+            return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
+        if isinstance(error, UserError):  # the translator's own refusal (e.g. a sentence too long to plot)
+            return JSONResponse({"error": str(error)}, status_code=400)
+        return JSONResponse({"error": f"Internal error: {type(error).__name__}"}, status_code=500)
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/translate", translate, methods=["POST"]),
+        Route("/attention", attention, methods=["POST"]),
+        Route("/detect", detect, methods=["POST"]),
+        Route("/languages", languages, methods=["GET", "POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/frontend/settings", settings, methods=["GET"]),
+    ]
+    handlers = {ApiError: refused, HTTPException: refused, UserError: refused, Exception: refused}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.batcher.close)  # after the last request: what was queued is answered
+
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port), listening; refused in one line when it cannot be."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, protocol)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as error:
+        raise UserError(f"cannot listen on --host {host} --port {port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    run: str,
+    *,
+    host: str,
+    port: int,
+    checkpoint: str | None,
+    device: str | None,
+    quantize: str | None,
+    beam: int,
+    length_penalty: float,
+    langs: Sequence[str] | None,
+    limits: Limits,
+) -> int:
+    """Serve ``run`` until SIGINT or SIGTERM: then requests in flight are answered, new ones refused, and it
+    returns 0."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise UserError("multihead serve needs the serve extra: pip install 'multihead[serve]'") from None
+    sock = listening_socket(host, port)
+    translator = Translator(run, checkpoint, device=device, quantize=quantize)
+    langs = langs or translator.langs
+    if not langs:
+        sock.close()
+        raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
+    service = Service(translator, langs, beam=beam, length_penalty=length_penalty)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5)
+    )
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    say(f"serving {run} ({pair_text(langs)}, checkpoint {translator.checkpoint.path.name}) at "
+        f"http://{shown}:{bound_port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
+    # uvicorn answers SIGINT and SIGTERM by shutting down gracefully, then raises the signal again under the
+    # handlers it found: these make that second delivery a no-op, so that the command exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=[sock])
+    say("stopped: every request received was answered", sys.stderr)
+    return 0

@@ -1,0 +1,256 @@
+"""The attention page (``multihead/app/page.html``) in headless Chromium: static mode, its views written into the page.
+
+The views are written by hand: 2 decoder layers of 2 heads, weights of two decimals chosen so that every mean the
+page shows has at most three (no rounding ties), and one view's words hold markup that must show as text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium.webdriver import ActionChains, Chrome
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+from app.browser import browser
+
+EMPTY = '<script id="views" type="application/json">[]</script>'
+
+DOG = {  # layers[l][h][t][s]: 4 target words × 3 source words
+    "source": "der Hund läuft.",
+    "target": "the dog runs.",
+    "source_words": ["der", "Hund", "läuft."],
+    "target_words": ["the", "dog", "runs.", "⟨eos⟩"],
+    "layers": [
+        [
+            [[0.70, 0.20, 0.10], [0.10, 0.80, 0.10], [0.05, 0.15, 0.80], [0.30, 0.30, 0.40]],
+            [[0.50, 0.25, 0.25], [0.20, 0.60, 0.20], [0.15, 0.25, 0.60], [0.10, 0.10, 0.80]],
+        ],
+        [
+            [[0.90, 0.05, 0.05], [0.02, 0.96, 0.02], [0.01, 0.05, 0.94], [0.20, 0.20, 0.60]],
+            [[0.60, 0.30, 0.10], [0.40, 0.40, 0.20], [0.25, 0.25, 0.50], [0.34, 0.32, 0.34]],
+        ],
+    ],
+}
+# The mean of layer 2's heads (what the page shows first), and of all four heads, worked out by hand.
+DOG_LAST_LAYER = [["0.750", "0.175", "0.075"], ["0.210", "0.680", "0.110"],
+                  ["0.130", "0.150", "0.720"], ["0.270", "0.260", "0.470"]]  # fmt: skip
+DOG_ALL = [["0.675", "0.200", "0.125"], ["0.180", "0.690", "0.130"],
+           ["0.115", "0.175", "0.710"], ["0.235", "0.230", "0.535"]]  # fmt: skip
+
+MARKUP = {  # 2 target words × 3 source words, markup in them
+    "source": "Tom <b>& Jerry</b>",
+    "target": "Tom&Jerry",
+    "source_words": ["Tom", "<b>&", "Jerry</b>"],
+    "target_words": ["Tom&Jerry", "⟨eos⟩"],
+    "layers": [
+        [[[0.2, 0.3, 0.5], [0.6, 0.2, 0.2]], [[0.4, 0.4, 0.2], [0.1, 0.1, 0.8]]],
+        [[[0.1, 0.6, 0.3], [0.3, 0.3, 0.4]], [[0.5, 0.0, 0.5], [0.9, 0.1, 0.0]]],
+    ],
+}
+
+# Run before each page's own script: what the page fetches goes into window.fetched.
+RECORD_FETCHES = (
+    "window.fetched = []; const f = window.fetch; window.fetch = (u, o) => (fetched.push(String(u)), f(u, o));"
+)
+
+
+def page_html() -> str:
+    return (resources.files("multihead.app") / "page.html").read_text(encoding="utf-8")
+
+
+def write_page(path: Path, views: list[dict[str, Any]]) -> str:
+    """The page with ``views`` in it (``</`` escaped as ``<\\/``), as a file: its ``file://`` URL."""
+    html = page_html()
+    assert html.count(EMPTY) == 1
+    data = json.dumps(views, ensure_ascii=False).replace("</", "<\\/")
+    path.write_text(html.replace(EMPTY, EMPTY.replace("[]", data)), encoding="utf-8")
+    return path.as_uri()
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Chrome]:
+    with browser() as chrome:
+        chrome.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_FETCHES})
+        yield chrome
+
+
+@pytest.fixture
+def static(driver: Chrome, tmp_path: Path) -> Chrome:
+    """The browser on the page holding both views."""
+    driver.get(write_page(tmp_path / "page.html", [DOG, MARKUP]))
+    return driver
+
+
+def texts(driver: Chrome, selector: str) -> list[str]:
+    return [node.get_attribute("textContent") for node in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def cells(driver: Chrome, attribute: str = "data-weight") -> list[list[str]]:
+    """Each row's cells' ``attribute``."""
+    rows = driver.find_elements(By.CSS_SELECTOR, "#attention tr[data-index]")
+    return [[cell.get_attribute(attribute) for cell in row.find_elements(By.CSS_SELECTOR, "td.cell")] for row in rows]
+
+
+def source_weights(driver: Chrome) -> list[str | None]:
+    return [span.get_attribute("data-weight") for span in driver.find_elements(By.CSS_SELECTOR, "#source-line span")]
+
+
+def active(driver: Chrome) -> list[str]:
+    """The active target words: ``line 1`` for the target line's second word, ``row 1`` for its row header."""
+    found = driver.find_elements(By.CSS_SELECTOR, ".target-word.active")
+    return sorted(f"{'line' if n.tag_name == 'span' else 'row'} {n.get_attribute('data-index')}" for n in found)
+
+
+def options(driver: Chrome, select: str) -> list[tuple[str, str]]:
+    """The value and label of each option of ``<select id=SELECT>``."""
+    return [
+        (option.get_attribute("value"), option.text) for option in Select(driver.find_element(By.ID, select)).options
+    ]
+
+
+def selected(driver: Chrome, select: str) -> str:
+    return Select(driver.find_element(By.ID, select)).first_selected_option.get_attribute("value")
+
+
+def choose(driver: Chrome, select: str, value: str) -> None:
+    Select(driver.find_element(By.ID, select)).select_by_value(value)
+
+
+def hover(driver: Chrome, selector: str) -> None:
+    ActionChains(driver).move_to_element(driver.find_element(By.CSS_SELECTOR, selector)).perform()
+
+
+def as_rendered(matrix: list[list[float]]) -> list[list[str]]:
+    return [[f"{weight:.3f}" for weight in row] for row in matrix]
+
+
+def test_the_page_loads_nothing_from_elsewhere() -> None:
+    class Links(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.links: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.links += [value or "" for name, value in attrs if name in ("src", "href")]
+
+    html = page_html()
+    parser = Links()
+    parser.feed(html)
+    assert not [link for link in parser.links if re.match(r"(https?:)?//", link)]
+    assert "@import" not in html
+    assert "url(" not in html
+    assert not re.search(r"<(link|img|iframe)\b", html)
+
+
+def test_without_views_the_page_asks_the_server(driver: Chrome, tmp_path: Path) -> None:
+    driver.get(write_page(tmp_path / "page.html", []))
+    assert driver.execute_script("return fetched") == ["/frontend/settings"]  # which fails from a file
+    assert driver.find_element(By.ID, "text").is_displayed()
+    assert driver.find_element(By.ID, "translate").is_displayed()
+    assert not driver.find_element(By.ID, "api-key").is_displayed()
+    assert not driver.find_element(By.ID, "sentence").is_displayed()
+    assert not driver.find_element(By.ID, "attention").is_displayed()
+
+
+def test_views_hide_the_form_and_list_their_sentences(static: Chrome) -> None:
+    assert static.execute_script("return fetched") == []
+    for form_field in ("text", "translate", "api-key"):
+        assert not static.find_element(By.ID, form_field).is_displayed()
+    assert not static.find_element(By.ID, "error").is_displayed()
+    assert options(static, "sentence") == [("0", DOG["source"]), ("1", MARKUP["source"])]
+    assert selected(static, "sentence") == "0"
+    assert static.find_element(By.ID, "translation").text == "the dog runs."
+
+
+def test_the_table_shows_the_words_and_the_last_layers_heads_mean(static: Chrome) -> None:
+    assert options(static, "layer") == [("0", "layer 1"), ("1", "layer 2"), ("all", "all layers (mean)")]
+    assert options(static, "head") == [("0", "head 1"), ("1", "head 2"), ("mean", "all heads (mean)")]
+    assert (selected(static, "layer"), selected(static, "head")) == ("1", "mean")
+    assert texts(static, "#attention th.source-word") == ["der", "Hund", "läuft."]
+    assert texts(static, "#attention th.target-word") == ["the", "dog", "runs.", "⟨eos⟩"]
+    assert texts(static, "#source-line .source-word") == ["der", "Hund", "läuft."]
+    assert texts(static, "#target-line .target-word") == ["the", "dog", "runs.", "⟨eos⟩"]
+    assert len(static.find_elements(By.CSS_SELECTOR, "#attention td.cell")) == 4 * 3
+    assert cells(static) == DOG_LAST_LAYER
+
+
+@pytest.mark.parametrize(("layer", "head"), [("1", "0"), ("1", "1"), ("0", "1")])
+def test_a_head_shows_its_own_weights(static: Chrome, layer: str, head: str) -> None:
+    choose(static, "layer", layer)
+    choose(static, "head", head)
+    assert cells(static) == as_rendered(DOG["layers"][int(layer)][int(head)])
+
+
+def test_a_cell_is_titled_with_its_words_and_weight(static: Chrome) -> None:
+    choose(static, "head", "0")  # layer 2, head 1
+    assert cells(static, "title")[0] == ["the → der: 0.90", "the → Hund: 0.05", "the → läuft.: 0.05"]
+    assert cells(static, "textContent")[1] == ["0.02", "0.96", "0.02"]
+
+
+def test_all_layers_and_heads_show_their_mean(static: Chrome) -> None:
+    choose(static, "layer", "all")
+    assert cells(static) == DOG_ALL
+    choose(static, "head", "1")  # layer 1 and 2's head 2: (0.50 + 0.60) / 2, (0.25 + 0.30) / 2, ...
+    assert cells(static)[0] == ["0.550", "0.275", "0.175"]
+
+
+def test_heavier_cells_are_darker_with_light_text(static: Chrome) -> None:
+    def colours(row: int, column: int) -> tuple[float, str]:
+        cell = static.find_elements(By.CSS_SELECTOR, f"#attention tr[data-index='{row}'] td.cell")[column]
+        red, green, blue = map(int, re.findall(r"\d+", cell.value_of_css_property("background-color"))[:3])
+        return 0.2126 * red + 0.7152 * green + 0.0722 * blue, cell.value_of_css_property("color")
+
+    (heavy, heavy_text), (middle, _), (light, light_text) = colours(0, 0), colours(0, 1), colours(0, 2)
+    assert heavy < middle < light  # 0.750, 0.175, 0.075
+    assert (heavy_text, light_text) == ("rgba(255, 255, 255, 1)", "rgba(0, 0, 0, 1)")
+
+
+def test_hovering_a_target_word_shades_the_source_words_by_its_row(static: Chrome) -> None:
+    assert active(static) == []
+    assert source_weights(static) == [None, None, None]
+    hover(static, "#target-line .target-word[data-index='1']")  # dog
+    assert active(static) == ["line 1", "row 1"]
+    assert source_weights(static) == DOG_LAST_LAYER[1]
+    hover(static, "#attention tr[data-index='2'] td.cell")  # a cell of runs.
+    assert active(static) == ["line 2", "row 2"]
+    assert source_weights(static) == DOG_LAST_LAYER[2]
+    hover(static, "#attention th.target-word[data-index='3']")  # ⟨eos⟩
+    assert source_weights(static) == DOG_LAST_LAYER[3]
+    hover(static, "h1")
+    assert active(static) == []
+    assert source_weights(static) == [None, None, None]
+
+
+def test_a_click_keeps_a_target_word_until_a_second_click(static: Chrome) -> None:
+    word = static.find_element(By.CSS_SELECTOR, "#target-line .target-word[data-index='0']")
+    word.click()
+    hover(static, "h1")
+    assert active(static) == ["line 0", "row 0"]
+    assert word.get_attribute("aria-pressed") == "true"
+    choose(static, "head", "1")  # the kept word follows the weights shown
+    assert source_weights(static) == ["0.600", "0.300", "0.100"]
+    word.click()
+    hover(static, "h1")
+    assert active(static) == []
+    assert source_weights(static) == [None, None, None]
+
+
+def test_another_sentence_shows_its_view_with_markup_as_text(static: Chrome) -> None:
+    choose(static, "head", "0")
+    choose(static, "sentence", "1")
+    assert static.find_element(By.ID, "translation").text == "Tom&Jerry"
+    assert texts(static, "#attention th.source-word") == ["Tom", "<b>&", "Jerry</b>"]
+    assert texts(static, "#source-line .source-word") == ["Tom", "<b>&", "Jerry</b>"]
+    assert texts(static, "#attention th.target-word") == ["Tom&Jerry", "⟨eos⟩"]
+    assert static.find_elements(By.CSS_SELECTOR, "main b") == []
+    assert len(static.find_elements(By.CSS_SELECTOR, "#attention td.cell")) == 2 * 3
+    assert selected(static, "head") == "0"  # the choice stays
+    assert cells(static) == as_rendered(MARKUP["layers"][1][0])

@@ -1,0 +1,297 @@
+"""``multihead serve``: LibreTranslate's API through its own client package and raw HTTP, every refusal by status
+and body, answers equal to ``multihead translate``, concurrent requests, SIGTERM under load, the attention page's
+data and ``translate --html``. Servers listen on 127.0.0.1 on a free port; every load is bounded."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from libretranslatepy import LibreTranslateAPI
+
+from app.support import SAMPLES, Cli, CorpusRun, assert_refused, subprocess_env
+from multihead.app.serve import Limits, Service, create_app, listening_socket
+from multihead.app.translate import Translator
+from multihead.app.view import attention_view
+
+uvicorn = pytest.importorskip("uvicorn")  # the serve extra, which make setup installs
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` on uvicorn in a thread, on a free loopback port: its URL."""
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start in 30 s"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def request(url: str, path: str, body: bytes | dict | None = None, *, kind: str = "application/json",
+            method: str | None = None) -> tuple[int, Any]:  # fmt: skip
+    """One request: its status and its JSON answer (the text where it is not JSON)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    headers = {"Content-Type": kind} if data is not None else {}
+    connection.request(method or ("GET" if body is None else "POST"), path, body=data, headers=headers)
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    try:
+        return response.status, json.loads(text)
+    except ValueError:
+        return response.status, text
+
+
+@pytest.fixture(scope="module")
+def translator(corpus_run: CorpusRun) -> Translator:
+    return Translator(corpus_run.path)
+
+
+@pytest.fixture(scope="module")
+def url(translator: Translator) -> Iterator[str]:
+    """The corpus run (German to English, from its file names) served with no limits."""
+    with serving(create_app(Service(translator, translator.langs, beam=1, length_penalty=0.6), Limits())) as found:
+        yield found
+
+
+def test_the_run_knows_its_languages_from_its_file_names(translator: Translator) -> None:
+    assert translator.langs == ["de", "en"]
+
+
+def test_libretranslates_own_client_translates_lists_and_detects(url: str, corpus_run: CorpusRun) -> None:
+    client = LibreTranslateAPI(url)
+    assert [client.translate(text, "de", "en") for text in SAMPLES] == corpus_run.translations
+    assert client.languages() == [
+        {"code": "de", "name": "German", "targets": ["en"]},
+        {"code": "en", "name": "English", "targets": []},
+    ]
+    assert client.detect(SAMPLES[0]) == [{"confidence": 100.0, "language": "de"}]
+
+
+def test_answers_equal_multihead_translate(url: str, corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
+    from_cli = cli("translate", corpus_run.path, *SAMPLES)
+    assert from_cli.status == 0
+    status, answer = request(url, "/translate", {"q": SAMPLES, "source": "de", "target": "en"})
+    assert status == 200
+    assert answer == {"translatedText": from_cli.out_lines}
+    status, answer = request(url, "/translate", {"q": SAMPLES[0], "source": "auto", "target": "en"})
+    assert answer == {"translatedText": from_cli.out_lines[0], "detectedLanguage": {"confidence": 100.0,
+                                                                                  "language": "de"}}  # fmt: skip
+
+
+def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun) -> None:
+    one, two = corpus_run.translations[:2]
+    status, answer = request(url, "/translate", {"q": f"{SAMPLES[0]}\n\n{SAMPLES[1]}", "source": "de", "target": "en"})
+    assert (status, answer) == (200, {"translatedText": f"{one}\n\n{two}"})
+    status, answer = request(url, "/translate", {"q": [" ", "\n"], "source": "de", "target": "en"})
+    assert (status, answer) == (200, {"translatedText": [" ", "\n"]})
+    page = f'<p class="x">{SAMPLES[0]}</p>\n<script>keep();</script><!-- a <b>note</b> --><b> {SAMPLES[1]} </b>'
+    status, answer = request(url, "/translate", {"q": page, "source": "de", "target": "en", "format": "html"})
+    assert status == 200
+    expected = f'<p class="x">{one}</p>\n<script>keep();</script><!-- a <b>note</b> --><b> {two} </b>'
+    assert answer == {"translatedText": expected.replace("&", "&amp;")}
+
+
+def test_a_form_as_libretranslates_clients_send_it(url: str, corpus_run: CorpusRun) -> None:
+    body = f"q={SAMPLES[0].replace(' ', '+')}&source=de&target=en".encode()
+    status, answer = request(url, "/translate", body, kind="application/x-www-form-urlencoded")
+    assert (status, answer) == (200, {"translatedText": corpus_run.translations[0]})
+
+
+BAD = [
+    (b"{not json", 400, "Invalid JSON format"),
+    (b"[1, 2]", 400, "Invalid JSON format"),
+    ({"source": "de", "target": "en"}, 400, "Invalid request: missing q parameter"),
+    ({"q": "", "source": "de", "target": "en"}, 400, "Invalid request: missing q parameter"),
+    ({"q": 7, "source": "de", "target": "en"}, 400,
+     "Invalid request: q parameter must be a string or a list of strings"),
+    ({"q": ["a", 1], "source": "de", "target": "en"}, 400,
+     "Invalid request: q parameter must be a string or a list of strings"),
+    ({"q": "a", "target": "en"}, 400, "Invalid request: missing source parameter"),
+    ({"q": "a", "source": "de"}, 400, "Invalid request: missing target parameter"),
+    ({"q": "a", "source": 3, "target": "en"}, 400, "Invalid request: source parameter must be a string"),
+    ({"q": "a", "source": "fr", "target": "en"}, 400, "fr is not supported"),
+    ({"q": "a", "source": "en", "target": "de"}, 400,
+     "German (de) is not available as a target language from English (en)"),
+    ({"q": "a", "source": "de", "target": "en", "format": "xml"}, 400, "xml format is not supported"),
+    ({"q": "a", "source": "de", "target": "en", "alternatives": "x"}, 400,
+     "Invalid request: alternatives parameter is not a number"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "error"), BAD)
+def test_a_bad_request_is_refused_as_libretranslate_refuses_it(url: str, body: Any, status: int, error: str) -> None:
+    assert request(url, "/translate", body) == (status, {"error": error})
+
+
+def test_unknown_paths_methods_and_huge_bodies_are_json_errors(url: str) -> None:
+    assert request(url, "/nowhere") == (404, {"error": "Not Found"})
+    assert request(url, "/translate", method="GET") == (405, {"error": "Method Not Allowed"})
+    status, answer = request(url, "/translate", b'{"q": "' + b"a" * (1 << 20) + b'"}')
+    assert status == 413
+    assert answer["error"].startswith("Request body too large")
+
+
+def test_a_long_text_of_unknown_characters_is_translated_not_refused(url: str) -> None:
+    status, answer = request(url, "/translate", {"q": "漢" * 100_000, "source": "de", "target": "en"})
+    assert status == 200
+    assert isinstance(answer["translatedText"], str)
+
+
+def test_limits_and_keys(translator: Translator, tmp_path: Path, corpus_run: CorpusRun) -> None:
+    limits = Limits(char_limit=40, batch_limit=2, req_limit=8, api_keys=frozenset({"sesame"}))
+    service = Service(translator, ["de", "en"], beam=1, length_penalty=0.6)
+    with serving(create_app(service, limits)) as url:
+        good = {"q": SAMPLES[0], "source": "de", "target": "en"}
+        assert request(url, "/translate", good) == (400, {"error": "Please contact the server operator to get an "
+                                                                   "API key"})  # fmt: skip
+        assert request(url, "/translate", {**good, "api_key": "guess"}) == (403, {"error": "Invalid API key"})
+        assert request(url, "/translate", {**good, "api_key": "sesame"}) == (
+            200, {"translatedText": corpus_run.translations[0]})  # fmt: skip
+        assert LibreTranslateAPI(url, api_key="sesame").translate(SAMPLES[1], "de", "en") == corpus_run.translations[1]
+        assert request(url, "/translate", {**good, "q": "x" * 41, "api_key": "sesame"}) == (
+            400, {"error": "Invalid request: request (41) exceeds text limit (40)"})  # fmt: skip
+        assert request(url, "/translate", {**good, "q": ["a", "b", "c"], "api_key": "sesame"}) == (
+            400, {"error": "Invalid request: request (3) exceeds text limit (2)"})  # fmt: skip
+        statuses = [request(url, "/translate", {**good, "api_key": "sesame"})[0] for _ in range(5)]
+        assert statuses == [200, 200, 200, 200, 429]  # 4 of the 8 a minute were taken above (not those without a key)
+        assert request(url, "/translate", {**good, "api_key": "sesame"}) == (429, {"error": "Slowdown: 8 per 1 minute"})
+        assert request(url, "/health") == (200, {"status": "ok"})  # not limited
+        settings = request(url, "/frontend/settings")[1]
+        assert (settings["charLimit"], settings["apiKeys"], settings["language"]["source"]["code"]) == (40, True, "de")
+
+
+def test_concurrent_requests_each_get_their_own_answers(url: str, translator: Translator) -> None:
+    texts = [SAMPLES[i % len(SAMPLES)] for i in range(48)]
+    expected = dict(zip(SAMPLES, translator.translate(SAMPLES), strict=True))
+
+    def ask(text: str) -> tuple[str, Any]:
+        return text, request(url, "/translate", {"q": [text, text], "source": "de", "target": "en"})
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, texts, timeout=120))
+    assert all(answer == (200, {"translatedText": [expected[text]] * 2}) for text, answer in answers)
+
+
+def test_the_page_and_its_attention(url: str, translator: Translator) -> None:
+    status, page = request(url, "/")
+    assert status == 200
+    assert '<script id="views" type="application/json">[]</script>' in page
+    status, view = request(url, "/attention", {"q": f"\n{SAMPLES[0]}\nsomething else"})
+    assert status == 200
+    assert view == json.loads(json.dumps(attention_view(translator.attention(SAMPLES[0]))))
+    assert request(url, "/attention", {"q": " \n "}) == (400, {"error": "Invalid request: q holds no text"})
+
+
+def test_a_client_that_leaves_mid_request_harms_nothing(url: str, corpus_run: CorpusRun) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    for body in (b'{"q": "der Hu', b""):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 400\r\n\r\n" + body)  # fmt: skip
+    client = LibreTranslateAPI(url)
+    assert client.translate(SAMPLES[0], "de", "en") == corpus_run.translations[0]
+
+
+def test_translate_html_writes_a_standalone_page(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli],
+                                                 translator: Translator) -> None:  # fmt: skip
+    (tmp_path / "in.txt").write_text(f"{SAMPLES[0]}\n\n{SAMPLES[1]}\n", encoding="utf-8")  # a blank line: no view
+    result = cli("translate", corpus_run.path, "--input", tmp_path / "in.txt", "--html", tmp_path / "view.html")
+    assert result.status == 0, result.err
+    html = (tmp_path / "view.html").read_text(encoding="utf-8")
+    views = json.loads(re.search(r'<script id="views" type="application/json">(.*?)</script>', html, re.S)[1])
+    assert views == json.loads(json.dumps([attention_view(translator.attention(text)) for text in SAMPLES[:2]]))
+    assert "http://" not in html
+    assert "https://" not in html
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+
+def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str, str]:
+    """``multihead serve RUN --port 0 FLAGS`` in a subprocess, its URL once it listens, and the line naming it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multihead", "serve", str(run), "--port", "0", *flags],
+        stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+    )  # fmt: skip
+    ready, _, _ = select.select([process.stderr], [], [], 120)
+    line = process.stderr.readline() if ready else ""
+    found = re.search(r"http://127\.0\.0\.1:\d+", line)
+    if found is None:
+        process.kill()
+        raise AssertionError(f"no URL in {line!r}: {process.communicate(timeout=30)[1]}")
+    return process, found[0], line
+
+
+def test_serve_answers_under_load_and_sigterm_answers_every_accepted_request(corpus_run: CorpusRun) -> None:
+    process, url, line = start(corpus_run.path)
+    assert "de → en (German to English)" in line
+    try:
+        expected = dict(zip(SAMPLES, corpus_run.translations, strict=True))
+        stop = time.monotonic() + 20
+
+        def client(index: int) -> list[str]:
+            outcomes = []
+            while time.monotonic() < stop:
+                text = SAMPLES[(index + len(outcomes)) % len(SAMPLES)]
+                try:
+                    status, answer = request(url, "/translate", {"q": text, "source": "de", "target": "en"})
+                except ConnectionRefusedError:  # after SIGTERM: the server takes no new connections
+                    outcomes.append("refused")
+                    break
+                outcomes.append("right" if (status, answer) == (200, {"translatedText": expected[text]}) else "wrong")
+            return outcomes
+
+        with ThreadPoolExecutor(8) as pool:
+            running = [pool.submit(client, index) for index in range(8)]
+            time.sleep(2)
+            process.send_signal(signal.SIGTERM)
+            outcomes = [outcome for future in running for outcome in future.result(timeout=60)]
+        assert process.wait(timeout=60) == 0
+        err = process.stderr.read()
+    finally:
+        process.kill()
+    assert "wrong" not in outcomes
+    assert outcomes.count("right") >= 8
+    assert "Traceback" not in err
+    assert "stopped: every request received was answered" in err
+
+
+def test_serve_refuses_what_it_cannot_do_before_loading(corpus_run: CorpusRun, tmp_path: Path,
+                                                        cli: Callable[..., Cli], short_run: Path) -> None:  # fmt: skip
+    assert_refused(cli("serve", short_run, "--port", "0"), "does not record its languages", "--langs SRC TGT")
+    assert_refused(cli("serve", corpus_run.path, "--api-keys", tmp_path / "none"), "--api-keys", "cannot read")
+    (tmp_path / "keys").write_text("# no keys yet\n\n")
+    assert_refused(cli("serve", corpus_run.path, "--api-keys", tmp_path / "keys"), "holds no key")
+    assert_refused(cli("serve", corpus_run.path, "--langs", "german", "en"), "--langs", "ISO 639-1")
+    assert_refused(cli("serve", corpus_run.path, "--char-limit", "-2"), "--char-limit", "-1 (no limit)")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_refused(cli("serve", corpus_run.path, "--port", port), f"--port {port}", "in use")
