@@ -15,6 +15,7 @@ from multihead.config import TransformerConfig
 from multihead.decoding import (
     DecodingSession,
     beam_search,
+    beam_search_n_best,
     check_generation_args,
     generate,
     greedy_search,
@@ -121,20 +122,29 @@ def test_beam_size_one_without_a_length_penalty_is_greedy(seed: int) -> None:
     assert (greedy[:, beam.shape[1] :] == PAD).all()
 
 
-def exhaustive_best(step: Callable[[np.ndarray], np.ndarray], max_len: int, alpha: float) -> tuple[float, list]:
-    """The best hypothesis of a one-source model over every sequence of at most ``max_len`` tokens that ends at its
-    first EOS or at ``max_len``: its rank (log-probability / length ** alpha) and tokens."""
+def exhaustive_ranking(
+    step: Callable[[np.ndarray], np.ndarray], max_len: int, alpha: float
+) -> list[tuple[float, list]]:
+    """Every possible hypothesis of a one-source model, best first: each sequence of at most ``max_len`` tokens that
+    ends at its first EOS or at ``max_len`` and has a finite score, with its rank (log-probability / length **
+    alpha) and tokens; equal ranks in the order of the sequences' lengths, then of their tokens."""
     vocab = step(np.array([[BOS]])).shape[-1]
-    best: tuple[float, list] = (-np.inf, [])
+    words = [t for t in range(vocab) if t not in (BOS, PAD, EOS)]
+    found: list[tuple[float, list]] = []
     for length in range(1, max_len + 1):
-        for body in itertools.product([t for t in range(vocab) if t not in (BOS, PAD, EOS)], repeat=length - 1):
-            for last in (EOS, *([t for t in range(vocab) if t not in (BOS, PAD, EOS)] if length == max_len else [])):
+        for body in itertools.product(words, repeat=length - 1):
+            for last in (EOS, *(words if length == max_len else [])):
                 tokens = [*body, last]
                 prefix = np.array([[BOS, *tokens]])
                 score = sum(step(prefix[:, : i + 1])[0, tokens[i]] for i in range(length))
-                if score / length**alpha > best[0]:
-                    best = (score / length**alpha, tokens)
-    return best
+                if np.isfinite(score):
+                    found.append((score / length**alpha, tokens))
+    return sorted(found, key=lambda hypothesis: -hypothesis[0])
+
+
+def exhaustive_best(step: Callable[[np.ndarray], np.ndarray], max_len: int, alpha: float) -> tuple[float, list]:
+    """The best hypothesis of :func:`exhaustive_ranking`: its rank and tokens."""
+    return exhaustive_ranking(step, max_len, alpha)[0]
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
@@ -167,6 +177,93 @@ def test_narrow_beams_find_real_hypotheses_ranked_no_higher_than_the_exhaustive_
         score = sum(step(prefix[:, : i + 1])[0, tokens[i]] for i in range(len(tokens)))
         assert np.isfinite(score)  # every token possible
         assert score / len(tokens) ** alpha <= best_rank + 1e-9
+
+
+# --- the n best ----------------------------------------------------------------------------------------------
+
+
+def n_best(step: Callable[[np.ndarray], np.ndarray], n: int, beam_size: int, max_len: int, alpha: float) -> list:
+    """The ``n`` best hypotheses of a one-source model's beam search, as (rank, token list) pairs."""
+    found = beam_search_n_best(ArraySession(step), 1, n=n, beam_size=beam_size, max_len=max_len, bos_id=BOS,
+                               eos_id=EOS, length_penalty=alpha)  # fmt: skip
+    return [(rank, tokens.tolist()) for rank, tokens in found[0]]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+@pytest.mark.parametrize("seed", range(3))
+def test_beams_as_wide_as_every_hypothesis_find_the_exhaustive_n_best(seed: int, alpha: float) -> None:
+    """Three tokens and EOS: up to 3 tokens, at most 36 candidates a step (40 hypotheses in all), up to 4 at most 108
+    (121 in all); beams that wide keep every hypothesis alive, and the early stop must not cut off any of the n best.
+    """
+    step = two_token_model(seed)
+    for max_len, beam_size in ((3, 36), (3, 50), (4, 108), (4, 128)):
+        ranking = exhaustive_ranking(step, max_len, alpha)
+        for n in (1, 2, 7, 30):
+            found = n_best(step, n, beam_size, max_len, alpha)
+            assert [tokens for _, tokens in found] == [tokens for _, tokens in ranking[:n]], (max_len, beam_size, n)
+            np.testing.assert_allclose([rank for rank, _ in found], [rank for rank, _ in ranking[:n]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_narrow_beams_find_n_distinct_real_hypotheses_that_extend_the_fewer_best(alpha: float) -> None:
+    """The beams do not depend on ``n``, and each search is exact over the hypotheses they make: the ``n`` best begin
+    with the ``m < n`` best. Each is a possible hypothesis, ranked as its tokens score, and no two are the same."""
+    max_len = 6
+    for seed in range(6):
+        step = two_token_model(seed)
+        for beam_size in (2, 3, 5):
+            found = {n: n_best(step, n, beam_size, max_len, alpha) for n in range(1, beam_size + 1)}
+            for n, hypotheses in found.items():
+                assert len(hypotheses) == n
+                assert hypotheses[: n - 1] == found[n - 1] if n > 1 else True
+                assert len({tuple(tokens) for _, tokens in hypotheses}) == n
+                ranks = [rank for rank, _ in hypotheses]
+                assert ranks == sorted(ranks, reverse=True)
+                for rank, tokens in hypotheses:
+                    assert EOS not in tokens[:-1] and (tokens[-1] == EOS or len(tokens) == max_len)
+                    prefix = np.array([[BOS, *tokens]])
+                    score = sum(step(prefix[:, : i + 1])[0, tokens[i]] for i in range(len(tokens)))
+                    assert rank == pytest.approx(score / len(tokens) ** alpha, rel=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_the_one_best_is_beam_search_step_for_step(alpha: float) -> None:
+    args = dict(max_len=6, bos_id=BOS, eos_id=EOS, length_penalty=alpha)
+    for seed in range(6):
+        step = two_token_model(seed)
+        for beam_size in (1, 2, 3):
+            plain, one = ArraySession(step), ArraySession(step)
+            expected = beam_search(plain, 1, beam_size=beam_size, pad_id=PAD, **args)[0]
+            ((_, tokens),) = beam_search_n_best(one, 1, n=1, beam_size=beam_size, **args)[0]
+            np.testing.assert_array_equal(expected[: len(tokens)], tokens)
+            assert (expected[len(tokens) :] == PAD).all()
+            assert len(one.orders) == len(plain.orders)  # as many steps, and the same reorders
+            assert all((a == b).all() for a, b in zip(one.orders, plain.orders, strict=True))
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+def test_n_best_of_a_batch_are_each_sentences_own(use_cache: bool) -> None:
+    """Sentences stop at different steps and leave the state; each keeps the n best of its own beams."""
+    tables = [DEEP, OTHER, {(): {EOS: 1.0}}]  # the last has one hypothesis: it gives just that one
+    search = dict(n=3, beam_size=3, max_len=6, bos_id=BOS, eos_id=EOS, length_penalty=0.6)
+    found = beam_search_n_best(TableSession(tables, use_cache), 3, **search)
+    for table, hypotheses in zip(tables, found, strict=True):
+        alone = beam_search_n_best(ArraySession(table_model(table)), 1, **search)[0]
+        assert [(rank, tokens.tolist()) for rank, tokens in hypotheses] == [
+            (rank, tokens.tolist()) for rank, tokens in alone
+        ]
+    assert [[tokens.tolist() for _, tokens in hypotheses] for hypotheses in found] == [
+        [[B, C, A, EOS], [A, EOS], [A, B, EOS]],  # 0.36, 0.24, 0.18 (A C EOS, as likely, comes after)
+        [[C, A, EOS], [A, EOS], [C, EOS]],  # 0.42, 0.3, 0.28
+        [[EOS]],
+    ]
+
+
+def test_n_best_ask_at_most_beam_size() -> None:
+    with pytest.raises(ValueError, match="`n` must be at most beam_size=2, received n=3"):
+        beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=3, beam_size=2, max_len=4, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="`n` must be a positive int, received 0"):
+        beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=0, beam_size=2, max_len=4, bos_id=BOS, eos_id=EOS)
 
 
 def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> None:

@@ -19,7 +19,9 @@ CTranslate2's ``length_penalty`` divides by ``n ** length_penalty`` likewise). A
 finished hypotheses, and the first ``beam_size`` others are the next beams, so the beam is always full of unfinished
 hypotheses. A sentence stops when its best finished hypothesis ranks at least as high as any continuation of its
 beams could (their scores only fall: ``s / n ** length_penalty`` is bounded by its value at ``n`` = the next length or
-``max_len``), or at ``max_len``, where its unfinished beams are ranked too.
+``max_len``), or at ``max_len``, where its unfinished beams are ranked too. :func:`beam_search_n_best` keeps a
+sentence's best few finished hypotheses (its argument ``n``, at most ``beam_size``) and stops the sentence when the
+last of them ranks at least as high as any continuation could: the same rule, which keeping one is.
 
 Results hold the generated tokens after BOS, ``(B, T)`` with ``T <= max_len``: each row ends at its first EOS,
 and positions after it hold ``pad_id``.
@@ -214,16 +216,24 @@ def greedy_search(session: Session, batch: int, *, max_len: int, bos_id: int, eo
 
 @dataclass
 class _Best:
-    """The best finished hypothesis of each sentence: its rank (score / length ** length_penalty) and tokens."""
+    """The ``n`` best finished hypotheses of each sentence, best first: their ranks (score / length **
+    length_penalty) and tokens."""
 
-    rank: np.ndarray  # (B,), -inf while none
-    tokens: list[np.ndarray]
+    rank: np.ndarray  # (B, n), -inf where none yet
+    tokens: list[list[np.ndarray]]  # per sentence, one per finite rank
 
     def offer(self, sentences: np.ndarray, ranks: np.ndarray, tokens: np.ndarray) -> None:
-        """Hypotheses ``tokens[i]`` of ``sentences[i]`` ranked ``ranks[i]``, kept where better."""
-        for i in np.flatnonzero(ranks > self.rank[sentences]):
-            if ranks[i] > self.rank[sentences[i]]:  # a sentence may be offered several at once
-                self.rank[sentences[i]], self.tokens[sentences[i]] = ranks[i], tokens[i]
+        """Hypotheses ``tokens[i]`` of ``sentences[i]`` ranked ``ranks[i]``, kept where among the ``n`` best (after
+        those of the same rank already kept)."""
+        for i in np.flatnonzero(ranks > self.rank[sentences, -1]):
+            rank = self.rank[sentences[i]]  # (n,), a view: a sentence may be offered several at once
+            if ranks[i] > rank[-1]:
+                place = int(np.count_nonzero(rank >= ranks[i]))
+                rank[place + 1 :] = rank[place:-1]
+                rank[place] = ranks[i]
+                kept = self.tokens[sentences[i]]
+                kept.insert(place, tokens[i])
+                del kept[len(rank) :]
 
 
 def beam_search(
@@ -237,15 +247,63 @@ def beam_search(
     pad_id: int,
     length_penalty: float = 1.0,
 ) -> np.ndarray:
-    """Beam search over a session holding one row per sequence (see the module's docstring for the rule). The first
-    step, where every beam is the same BOS, is computed once per sequence; from the second on, row
-    ``b * beam_size + j`` is beam ``j`` of the ``b``-th sequence still searched."""
+    """Beam search over a session holding one row per sequence (see the module's docstring for the rule): each
+    sentence's best hypothesis, int64 ``(B, T)``."""
+    best = _search(session, batch, n=1, beam_size=beam_size, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                   length_penalty=length_penalty)  # fmt: skip
+    firsts = [kept[0] if kept else np.zeros(0, dtype=np.int64) for kept in best.tokens]  # none: all padding
+    out = np.full((batch, max(1, *(len(tokens) for tokens in firsts))), pad_id, dtype=np.int64)
+    for index, tokens in enumerate(firsts):
+        out[index, : len(tokens)] = tokens
+    return out
+
+
+def beam_search_n_best(
+    session: Session,
+    batch: int,
+    *,
+    n: int,
+    beam_size: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    length_penalty: float = 1.0,
+) -> list[list[tuple[float, np.ndarray]]]:
+    """The ``n <= beam_size`` best hypotheses of each sentence, best first, as (rank, int64 tokens) pairs: the tokens
+    after BOS, ending with EOS unless ``max_len`` cut them. A sentence stops when no continuation can outrank its
+    ``n``-th best finished hypothesis (with ``n = 1``, :func:`beam_search`'s rule and answer). A sentence whose beams
+    all die out first (every continuation impossible) has fewer."""
+    check_positive_int("n", n)
+    if n > beam_size:
+        raise ValueError(f"`n` must be at most beam_size={beam_size}, received n={n}")
+    best = _search(session, batch, n=n, beam_size=beam_size, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                   length_penalty=length_penalty)  # fmt: skip
+    return [
+        [(float(rank), tokens) for rank, tokens in zip(ranks, kept, strict=False)]
+        for ranks, kept in zip(best.rank, best.tokens, strict=True)
+    ]
+
+
+def _search(
+    session: Session,
+    batch: int,
+    *,
+    n: int,
+    beam_size: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    length_penalty: float,
+) -> _Best:
+    """Beam search keeping each sentence's ``n`` best finished hypotheses. The first step, where every beam is the
+    same BOS, is computed once per sequence; from the second on, row ``b * beam_size + j`` is beam ``j`` of the
+    ``b``-th sequence still searched."""
     k = beam_size
     width = 1  # the state's rows per sentence: one for the first step, then its k beams
     sentences = np.arange(batch)  # the sentences still searched, in the state's order (width rows each)
     prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (S*width, t + 1)
     scores = np.zeros((batch, width), dtype=np.float32)
-    best = _Best(np.full(batch, -np.inf), [np.zeros(0, dtype=np.int64)] * batch)  # none: all padding
+    best = _Best(np.full((batch, n), -np.inf), [[] for _ in range(batch)])
     for t in range(1, max_len + 1):  # t: the length of the hypotheses this step makes
         log_probs = session.step(prefix)
         vocab = int(log_probs.shape[-1])
@@ -272,7 +330,7 @@ def beam_search(
             break
         # A continuation's score only falls: its rank is at most its score over the next or the last length.
         bound = np.maximum(scores[:, 0] / (t + 1) ** length_penalty, scores[:, 0] / max_len**length_penalty)
-        going = ~(best.rank[sentences] >= bound) & np.isfinite(scores[:, 0])
+        going = ~(best.rank[sentences, -1] >= bound) & np.isfinite(scores[:, 0])
         if not going.any():
             break
         same_sources = bool(going.all()) and width == k  # row i is row rows[i]'s sentence, in the same place
@@ -281,7 +339,4 @@ def beam_search(
             rows, prefix, scores, sentences = rows[kept_rows], prefix[kept_rows], scores[going], sentences[going]
         session.reorder(rows, same_sources=same_sources)
         width = k
-    out = np.full((batch, max(1, *(len(tokens) for tokens in best.tokens))), pad_id, dtype=np.int64)
-    for index, tokens in enumerate(best.tokens):
-        out[index, : len(tokens)] = tokens
-    return out
+    return best

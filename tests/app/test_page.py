@@ -1,4 +1,5 @@
-"""The attention page (``multihead/app/page.html``) in headless Chromium: static mode, its views written into the page.
+"""The attention page (``multihead/app/page.html``) in headless Chromium: static mode (its views written into the page,
+as ``translate --html`` writes them), and served by ``multihead serve``'s app translating with a trained run.
 
 The views are written by hand: 2 decoder layers of 2 heads, weights of two decimals chosen so that every mean the
 page shows has at most three (no rounding ties), and one view's words hold markup that must show as text.
@@ -6,7 +7,6 @@ page shows has at most three (no rounding ties), and one view's words hold marku
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -17,9 +17,15 @@ from typing import Any
 import pytest
 from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from app.browser import browser
+from app.served import serving
+from app.support import SAMPLES, CorpusRun
+from multihead.app import view
+from multihead.app.serve import Limits, Service, create_app
+from multihead.app.translate import Translator
+from multihead.app.view import attention_view
 
 EMPTY = '<script id="views" type="application/json">[]</script>'
 
@@ -46,9 +52,9 @@ DOG_ALL = [["0.675", "0.200", "0.125"], ["0.180", "0.690", "0.130"],
            ["0.115", "0.175", "0.710"], ["0.235", "0.230", "0.535"]]  # fmt: skip
 
 MARKUP = {  # 2 target words × 3 source words, markup in them
-    "source": "Tom <b>& Jerry</b>",
+    "source": "Tom <b>& Jerry</b><!--<script>",
     "target": "Tom&Jerry",
-    "source_words": ["Tom", "<b>&", "Jerry</b>"],
+    "source_words": ["Tom", "<b>&", "Jerry</b><!--<script>"],
     "target_words": ["Tom&Jerry", "⟨eos⟩"],
     "layers": [
         [[[0.2, 0.3, 0.5], [0.6, 0.2, 0.2]], [[0.4, 0.4, 0.2], [0.1, 0.1, 0.8]]],
@@ -67,12 +73,9 @@ def page_html() -> str:
 
 
 def write_page(path: Path, views: list[dict[str, Any]]) -> str:
-    """The page with ``views`` in it (``</`` escaped as ``<\\/``), as a file: its ``file://`` URL."""
-    html = page_html()
-    assert html.count(EMPTY) == 1
-    data = json.dumps(views, ensure_ascii=False).replace("</", "<\\/")
-    path.write_text(html.replace(EMPTY, EMPTY.replace("[]", data)), encoding="utf-8")
-    return path.as_uri()
+    """The page with ``views`` in it, written as ``translate --html`` writes it: its ``file://`` URL."""
+    assert page_html().count(EMPTY) == 1
+    return view.write_page(views, path).as_uri()
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +250,33 @@ def test_another_sentence_shows_its_view_with_markup_as_text(static: Chrome) -> 
     choose(static, "head", "0")
     choose(static, "sentence", "1")
     assert static.find_element(By.ID, "translation").text == "Tom&Jerry"
-    assert texts(static, "#attention th.source-word") == ["Tom", "<b>&", "Jerry</b>"]
-    assert texts(static, "#source-line .source-word") == ["Tom", "<b>&", "Jerry</b>"]
+    assert texts(static, "#attention th.source-word") == MARKUP["source_words"]
+    assert texts(static, "#source-line .source-word") == MARKUP["source_words"]
     assert texts(static, "#attention th.target-word") == ["Tom&Jerry", "⟨eos⟩"]
     assert static.find_elements(By.CSS_SELECTOR, "main b") == []
     assert len(static.find_elements(By.CSS_SELECTOR, "#attention td.cell")) == 2 * 3
     assert selected(static, "head") == "0"  # the choice stays
     assert cells(static) == as_rendered(MARKUP["layers"][1][0])
+
+
+def test_the_served_page_translates_and_shows_a_real_runs_attention(driver: Chrome, corpus_run: CorpusRun,
+                                                                    tmp_path: Path) -> None:  # fmt: skip
+    translator = Translator(corpus_run.path)
+    expected = attention_view(translator.attention(SAMPLES[0]))
+    with serving(create_app(Service(translator, translator.langs, beam=1, length_penalty=0.6), Limits())) as url:
+        driver.get(f"{url}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
+        driver.find_element(By.ID, "text").send_keys(SAMPLES[0])
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda _: driver.find_element(By.ID, "translation").text == corpus_run.translations[0])
+        wait.until(lambda _: texts(driver, "#attention th.source-word") == expected["source_words"])
+        assert texts(driver, "#attention th.target-word") == expected["target_words"]
+        assert driver.execute_script("return window.fetched") == ["/frontend/settings", "/translate", "/attention"]
+        choose(driver, "layer", "0")
+        choose(driver, "head", "1")
+        assert cells(driver) == as_rendered(expected["layers"][0][1])
+        hover(driver, "#target-line .target-word[data-index='0']")
+        assert source_weights(driver) == [f"{weight:.3f}" for weight in expected["layers"][0][1][0]]
+        assert driver.find_element(By.ID, "error").is_displayed() is False
+        assert driver.save_screenshot(str(tmp_path / "page.png"))

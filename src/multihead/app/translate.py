@@ -14,15 +14,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
 from multihead.app.tokenizers import BOS, EOS, PAD
+from multihead.decoding import beam_search_n_best, check_generation_args
+from multihead.validation import check_positive_int
 
 Ids = list[int]
+Row = TypeVar("Row")  # what a batch gives for each of its rows
 Generate = Callable[[np.ndarray, int], np.ndarray]  # src (B, Ls), max_len -> tokens (B, T)
 SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
 """Where a text too long for the model is split: after the end of a sentence."""
@@ -52,18 +55,18 @@ def length_limit(source_length: int, longest_target: int, model_max_len: int) ->
     return max(1, min(model_max_len - 1, max(longest_target + 1, 2 * source_length + 10)))
 
 
-def translate_ids(
-    generate: Generate,
+def in_batches(
+    run: Callable[[np.ndarray, int], Sequence[Row]],
     sources: Sequence[Ids],
     *,
     limit: Callable[[int], int],
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
-) -> list[Ids]:
-    """Translate token-id sequences in batches of similar length; the results come back in input order, each cut
-    at its first EOS (included)."""
+) -> list[Row]:
+    """``run(src, max_len)`` over token-id sequences in batches of similar length: ``src (B, Ls)`` a batch padded,
+    ``max_len`` its length limit, and ``run`` gives one result per row; the results come back in input order."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results: list[Ids] = [[] for _ in sources]
+    results: dict[int, Row] = {}
     bar = progress_bar(len(sources), enabled=progress, unit="sentence")
     start = 0
     while start < len(order):
@@ -75,13 +78,35 @@ def translate_ids(
         src = np.full((len(rows), longest), PAD, dtype=np.int64)  # (B, Ls)
         for row, index in enumerate(rows):
             src[row, : len(sources[index])] = sources[index]
-        for row, tokens in zip(rows, generate(src, limit(longest)), strict=True):
-            tokens = tokens.tolist()
-            results[row] = tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+        for row, result in zip(rows, run(src, limit(longest)), strict=True):
+            results[row] = result
         bar.update(len(rows))
         start = stop
     bar.close()
-    return results
+    return [results[index] for index in range(len(sources))]
+
+
+def until_eos(tokens: np.ndarray) -> Ids:
+    """``tokens`` up to their first EOS, included."""
+    ids = tokens.tolist()
+    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
+
+
+def translate_ids(
+    generate: Generate,
+    sources: Sequence[Ids],
+    *,
+    limit: Callable[[int], int],
+    batch_tokens: int = BATCH_TOKENS,
+    progress: bool = False,
+) -> list[Ids]:
+    """Translate token-id sequences in batches of similar length (:func:`in_batches`); the results come back in input
+    order, each cut at its first EOS (included)."""
+
+    def run(src: np.ndarray, max_len: int) -> list[Ids]:
+        return [until_eos(tokens) for tokens in generate(src, max_len)]
+
+    return in_batches(run, sources, limit=limit, batch_tokens=batch_tokens, progress=progress)
 
 
 class Translator:
@@ -186,6 +211,42 @@ class Translator:
         batch_tokens = self.batch_tokens // beam
         outputs = iter(translate_ids(generate, flat, limit=self.limit, batch_tokens=batch_tokens, progress=progress))
         return [" ".join(self.target.decode(next(outputs)) for _ in text_pieces) for text_pieces in pieces]
+
+    def hypotheses(
+        self, texts: Sequence[str], count: int, *, beam: int, length_penalty: float = 0.6
+    ) -> list[list[str]]:
+        """For each text, its ``count`` best translations, best first: the ``count`` best hypotheses of a beam search
+        (:func:`multihead.decoding.beam_search_n_best`) with ``beam`` beams, or ``count`` if more, or 2 at least
+        (one beam would be greedy search in :meth:`translate`); the first is what :meth:`translate` gives with that
+        many beams, in the same batches. A blank text gives ``[""]``; a text longer than the model reads is
+        translated in pieces (:meth:`_pieces`), and its ``i``-th translation joins its pieces' ``i``-th best."""
+        check_positive_int("count", count)
+        beam = max(check_positive_int("beam", beam), count, 2)
+        # Checked once: every batch's length limit is within the model's.
+        check_generation_args(self.limit(1), BOS, EOS, PAD, beam, length_penalty, self.checkpoint.config)
+        torch = self.torch
+
+        def search(src: np.ndarray, max_len: int) -> list[list[Ids]]:
+            with torch.inference_mode():
+                session = self.generator.decoding_session(torch.from_numpy(src).to(self.device), max_len=max_len)
+                found = beam_search_n_best(
+                    session, len(src), n=count, beam_size=beam, max_len=max_len, bos_id=BOS, eos_id=EOS,
+                    length_penalty=length_penalty,
+                )  # fmt: skip
+            # The model's log-probabilities are finite: every sentence has `count` hypotheses.
+            return [[tokens.tolist() for _, tokens in best] for best in found]
+
+        pieces = [self._pieces(text, f"text {i + 1}") for i, text in enumerate(texts)]
+        flat = [ids for text_pieces in pieces for ids in text_pieces]
+        outputs = iter(in_batches(search, flat, limit=self.limit, batch_tokens=self.batch_tokens // beam))
+        results = []
+        for text_pieces in pieces:
+            if not text_pieces:  # a blank text
+                results.append([""])
+                continue
+            found = [next(outputs) for _ in text_pieces]  # per piece, its `count` best
+            results.append([" ".join(self.target.decode(best[i]) for best in found) for i in range(count)])
+        return results
 
     def attention(self, text: str, *, beam: int = 1, length_penalty: float = 0.6) -> Translation:
         """One sentence's translation with every decoder layer's cross-attention."""

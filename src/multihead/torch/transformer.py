@@ -544,18 +544,26 @@ class Transformer(nn.Module):
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
         decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
         check_flag("use_cache", use_cache)
-        checks.check_source(src, src_key_mask, self.config, OPS)
         with torch.inference_mode():
-            src_key_mask = self._key_mask(src, src_key_mask)
-            memory = self._encode(src, src_key_mask)
-            # Buffers for every step up front: a cache growing by concatenation would reallocate them at each step.
-            cache = self.new_cache(capacity=max_len) if use_cache else None
-            session = decoding.DecodingSession(self.decoder_steps(), memory, src_key_mask, cache)
+            session = self.decoding_session(src, max_len=max_len, src_key_mask=src_key_mask, use_cache=use_cache)
             tokens = decoding.generate(
                 session, src.shape[0], max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                 beam_size=beam_size, length_penalty=length_penalty,
             )  # fmt: skip
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
+
+    def decoding_session(
+        self, src: torch.Tensor, *, max_len: int, src_key_mask: torch.Tensor | None = None, use_cache: bool = True
+    ) -> decoding.DecodingSession:
+        """What :meth:`generate` searches: ``src (B, Ls)`` (checked) encoded, and a cache for ``max_len`` steps, as a
+        :class:`multihead.decoding.DecodingSession` for the searches of :mod:`multihead.decoding`. Make it and search
+        inside ``torch.inference_mode()``."""
+        checks.check_source(src, src_key_mask, self.config, OPS)
+        src_key_mask = self._key_mask(src, src_key_mask)
+        memory = self._encode(src, src_key_mask)
+        # Buffers for every step up front: a cache growing by concatenation would reallocate them at each step.
+        cache = self.new_cache(capacity=max_len) if use_cache else None
+        return decoding.DecodingSession(self.decoder_steps(), memory, src_key_mask, cache)
 
 
 class DecoderSteps:

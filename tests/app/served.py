@@ -1,0 +1,52 @@
+"""A service in the tests' own process (``from app.served import serving, request``): an app on uvicorn in a
+thread, on a free loopback port, and one plain HTTP request to it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+from multihead.app.serve import listening_socket
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` on uvicorn in a thread, on a free loopback port: its URL."""
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start in 30 s"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def request(url: str, path: str, body: bytes | dict | None = None, *, kind: str = "application/json",
+            method: str | None = None) -> tuple[int, Any]:  # fmt: skip
+    """One request: its status and its JSON answer (the text where it is not JSON)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    headers = {"Content-Type": kind} if data is not None else {}
+    connection.request(method or ("GET" if body is None else "POST"), path, body=data, headers=headers)
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    try:
+        return response.status, json.loads(text)
+    except ValueError:
+        return response.status, text
