@@ -215,12 +215,13 @@ def test_narrow_beams_find_n_distinct_real_hypotheses_that_extend_the_fewer_best
             found = {n: n_best(step, n, beam_size, max_len, alpha) for n in range(1, beam_size + 1)}
             for n, hypotheses in found.items():
                 assert len(hypotheses) == n
-                assert hypotheses[: n - 1] == found[n - 1] if n > 1 else True
+                assert hypotheses[: n - 1] == found.get(n - 1, [])
                 assert len({tuple(tokens) for _, tokens in hypotheses}) == n
                 ranks = [rank for rank, _ in hypotheses]
                 assert ranks == sorted(ranks, reverse=True)
                 for rank, tokens in hypotheses:
-                    assert EOS not in tokens[:-1] and (tokens[-1] == EOS or len(tokens) == max_len)
+                    assert EOS not in tokens[:-1]
+                    assert tokens[-1] == EOS or len(tokens) == max_len
                     prefix = np.array([[BOS, *tokens]])
                     score = sum(step(prefix[:, : i + 1])[0, tokens[i]] for i in range(len(tokens)))
                     assert rank == pytest.approx(score / len(tokens) ** alpha, rel=1e-5)
@@ -239,24 +240,6 @@ def test_the_one_best_is_beam_search_step_for_step(alpha: float) -> None:
             assert (expected[len(tokens) :] == PAD).all()
             assert len(one.orders) == len(plain.orders)  # as many steps, and the same reorders
             assert all((a == b).all() for a, b in zip(one.orders, plain.orders, strict=True))
-
-
-@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
-def test_n_best_of_a_batch_are_each_sentences_own(use_cache: bool) -> None:
-    """Sentences stop at different steps and leave the state; each keeps the n best of its own beams."""
-    tables = [DEEP, OTHER, {(): {EOS: 1.0}}]  # the last has one hypothesis: it gives just that one
-    search = dict(n=3, beam_size=3, max_len=6, bos_id=BOS, eos_id=EOS, length_penalty=0.6)
-    found = beam_search_n_best(TableSession(tables, use_cache), 3, **search)
-    for table, hypotheses in zip(tables, found, strict=True):
-        alone = beam_search_n_best(ArraySession(table_model(table)), 1, **search)[0]
-        assert [(rank, tokens.tolist()) for rank, tokens in hypotheses] == [
-            (rank, tokens.tolist()) for rank, tokens in alone
-        ]
-    assert [[tokens.tolist() for _, tokens in hypotheses] for hypotheses in found] == [
-        [[B, C, A, EOS], [A, EOS], [A, B, EOS]],  # 0.36, 0.24, 0.18 (A C EOS, as likely, comes after)
-        [[C, A, EOS], [A, EOS], [C, EOS]],  # 0.42, 0.3, 0.28
-        [[EOS]],
-    ]
 
 
 def test_n_best_ask_at_most_beam_size() -> None:
@@ -462,3 +445,21 @@ def test_greedy_drops_ended_rows_only_once_a_quarter_have_ended() -> None:
     out = generate(session, 4, **SEARCH)
     assert [rows.tolist() for rows in session.taken] == [[2, 3]]
     np.testing.assert_array_equal(out[2:], np.full((2, 6), A))
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+def test_n_best_of_a_batch_are_each_sentences_own(use_cache: bool) -> None:
+    """Sentences stop at different steps and leave the state; each keeps the n best of its own beams."""
+    tables = [DEEP, OTHER, {(): {EOS: 1.0}}]  # the last has one hypothesis: it gives just that one
+    search = dict(n=3, beam_size=3, max_len=6, bos_id=BOS, eos_id=EOS, length_penalty=0.0)
+    found = beam_search_n_best(TableSession(tables, use_cache), 3, **search)
+    for table, hypotheses in zip(tables, found, strict=True):
+        alone = beam_search_n_best(ArraySession(table_model(table)), 1, **search)[0]
+        assert [(rank, tokens.tolist()) for rank, tokens in hypotheses] == [
+            (rank, tokens.tolist()) for rank, tokens in alone
+        ]
+    assert [[tokens.tolist() for _, tokens in hypotheses] for hypotheses in found] == [
+        [[B, C, A, EOS], [A, EOS], [A, B, EOS]],  # 0.36, 0.24, 0.18 (A C EOS, as likely, comes after)
+        [[C, A, EOS], [A, EOS], [C, EOS]],  # 0.42, 0.3, 0.28
+        [[EOS]],
+    ]

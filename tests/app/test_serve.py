@@ -22,6 +22,7 @@ from libretranslatepy import LibreTranslateAPI
 
 from app.served import request, serving
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, subprocess_env
+from multihead.app.languages import from_file_names
 from multihead.app.serve import Limits, Service, create_app
 from multihead.app.translate import Translator
 from multihead.app.view import attention_view
@@ -75,6 +76,18 @@ def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun) -> None:
     assert status == 200
     expected = f'<p class="x">{one}</p>\n<script>keep();</script><!-- a <b>note</b> --><b> {two} </b>'
     assert answer == {"translatedText": expected.replace("&", "&amp;")}
+
+
+def test_alternatives_are_the_beams_next_best(url: str, translator: Translator) -> None:
+    best = translator.hypotheses(SAMPLES[:2], 3, beam=1)
+    status, answer = request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en", "alternatives": 2})
+    assert status == 200
+    assert answer == {"translatedText": best[0][0], "alternatives": [t for t in best[0][1:] if t != best[0][0]]}
+    assert len(set(best[0])) == 3  # distinct, so both alternatives are there
+    status, answer = request(url, "/translate", {"q": SAMPLES[:2], "source": "de", "target": "en", "alternatives": 2})
+    assert answer == {"translatedText": [b[0] for b in best], "alternatives": [b[1:] for b in best]}
+    assert request(url, "/translate", {"q": "a", "source": "de", "target": "en", "alternatives": 5}) == (
+        400, {"error": "Invalid request: alternatives parameter must be <= 4"})  # fmt: skip
 
 
 def test_a_form_as_libretranslates_clients_send_it(url: str, corpus_run: CorpusRun) -> None:
@@ -244,7 +257,7 @@ def test_serve_answers_under_load_and_sigterm_answers_every_accepted_request(cor
     assert "stopped: every request received was answered" in err
 
 
-def test_serve_refuses_what_it_cannot_do_before_loading(corpus_run: CorpusRun, tmp_path: Path,
+def test_serve_refuses_what_it_cannot_do_in_one_line(corpus_run: CorpusRun, tmp_path: Path,
                                                         cli: Callable[..., Cli], short_run: Path) -> None:  # fmt: skip
     assert_refused(cli("serve", short_run, "--port", "0"), "does not record its languages", "--langs SRC TGT")
     assert_refused(cli("serve", corpus_run.path, "--api-keys", tmp_path / "none"), "--api-keys", "cannot read")
@@ -257,3 +270,31 @@ def test_serve_refuses_what_it_cannot_do_before_loading(corpus_run: CorpusRun, t
         taken.listen()
         port = taken.getsockname()[1]
         assert_refused(cli("serve", corpus_run.path, "--port", port), f"--port {port}", "in use")
+
+
+# --- the run's languages ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("paths", "found"),
+    [
+        (["c/train.de.gz", "c/train.en.gz"], ["de", "en"]),
+        (["train.zh", "train.en"], ["zh", "en"]),
+        (["a.de.gz", "b.en.gz"], None),  # not one corpus's two sides
+        (["train.de", "train.de"], None),
+        (["train.de.gz", "train.en"], None),
+        (["pairs.tsv"], None),
+        (["src.txt", "tgt.txt"], None),
+    ],
+)
+def test_languages_are_read_from_the_corpus_file_names(paths: list[str], found: list[str] | None) -> None:
+    assert from_file_names(paths) == found
+
+
+def test_langs_are_given_as_two_codes_for_a_corpus(cli: Callable[..., Cli], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert_refused(cli("train", "--task", "dates", "--langs", "de", "en", "--out", out, "--steps", "1"),
+                   "--langs goes with --data")  # fmt: skip
+    assert_refused(cli("train", "--data", "a.txt", "b.txt", "--langs", "German", "en", "--out", out, "--steps", "1"),
+                   "--langs", "'German'")  # fmt: skip
+    assert not out.exists()

@@ -118,6 +118,27 @@ def test_beam_search_gives_one_translation_per_input(corpus_run: CorpusRun, cli:
     assert_refused(cli("translate", corpus_run.path, "abc", "--beam", "0"), "--beam")
 
 
+def test_hypotheses_are_the_beams_best_translations_best_first(
+    corpus_run: CorpusRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first is what beam search translates (in the same batches), then the next best, none twice; a blank text
+    gives one blank translation; fewer beams than hypotheses search with as many beams as hypotheses."""
+    translator = Translator(corpus_run.path)
+    texts = [*SOURCES, "  "]
+    found = translator.hypotheses(texts, 3, beam=4)
+    assert [hypotheses[0] for hypotheses in found] == translator.translate(texts, beam=4)
+    for hypotheses in found[:-1]:
+        assert len(set(hypotheses)) == len(hypotheses) == 3, hypotheses
+    assert found[-1] == [""]
+    few = translator.hypotheses(SAMPLES[:2], 3, beam=2)
+    assert few == translator.hypotheses(SAMPLES[:2], 3, beam=3)
+    assert [hypotheses[0] for hypotheses in few] == translator.translate(SAMPLES[:2], beam=3)
+    # A text longer than the model reads: its i-th translation joins its pieces' i-th best.
+    (long,) = translator.hypotheses([" ".join([SAMPLES[1]] * 60)], 2, beam=2)
+    assert long == [" ".join([hypothesis] * 60) for hypothesis in translator.hypotheses([SAMPLES[1]], 2, beam=2)[0]]
+    assert "translated in 60 pieces" in capsys.readouterr().err
+
+
 def test_cross_attention_plot_of_a_subword_model(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]):
     result = cli("translate", corpus_run.path, SAMPLES[0], "--plot", tmp_path / "attention.png")
     assert result.status == 0, result.err

@@ -253,7 +253,10 @@ def _serve(args: argparse.Namespace) -> int:
     from multihead.app.serve import Limits, read_api_keys, serve
 
     keys = read_api_keys(args.api_keys) if args.api_keys else None
-    limits = Limits(char_limit=args.char_limit, batch_limit=args.batch_limit, req_limit=args.req_limit, api_keys=keys)
+    limits = Limits(
+        char_limit=args.char_limit, batch_limit=args.batch_limit, req_limit=args.req_limit,
+        alternatives_limit=args.alternatives_limit, api_keys=keys,
+    )  # fmt: skip
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, beam=args.beam, length_penalty=args.length_penalty, langs=args.langs, limits=limits,
@@ -411,6 +414,10 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--req-limit", type=limit(-1), default=-1, help="requests per minute from one address (-1: no limit)"
     )
+    serve.add_argument(
+        "--alternatives-limit", type=limit(-1), default=4,
+        help="alternative translations a request may ask for (-1: no limit; each widens the beam to one more)",
+    )  # fmt: skip
     serve.add_argument("--api-keys", metavar="FILE", help="require one of the keys in FILE (one a line)")
     _add_decoding_options(serve)
 

@@ -39,7 +39,7 @@ def from_file_names(paths: Sequence[str]) -> list[str] | None:
     codes, else ``None``."""
     if len(paths) != 2:
         return None
-    found = [re.fullmatch(r"(.*)\.([a-z]{2,3})(\.gz)?", Path(path).name) for path in paths]
+    found = [re.fullmatch(r"(.*?)\.([a-z]{2,3})(\.gz)?", Path(path).name) for path in paths]
     if not all(found) or found[0][2] == found[1][2] or (found[0][1], found[0][3]) != (found[1][1], found[1][3]):
         return None
     return [found[0][2], found[1][2]]

@@ -59,7 +59,7 @@ class Limits:
     char_limit: int = -1
     batch_limit: int = -1
     req_limit: int = -1
-    alternatives_limit: int = 0
+    alternatives_limit: int = 4
     api_keys: frozenset[str] | None = None
 
 
@@ -177,6 +177,11 @@ class Service:
         translated = iter(self.translator.translate(flat, beam=self.beam, length_penalty=self.length_penalty))
         joined = ["\n".join(next(translated) for _ in text_lines) for text_lines in lines]
         return [text if not text.strip() else out for text, out in zip(texts, joined, strict=True)]
+
+    def hypotheses(self, texts: list[str], count: int) -> list[list[str]]:
+        """Each text's ``count`` best translations from a beam at least that wide (a blank text: itself)."""
+        found = self.translator.hypotheses(texts, count, beam=self.beam, length_penalty=self.length_penalty)
+        return [[text] if not text.strip() else best for text, best in zip(texts, found, strict=True)]
 
     def languages(self) -> list[dict[str, Any]]:
         return [
@@ -312,14 +317,21 @@ def create_app(service: Service, limits: Limits) -> Any:
         text_format = text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
             raise ApiError(400, f"{text_format} format is not supported")
+        others: list[list[str]] = [[] for _ in texts]  # alternatives: none for HTML, as LibreTranslate
         if text_format == "html":
             translated = [await service.translate_html(text) for text in texts]
+        elif alternatives:
+            best = await service.batcher.run(lambda: service.hypotheses(texts, alternatives + 1))
+            translated = [found[0] for found in best]
+            others = [[other for other in dict.fromkeys(found[1:]) if other != found[0]] for found in best]
         else:
             translated = await service.batcher.texts(texts)
         answer: dict[str, Any] = {"translatedText": translated if isinstance(q, list) else translated[0]}
         if detected:
             language = {"confidence": 100.0, "language": service.source}
             answer["detectedLanguage"] = [language] * len(texts) if isinstance(q, list) else language
+        if alternatives:
+            answer["alternatives"] = others if isinstance(q, list) else others[0]
         return JSONResponse(answer)
 
     async def attention(request: Request) -> JSONResponse:
