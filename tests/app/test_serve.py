@@ -221,7 +221,8 @@ def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str, str]:
     return process, found[0], line
 
 
-def test_serve_answers_under_load_and_sigterm_answers_every_accepted_request(corpus_run: CorpusRun) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_answers_under_load_and_sigterm_answers_every_accepted_request(corpus_run: CorpusRun, sig: int) -> None:
     process, url, line = start(corpus_run.path)
     assert "de → en (German to English)" in line
     try:
@@ -245,7 +246,7 @@ def test_serve_answers_under_load_and_sigterm_answers_every_accepted_request(cor
         with ThreadPoolExecutor(8) as pool:
             running = [pool.submit(client, index) for index in range(8)]
             time.sleep(2)
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(sig)
             outcomes = [outcome for future in running for outcome in future.result(timeout=60)]
         assert process.wait(timeout=60) == 0
         err = process.stderr.read()

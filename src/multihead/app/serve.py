@@ -37,6 +37,8 @@ from multihead.app.view import attention_view, page
 
 GATHER = 256
 """The most texts one round of the worker translates together: more wait for the next round."""
+GATHER_WAIT = 0.005
+"""How long (seconds) the worker waits, after taking a request, for others to translate with it."""
 BODY_LIMIT = 1 << 20
 """The largest request body accepted (bytes): LibreTranslate's clients send text, not files."""
 SKIPPED = {"script", "style"}
@@ -79,16 +81,19 @@ def read_api_keys(path: str) -> frozenset[str]:
 
 
 class Batcher:
-    """Texts from concurrent requests, translated together on one worker thread; each request gets its own answers,
-    in order. ``run`` jobs (the page's attention) take the worker alone. :meth:`close` finishes what was queued."""
+    """Texts from concurrent requests, translated together; each request gets its own answers, in order. ``run``
+    jobs (the page's attention) take the worker alone. The worker is :meth:`work`: on a thread of its own, or, with
+    ``thread=False``, on whichever thread calls it (``serve`` gives it the main thread: PyTorch's CPU threads wake
+    fastest for it). :meth:`close` lets it finish what was queued, then stop."""
 
     STOP = object()
 
-    def __init__(self, translate: Callable[[list[str]], list[str]]) -> None:
+    def __init__(self, translate: Callable[[list[str]], list[str]], *, thread: bool = True) -> None:
         self.translate = translate
         self.jobs: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=self._work, name="translation worker", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self.work, name="translation worker", daemon=True) if thread else None
+        if self.thread is not None:
+            self.thread.start()
 
     async def texts(self, texts: list[str]) -> list[str]:
         return await self._submit(texts)
@@ -103,9 +108,12 @@ class Batcher:
 
     def close(self) -> None:
         self.jobs.put(self.STOP)
-        self.thread.join()
+        if self.thread is not None:
+            self.thread.join()
 
-    def _work(self) -> None:
+    def work(self) -> None:
+        """Take the jobs until :meth:`close`: the texts of every request waiting, or arriving within
+        :data:`GATHER_WAIT` of the first, translated in one call."""
         pending = None
         while True:
             job, pending = pending or self.jobs.get(), None
@@ -119,9 +127,10 @@ class Batcher:
                     future.set_exception(error)
                 continue
             gathered, count = [job], len(work)
-            while count < GATHER:  # what else is waiting now
+            deadline = time.monotonic() + GATHER_WAIT
+            while count < GATHER:
                 try:
-                    more = self.jobs.get_nowait()
+                    more = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if more is self.STOP or callable(more[0]):
@@ -165,10 +174,12 @@ class RateLimiter:
 class Service:
     """A loaded run, its language pair, the search it translates with, and the worker."""
 
-    def __init__(self, translator: Translator, langs: Sequence[str], *, beam: int, length_penalty: float) -> None:
+    def __init__(
+        self, translator: Translator, langs: Sequence[str], *, beam: int, length_penalty: float, thread: bool = True
+    ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.beam, self.length_penalty = beam, length_penalty
-        self.batcher = Batcher(self._translate_lines)
+        self.batcher = Batcher(self._translate_lines, thread=thread)
 
     def _translate_lines(self, texts: list[str]) -> list[str]:
         """Each text's lines translated (blank lines kept), all of them in one call."""
@@ -451,7 +462,7 @@ def serve(
     if not langs:
         sock.close()
         raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
-    service = Service(translator, langs, beam=beam, length_penalty=length_penalty)
+    service = Service(translator, langs, beam=beam, length_penalty=length_penalty, thread=False)
     server = uvicorn.Server(
         uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5)
     )
@@ -459,10 +470,23 @@ def serve(
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     say(f"serving {run} ({pair_text(langs)}, checkpoint {translator.checkpoint.path.name}) at "
         f"http://{shown}:{bound_port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
-    # uvicorn answers SIGINT and SIGTERM by shutting down gracefully, then raises the signal again under the
-    # handlers it found: these make that second delivery a no-op, so that the command exits 0.
+
+    def stop(sig: int, frame: Any) -> None:  # a second signal stops without waiting for the requests in flight
+        server.force_exit, server.should_exit = server.should_exit, True
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    server.run(sockets=[sock])
+        signal.signal(sig, stop)
+
+    def run_server() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            service.batcher.close()  # stops the worker below, if the server's shutdown has not
+
+    # The event loop on a thread, the translation on this (main) one.
+    thread = threading.Thread(target=run_server, name="event loop")
+    thread.start()
+    service.batcher.work()
+    thread.join()
     say("stopped: every request received was answered", sys.stderr)
     return 0
