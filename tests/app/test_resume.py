@@ -135,6 +135,7 @@ CHANGES = {
     "--dropout": (["--dropout", "0.1"], ["--dropout 0.1", "--dropout 0.0"]),
     "--framework": (["--framework", "keras"], ["--framework keras", "--framework torch"]),
     "--seed": (["--seed", "7"], ["--seed 7", "--seed 0"]),
+    "--langs": (["--langs", "fr", "en"], ["--langs fr en", "--langs de en"]),
 }
 
 

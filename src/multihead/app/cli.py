@@ -250,6 +250,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("multihead serve needs the serve extra: pip install 'multihead[serve]'") from None
     from multihead.app.serve import Limits, read_api_keys, serve
 
     keys = read_api_keys(args.api_keys) if args.api_keys else None
@@ -391,8 +396,7 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.languages import language_code
-    from multihead.app.options import limit
+    from multihead.app.options import BY_NAME, limit
 
     serve = _command(
         commands, "serve", _serve, help="serve a run over LibreTranslate's HTTP API, with an attention page at /",
@@ -405,10 +409,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("run", help=RUN_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=limit(0), default=5000, help="the port to listen on (0: a free one)")
-    serve.add_argument(
-        "--langs", nargs=2, metavar=("SRC", "TGT"), type=language_code,
-        help="the run's languages, ISO 639-1 codes (default: what the run recorded)",
-    )  # fmt: skip
+    BY_NAME["langs"].add_to(serve)
     serve.add_argument("--char-limit", type=limit(-1), default=-1, help="characters per text (-1: no limit)")
     serve.add_argument("--batch-limit", type=limit(-1), default=-1, help="texts per request (-1: no limit)")
     serve.add_argument(

@@ -41,31 +41,19 @@ class Kind:
 
 
 def _whole(text: str, minimum: int) -> int:
-    what = "a positive whole number" if minimum else "a whole number (0 or more)"
+    what = {1: "a positive whole number", 0: "a whole number (0 or more)", -1: "-1 (no limit) or a whole number"}
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, received {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {what[minimum]}, received {text!r}") from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be {what}, received {text}")
+        raise argparse.ArgumentTypeError(f"must be {what[minimum]}, received {text}")
     return value
 
 
 def limit(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number, ``minimum`` or more (``-1``, where allowed, means no limit)."""
-
-    def parse(text: str) -> int:
-        if minimum >= 0:
-            return _whole(text, minimum)
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number (-1: no limit), received {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be -1 (no limit) or a whole number, received {text}")
-        return value
-
-    return parse
+    """An argparse type: a whole number, ``minimum`` (1, 0, or -1 meaning no limit) or more."""
+    return lambda text: _whole(text, minimum)
 
 
 def _number(text: str) -> float:
@@ -216,9 +204,12 @@ class Option:
         return f"{self.help} ({self.default_text()})" if self.help else self.default_text()
 
     def typed(self, value: Any) -> str:
-        """The option as the user types it: ``--d-model 64``, ``--joint-vocab``, ``--no-joint-vocab``."""
+        """The option as the user types it: ``--d-model 64``, ``--joint-vocab``, ``--no-joint-vocab``,
+        ``--langs de en``."""
         if isinstance(value, bool):
             return self.flag if value else f"--no-{self.flag[2:]}"
+        if isinstance(value, (list, tuple)):
+            return " ".join([self.flag, *map(str, value)])
         return f"{self.flag} {value}"
 
 
@@ -231,8 +222,9 @@ OPTIONS = (
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
     Option("valid", "--valid", "validation set for --data, as --data (default: a held-out tenth of --data)", FILES,
            recipe=False, argparse=dict(nargs="+", metavar="FILE")),
-    Option("langs", "--langs", "the corpus's languages, ISO 639-1 codes (default: from --data file names such as "
-           "train.de.gz train.en.gz)", LANGS, recipe=False, argparse=dict(nargs=2, metavar=("SRC", "TGT"))),
+    Option("langs", "--langs", "the languages translated, ISO 639-1 codes (default: what the run recorded, for a new "
+           "run read from --data file names such as train.de.gz train.en.gz)", LANGS, recipe=False,
+           argparse=dict(nargs=2, metavar=("SRC", "TGT"))),
     Option("framework", "--framework", "PyTorch, or Keras on the backend KERAS_BACKEND names (tensorflow, jax or "
            "torch)", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
     Option("device", "--device", f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the "

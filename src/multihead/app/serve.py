@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
+
 from multihead.app.console import UserError, say
 from multihead.app.languages import language_name, pair_text
 from multihead.app.translate import Translator
@@ -231,7 +237,7 @@ class Service:
         return "".join(parts)
 
 
-async def _arguments(request: Any) -> dict[str, Any]:
+async def _arguments(request: Request) -> dict[str, Any]:
     """The request's parameters: its JSON object, or its form fields; refused when too large or malformed."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > BODY_LIMIT:
@@ -280,52 +286,38 @@ def _texts(q: Any, limits: Limits) -> list[str]:
     return texts
 
 
-def create_app(service: Service, limits: Limits) -> Any:
-    """The Starlette application of ``service`` under ``limits``."""
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse
-    from starlette.routing import Route
+class Endpoints:
+    """The HTTP endpoints of ``service`` under ``limits``: each a Starlette handler."""
 
-    rate = RateLimiter(limits.req_limit)
+    def __init__(self, service: Service, limits: Limits) -> None:
+        self.service, self.limits = service, limits
+        self.rate = RateLimiter(limits.req_limit)
+        self.page = page()
 
-    def checked_access(arguments: dict[str, Any], request: Request) -> None:
+    def checked_access(self, arguments: dict[str, Any], request: Request) -> None:
         """LibreTranslate's order: the API key, then the rate limit."""
-        if limits.api_keys is not None:
+        if self.limits.api_keys is not None:
             key = arguments.get("api_key")
-            if key and key not in limits.api_keys:
+            if key and key not in self.limits.api_keys:
                 raise ApiError(403, "Invalid API key")
             if not key:
                 raise ApiError(400, "Please contact the server operator to get an API key")
-        rate.check(request.client.host if request.client else "")
+        self.rate.check(request.client.host if request.client else "")
 
-    def text_argument(arguments: dict[str, Any], name: str) -> str | None:
-        value = arguments.get(name)
-        if value is not None and not isinstance(value, str):
-            raise ApiError(400, f"Invalid request: {name} parameter must be a string")
-        return value or None
-
-    async def translate(request: Request) -> JSONResponse:
+    async def translate(self, request: Request) -> JSONResponse:
         arguments = await _arguments(request)
-        checked_access(arguments, request)
-        q = arguments.get("q")
+        self.checked_access(arguments, request)
+        service, q = self.service, arguments.get("q")
         _require_q(q)
-        source, target = text_argument(arguments, "source"), text_argument(arguments, "target")
+        source, target = _text_argument(arguments, "source"), _text_argument(arguments, "target")
         for name, value in (("source", source), ("target", target)):
             if value is None:
                 raise ApiError(400, f"Invalid request: missing {name} parameter")
-        alternatives = arguments.get("alternatives", 0)
-        try:
-            alternatives = max(0, int(alternatives))
-        except (TypeError, ValueError):
-            raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
-        if limits.alternatives_limit != -1 and alternatives > limits.alternatives_limit:
-            raise ApiError(400, f"Invalid request: alternatives parameter must be <= {limits.alternatives_limit}")
-        texts = _texts(q, limits)
+        alternatives = self.alternatives(arguments)
+        texts = _texts(q, self.limits)
         detected = source == "auto"
         service.check_pair(service.source if detected else source, target)
-        text_format = text_argument(arguments, "format") or "text"
+        text_format = _text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
             raise ApiError(400, f"{text_format} format is not supported")
         others: list[list[str]] = [[] for _ in texts]  # alternatives: none for HTML, as LibreTranslate
@@ -345,53 +337,57 @@ def create_app(service: Service, limits: Limits) -> Any:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
         return JSONResponse(answer)
 
-    async def attention(request: Request) -> JSONResponse:
+    def alternatives(self, arguments: dict[str, Any]) -> int:
+        try:
+            count = max(0, int(arguments.get("alternatives", 0)))
+        except (TypeError, ValueError):
+            raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
+        if self.limits.alternatives_limit != -1 and count > self.limits.alternatives_limit:
+            raise ApiError(400, f"Invalid request: alternatives parameter must be <= {self.limits.alternatives_limit}")
+        return count
+
+    async def attention(self, request: Request) -> JSONResponse:
         arguments = await _arguments(request)
-        checked_access(arguments, request)
-        (text,) = _texts(text_argument(arguments, "q"), limits)
+        self.checked_access(arguments, request)
+        (text,) = _texts(_text_argument(arguments, "q"), self.limits)
         sentence = next((line for line in text.splitlines() if line.strip()), None)
         if sentence is None:
             raise ApiError(400, "Invalid request: q holds no text")
-        translator = service.translator
+        service = self.service
         found = await service.batcher.run(
-            lambda: translator.attention(sentence, beam=service.beam, length_penalty=service.length_penalty)
+            lambda: service.translator.attention(sentence, beam=service.beam, length_penalty=service.length_penalty)
         )
         return JSONResponse(attention_view(found))
 
-    async def detect(request: Request) -> JSONResponse:
+    async def detect(self, request: Request) -> JSONResponse:
         arguments = await _arguments(request)
-        checked_access(arguments, request)
-        _texts(arguments.get("q"), limits)
-        return JSONResponse([{"confidence": 100.0, "language": service.source}])
+        self.checked_access(arguments, request)
+        _texts(arguments.get("q"), self.limits)
+        return JSONResponse([{"confidence": 100.0, "language": self.service.source}])
 
-    async def languages(request: Request) -> JSONResponse:
-        return JSONResponse(service.languages())
+    async def languages(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.service.languages())
 
-    async def health(request: Request) -> JSONResponse:
+    async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    async def settings(request: Request) -> JSONResponse:
+    async def settings(self, request: Request) -> JSONResponse:
+        keys, service = self.limits.api_keys is not None, self.service
         return JSONResponse(
             {
-                "charLimit": limits.char_limit,
-                "frontendTimeout": 500,
-                "apiKeys": limits.api_keys is not None,
-                "keyRequired": limits.api_keys is not None,
-                "suggestions": False,
-                "filesTranslation": False,
-                "supportedFilesFormat": [],
+                "charLimit": self.limits.char_limit, "frontendTimeout": 500, "apiKeys": keys, "keyRequired": keys,
+                "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
                 "language": {
                     "source": {"code": service.source, "name": language_name(service.source)},
                     "target": {"code": service.target, "name": language_name(service.target)},
                 },
             }
-        )
+        )  # fmt: skip
 
-    html_page = page()
+    async def index(self, request: Request) -> HTMLResponse:
+        return HTMLResponse(self.page)
 
-    async def index(request: Request) -> HTMLResponse:
-        return HTMLResponse(html_page)
-
+    @staticmethod
     async def refused(request: Request, error: Exception) -> JSONResponse:
         if isinstance(error, ApiError):
             return JSONResponse({"error": error.message}, status_code=error.status)
@@ -401,16 +397,27 @@ def create_app(service: Service, limits: Limits) -> Any:
             return JSONResponse({"error": str(error)}, status_code=400)
         return JSONResponse({"error": f"Internal error: {type(error).__name__}"}, status_code=500)
 
+
+def _text_argument(arguments: dict[str, Any], name: str) -> str | None:
+    value = arguments.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ApiError(400, f"Invalid request: {name} parameter must be a string")
+    return value or None
+
+
+def create_app(service: Service, limits: Limits) -> Starlette:
+    """The Starlette application of ``service`` under ``limits``."""
+    endpoints = Endpoints(service, limits)
     routes = [
-        Route("/", index, methods=["GET"]),
-        Route("/translate", translate, methods=["POST"]),
-        Route("/attention", attention, methods=["POST"]),
-        Route("/detect", detect, methods=["POST"]),
-        Route("/languages", languages, methods=["GET", "POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/frontend/settings", settings, methods=["GET"]),
+        Route("/", endpoints.index, methods=["GET"]),
+        Route("/translate", endpoints.translate, methods=["POST"]),
+        Route("/attention", endpoints.attention, methods=["POST"]),
+        Route("/detect", endpoints.detect, methods=["POST"]),
+        Route("/languages", endpoints.languages, methods=["GET", "POST"]),
+        Route("/health", endpoints.health, methods=["GET"]),
+        Route("/frontend/settings", endpoints.settings, methods=["GET"]),
     ]
-    handlers = {ApiError: refused, HTTPException: refused, UserError: refused, Exception: refused}
+    handlers = {error: endpoints.refused for error in (ApiError, HTTPException, UserError, Exception)}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -452,10 +459,8 @@ def serve(
 ) -> int:
     """Serve ``run`` until SIGINT or SIGTERM: then requests in flight are answered, new ones refused, and it
     returns 0."""
-    try:
-        import uvicorn
-    except ImportError:
-        raise UserError("multihead serve needs the serve extra: pip install 'multihead[serve]'") from None
+    import uvicorn
+
     sock = listening_socket(host, port)
     translator = Translator(run, checkpoint, device=device, quantize=quantize)
     langs = langs or translator.langs
