@@ -22,6 +22,7 @@ from libretranslatepy import LibreTranslateAPI
 
 from app.served import request, serving
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, subprocess_env
+from multihead.app import serve
 from multihead.app.languages import from_file_names
 from multihead.app.serve import Limits, Service, create_app
 from multihead.app.translate import Translator
@@ -157,6 +158,22 @@ def test_limits_and_keys(translator: Translator, tmp_path: Path, corpus_run: Cor
         assert request(url, "/health") == (200, {"status": "ok"})  # not limited
         settings = request(url, "/frontend/settings")[1]
         assert (settings["charLimit"], settings["apiKeys"], settings["language"]["source"]["code"]) == (40, True, "de")
+
+
+def test_the_rate_limit_counts_a_minute_per_address_and_forgets_quiet_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(serve.time, "monotonic", lambda: now[0])
+    limiter = serve.RateLimiter(2)
+    limiter.check("a")
+    limiter.check("a")
+    limiter.check("b")
+    with pytest.raises(serve.ApiError, match="Slowdown: 2 per 1 minute"):
+        limiter.check("a")
+    now[0] += 60.5
+    limiter.check("a")  # a minute later
+    for address in range(serve.ADDRESSES):
+        limiter.check(str(address))
+    assert set(limiter.seen) == {"a", *map(str, range(serve.ADDRESSES))}  # "b" was quiet for a minute
 
 
 def test_concurrent_requests_each_get_their_own_answers(url: str, translator: Translator) -> None:

@@ -47,6 +47,8 @@ GATHER_WAIT = 0.005
 """How long (seconds) the worker waits, after taking a request, for others to translate with it."""
 BODY_LIMIT = 1 << 20
 """The largest request body accepted (bytes): LibreTranslate's clients send text, not files."""
+ADDRESSES = 4096
+"""Client addresses the rate limit remembers before it forgets those quiet for a minute."""
 SKIPPED = {"script", "style"}
 """HTML elements whose text is not translated."""
 
@@ -172,6 +174,9 @@ class RateLimiter:
         if len(times) >= self.per_minute:
             raise ApiError(429, f"Slowdown: {self.per_minute} per 1 minute")
         times.append(now)
+        if len(self.seen) > ADDRESSES:  # forget the addresses quiet for a minute
+            recent = {seen: times for seen, times in self.seen.items() if times[-1] > now - 60}
+            self.seen = collections.defaultdict(collections.deque, recent)
 
 
 # --- the service ----------------------------------------------------------------------------------------------
