@@ -30,7 +30,7 @@ from multihead.app.console import (
     say,
     warn,
 )
-from multihead.app.languages import pair_text
+from multihead.app.languages import BLEU_TOKENIZERS, bleu_tokenize_choice, bleu_tokenizer, pair_text
 
 if TYPE_CHECKING:
     from multihead.app.training import Result
@@ -196,7 +196,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - begin
     if args.output:
         _write_output(args.output, hypotheses)
-    scores = score(hypotheses, references)
+    langs = translator.langs
+    scores = score(hypotheses, references, tokenize=args.bleu_tokenize or bleu_tokenizer(langs[1] if langs else None))
     print(f"BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")
     print(f"chrF {scores['chrf']:.2f} ({scores['signature']['chrf']})")
     print(f"languages: {pair_text(translator.langs)}")
@@ -357,6 +358,11 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("src", help="source sentences, one per line (plain or .gz)")
     evaluate.add_argument("ref", help="reference translations, line-aligned with SRC")
     evaluate.add_argument("--output", metavar="FILE", help="also write the translations here")
+    evaluate.add_argument(
+        "--bleu-tokenize", type=bleu_tokenize_choice, metavar="{" + ",".join(BLEU_TOKENIZERS) + "}",
+        help="sacreBLEU's tokenizer (default: by the run's target language: zh for Chinese, ja-mecab for Japanese "
+        "where installed, else char; 13a for the others)",
+    )  # fmt: skip
     _add_decoding_options(evaluate)
 
 

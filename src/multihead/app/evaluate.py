@@ -1,5 +1,5 @@
-"""Scores of translations against references: sacreBLEU's BLEU (13a tokenization, cased and lowercased) and chrF,
-with sacreBLEU's signatures, and exact match for the built-in tasks."""
+"""Scores of translations against references: sacreBLEU's BLEU (cased and lowercased; 13a tokenization, or the one
+the target language needs) and chrF, with sacreBLEU's signatures, and exact match for the built-in tasks."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 __all__ = ["exact_match", "score"]
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """Corpus BLEU (cased, detokenized, 13a: the standard way to report), lowercased BLEU, and chrF."""
+def score(hypotheses: Sequence[str], references: Sequence[str], *, tokenize: str = "13a") -> dict[str, Any]:
+    """Corpus BLEU (cased, detokenized, ``tokenize``: 13a, the standard way to report, for languages written with
+    spaces; see :func:`multihead.app.languages.bleu_tokenizer`), lowercased BLEU, and chrF."""
     from sacrebleu.metrics import BLEU, CHRF
 
-    cased, lowercased, chrf = BLEU(), BLEU(lowercase=True), CHRF()
+    cased, lowercased, chrf = BLEU(tokenize=tokenize), BLEU(lowercase=True, tokenize=tokenize), CHRF()
     refs = [list(references)]
     bleu, bleu_lowercase, chrf_score = (
         metric.corpus_score(list(hypotheses), refs) for metric in (cased, lowercased, chrf)

@@ -5,6 +5,7 @@ corpus's file names (``train.de.gz`` and ``train.en.gz``: ``de`` to ``en``), kep
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,3 +51,31 @@ def pair_text(langs: Sequence[str] | None) -> str:
     if not langs:
         return "languages not recorded (train --langs SRC TGT)"
     return f"{langs[0]} → {langs[1]} ({language_name(langs[0])} to {language_name(langs[1])})"
+
+
+BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "char", "none")
+"""sacreBLEU's tokenizers that need nothing downloaded (``ja-mecab`` needs MeCab: ``pip install 'sacrebleu[ja]'``)."""
+
+
+def _has_mecab() -> bool:
+    return bool(importlib.util.find_spec("MeCab") and importlib.util.find_spec("ipadic"))
+
+
+def bleu_tokenize_choice(text: str) -> str:
+    """``--bleu-tokenize``'s value (argparse type): one of :data:`BLEU_TOKENIZERS` that can run here."""
+    if text not in BLEU_TOKENIZERS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(BLEU_TOKENIZERS)}, received {text!r}")
+    if text == "ja-mecab" and not _has_mecab():
+        raise argparse.ArgumentTypeError("ja-mecab needs MeCab: pip install 'sacrebleu[ja]' (or choose char)")
+    return text
+
+
+def bleu_tokenizer(target: str | None) -> str:
+    """sacreBLEU's tokenizer for translations into ``target``: ``zh`` for Chinese, ``ja-mecab`` for Japanese where
+    MeCab is installed (else ``char``), ``13a`` (the standard, which splits at spaces and punctuation) otherwise."""
+    language = (target or "").split("-")[0]
+    if language == "zh":
+        return "zh"
+    if language == "ja":
+        return "ja-mecab" if _has_mecab() else "char"
+    return "13a"

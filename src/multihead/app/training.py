@@ -44,7 +44,7 @@ from multihead.app.data import Corpus, Task, check_sides, load_corpus, load_task
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
 from multihead.app.encoded import EncodedCorpus, encode_pairs
 from multihead.app.evaluate import exact_match, score
-from multihead.app.languages import from_file_names
+from multihead.app.languages import bleu_tokenizer, from_file_names
 from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags, on_this_machine
 from multihead.app.runs import (
     AVERAGE,
@@ -592,7 +592,8 @@ class Training:
         targets = setup.target.encode_all([t for _, t in pairs])
         summed = sum(self.trainer.loss_sum(batch) for _, batch in evaluation_batches(sources, targets, 4096))
         translations = self._translate([s for s, _ in pairs])
-        scores = score(translations, [t for _, t in pairs])
+        langs = setup.options.get("langs")
+        scores = score(translations, [t for _, t in pairs], tokenize=bleu_tokenizer(langs[1] if langs else None))
         return {"valid_loss": summed / sum(len(t) + 1 for t in targets), **scores, "examples": len(pairs)}
 
     @property
