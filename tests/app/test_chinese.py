@@ -1,5 +1,6 @@
-"""Chinese as a target language: BLEU tokenized for Chinese (sacreBLEU's ``zh``: every Chinese character a token),
-chosen by the run's languages, and ``evaluate --bleu-tokenize`` to choose another.
+"""Chinese end to end: BLEU into Chinese tokenized for Chinese (sacreBLEU's ``zh``: every Chinese character a token),
+chosen by the run's languages, and ``evaluate --bleu-tokenize`` to choose another; subwords that never span two
+Chinese characters; attention plots of Chinese, one column a character, without font warnings.
 
 The corpus is a hand-made English→Chinese of six subjects, five verbs and five adverbs (150 pairs), like the German
 one in ``support.py``; a model of 16 dimensions learns much of it in a few seconds."""
@@ -7,6 +8,8 @@ one in ``support.py``; a model of 16 dimensions learns much of it in a few secon
 from __future__ import annotations
 
 import itertools
+import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +17,11 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from app.support import CORPUS_FLAGS, Cli, assert_refused, write_lines
+from multihead.app import plot
+from multihead.app.cli import main
 from multihead.app.languages import bleu_tokenizer
+from multihead.app.plot import plot_cross_attention, words
+from multihead.app.tokenizers import SubwordTokenizer
 from multihead.app.translate import Translator
 
 SUBJECTS = [("The dog", "狗"), ("The cat", "猫"), ("The child", "孩子"), ("The man", "男人"), ("The woman", "女人"),
@@ -57,3 +64,71 @@ def test_evaluate_into_chinese_scores_with_the_zh_tokenizer(tmp_path: Path, cli:
     assert "tok:13a" in as_words["signature"]["bleu"]
     assert as_words["bleu"] < summary["bleu"]
     assert_refused(cli("evaluate", run, src, ref, "--bleu-tokenize", "spm"), "--bleu-tokenize", "'spm'")
+
+
+# --- subwords and plots of a language written without spaces ------------------------------------------------------
+
+
+def test_no_subword_spans_two_chinese_characters_and_latin_text_is_split_as_before() -> None:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    texts = [text for pair in PAIRS for text in pair]
+    ours = SubwordTokenizer.train(texts, 200)
+    for _, chinese in PAIRS[:20]:
+        ids, unknown = ours.encode(chinese)
+        assert unknown == []
+        assert all(len(piece.removeprefix("▁")) == 1 for piece in ours.pieces(ids))  # each one character
+        assert all(ours.word_starts(ids))
+        assert ours.decode(ids) == chinese  # no spaces added
+    # Without the split of Chinese characters (the pipeline before it), Latin text gets the same subwords.
+    before = Tokenizer(models.BPE(unk_token="<unk>"))
+    before.normalizer = normalizers.NFKC()
+    before.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")]
+    )
+    before.decoder = decoders.Metaspace()
+    english = [english for english, _ in PAIRS]
+    before.train_from_iterator(english, trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<s>", "</s>",
+                                                                                            "<unk>"]))  # fmt: skip
+    latin = SubwordTokenizer.train(english, 120)
+    for text in english[:30]:
+        assert latin.pieces(latin.encode(text)[0]) == before.encode(text).tokens
+
+
+@pytest.fixture(scope="module")
+def chinese_to_english(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("zh-en")
+    train = [
+        write_lines(root / f"train.{lang}", [pair[side] for pair in PAIRS]) for side, lang in ((1, "zh"), (0, "en"))
+    ]
+    flags = [*CORPUS_FLAGS, "--steps", "60", "--eval-every", "1000", "--checkpoint-every", "60"]
+    assert main(["train", "--data", *map(str, train), "--out", str(root / "run"), *flags]) == 0
+    return root / "run"
+
+
+def test_a_chinese_sentence_is_plotted_one_column_a_character_without_warnings(
+    chinese_to_english: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sentence = PAIRS[7][1]
+    translation = Translator(chinese_to_english).attention(sentence)
+    assert [word for word, _ in words(translation.source_tokens, translation.source_word_starts)] == list(sentence)
+    if plot.cjk_font() is None:
+        message = "no CJK font: apt-get install fonts-noto-cjk"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI installs it)")
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # matplotlib's "Glyph ... missing from font(s)" would fail here
+            plot_cross_attention(translation, tmp_path / "font.png")
+        assert plot.shown(sentence) == sentence
+    # Without such a font: code points, and still no warning.
+    monkeypatch.setattr(plot, "cjk_font", lambda: None)
+    plot._drawable.cache_clear()
+    try:
+        assert plot.shown("狗 ran") == "U+72D7 ran"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            plot_cross_attention(translation, tmp_path / "code-points.png")
+    finally:
+        plot._drawable.cache_clear()
+    assert (tmp_path / "code-points.png").stat().st_size > 0

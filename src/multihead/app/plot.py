@@ -6,6 +6,8 @@ columns (the attention it receives), a target word's row the mean of its subword
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from multihead.files import atomic_write, check_file_target
 __all__ = ["plot_cross_attention", "plot_history", "words"]
 
 SHOWN = {" ": "␣", "<eos>": "⟨eos⟩"}
+CJK_FONT_FILES = r"CJK|wqy|DroidSansFallback"
+"""File names of the fonts with Chinese characters that Debian packages (fonts-noto-cjk, fonts-wqy-*)."""
 
 
 def _pyplot() -> Any:
@@ -27,6 +31,34 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@functools.cache
+def cjk_font() -> str | None:
+    """An installed font with Chinese and Japanese characters (Debian's ``fonts-noto-cjk``), or ``None``."""
+    from matplotlib import font_manager
+
+    found = [path for path in font_manager.findSystemFonts() if re.search(CJK_FONT_FILES, Path(path).name)]
+    if not found:
+        return None
+    path = min(found, key=lambda path: ("Sans" not in path, "Bold" in path, path))  # a regular sans-serif first
+    font_manager.fontManager.addfont(path)
+    return font_manager.FontProperties(fname=path).get_name()
+
+
+@functools.cache
+def _drawable(character: str) -> bool:
+    """Whether the plots' fonts have a glyph for ``character``."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    families = ["DejaVu Sans", *([cjk_font()] if cjk_font() else [])]
+    return any(FT2Font(font_manager.findfont(family)).get_char_index(ord(character)) for family in families)
+
+
+def shown(text: str) -> str:
+    """``text`` as the plots can draw it: a character no font has becomes its code point (``U+72D7``)."""
+    return "".join(c if c.isspace() or _drawable(c) else f"U+{ord(c):04X}" for c in text)
 
 
 def words(pieces: Sequence[str], starts: Sequence[bool]) -> list[tuple[str, list[int]]]:
@@ -49,28 +81,32 @@ def merge_words(weights: np.ndarray, rows: list[list[int]], columns: list[list[i
 
 
 def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
-    """Save a grid of heatmaps (rows: layers, columns: heads) with source words across, target words down."""
+    """Save a grid of heatmaps (rows: layers, columns: heads) with source words across, target words down. Chinese
+    and Japanese are drawn with :func:`cjk_font` where one is installed, else as code points (no font warnings)."""
     path = check_file_target(path)
     plt = _pyplot()
     source = words(translation.source_tokens, translation.source_word_starts)
     target = words(translation.target_tokens, translation.target_word_starts)
     layers = [merge_words(w, [p for _, p in target], [p for _, p in source]) for w in translation.cross_attention]
+    columns, rows = [shown(word) for word, _ in source], [shown(word) for word, _ in target]
     heads = layers[0].shape[0]
     width, height = len(source), len(target)
-    cell = 0.28 if max(len(w) for w, _ in source) <= 2 else 0.45
-    figure, axes = plt.subplots(
-        len(layers), heads, squeeze=False, layout="constrained",  # constrained: room for the title above the heads'
-        figsize=(max(3.0, heads * (width * cell + 1.0)), max(2.5, len(layers) * (height * cell + 1.2))),
-    )  # fmt: skip
-    for layer, weights in enumerate(layers):
-        for head in range(heads):
-            axis = axes[layer][head]
-            axis.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
-            axis.set_xticks(range(width), [w for w, _ in source], fontsize=7, rotation=90 if cell > 0.3 else 0)
-            axis.set_yticks(range(height), [w for w, _ in target], fontsize=7)
-            axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
-    figure.suptitle(f"{translation.source!r} → {translation.target!r}: cross-attention", fontsize=10)
-    _save(figure, path)
+    cell = 0.28 if max(len(word) for word in columns) <= 2 else 0.45
+    with plt.rc_context({"font.family": ["DejaVu Sans", *([cjk_font()] if cjk_font() else [])]}):
+        figure, axes = plt.subplots(
+            len(layers), heads, squeeze=False, layout="constrained",  # constrained: room for the title above
+            figsize=(max(3.0, heads * (width * cell + 1.0)), max(2.5, len(layers) * (height * cell + 1.2))),
+        )  # fmt: skip
+        for layer, weights in enumerate(layers):
+            for head in range(heads):
+                axis = axes[layer][head]
+                axis.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
+                axis.set_xticks(range(width), columns, fontsize=7, rotation=90 if cell > 0.3 else 0)
+                axis.set_yticks(range(height), rows, fontsize=7)
+                axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+        title = shown(f"{translation.source!r} → {translation.target!r}")
+        figure.suptitle(f"{title}: cross-attention", fontsize=10)
+        _save(figure, path)
     return path
 
 

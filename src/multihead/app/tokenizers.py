@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -129,8 +130,14 @@ class SymbolTokenizer:
         return cls(values["kind"], symbols)
 
 
+WRITTEN_WITHOUT_SPACES = "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+"""Characters of scripts written without spaces between words (Chinese characters, kana): each is its own
+pre-token, so that a subword never spans two of them, and its own word on the attention maps."""
+
+
 class SubwordTokenizer:
-    """Byte-pair encoding learned with Hugging Face ``tokenizers``; decodes to plain text (no ``▁``)."""
+    """Byte-pair encoding learned with Hugging Face ``tokenizers``; decodes to plain text (no ``▁``). Words are what
+    spaces and punctuation delimit, and each character of a script written without spaces."""
 
     kind = "subword"
     MARK = "▁"  # begins every word
@@ -143,13 +150,17 @@ class SubwordTokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> SubwordTokenizer:
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
         from tokenizers import Tokenizer as HuggingFaceTokenizer
-        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
         model = HuggingFaceTokenizer(models.BPE(unk_token=SPECIALS[UNK]))
         model.normalizer = normalizers.NFKC()
         model.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")]
+            [
+                pre_tokenizers.Metaspace(),
+                pre_tokenizers.Punctuation(behavior="isolated"),
+                pre_tokenizers.Split(Regex(f"{cls.MARK}?{WRITTEN_WITHOUT_SPACES}"), behavior="isolated"),
+            ]
         )
         model.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False)
@@ -184,10 +195,17 @@ class SubwordTokenizer:
         return [self.model.id_to_token(index) for index in ids]
 
     def word_starts(self, ids: Sequence[int]) -> list[bool]:
-        """A token starts a word when it carries the word mark, or when it is punctuation split off a word."""
+        """A token starts a word when it carries the word mark, is punctuation split off a word, or is a character of
+        a script written without spaces."""
         starts = []
         for piece in self.pieces(ids):
-            starts.append(piece.startswith(self.MARK) or piece in SPECIALS or not piece[:1].isalnum())
+            bare = piece.removeprefix(self.MARK)
+            starts.append(
+                piece.startswith(self.MARK)
+                or piece in SPECIALS
+                or not piece[:1].isalnum()
+                or bool(re.match(WRITTEN_WITHOUT_SPACES, bare))
+            )
         return starts
 
     def to_json(self) -> str:
