@@ -14,7 +14,8 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 TUTORIALS = ["tutorial.py", "tutorial.zh-CN.py"]
-FIGURES = ["scaled_dot_product.png", "masks.png", "dates_attention.png"]
+FIGURES = ["scaled_dot_product.png", "masks.png", "dates_attention.png", "multi30k_attention.png"]
+MULTI30K = DOCS.parents[1] / "shared" / "data" / "multi30k"  # beside the checkout, where CI has it
 
 
 def cells(name: str, kind: str) -> list[str]:
@@ -27,6 +28,7 @@ def test_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path) -> None
         **os.environ,
         "MULTIHEAD_TUTORIAL_OUT": str(tmp_path),
         "MULTIHEAD_TUTORIAL_STEPS": "20",  # the full 1500 steps take two minutes; the code path is the same
+        "MULTI30K": str(MULTI30K),
         "MPLBACKEND": "Agg",
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
@@ -35,6 +37,11 @@ def test_tutorial_runs_and_writes_its_figures(name: str, tmp_path: Path) -> None
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "after 20 steps" in result.stdout
+    corpus = "Multi30k from" if (MULTI30K / "train.de.gz").exists() else "a tiny made-up corpus instead"
+    assert corpus in result.stdout
+    assert "greedy: BLEU" in result.stdout
+    assert "beam 4: BLEU" in result.stdout
+    assert "(nrefs:1|case:mixed|eff:no|tok:13a|" in result.stdout
     for figure in FIGURES:
         assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG", figure
 
