@@ -22,8 +22,9 @@
 # It is a script in jupytext's "percent" format. Run it as it is (`.venv/bin/python docs/tutorial.py`), or make
 # the notebook with `make notebooks` and open `docs/tutorial.ipynb`. Figures go to `runs/tutorial/` (the
 # environment variable `MULTIHEAD_TUTORIAL_OUT` changes that; `MULTIHEAD_TUTORIAL_STEPS` sets the training steps
-# of the last part, 1500 by default). What the text says about each computation is checked by an `assert` in the
-# code, and the tests run this tutorial from top to bottom, so it cannot drift from the library.
+# of parts 6 and 9, 1500 by default, and part 9 stops after 5 minutes; `MULTI30K` names the Multi30k folder). What
+# the text says about each computation is checked by an `assert` in the code, and the tests run this tutorial from
+# top to bottom, so it cannot drift from the library.
 #
 # Notation: `B` batch, `L` length (`Lq` queries, `Lk` keys), `h` heads, `d_k`/`d_v` per-head widths.
 

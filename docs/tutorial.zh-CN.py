@@ -25,7 +25,8 @@
 # （`.venv/bin/python docs/tutorial.zh-CN.py`），
 # 也可以用 `make notebooks` 生成笔记本，然后打开 `docs/tutorial.zh-CN.ipynb`。
 # 图片写入 `runs/tutorial/`（环境变量 `MULTIHEAD_TUTORIAL_OUT` 可以改变这个目录；
-# `MULTIHEAD_TUTORIAL_STEPS` 设置最后一部分的训练步数，默认为 1500）。
+# `MULTIHEAD_TUTORIAL_STEPS` 设置第 6 和第 9 部分的训练步数，默认为 1500，第 9 部分最多训练 5 分钟；
+# `MULTI30K` 指定 Multi30k 所在的文件夹）。
 # 正文对每一步计算的说法都由代码里的 `assert` 检查，测试会把本教程从头到尾运行一遍，
 # 因此它不会与库的实际行为脱节。
 # 代码、代码注释和打印输出都保留英文，与英文版一字不差，这样两个版本运行的是同一份代码。
