@@ -11,13 +11,13 @@ import random
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.corpus import Pair, iter_parallel, read_parallel
 from multihead.app.generated import GENERATORS
+from multihead.app.languages import file_language
 
 HELDOUT_SIZE = 1000
 SIDE_SAMPLE = 200
@@ -167,12 +167,6 @@ def load_corpus(data: Sequence[str], valid: Sequence[str] | None = None) -> Corp
 # --- what looks like a mistake ------------------------------------------------------------------------------
 
 
-def language(path: str) -> str | None:
-    """The language code a corpus file's name gives (``train.de.gz``: ``de``), if any."""
-    suffixes = [suffix[1:] for suffix in Path(path).suffixes if suffix != ".gz"]
-    return suffixes[-1].lower() if suffixes and 2 <= len(suffixes[-1]) <= 3 and suffixes[-1].isalpha() else None
-
-
 def _words(texts: Sequence[str]) -> set[str]:
     return {word for text in texts for word in text.lower().split()}
 
@@ -187,7 +181,7 @@ def swapped(corpus: Corpus, found: Survey, data: Sequence[str], valid: Sequence[
     """Whether ``valid`` reads as the other way round from ``data``: by the files' language codes where both name
     theirs, else by vocabulary (the validation sources share more words with the training targets)."""
     if len(data) == 2 and len(valid) == 2:
-        data_codes, valid_codes = [language(p) for p in data], [language(p) for p in valid]
+        data_codes, valid_codes = [file_language(p) for p in data], [file_language(p) for p in valid]
         if None not in data_codes + valid_codes and data_codes[0] != data_codes[1]:
             return valid_codes == data_codes[::-1]
     sources = [s for s, _ in corpus.valid[:SIDE_SAMPLE]]

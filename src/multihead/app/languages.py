@@ -35,15 +35,23 @@ def language_name(code: str) -> str:
     return NAMES.get(code.split("-")[0], code)
 
 
+def file_language(path: str) -> str | None:
+    """The language code a corpus file's name gives (``train.de.gz``: ``de``), if any."""
+    suffixes = [suffix[1:] for suffix in Path(path).suffixes if suffix != ".gz"]
+    return suffixes[-1].lower() if suffixes and 2 <= len(suffixes[-1]) <= 3 and suffixes[-1].isalpha() else None
+
+
 def from_file_names(paths: Sequence[str]) -> list[str] | None:
     """``[source, target]`` from two corpus files named ``NAME.CODE`` or ``NAME.CODE.gz`` that differ only in their
     codes, else ``None``."""
     if len(paths) != 2:
         return None
-    found = [re.fullmatch(r"(.*?)\.([a-z]{2,3})(\.gz)?", Path(path).name) for path in paths]
-    if not all(found) or found[0][2] == found[1][2] or (found[0][1], found[0][3]) != (found[1][1], found[1][3]):
+    codes = [file_language(path) for path in paths]
+    if None in codes or codes[0] == codes[1]:
         return None
-    return [found[0][2], found[1][2]]
+    names = [Path(path).name.lower() for path in paths]
+    rest = [(name.removesuffix(".gz").rsplit(".", 1)[0], name.endswith(".gz")) for name in names]  # all but the code
+    return codes if rest[0] == rest[1] else None
 
 
 def pair_text(langs: Sequence[str] | None) -> str:

@@ -177,6 +177,11 @@ class Translator:
         warn(f"{name} is longer than this model reads ({len(ids)} {self._unit()}, at most {max_len}): {how}")
         return [piece[:max_len] for piece in pieces]
 
+    def _all_pieces(self, texts: Sequence[str], names: Sequence[str]) -> tuple[list[list[Ids]], list[Ids]]:
+        """Each text's pieces (:meth:`_pieces`), and all of them in one list, in order."""
+        pieces = [self._pieces(text, name) for text, name in zip(texts, names, strict=True)]
+        return pieces, [ids for text_pieces in pieces for ids in text_pieces]
+
     def limit(self, source_length: int) -> int:
         """How many tokens a translation of ``source_length`` tokens may take (:func:`length_limit`)."""
         return length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
@@ -205,8 +210,7 @@ class Translator:
         """Translations of ``texts``, in order: a blank text gives a blank line, a text longer than the model reads is
         translated in pieces (:meth:`_pieces`). ``names`` say how warnings refer to each text."""
         names = names or [f"text {i + 1}" for i in range(len(texts))]
-        pieces = [self._pieces(text, name) for text, name in zip(texts, names, strict=True)]
-        flat = [ids for text_pieces in pieces for ids in text_pieces]
+        pieces, flat = self._all_pieces(texts, names)
         generate = self.generate(beam, length_penalty)
         batch_tokens = self.batch_tokens // beam
         outputs = iter(translate_ids(generate, flat, limit=self.limit, batch_tokens=batch_tokens, progress=progress))
@@ -236,8 +240,7 @@ class Translator:
             # The model's log-probabilities are finite: every sentence has `count` hypotheses.
             return [[tokens.tolist() for _, tokens in best] for best in found]
 
-        pieces = [self._pieces(text, f"text {i + 1}") for i, text in enumerate(texts)]
-        flat = [ids for text_pieces in pieces for ids in text_pieces]
+        pieces, flat = self._all_pieces(texts, [f"text {i + 1}" for i in range(len(texts))])
         outputs = iter(in_batches(search, flat, limit=self.limit, batch_tokens=self.batch_tokens // beam))
         results = []
         for text_pieces in pieces:
