@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,17 @@ def options(tmp_path: Path, **overrides: Any) -> TrainOptions:
 def encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the pairs the subword tokenizer encodes in batches from now on."""
     counted: list[int] = []
-    original = SubwordTokenizer.encode_all
+    originals = {name: getattr(SubwordTokenizer, name) for name in ("encode_all", "encode_flat")}
 
-    def encode_all(self: SubwordTokenizer, texts: list[str]) -> list[list[int]]:
-        counted.append(len(texts))
-        return original(self, texts)
+    def counting(name: str) -> Callable[[SubwordTokenizer, list[str]], Any]:
+        def encode(self: SubwordTokenizer, texts: list[str]) -> Any:
+            counted.append(len(texts))
+            return originals[name](self, texts)
 
-    monkeypatch.setattr(SubwordTokenizer, "encode_all", encode_all)
+        return encode
+
+    for name in originals:
+        monkeypatch.setattr(SubwordTokenizer, name, counting(name))
     return counted
 
 

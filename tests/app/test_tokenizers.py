@@ -8,13 +8,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import hypothesis
 import pytest
 import tokenizers
 import torch
+from hypothesis import strategies as st
 
 from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, write_corpus
 from multihead.app.runs import latest_checkpoint
-from multihead.app.tokenizers import EOS, SubwordTokenizer, load_tokenizers
+from multihead.app.tokenizers import EOS, SubwordTokenizer, WordIds, load_tokenizers
 from multihead.app.tokenizers import SymbolTokenizer as Tokenizer
 from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
@@ -125,3 +127,53 @@ BAD = (ValueError, TypeError)
 def test_tokenizer_from_damaged_dict_refused(values: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Tokenizer.from_dict(values)
+
+
+# Pieces of awkward text: combining marks, what NFKC changes (ligature, circled digit, no-break and ideographic
+# spaces, the angstrom sign), spaces single, double and outer, tabs, Chinese, punctuation, specials' text.
+AWKWARD = ["Ein", "Hund", "läuft", "e\u0301", "ﬁ", "①", "\u212b", "\u00a0", "\u3000", " ", "  ", "\t", "中文", "。",
+           ".", ",", "<", "<unk>", "<pad>x", "zz", "Q"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def awkward_tokenizer() -> SubwordTokenizer:
+    texts = [*(text for pair in TRAIN for text in pair), "中文 。 e\u0301 ﬁ ① \u212b", "<unk> < Hund"]
+    return SubwordTokenizer.train(texts, vocab_size=90)
+
+
+@hypothesis.settings(max_examples=300, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(texts=st.lists(st.lists(st.sampled_from(AWKWARD), max_size=8).map("".join), max_size=12))
+def test_a_corpus_is_encoded_word_by_word_exactly_as_hugging_face_encodes_it(
+    awkward_tokenizer: SubwordTokenizer, texts: list[str]
+) -> None:
+    ids, lengths = awkward_tokenizer.encode_flat(texts)
+    expected = awkward_tokenizer.encode_all(texts)
+    assert lengths.tolist() == [len(one) for one in expected]
+    assert ids.tolist() == [index for one in expected for index in one]
+
+
+def test_the_words_met_are_bounded_and_encoding_stays_exact(
+    awkward_tokenizer: SubwordTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(WordIds, "LIMIT", 5)
+    words = WordIds(awkward_tokenizer.model)
+    texts = ["Ein Hund läuft", "zz Q Ein", "Hund Hund Hund", "a b c d e f g", "läuft"]
+    for text in texts:
+        ids, lengths = words.encode([text])
+        assert ids.tolist() == awkward_tokenizer.encode_all([text])[0]
+        assert lengths.tolist() == [len(ids)]
+        assert len(words.index) <= 7  # a text's own words may exceed the limit; earlier ones are forgotten
+    assert set(words.index) == {"läuft"}
+
+
+def test_word_by_word_encoding_only_for_the_rules_it_relies_on(awkward_tokenizer: SubwordTokenizer) -> None:
+    assert WordIds.applies(awkward_tokenizer.model)
+    other = tokenizers.Tokenizer.from_str(awkward_tokenizer.to_json())
+    other.normalizer = tokenizers.normalizers.Lowercase()
+    assert not WordIds.applies(other)
+    other = SubwordTokenizer(tokenizers.Tokenizer.from_str(awkward_tokenizer.to_json()))
+    other.model.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    texts = ["Ein Hund", "Hund. Ein"]
+    ids, _lengths = other.encode_flat(texts)
+    assert ids.tolist() == [i for one in other.encode_all(texts) for i in one]
+    assert other._words is False

@@ -25,7 +25,7 @@ import numpy as np
 
 from multihead.app.console import plural, progress_bar, say, warn
 from multihead.app.corpus import Pair, file_sha256
-from multihead.app.tokenizers import Tokenizer
+from multihead.app.tokenizers import Tokenizer, flat
 from multihead.files import write_directory
 
 FORMAT = 1
@@ -71,7 +71,7 @@ class EncodedCorpus:
         sides = []
         for ids in (sources, targets):
             builder = _SideBuilder(_token_dtype(vocabulary))
-            builder.add(ids)
+            builder.add(*flat(ids))
             sides.append(builder.build())
         return cls(*sides, dropped=0)
 
@@ -90,9 +90,9 @@ class _SideBuilder:
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype, self.tokens, self.lengths = dtype, [], []
 
-    def add(self, ids: list[list[int]]) -> None:
-        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-        self.tokens.append(np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=int(lengths.sum())))
+    def add(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Texts of ``lengths`` ids each, their ``ids`` one after another."""
+        self.tokens.append(ids.astype(self.dtype))
         self.lengths.append(lengths)
 
     def build(self) -> Sentences:
@@ -122,14 +122,11 @@ def encode_pairs(
     dropped, begin = 0, time.perf_counter()
     bar = progress_bar(total, enabled=progress, unit="pair")
     for chunk in _chunks(pairs, CHUNK):
-        sources = source.encode_all([s for s, _ in chunk])
-        targets = target.encode_all([t for _, t in chunk])
-        kept = [i for i in range(len(chunk)) if len(sources[i]) <= max_len and len(targets[i]) + 1 <= max_len]
-        dropped += len(chunk) - len(kept)
-        if len(kept) < len(chunk):
-            sources, targets = [sources[i] for i in kept], [targets[i] for i in kept]
-        builders[0].add(sources)
-        builders[1].add(targets)
+        sides = source.encode_flat([s for s, _ in chunk]), target.encode_flat([t for _, t in chunk])
+        kept = (sides[0][1] <= max_len) & (sides[1][1] + 1 <= max_len)  # (pairs,)
+        dropped += len(chunk) - int(kept.sum())
+        for builder, (ids, lengths) in zip(builders, sides, strict=True):
+            builder.add(ids[np.repeat(kept, lengths)], lengths[kept])
         bar.update(len(chunk))
     bar.close()
     corpus = EncodedCorpus(builders[0].build(), builders[1].build(), dropped)

@@ -14,12 +14,16 @@ and each subword vocabulary is a file of its own beside it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -42,6 +46,11 @@ class Tokenizer(Protocol):
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of many texts at once (unknown pieces read as ``<unk>`` silently)."""
+        ...
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """What :meth:`encode_all` gives, as the ids of all texts one after another (int64) and each text's length
+        (int64): the form a corpus is kept in."""
         ...
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -89,6 +98,9 @@ class SymbolTokenizer:
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(text)[0] for text in texts]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        return flat(self.encode_all(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
         pieces = []
@@ -144,6 +156,7 @@ class SubwordTokenizer:
 
     def __init__(self, model: Any) -> None:
         self.model = model  # a tokenizers.Tokenizer
+        self._words: WordIds | bool | None = None  # made on the first encode_flat; False where it does not apply
         for index, special in enumerate(SPECIALS):
             if model.token_to_id(special) != index:
                 raise ValueError(f"a subword vocabulary must give {special!r} the id {index}")
@@ -183,6 +196,13 @@ class SubwordTokenizer:
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self.model.encode_batch(list(texts), add_special_tokens=False)]
 
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids :meth:`encode_all` gives, several times faster on a corpus: each distinct word is encoded once
+        (see :class:`WordIds`)."""
+        if self._words is None:
+            self._words = WordIds(self.model) if WordIds.applies(self.model) else False
+        return self._words.encode(texts) if self._words else flat(self.encode_all(texts))
+
     def decode(self, ids: Iterable[int]) -> str:
         kept = []
         for index in ids:
@@ -220,6 +240,117 @@ class SubwordTokenizer:
         except Exception as error:  # the library raises a bare Exception for malformed files
             raise ValueError(f"not a Hugging Face tokenizers file ({str(error).splitlines()[0]})") from None
         return cls(model)
+
+
+class WordIds:
+    """The ids of the words a subword tokenizer has met, to encode a corpus fast and exactly as the tokenizer does.
+
+    A subword tokenizer normalizes a text (NFKC), cuts it into words at its spaces (each word marked with ``▁``),
+    splits the words further (punctuation, characters of scripts written without spaces) and encodes each piece on
+    its own. So a text that NFKC leaves as it is, holding words separated by single spaces and none of the specials'
+    text, encodes to its words' ids one after another, and each word need be encoded only once. Other texts (double
+    or outer spaces, text NFKC changes, a special's text, the empty text) go to Hugging Face whole. At most ``LIMIT``
+    words are kept: the collection starts again when it would hold more.
+    """
+
+    LIMIT = 1 << 19
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.specials = "".join(sorted({token.content[:1] for token in model.get_added_tokens_decoder().values()}))
+        self._forget()
+
+    def _forget(self) -> None:
+        self.index: dict[str, int] = {}  # word -> its number
+        self.starts = np.zeros(1, np.int64)  # word i's ids are ids[starts[i]:starts[i + 1]]
+        self.ids = np.zeros(0, np.int64)
+
+    @staticmethod
+    def applies(model: Any) -> bool:
+        """Whether ``model`` (a ``tokenizers.Tokenizer``) follows the rules above: NFKC, then ``▁``-marked words cut at
+        spaces before any other split, BPE without dropout, no truncation or padding."""
+        described = json.loads(model.to_str())
+        splits = described.get("pre_tokenizer") or {}
+        first = splits["pretokenizers"][0] if splits.get("type") == "Sequence" and splits["pretokenizers"] else splits
+        return (
+            described.get("normalizer") == {"type": "NFKC"}
+            and first.get("type") == "Metaspace"
+            and first.get("replacement") == SubwordTokenizer.MARK
+            and first.get("prepend_scheme") == "always"
+            and first.get("split") is True
+            and described["model"].get("type") == "BPE"
+            and described["model"].get("dropout") is None
+            and described.get("truncation") is None
+            and described.get("padding") is None
+        )
+
+    def _plain(self, text: str) -> bool:
+        """Whether ``text`` encodes word by word."""
+        return (
+            bool(text)
+            and text[0] != " "
+            and text[-1] != " "
+            and "  " not in text
+            and not any(mark in text for mark in self.specials)
+            and unicodedata.is_normalized("NFKC", text)
+        )
+
+    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Tokenizer.encode_flat` of ``texts``."""
+        plain = np.fromiter(map(self._plain, texts), bool, count=len(texts))
+        if plain.all():
+            return self._words(texts)
+        parts = {
+            True: self._words([texts[i] for i in np.flatnonzero(plain)]),
+            False: flat(self._model_ids([texts[i] for i in np.flatnonzero(~plain)])),
+        }
+        lengths = np.zeros(len(texts), np.int64)
+        for kind, (_, counts) in parts.items():
+            lengths[plain == kind] = counts
+        starts = np.cumsum(lengths) - lengths
+        ids = np.zeros(int(lengths.sum()), np.int64)
+        for kind, (part, counts) in parts.items():
+            ids[spans(starts[plain == kind], counts)] = part
+        return ids, lengths
+
+    def _model_ids(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self.model.encode_batch(texts, add_special_tokens=False)]
+
+    def _words(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of plain texts, word by word."""
+        words = " ".join(texts).split(" ") if texts else []
+        numbers = list(map(self.index.get, words))
+        if None in numbers:
+            new = list(dict.fromkeys(word for word, number in zip(words, numbers, strict=True) if number is None))
+            if len(self.index) + len(new) > self.LIMIT:
+                self._forget()
+                new = list(dict.fromkeys(words))
+            self._learn(new)
+            numbers = list(map(self.index.get, words))
+        number = np.array(numbers, np.int64)  # (W,) every word of every text
+        counts = self.starts[number + 1] - self.starts[number]  # (W,) ids per word
+        ids = self.ids[spans(self.starts[number], counts)]
+        word_ends = np.cumsum(np.fromiter((text.count(" ") + 1 for text in texts), np.int64, count=len(texts)))
+        id_ends = np.cumsum(counts)[word_ends - 1] if len(words) else np.zeros(0, np.int64)
+        return ids, np.diff(id_ends, prepend=0)
+
+    def _learn(self, words: list[str]) -> None:
+        ids, counts = flat(self._model_ids(words))
+        self.index.update(zip(words, range(len(self.index), len(self.index) + len(words)), strict=True))
+        self.starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum(counts)])
+        self.ids = np.concatenate([self.ids, ids])
+
+
+def flat(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists as their ids one after another and each list's length (int64 both)."""
+    lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    return np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(lengths.sum())), lengths
+
+
+def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, ..., starts[i] + lengths[i] - 1`` for every ``i``, one after another."""
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
 
 
 def build_tokenizers(
