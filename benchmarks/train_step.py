@@ -5,8 +5,10 @@ Both models: by default d_model 256, 3+3 layers, 4 heads, d_ff 1024, one tied 80
 corpus recipe); with ``--base`` the paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048, a tied
 32000-symbol vocabulary, the GPU recipe's sizes). Post-norm, dropout 0.1, sinusoidal positions, Adam, label
 smoothing 0.1, the same padded batches of about ``--batch-tokens`` tokens with key padding masks. A step is
-forward, loss, backward and the optimizer's update; ours runs the path ``multihead train`` runs (the model's
-unchecked ``_forward``: the batches are the benchmark's own). On CUDA each step ends with a synchronisation, and
+forward, loss, backward and the optimizer's update; ours runs what ``multihead train`` runs (``TokenLoss``: the
+model's unchecked ``_forward``, the batches being the benchmark's own, and the loss projected a slice of rows at a
+time; with ``--compile``, the whole logits), theirs ``F.cross_entropy`` on the whole logits. On CUDA each step ends
+with a synchronisation, and
 batches are on the device before the clock starts. Like ``multihead train``, the process keeps the memory it frees
 for reuse (:mod:`multihead.app.memory`); ``--malloc-default`` leaves glibc's allocator as it comes.
 
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from multihead.app.memory import keep_freed_memory
+from multihead.app.train_torch import TokenLoss
 from multihead.positional import sinusoidal_positions
 from multihead.torch import Transformer
 
@@ -95,14 +98,23 @@ def batches(
     return made
 
 
-def step_function(model: nn.Module, forward: callable, bf16: bool, device: torch.device) -> callable:
+def cross_entropy(forward: callable) -> callable:
+    """``torch.nn.Transformer``'s loss: label-smoothed cross-entropy on the whole logits, summed."""
+
+    def loss(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, smoothing: float) -> torch.Tensor:
+        logits = forward(src, tgt_in)
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=PAD, reduction="sum",
+                               label_smoothing=smoothing)  # fmt: skip
+
+    return loss
+
+
+def step_function(model: nn.Module, loss_sum: callable, bf16: bool, device: torch.device) -> callable:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step(src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = forward(src, tgt_in)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=PAD,
-                                   label_smoothing=0.1)  # fmt: skip
+            loss = loss_sum(src, tgt_in, tgt_out, 0.1) / (tgt_out != PAD).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -131,11 +143,11 @@ def main() -> None:
                        num_encoder_layers=sizes.layers, num_decoder_layers=sizes.layers, d_ff=sizes.d_ff, dropout=0.1,
                        pad_id=PAD, tie_embeddings=True).to(device)  # fmt: skip
     theirs = TorchNNTransformer(sizes).to(device)
-    forwards = {"multihead": ours._forward, "torch.nn.Transformer": theirs}
+    losses = {"multihead": TokenLoss(ours, sliced=not args.compile), "torch.nn.Transformer": cross_entropy(theirs)}
     if args.compile:
-        forwards = {name: torch.compile(forward, dynamic=True) for name, forward in forwards.items()}
+        losses = {name: torch.compile(loss, dynamic=True) for name, loss in losses.items()}
     models = {"multihead": ours, "torch.nn.Transformer": theirs}
-    steps = {name: step_function(models[name], forward, args.bf16, device) for name, forward in forwards.items()}
+    steps = {name: step_function(models[name], loss, args.bf16, device) for name, loss in losses.items()}
     data = batches(args.steps + 3, args.batch_tokens, sizes.vocab, args.device)
     times: dict[str, list[float]] = {name: [] for name in steps}
     warm_up = dict.fromkeys(steps, 0.0)  # with --compile: compiling, for the first shapes

@@ -16,7 +16,7 @@ from multihead.app.batching import CorpusBatches
 from multihead.app.data import load_corpus, survey
 from multihead.app.encoded import EncodedCorpus, encode_pairs, read_cache, write_cache
 from multihead.app.runs import ENCODED
-from multihead.app.tokenizers import SubwordTokenizer, build_tokenizers
+from multihead.app.tokenizers import SubwordTokenizer, WordIds, build_tokenizers
 from multihead.app.training import Training, TrainOptions, train
 
 
@@ -81,17 +81,18 @@ def options(tmp_path: Path, **overrides: Any) -> TrainOptions:
 def encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the pairs the subword tokenizer encodes in batches from now on."""
     counted: list[int] = []
-    originals = {name: getattr(SubwordTokenizer, name) for name in ("encode_all", "encode_flat")}
+    originals = {(owner, name): getattr(owner, name) for owner, name in ((SubwordTokenizer, "encode_all"),
+                                                                          (WordIds, "encode"))}  # fmt: skip
 
-    def counting(name: str) -> Callable[[SubwordTokenizer, list[str]], Any]:
-        def encode(self: SubwordTokenizer, texts: list[str]) -> Any:
+    def counting(original: Callable[[Any, list[str]], Any]) -> Callable[[Any, list[str]], Any]:
+        def encode(self: Any, texts: list[str]) -> Any:
             counted.append(len(texts))
-            return originals[name](self, texts)
+            return original(self, texts)
 
         return encode
 
-    for name in originals:
-        monkeypatch.setattr(SubwordTokenizer, name, counting(name))
+    for (owner, name), original in originals.items():
+        monkeypatch.setattr(owner, name, counting(original))
     return counted
 
 

@@ -146,7 +146,7 @@ def awkward_tokenizer() -> SubwordTokenizer:
 def test_a_corpus_is_encoded_word_by_word_exactly_as_hugging_face_encodes_it(
     awkward_tokenizer: SubwordTokenizer, texts: list[str]
 ) -> None:
-    ids, lengths = awkward_tokenizer.encode_flat(texts)
+    ids, lengths = awkward_tokenizer.corpus_encoder()(texts)
     expected = awkward_tokenizer.encode_all(texts)
     assert lengths.tolist() == [len(one) for one in expected]
     assert ids.tolist() == [index for one in expected for index in one]
@@ -174,6 +174,5 @@ def test_word_by_word_encoding_only_for_the_rules_it_relies_on(awkward_tokenizer
     other = SubwordTokenizer(tokenizers.Tokenizer.from_str(awkward_tokenizer.to_json()))
     other.model.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     texts = ["Ein Hund", "Hund. Ein"]
-    ids, _lengths = other.encode_flat(texts)
+    ids, _lengths = other.corpus_encoder()(texts)
     assert ids.tolist() == [i for one in other.encode_all(texts) for i in one]
-    assert other._words is False

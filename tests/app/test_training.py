@@ -22,6 +22,7 @@ import safetensors.numpy
 import torch
 import torch.nn.functional as F
 
+import multihead.app.train_torch as train_torch
 import multihead.app.training as training
 from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, torch_trainer, write_corpus
 from multihead.app.batching import CorpusBatches, join_batches, make_batch
@@ -30,7 +31,7 @@ from multihead.app.encoded import EncodedCorpus
 from multihead.app.runs import latest_checkpoint
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import PAD
-from multihead.app.train_torch import TorchTrainer
+from multihead.app.train_torch import TokenLoss, TorchTrainer
 from multihead.app.training import RECIPES, Training, TrainOptions, train
 from multihead.app.translate import Translator
 from multihead.io import save_weights
@@ -157,6 +158,54 @@ def test_label_smoothing_defaults_to_0_1_for_a_corpus_and_reaches_the_loss(
     loss = float(run.trainer.train_step([batch], 0.0, batch.target_tokens))  # the loss before the step
     assert loss == pytest.approx(expected, rel=1e-5)
     assert loss != pytest.approx(other, rel=1e-3)
+
+
+LOSS_BATCH = (
+    torch.tensor([[5, 6, 7, 8, 9], [4, 5, 6, 0, 0], [11, 10, 9, 8, 0]]),  # src (3, 5)
+    torch.tensor([[1, 4, 5, 6], [1, 7, 0, 0], [1, 9, 10, 11]]),  # tgt_in (3, 4)
+    torch.tensor([[4, 5, 6, 2], [7, 2, 0, 0], [9, 10, 11, 2]]),  # tgt_out, padded like tgt_in
+)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("slice_rows", [1, 7, 1000])
+def test_the_sliced_loss_and_its_gradients_are_the_whole_logits_cross_entropy(
+    monkeypatch: pytest.MonkeyPatch, smoothing: float, slice_rows: int
+) -> None:
+    """ProjectedLoss against F.cross_entropy on the whole logits, float64: loss and every parameter's gradient, with
+    padding targets, in slices of one row, of rows that do not divide the batch, and whole."""
+    trainer = torch_trainer()
+    model = trainer.model.double()
+    monkeypatch.setattr(train_torch, "SLICE_ELEMENTS", slice_rows * model.config.tgt_vocab)
+    src, tgt_in, tgt_out = LOSS_BATCH
+    results = []
+    for sliced in (True, False):
+        model.zero_grad()
+        loss = TokenLoss(model, sliced=sliced)(src, tgt_in, tgt_out, smoothing)
+        (loss * 0.37).backward()  # the gradient flowing in is applied
+        results.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+    (loss, grads), (expected, expected_grads) = results
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_the_sliced_loss_under_bf16_autocast_follows_the_whole_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = torch_trainer()
+    monkeypatch.setattr(train_torch, "SLICE_ELEMENTS", 5 * trainer.model.config.tgt_vocab)
+    src, tgt_in, tgt_out = LOSS_BATCH
+    results = []
+    for sliced in (True, False):
+        trainer.model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = TokenLoss(trainer.model, sliced=sliced)(src, tgt_in, tgt_out, 0.1)
+        loss.backward()
+        results.append((loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
+    (loss, grads), (expected, expected_grads) = results
+    assert loss.dtype == expected.dtype == grads.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-2, atol=0.0)
+    assert float((grads - expected_grads).norm()) < 0.02 * float(expected_grads.norm())  # bf16 rounds differently
 
 
 def test_built_in_tasks_train_without_label_smoothing(tmp_path: Path) -> None:

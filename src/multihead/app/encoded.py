@@ -119,10 +119,13 @@ def encode_pairs(
     """The ids of ``pairs`` (read as they come, ``CHUNK`` at a time) whose source fits ``max_len`` tokens and whose
     target fits with its BOS or EOS; a progress bar of pairs (``total`` of them) when ``progress``."""
     builders = _SideBuilder(_token_dtype(len(source))), _SideBuilder(_token_dtype(len(target)))
+    encoders = (
+        (source.corpus_encoder(),) * 2 if source is target else (source.corpus_encoder(), target.corpus_encoder())
+    )
     dropped, begin = 0, time.perf_counter()
     bar = progress_bar(total, enabled=progress, unit="pair")
     for chunk in _chunks(pairs, CHUNK):
-        sides = source.encode_flat([s for s, _ in chunk]), target.encode_flat([t for _, t in chunk])
+        sides = encoders[0]([s for s, _ in chunk]), encoders[1]([t for _, t in chunk])
         kept = (sides[0][1] <= max_len) & (sides[1][1] + 1 <= max_len)  # (pairs,)
         dropped += len(chunk) - int(kept.sum())
         for builder, (ids, lengths) in zip(builders, sides, strict=True):

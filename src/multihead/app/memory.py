@@ -1,11 +1,11 @@
-"""The process's memory allocator, set up for training: freed memory kept for the next step.
+"""The process's memory allocator, set up for training: freed memory kept for the next step, and what learning the
+vocabulary and encoding a corpus freed handed back before training starts.
 
-A training step allocates a few tensors far larger than the rest: the logits and their gradients, ``B·Lt × V``
-floats (about 130 MB for 4096 target tokens and a vocabulary of 8000). glibc's ``malloc`` gives every block above
-its mmap threshold (which it raises by itself to 32 MiB at most) fresh pages from the kernel and returns them when it
-is freed, so each step pays a page fault for every 4 KiB of those tensors (docs/translation.md measures what that
-costs: ``benchmarks/train_step.py --malloc-default``). TensorFlow and JAX keep their own pools, so this concerns
-PyTorch only.
+A training step allocates tensors of tens of MB (activations; the loss takes the logits a slice at a time).
+glibc's ``malloc`` gives every block above its mmap threshold (which it raises by itself to 32 MiB at most) fresh
+pages from the kernel and returns them when it is freed, so a step would pay a page fault for every 4 KiB of those
+tensors (docs/translation.md measures what that costs: ``benchmarks/train_step.py --malloc-default``). TensorFlow and
+JAX keep their own pools, so this concerns PyTorch only.
 """
 
 from __future__ import annotations
@@ -22,15 +22,28 @@ TRIM_THRESHOLD = 2**31 - 1
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
-def keep_freed_memory() -> bool:
-    """Have glibc's ``malloc`` keep freed memory for reuse (see the module's docstring). Whether it did: not on other C
-    libraries, nor when the environment already sets glibc's malloc options, which then stand."""
-    if any(name in os.environ for name in USER_SETTINGS):
-        return False
+def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.gnu_get_libc_version  # noqa: B018 (glibc's own: other C libraries' mallopt, if any, take other numbers)
-        mallopt = libc.mallopt
     except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
+def release_freed_memory() -> None:
+    """Hand the memory ``malloc`` holds free back to the system (glibc's ``malloc_trim``): Hugging Face's BPE trainer
+    and the corpus's encoding leave hundreds of MB free in the process, which the training step cannot all reuse.
+    Nothing elsewhere."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's ``malloc`` keep freed memory for reuse (see the module's docstring). Whether it did: not on other C
+    libraries, nor when the environment already sets glibc's malloc options, which then stand."""
+    libc = None if any(name in os.environ for name in USER_SETTINGS) else _glibc()
+    if libc is None:
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

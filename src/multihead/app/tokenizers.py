@@ -19,7 +19,7 @@ import json
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,9 +48,10 @@ class Tokenizer(Protocol):
         """Ids of many texts at once (unknown pieces read as ``<unk>`` silently)."""
         ...
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """What :meth:`encode_all` gives, as the ids of all texts one after another (int64) and each text's length
-        (int64): the form a corpus is kept in."""
+    def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
+        """A function giving what :meth:`encode_all` gives, as the ids of all texts one after another (int64) and each
+        text's length (int64): the form a corpus is kept in. It may remember what it has met, to go faster over a
+        whole corpus: one per corpus, let go after it."""
         ...
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -99,8 +100,8 @@ class SymbolTokenizer:
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(text)[0] for text in texts]
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        return flat(self.encode_all(texts))
+    def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
+        return lambda texts: flat(self.encode_all(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
         pieces = []
@@ -156,7 +157,6 @@ class SubwordTokenizer:
 
     def __init__(self, model: Any) -> None:
         self.model = model  # a tokenizers.Tokenizer
-        self._words: WordIds | bool | None = None  # made on the first encode_flat; False where it does not apply
         for index, special in enumerate(SPECIALS):
             if model.token_to_id(special) != index:
                 raise ValueError(f"a subword vocabulary must give {special!r} the id {index}")
@@ -196,12 +196,12 @@ class SubwordTokenizer:
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self.model.encode_batch(list(texts), add_special_tokens=False)]
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The ids :meth:`encode_all` gives, several times faster on a corpus: each distinct word is encoded once
-        (see :class:`WordIds`)."""
-        if self._words is None:
-            self._words = WordIds(self.model) if WordIds.applies(self.model) else False
-        return self._words.encode(texts) if self._words else flat(self.encode_all(texts))
+    def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
+        """Several times faster than :meth:`encode_all` on a corpus, with the same ids: each distinct word is encoded
+        once (see :class:`WordIds`)."""
+        if WordIds.applies(self.model):
+            return WordIds(self.model).encode
+        return lambda texts: flat(self.encode_all(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
         kept = []
@@ -296,7 +296,7 @@ class WordIds:
         )
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`Tokenizer.encode_flat` of ``texts``."""
+        """A :meth:`Tokenizer.corpus_encoder`'s ids of ``texts``."""
         plain = np.fromiter(map(self._plain, texts), bool, count=len(texts))
         if plain.all():
             return self._words(texts)

@@ -11,7 +11,12 @@ reads it, every few steps. ``--precision`` autocasts the forward pass and the lo
 ``GradScaler``, whose state is checkpointed); the weights and the optimizer state stay float32. ``--compile`` runs
 the step's forward pass under ``torch.compile``.
 
-Notation: B batch, Lt target length, V target vocabulary.
+The loss of a training step never holds the whole ``(B·Lt, V)`` logits: :class:`ProjectedLoss` projects the decoder's
+output a few rows at a time and takes each slice's gradient while it has the slice (a summed cross-entropy's gradient
+does not depend on what comes after it), so memory holds one slice at a time instead of the logits, their
+log-probabilities and two gradients of that size.
+
+Notation: B batch, Lt target length, N = B·Lt rows, E d_model, V target vocabulary.
 """
 
 from __future__ import annotations
@@ -39,21 +44,70 @@ from multihead.config import TransformerConfig
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.torch import Transformer
 
+SLICE_ELEMENTS = 1 << 22
+"""The logits :class:`ProjectedLoss` computes at a time: rows of ``V`` floats, 16 MiB in float32."""
+
 
 class TokenLoss(nn.Module):
     """What DistributedDataParallel and ``torch.compile`` wrap: a batch's summed (label-smoothed) cross-entropy over
-    its target tokens, through the model's unchecked teacher-forced path."""
+    its target tokens, through the model's unchecked teacher-forced path; :class:`ProjectedLoss` where gradients are
+    taken (not under ``torch.compile``, which sees the whole logits)."""
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, *, sliced: bool = True) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.sliced = model, sliced
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, smoothing: float) -> torch.Tensor:
+        if self.sliced and torch.is_grad_enabled():
+            hidden = self.model._forward(src, tgt_in, project=False)  # (B, Lt, E)
+            projection = self.model.output_proj
+            return ProjectedLoss.apply(hidden.flatten(0, 1), projection.weight, projection.bias, tgt_out.flatten(),
+                                       smoothing)  # fmt: skip
         logits = self.model._forward(src, tgt_in)  # (B, Lt, V)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # autocast's half precision: float32
         return F.cross_entropy(
             logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum", label_smoothing=smoothing
         )
+
+
+class ProjectedLoss(torch.autograd.Function):
+    """``F.cross_entropy(hidden @ weight.T + bias, target, ignore_index=PAD, reduction="sum", label_smoothing=s)``,
+    computed a slice of rows at a time, with its gradients (log-probabilities in float32 at least, as ``TokenLoss``;
+    under autocast the projection computes in ``hidden``'s dtype, as ``nn.Linear`` would). A row's loss is
+    ``-(1 - s) log p[target] - (s / V) Σ log p``; its gradient with respect to the logits is ``p - (1 - s) onehot -
+    s / V``, zero for PAD targets."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor, s: float
+    ) -> torch.Tensor:
+        rows, vocab, dtype = hidden.shape[0], weight.shape[0], hidden.dtype  # hidden (N, E), weight (V, E)
+        exact = torch.promote_types(dtype, torch.float32)  # what the log-probabilities take
+        with torch.autocast(hidden.device.type, enabled=False):
+            cast_weight, cast_bias = weight.to(dtype), bias.to(dtype)
+            grad_hidden = torch.empty_like(hidden)
+            grad_weight, grad_bias = torch.zeros_like(weight), torch.zeros_like(bias)
+            total = torch.zeros((), dtype=exact, device=hidden.device)
+            step = max(1, SLICE_ELEMENTS // vocab)
+            for start in range(0, rows, step):
+                part, wanted = hidden[start : start + step], target[start : start + step, None]  # (n, E), (n, 1)
+                log_probs = torch.addmm(cast_bias, part, cast_weight.t()).to(exact).log_softmax(-1)  # (n, V)
+                kept = (wanted != PAD).to(exact)  # (n, 1)
+                picked = log_probs.gather(1, wanted)
+                total += (kept * ((s - 1.0) * picked - (s / vocab) * log_probs.sum(1, keepdim=True))).sum()
+                grad = log_probs.exp_().sub_(s / vocab)  # (n, V): the probabilities' buffer
+                grad.scatter_add_(1, wanted, torch.full_like(picked, s - 1.0)).mul_(kept)
+                grad = grad.to(dtype)
+                torch.mm(grad, cast_weight, out=grad_hidden[start : start + step])
+                grad_weight.add_(grad.t().mm(part))
+                grad_bias.add_(grad.sum(0))
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        return grad_hidden * grad_total, grad_weight * grad_total, grad_bias * grad_total, None, None
 
 
 class TorchTrainer:
@@ -89,7 +143,7 @@ class TorchTrainer:
         if self.scaler is not None and previous is not None:
             self.scaler.load_state_dict(previous.state_dict())
         self.skipped = getattr(self, "skipped", 0)
-        step = TokenLoss(self.model)
+        step = TokenLoss(self.model, sliced=not options["compile"])
         self.ddp = DistributedDataParallel(step) if self.world > 1 else None
         engine = self.ddp or step
         self.engine = torch.compile(engine, dynamic=True) if options["compile"] else engine

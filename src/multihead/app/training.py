@@ -21,7 +21,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
 from multihead.app.encoded import EncodedCorpus, encode_pairs
 from multihead.app.evaluate import exact_match, score
 from multihead.app.languages import bleu_tokenizer, from_file_names
+from multihead.app.memory import release_freed_memory
 from multihead.app.options import DATA, FLAGS, RECIPES, RESUMABLE, SAVED, TrainOptions, in_flags, on_this_machine
 from multihead.app.runs import (
     AVERAGE,
@@ -217,6 +218,7 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
     source, target = _tokenizers(resolved, found.sample)
     size = found.size
     del found  # the sample's texts
+    release_freed_memory()  # theirs and the BPE trainer's
     config = _config(resolved, source, target, CORPUS_MAX_LEN)
     train = fingerprint(options.data)
     key = _cache_key(train, source, target)
@@ -485,9 +487,14 @@ class Training:
         self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
 
     def _save_encoding(self) -> None:
-        """Write the run's encoded corpus when it was encoded here (rank 0, the run's lock held)."""
+        """Write the run's encoded corpus when it was encoded here (rank 0, the run's lock held), and train from the
+        files written, memory-mapped, as a resumed run does: the arrays encoding made are let go."""
         if is_main_rank() and not self.setup.cached:
             save_encoded_corpus(self.out, self.setup.encoded, self.setup.cache_key)
+            mapped = encoded_corpus(self.out, self.setup.cache_key)
+            if mapped is not None:
+                self.setup = replace(self.setup, encoded=mapped, cached=True)
+                release_freed_memory()
 
     def _warn_of_changes(self, before: dict[str, Any]) -> None:
         """Say what resuming changes in how the run trains: Keras' backend, or the batch a step takes (world size

@@ -475,6 +475,8 @@ class Transformer(nn.Module):
         tgt_key_mask: torch.Tensor | None,
         cache: DecoderCache | None,
         return_weights: bool = False,
+        *,
+        project: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         offset = 0 if cache is None else cache.length
         hidden = self.decoder._forward(
@@ -487,7 +489,7 @@ class Transformer(nn.Module):
         )
         if return_weights:
             return self.output_proj(hidden[0]), hidden[1]
-        return self.output_proj(hidden)  # (B, Lt, V)
+        return self.output_proj(hidden) if project else hidden  # (B, Lt, V), or (B, Lt, E) unprojected
 
     def forward(
         self,
@@ -507,12 +509,15 @@ class Transformer(nn.Module):
         tgt: torch.Tensor,
         src_key_mask: torch.Tensor | None = None,
         tgt_key_mask: torch.Tensor | None = None,
+        *,
+        project: bool = True,
     ) -> torch.Tensor:
         """:meth:`forward` on checked arguments: nothing here reads a tensor's values on the host, so a training loop
-        that checked its batches itself runs without a synchronisation (and ``torch.compile`` without a break)."""
+        that checked its batches itself runs without a synchronisation (and ``torch.compile`` without a break).
+        ``project=False``: the decoder's output ``(B, Lt, E)``, before ``output_proj`` makes it logits."""
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask)
-        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None)
+        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, project=project)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
