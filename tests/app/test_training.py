@@ -167,17 +167,22 @@ LOSS_BATCH = (
 )
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="PyTorch sees no CUDA device")])]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("slice_rows", [1, 7, 1000])
 def test_the_sliced_loss_and_its_gradients_are_the_whole_logits_cross_entropy(
-    monkeypatch: pytest.MonkeyPatch, smoothing: float, slice_rows: int
+    monkeypatch: pytest.MonkeyPatch, smoothing: float, slice_rows: int, device: str
 ) -> None:
     """ProjectedLoss against F.cross_entropy on the whole logits, float64: loss and every parameter's gradient, with
     padding targets, in slices of one row, of rows that do not divide the batch, and whole."""
     trainer = torch_trainer()
-    model = trainer.model.double()
+    model = trainer.model.double().to(device)
     monkeypatch.setattr(train_torch, "SLICE_ELEMENTS", slice_rows * model.config.tgt_vocab)
-    src, tgt_in, tgt_out = LOSS_BATCH
+    src, tgt_in, tgt_out = (tensor.to(device) for tensor in LOSS_BATCH)
     results = []
     for sliced in (True, False):
         model.zero_grad()
@@ -191,14 +196,18 @@ def test_the_sliced_loss_and_its_gradients_are_the_whole_logits_cross_entropy(
         torch.testing.assert_close(grad, expected_grads[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
-def test_the_sliced_loss_under_bf16_autocast_follows_the_whole_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_sliced_loss_under_bf16_autocast_follows_the_whole_logits(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
     trainer = torch_trainer()
+    trainer.model.to(device)
     monkeypatch.setattr(train_torch, "SLICE_ELEMENTS", 5 * trainer.model.config.tgt_vocab)
-    src, tgt_in, tgt_out = LOSS_BATCH
+    src, tgt_in, tgt_out = (tensor.to(device) for tensor in LOSS_BATCH)
     results = []
     for sliced in (True, False):
         trainer.model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             loss = TokenLoss(trainer.model, sliced=sliced)(src, tgt_in, tgt_out, 0.1)
         loss.backward()
         results.append((loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters()])))
