@@ -149,8 +149,9 @@ _ARRAYS = {
 }
 
 
-def write_cache(directory: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> None:
-    """``corpus`` into ``directory`` (replaced whole, atomically), made from what ``key`` says."""
+def write_cache(directory: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> EncodedCorpus:
+    """``corpus`` into ``directory`` (replaced whole, atomically), made from what ``key`` says; the same corpus read
+    back from there, memory-mapped."""
 
     def write(staging: Path) -> None:
         files = {}
@@ -161,6 +162,16 @@ def write_cache(directory: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> 
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
     write_directory(directory, write, prefix=".encoded.")
+    return _mapped(directory, corpus.dropped)
+
+
+def _mapped(directory: Path, dropped: int) -> EncodedCorpus:
+    arrays = {key: np.load(directory / name, mmap_mode="r", allow_pickle=False) for name, key in _ARRAYS.items()}
+    return EncodedCorpus(
+        Sentences(arrays["sources", "tokens"], arrays["sources", "offsets"]),
+        Sentences(arrays["targets", "tokens"], arrays["targets", "offsets"]),
+        dropped,
+    )
 
 
 def read_cache(directory: Path, key: dict[str, Any]) -> EncodedCorpus | None:
@@ -175,17 +186,10 @@ def read_cache(directory: Path, key: dict[str, Any]) -> EncodedCorpus | None:
         if manifest.get("key") != key:
             warn(f"{str(directory)!r} was encoded from another corpus or vocabulary: encoding the corpus again")
             return None
-        arrays = {}
-        for name, (side, array) in _ARRAYS.items():
-            path = directory / name
-            if file_sha256(path) != manifest["files"][name]:
+        for name in _ARRAYS:
+            if file_sha256(directory / name) != manifest["files"][name]:
                 raise ValueError(f"{name} does not match its SHA-256")
-            arrays[side, array] = np.load(path, mmap_mode="r", allow_pickle=False)
-        corpus = EncodedCorpus(
-            Sentences(arrays["sources", "tokens"], arrays["sources", "offsets"]),
-            Sentences(arrays["targets", "tokens"], arrays["targets", "offsets"]),
-            int(manifest["dropped"]),
-        )
+        corpus = _mapped(directory, int(manifest["dropped"]))
         if len(corpus) != manifest["pairs"] or len(corpus.targets) != manifest["pairs"]:
             raise ValueError(f"it holds {len(corpus)} pairs where its manifest says {manifest['pairs']}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:

@@ -269,8 +269,9 @@ def encoded_corpus(out: Path, key: dict[str, Any]) -> EncodedCorpus | None:
     return read_cache(out / ENCODED, key)
 
 
-def save_encoded_corpus(out: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> None:
-    write_cache(out / ENCODED, corpus, key)
+def save_encoded_corpus(out: Path, corpus: EncodedCorpus, key: dict[str, Any]) -> EncodedCorpus:
+    """Write the run's encoded corpus; the same, memory-mapped from the files written."""
+    return write_cache(out / ENCODED, corpus, key)
 
 
 def write_history(out: Path, history: dict[str, Any]) -> None:

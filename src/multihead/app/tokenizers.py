@@ -101,7 +101,7 @@ class SymbolTokenizer:
         return [self.encode(text)[0] for text in texts]
 
     def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
-        return lambda texts: flat(self.encode_all(texts))
+        return text_by_text(self)
 
     def decode(self, ids: Iterable[int]) -> str:
         pieces = []
@@ -194,14 +194,12 @@ class SubwordTokenizer:
         return encoding.ids, unknown
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self.model.encode_batch(list(texts), add_special_tokens=False)]
+        return model_ids(self.model, texts)
 
     def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
         """Several times faster than :meth:`encode_all` on a corpus, with the same ids: each distinct word is encoded
         once (see :class:`WordIds`)."""
-        if WordIds.applies(self.model):
-            return WordIds(self.model).encode
-        return lambda texts: flat(self.encode_all(texts))
+        return WordIds(self.model).encode if WordIds.applies(self.model) else text_by_text(self)
 
     def decode(self, ids: Iterable[int]) -> str:
         kept = []
@@ -302,7 +300,7 @@ class WordIds:
             return self._words(texts)
         parts = {
             True: self._words([texts[i] for i in np.flatnonzero(plain)]),
-            False: flat(self._model_ids([texts[i] for i in np.flatnonzero(~plain)])),
+            False: flat(model_ids(self.model, [texts[i] for i in np.flatnonzero(~plain)])),
         }
         lengths = np.zeros(len(texts), np.int64)
         for kind, (_, counts) in parts.items():
@@ -312,9 +310,6 @@ class WordIds:
         for kind, (part, counts) in parts.items():
             ids[spans(starts[plain == kind], counts)] = part
         return ids, lengths
-
-    def _model_ids(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self.model.encode_batch(texts, add_special_tokens=False)]
 
     def _words(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of plain texts, word by word."""
@@ -335,10 +330,20 @@ class WordIds:
         return ids, np.diff(id_ends, prepend=0)
 
     def _learn(self, words: list[str]) -> None:
-        ids, counts = flat(self._model_ids(words))
+        ids, counts = flat(model_ids(self.model, words))
         self.index.update(zip(words, range(len(self.index), len(self.index) + len(words)), strict=True))
         self.starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum(counts)])
         self.ids = np.concatenate([self.ids, ids])
+
+
+def model_ids(model: Any, texts: Sequence[str]) -> list[list[int]]:
+    """The ids Hugging Face's ``model`` gives each of ``texts``, without specials."""
+    return [encoding.ids for encoding in model.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def text_by_text(tokenizer: Tokenizer) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
+    """A :meth:`Tokenizer.corpus_encoder` that encodes each text with ``encode_all``."""
+    return lambda texts: flat(tokenizer.encode_all(texts))
 
 
 def flat(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -490,11 +490,9 @@ class Training:
         """Write the run's encoded corpus when it was encoded here (rank 0, the run's lock held), and train from the
         files written, memory-mapped, as a resumed run does: the arrays encoding made are let go."""
         if is_main_rank() and not self.setup.cached:
-            save_encoded_corpus(self.out, self.setup.encoded, self.setup.cache_key)
-            mapped = encoded_corpus(self.out, self.setup.cache_key)
-            if mapped is not None:
-                self.setup = replace(self.setup, encoded=mapped, cached=True)
-                release_freed_memory()
+            mapped = save_encoded_corpus(self.out, self.setup.encoded, self.setup.cache_key)
+            self.setup = replace(self.setup, encoded=mapped, cached=True)
+            release_freed_memory()
 
     def _warn_of_changes(self, before: dict[str, Any]) -> None:
         """Say what resuming changes in how the run trains: Keras' backend, or the batch a step takes (world size
