@@ -49,8 +49,11 @@ def main() -> None:
     target_ids = {piece: index for index, piece in enumerate(vocabulary(translator.target))}
 
     def theirs(engine: ctranslate2.Translator, beam: int) -> Generate:
-        def generate(src: np.ndarray, max_len: int) -> np.ndarray:
+        def generate(src: np.ndarray, limits: np.ndarray) -> np.ndarray:
+            # CTranslate2 takes one limit a batch: the longest, each row cut at its own afterwards (translate_ids).
+            # Greedy rows come out as with their own limit; a beam search may differ where a limit binds.
             batch = [[names[index] for index in row if index != PAD] for row in src]
+            max_len = int(limits.max())
             results = engine.translate_batch(
                 batch, beam_size=beam, length_penalty=args.length_penalty, max_decoding_length=max_len
             )

@@ -86,13 +86,21 @@ class TorchCalls(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[Callable] = []
+        self.reductions: list[Callable] = []  # the calls among them that reduce a whole tensor (no ``dim``)
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
+        kwargs = kwargs or {}
         self.calls.append(func)
-        return func(*args, **(kwargs or {}))
+        if len(args) < 2 and "dim" not in kwargs:
+            self.reductions.append(func)
+        return func(*args, **kwargs)
 
     def count(self, *funcs: Callable) -> int:
         return sum(call in funcs for call in self.calls)
+
+    def count_whole(self, *funcs: Callable) -> int:
+        """Calls of ``funcs`` over a whole tensor (given no ``dim``): ``max(x)``, not ``max(x, dim=1)``."""
+        return sum(call in funcs for call in self.reductions)
 
 
 class NumpyKVCache(KVCacheBase):

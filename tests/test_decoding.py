@@ -288,12 +288,28 @@ def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> 
         ((5, 0, 12, 2, 1, 1.0), "`eos_id` must be < tgt_vocab=12, received eos_id=12"),
         ((5, 0, 1, 2, 0, 1.0), "`beam_size` must be a positive int, received 0"),
         ((5, 0, 1, 2, 2, float("inf")), "`length_penalty` must be finite, received inf"),
+        (([3, 9], 0, 1, 2, 1, 1.0), "`max_len` must be at most the model's max_len=8 positions, received 9"),
+        ((np.array([3, 0]), 0, 1, 2, 1, 1.0), r"`max_len` must be positive ints, received 0 in \[3, 0\]"),
+        (([3, 4, 5], 0, 1, 2, 1, 1.0), "`max_len` gives one limit per row: src has 2 rows, received 3 limits"),
     ],
 )
 def test_generation_args_are_checked(args: tuple, message: str) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
     with pytest.raises(ValueError, match=message):
-        check_generation_args(*args, config)
+        check_generation_args(*args, config, np.zeros((2, 5), dtype=np.int64))
+
+
+@pytest.mark.parametrize("max_len", [[], [[3, 4]], [3.0, 4.0], [True, False], "34", 4.0])
+def test_a_length_limit_is_an_int_or_one_int_per_row(max_len: object) -> None:
+    config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
+    with pytest.raises(TypeError, match="`max_len` must be an int"):
+        check_generation_args(max_len, 0, 1, 2, 1, 1.0, config)
+
+
+def test_the_longest_length_limit_is_what_a_session_needs() -> None:
+    config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
+    assert check_generation_args(5, 0, 1, 2, 1, 1.0, config) == 5
+    assert check_generation_args((3, 7, 2), 0, 1, 2, 1, 1.0, config, np.zeros((3, 4))) == 7
 
 
 def test_pad_id_defaults_to_the_configs_then_to_eos() -> None:

@@ -19,12 +19,13 @@ CTranslate2's ``length_penalty`` divides by ``n ** length_penalty`` likewise). A
 finished hypotheses, and the first ``beam_size`` others are the next beams, so the beam is always full of unfinished
 hypotheses. A sentence stops when its best finished hypothesis ranks at least as high as any continuation of its
 beams could (their scores only fall: ``s / n ** length_penalty`` is bounded by its value at ``n`` = the next length or
-``max_len``), or at ``max_len``, where its unfinished beams are ranked too. :func:`beam_search_n_best` keeps a
+its ``max_len``), or at its ``max_len``, where its unfinished beams are ranked too. :func:`beam_search_n_best` keeps a
 sentence's best few finished hypotheses (its argument ``n``, at most ``beam_size``) and stops the sentence when the
 last of them ranks at least as high as any continuation could: the same rule, which keeping one is.
 
-Results hold the generated tokens after BOS, ``(B, T)`` with ``T <= max_len``: each row ends at its first EOS,
-and positions after it hold ``pad_id``.
+``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
+searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
+longest limit: each row ends at its first EOS or at its limit, and positions after that hold ``pad_id``.
 
 Notation: B batch, N = B (greedy) or B * beam_size rows, t tokens so far, Ls source length, E d_model, Hkv
 key/value heads, D head dim, V vocabulary.
@@ -33,6 +34,7 @@ key/value heads, D head dim, V vocabulary.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
@@ -147,14 +149,15 @@ def generate(
     session: Session,
     batch: int,
     *,
-    max_len: int,
+    max_len: int | Sequence[int] | np.ndarray,
     bos_id: int,
     eos_id: int,
     pad_id: int,
     beam_size: int = 1,
     length_penalty: float = 1.0,
 ) -> np.ndarray:
-    """Greedy search (``beam_size=1``) or beam search over a session of ``batch`` sources; int64 ``(B, T)``."""
+    """Greedy search (``beam_size=1``) or beam search over a session of ``batch`` sources, ``max_len`` tokens at most
+    (one limit, or one per source); int64 ``(B, T)``."""
     search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if beam_size == 1:
         return greedy_search(session, batch, **search)
@@ -168,6 +171,11 @@ def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -
     return config.pad_id if config.pad_id is not None else eos_id
 
 
+def row_limits(max_len: int | Sequence[int] | np.ndarray, batch: int) -> np.ndarray:
+    """``max_len`` (checked: :func:`check_generation_args`) as each row's limit, int64 ``(B,)``."""
+    return np.broadcast_to(np.asarray(max_len, dtype=np.int64), (batch,))
+
+
 def check_generation_args(
     max_len: object,
     bos_id: object,
@@ -176,12 +184,30 @@ def check_generation_args(
     beam_size: object,
     length_penalty: object,
     config: TransformerConfig,
-) -> None:
-    """A model's ``generate`` arguments, checked against its config before anything is computed."""
-    check_positive_int("max_len", max_len)
-    if max_len > config.max_len:
+    src: object = None,
+) -> int:
+    """A model's ``generate`` arguments, checked against its config (and a per-row ``max_len`` against the rows of
+    ``src``, when it has a shape) before anything is computed. Returns the longest length limit."""
+    if isinstance(max_len, (Sequence, np.ndarray)) and not isinstance(max_len, (str, bytes)):
+        limits = np.asarray(max_len)
+        if limits.ndim != 1 or len(limits) == 0 or not np.issubdtype(limits.dtype, np.integer):  # bools are not
+            raise TypeError(
+                "`max_len` must be an int or a non-empty 1-D sequence of ints (one per row), received "
+                f"{type(max_len).__name__} of shape {limits.shape} and dtype {limits.dtype}"
+            )
+        rows = getattr(src, "shape", (None,))
+        if rows and rows[0] is not None and len(limits) != int(rows[0]):
+            raise ValueError(
+                f"`max_len` gives one limit per row: src has {int(rows[0])} rows, received {len(limits)} limits"
+            )
+        if limits.min() <= 0:
+            raise ValueError(f"`max_len` must be positive ints, received {int(limits.min())} in {limits.tolist()}")
+        longest = int(limits.max())
+    else:
+        longest = check_positive_int("max_len", max_len)
+    if longest > config.max_len:
         raise ValueError(
-            f"`max_len` must be at most the model's max_len={config.max_len} positions, received {max_len}"
+            f"`max_len` must be at most the model's max_len={config.max_len} positions, received {longest}"
         )
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if check_non_negative_int(name, token) >= config.tgt_vocab:
@@ -191,20 +217,30 @@ def check_generation_args(
         raise TypeError(f"`length_penalty` must be a float, received {length_penalty!r}")
     if not math.isfinite(length_penalty):
         raise ValueError(f"`length_penalty` must be finite, received {length_penalty!r}")
+    return longest
 
 
-def greedy_search(session: Session, batch: int, *, max_len: int, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
-    """The most probable token at every step. Rows that have ended leave the model's state once a quarter of those
-    still decoding have: the rest of the batch no longer computes them."""
+def greedy_search(
+    session: Session,
+    batch: int,
+    *,
+    max_len: int | Sequence[int] | np.ndarray,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+) -> np.ndarray:
+    """The most probable token at every step, up to each row's limit. Rows that have ended leave the model's state
+    once a quarter of those still decoding have: the rest of the batch no longer computes them."""
+    max_len = row_limits(max_len, batch)  # (B,)
     prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     finished = np.zeros(batch, dtype=bool)
     active = np.arange(batch)  # the rows of `prefix` the model's state still holds, in its order
-    for _ in range(max_len):
+    for t in range(1, int(max_len.max()) + 1):  # t: the length of the prefixes this step makes, BOS aside
         token = np.full(batch, pad_id)
         token[active] = session.argmax(session.step(prefix[active]))  # (N,) for the N active rows
         token[finished] = pad_id
         prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
-        finished |= token == eos_id
+        finished |= (token == eos_id) | (max_len == t)
         if finished.all():
             break
         ended = finished[active]
@@ -241,7 +277,7 @@ def beam_search(
     batch: int,
     *,
     beam_size: int,
-    max_len: int,
+    max_len: int | Sequence[int] | np.ndarray,
     bos_id: int,
     eos_id: int,
     pad_id: int,
@@ -249,8 +285,8 @@ def beam_search(
 ) -> np.ndarray:
     """Beam search over a session holding one row per sequence (see the module's docstring for the rule): each
     sentence's best hypothesis, int64 ``(B, T)``."""
-    best = _search(session, batch, n=1, beam_size=beam_size, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                   length_penalty=length_penalty)  # fmt: skip
+    best = _search(session, batch, n=1, beam_size=beam_size, max_len=row_limits(max_len, batch), bos_id=bos_id,
+                   eos_id=eos_id, length_penalty=length_penalty)  # fmt: skip
     firsts = [kept[0] if kept else np.zeros(0, dtype=np.int64) for kept in best.tokens]  # none: all padding
     out = np.full((batch, max(1, *(len(tokens) for tokens in firsts))), pad_id, dtype=np.int64)
     for index, tokens in enumerate(firsts):
@@ -264,7 +300,7 @@ def beam_search_n_best(
     *,
     n: int,
     beam_size: int,
-    max_len: int,
+    max_len: int | Sequence[int] | np.ndarray,
     bos_id: int,
     eos_id: int,
     length_penalty: float = 1.0,
@@ -276,8 +312,8 @@ def beam_search_n_best(
     check_positive_int("n", n)
     if n > beam_size:
         raise ValueError(f"`n` must be at most beam_size={beam_size}, received n={n}")
-    best = _search(session, batch, n=n, beam_size=beam_size, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                   length_penalty=length_penalty)  # fmt: skip
+    best = _search(session, batch, n=n, beam_size=beam_size, max_len=row_limits(max_len, batch), bos_id=bos_id,
+                   eos_id=eos_id, length_penalty=length_penalty)  # fmt: skip
     return [
         [(float(rank), tokens) for rank, tokens in zip(ranks, kept, strict=False)]
         for ranks, kept in zip(best.rank, best.tokens, strict=True)
@@ -290,21 +326,21 @@ def _search(
     *,
     n: int,
     beam_size: int,
-    max_len: int,
+    max_len: np.ndarray,
     bos_id: int,
     eos_id: int,
     length_penalty: float,
 ) -> _Best:
-    """Beam search keeping each sentence's ``n`` best finished hypotheses. The first step, where every beam is the
-    same BOS, is computed once per sequence; from the second on, row ``b * beam_size + j`` is beam ``j`` of the
-    ``b``-th sequence still searched."""
+    """Beam search keeping each sentence's ``n`` best finished hypotheses, sentence ``b`` at most ``max_len[b]``
+    tokens long. The first step, where every beam is the same BOS, is computed once per sequence; from the second
+    on, row ``b * beam_size + j`` is beam ``j`` of the ``b``-th sequence still searched."""
     k = beam_size
     width = 1  # the state's rows per sentence: one for the first step, then its k beams
     sentences = np.arange(batch)  # the sentences still searched, in the state's order (width rows each)
     prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (S*width, t + 1)
     scores = np.zeros((batch, width), dtype=np.float32)
     best = _Best(np.full((batch, n), -np.inf), [[] for _ in range(batch)])
-    for t in range(1, max_len + 1):  # t: the length of the hypotheses this step makes
+    for t in range(1, int(max_len.max()) + 1):  # t: the length of the hypotheses this step makes
         log_probs = session.step(prefix)
         vocab = int(log_probs.shape[-1])
         count = min(2 * k, width * vocab)
@@ -325,12 +361,14 @@ def _search(
         scores = np.take_along_axis(values, kept, axis=1)
         rows, token = np.take_along_axis(rows, kept, axis=1).reshape(-1), np.take_along_axis(token, kept, axis=1)
         prefix = np.concatenate([prefix[rows], token.reshape(-1, 1)], axis=1)  # (S*k, t + 1)
-        if t == max_len:  # the beams end here, unfinished
-            best.offer(np.repeat(sentences, k), scores.reshape(-1) / t**length_penalty, prefix[:, 1:])
-            break
+        limit = max_len[sentences]  # (S,)
+        if (limit == t).any():  # those sentences' beams end here, unfinished
+            at_limit = np.repeat(limit == t, k)
+            best.offer(np.repeat(sentences, k)[at_limit], scores.reshape(-1)[at_limit] / t**length_penalty,
+                       prefix[at_limit, 1:])  # fmt: skip
         # A continuation's score only falls: its rank is at most its score over the next or the last length.
-        bound = np.maximum(scores[:, 0] / (t + 1) ** length_penalty, scores[:, 0] / max_len**length_penalty)
-        going = ~(best.rank[sentences, -1] >= bound) & np.isfinite(scores[:, 0])
+        bound = np.maximum(scores[:, 0] / (t + 1) ** length_penalty, scores[:, 0] / limit**length_penalty)
+        going = ~(best.rank[sentences, -1] >= bound) & np.isfinite(scores[:, 0]) & (limit > t)
         if not going.any():
             break
         same_sources = bool(going.all()) and width == k  # row i is row rows[i]'s sentence, in the same place

@@ -109,6 +109,21 @@ def test_batched_translation_equals_one_at_a_time(corpus_run: CorpusRun, beam: i
     assert len(set(batched)) > 1
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_sentences_length_limit_does_not_depend_on_its_batch(
+    corpus_run: CorpusRun, beam: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Limits that bind (a few tokens less than the source): each sentence is cut at its own, batched or alone (a
+    short sentence batched with a long one once took the long one's limit)."""
+    translator = Translator(corpus_run.path)
+    monkeypatch.setattr(translator, "limit", lambda length: max(1, length - 3))
+    lines = sorted(SOURCES, key=len)[:: max(1, len(SOURCES) // 6)]  # short to long
+    batched = translator.translate(lines, beam=beam)
+    assert batched == [translator.translate([line], beam=beam)[0] for line in lines]
+    lengths = [len(translator.target.encode(text)[0]) for text in batched]
+    assert lengths == [max(1, len(translator.source.encode(line)[0]) - 3) for line in lines]  # every limit bound
+
+
 def test_beam_search_gives_one_translation_per_input(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
     greedy = cli("translate", corpus_run.path, *SAMPLES)
     beam = cli("translate", corpus_run.path, *SAMPLES, "--beam", "4", "--length-penalty", "1.0")

@@ -70,6 +70,23 @@ def test_same_generations_as_torch(tmp_path: Path) -> None:
         np.testing.assert_array_equal(got, expected.numpy())
 
 
+def test_a_length_limit_per_row_as_torch(tmp_path: Path) -> None:
+    """``max_len`` one per row gives the tokens PyTorch gives, where the limits bind (the torch front end's tests
+    show them equal to each row searched alone)."""
+    torch_model, keras_model = pair(tmp_path)
+    with torch.no_grad():
+        torch_model.output_proj.bias[EOS] = -1e9
+    keras_model.output_proj.bias.assign(numpy(keras_model.output_proj.bias) - 1e9 * (np.arange(23) == EOS))
+    src, limits = token_array(3, 7), [2, 8, 5]
+    for beam_size in (1, 3):
+        expected = torch_model.generate(
+            torch.from_numpy(src).long(), max_len=limits, bos_id=BOS, eos_id=EOS, beam_size=beam_size
+        )
+        got = keras_model.generate(tensor(src), max_len=limits, bos_id=BOS, eos_id=EOS, beam_size=beam_size)
+        np.testing.assert_array_equal(got, expected.numpy())
+        assert [int((row != EOS).sum()) for row in got] == limits  # pad_id: EOS here
+
+
 @pytest.mark.parametrize("capacity", [None, 8], ids=["growing", "preallocated"])
 def test_cached_decode_equals_full_decode(tmp_path: Path, capacity: int | None) -> None:
     _, model = pair(tmp_path, norm_first=True)

@@ -38,8 +38,8 @@ PAD, BOS, EOS = 0, 1, 2
 SMALL = dict(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64)
 
 
-def small_model(norm_first: bool = False, **overrides) -> Transformer:
-    torch.manual_seed(0)
+def small_model(norm_first: bool = False, seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
     return Transformer(20, 23, **{**SMALL, "norm_first": norm_first, **overrides}).double().eval()
 
 
@@ -198,6 +198,59 @@ def test_greedy_with_cache_equals_without(norm_first: bool) -> None:
     without = model.generate(src, max_len=12, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert with_cache.dtype == torch.long
     assert torch.equal(with_cache, without)
+
+
+def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> None:
+    """The steps' layout of the weights is kept between calls while no weight changes, and made again when one does:
+    written in place (an optimizer step, ``load_state_dict``, under ``no_grad``) or replaced; checked against
+    decoding without a cache, which reads the modules' weights themselves."""
+    model, src = small_model(), tokens(4, 7)
+    args = dict(max_len=12, bos_id=BOS, eos_id=EOS)
+
+    def decodes_as_its_weights_say() -> torch.Tensor:
+        with_cache = model.generate(src, **args)
+        assert torch.equal(with_cache, model.generate(src, use_cache=False, **args))
+        return with_cache
+
+    first = decodes_as_its_weights_say()
+    layout = model._step_layout()
+    assert model._step_layout() is layout  # nothing changed: kept
+    with torch.no_grad():
+        model.decoder.layers[0].feed_forward.linear1.weight.mul_(3.0)
+        model.output_proj.bias[5] += 4.0
+    assert not torch.equal(decodes_as_its_weights_say(), first)
+    model.load_state_dict(small_model(seed=1).state_dict())
+    decodes_as_its_weights_say()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.train()
+    model(src, tokens(4, 5)).sum().backward()
+    optimizer.step()
+    model.eval()
+    decodes_as_its_weights_say()
+    model.output_proj.weight = nn.Parameter(torch.randn_like(model.output_proj.weight))
+    decodes_as_its_weights_say()
+    assert model._step_layout() is not layout
+
+
+@pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
+@pytest.mark.parametrize("ends", [True, False], ids=["eos", "never-eos"])
+def test_a_length_limit_per_row_gives_each_row_what_it_gives_alone(beam_size: int, ends: bool) -> None:
+    """``max_len`` one per row: each row is what it would be searched alone with its own limit (so never depends on
+    the rows searched with it), cut there and padded after."""
+    model = small_model(pad_id=PAD)
+    if not ends:
+        with torch.no_grad():
+            model.output_proj.bias[EOS] = -1e9  # every row runs to its limit
+    src, limits = tokens(5, 7), [3, 9, 1, 6, 9]
+    args = dict(bos_id=BOS, eos_id=EOS, beam_size=beam_size, length_penalty=0.6)
+    together = model.generate(src, max_len=limits, **args)
+    assert together.shape[1] <= max(limits)
+    for row, limit in enumerate(limits):
+        alone = model.generate(src[row : row + 1], max_len=limit, **args)[0]
+        assert torch.equal(together[row, : len(alone)], alone)
+        assert (together[row, len(alone) :] == PAD).all()
+        assert len(alone) == limit or alone[-1] == EOS
+    assert torch.equal(model.generate(src, max_len=np.array(limits), use_cache=False, **args), together)
 
 
 def test_greedy_equals_argmax_of_full_decoding() -> None:
@@ -431,7 +484,8 @@ def test_the_other_entry_points_check_once_too(method: str, monkeypatch: pytest.
     assert entered == []
 
 
-# What makes the host wait for the device: reading a tensor's values into Python.
+# What makes the host wait for the device: reading a tensor's values into Python (min and max over a whole tensor:
+# over one dimension they give tensors).
 SYNCS = (
     torch.Tensor.item,
     torch.Tensor.tolist,
@@ -466,7 +520,7 @@ def test_generate_checks_once_however_many_tokens_it_makes(beam_size: int, monke
             out = model.generate(src, max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam_size)
         assert out.shape == (2, max_len)
         assert token_checks == {"src": 1}
-        syncs.append(calls.count(*SYNCS))
+        syncs.append(calls.count_whole(*SYNCS))
         entries.append(entered)
     assert syncs[0] == syncs[1], f"{syncs[1] - syncs[0]} more host synchronisations for 7 more tokens"
     assert entries == [[], []]

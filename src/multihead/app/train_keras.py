@@ -180,8 +180,8 @@ class KerasTrainer:
         picked = np.take_along_axis(log_probs, batch.tgt_out[..., None], axis=-1)[..., 0]  # (B, Lt)
         return float(-(picked * (batch.tgt_out != PAD)).sum())
 
-    def generate(self, src: np.ndarray, max_len: int) -> np.ndarray:
-        return self.model.generate(src.astype("int32"), max_len=max_len, bos_id=BOS, eos_id=EOS)
+    def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
+        return self.model.generate(src.astype("int32"), max_len=limits, bos_id=BOS, eos_id=EOS)
 
     def agree(self, flag: bool) -> bool:
         return flag

@@ -215,9 +215,9 @@ class TorchTrainer:
         self.model.train()
         return float(summed)
 
-    def generate(self, src: np.ndarray, max_len: int) -> np.ndarray:
+    def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
         self.model.eval()
-        out = self.model.generate(torch.from_numpy(src).to(self.device), max_len=max_len, bos_id=BOS, eos_id=EOS)
+        out = self.model.generate(torch.from_numpy(src).to(self.device), max_len=limits, bos_id=BOS, eos_id=EOS)
         self.model.train()
         return out.cpu().numpy()
 

@@ -313,8 +313,8 @@ class Trainer(Protocol):
         """The summed cross-entropy (no smoothing, no dropout) over the batch's target tokens."""
         ...
 
-    def generate(self, src: np.ndarray, max_len: int) -> np.ndarray:
-        """Greedy translations ``(B, T)`` of ``src (B, Ls)``."""
+    def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
+        """Greedy translations ``(B, T)`` of ``src (B, Ls)``, row ``i`` at most ``limits[i]`` tokens long."""
         ...
 
     def write_weights(self, path: Path) -> None: ...

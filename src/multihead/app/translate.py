@@ -26,7 +26,7 @@ from multihead.validation import check_positive_int
 
 Ids = list[int]
 Row = TypeVar("Row")  # what a batch gives for each of its rows
-Generate = Callable[[np.ndarray, int], np.ndarray]  # src (B, Ls), max_len -> tokens (B, T)
+Generate = Callable[[np.ndarray, np.ndarray], np.ndarray]  # src (B, Ls), each row's length limit (B,) -> tokens (B, T)
 SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
 """Where a text too long for the model is split: after the end of a sentence."""
 BATCH_TOKENS = 6000
@@ -56,15 +56,16 @@ def length_limit(source_length: int, longest_target: int, model_max_len: int) ->
 
 
 def in_batches(
-    run: Callable[[np.ndarray, int], Sequence[Row]],
+    run: Callable[[np.ndarray, np.ndarray], Sequence[Row]],
     sources: Sequence[Ids],
     *,
     limit: Callable[[int], int],
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
 ) -> list[Row]:
-    """``run(src, max_len)`` over token-id sequences in batches of similar length: ``src (B, Ls)`` a batch padded,
-    ``max_len`` its length limit, and ``run`` gives one result per row; the results come back in input order."""
+    """``run(src, limits)`` over token-id sequences in batches of similar length: ``src (B, Ls)`` a batch padded,
+    ``limits (B,)`` the length limit of each row (``limit`` of its source's length: never of the batch's), and
+    ``run`` gives one result per row; the results come back in input order."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: dict[int, Row] = {}
     bar = progress_bar(len(sources), enabled=progress, unit="sentence")
@@ -78,7 +79,8 @@ def in_batches(
         src = np.full((len(rows), longest), PAD, dtype=np.int64)  # (B, Ls)
         for row, index in enumerate(rows):
             src[row, : len(sources[index])] = sources[index]
-        for row, result in zip(rows, run(src, limit(longest)), strict=True):
+        limits = np.array([limit(len(sources[index])) for index in rows], dtype=np.int64)  # (B,)
+        for row, result in zip(rows, run(src, limits), strict=True):
             results[row] = result
         bar.update(len(rows))
         start = stop
@@ -86,9 +88,9 @@ def in_batches(
     return [results[index] for index in range(len(sources))]
 
 
-def until_eos(tokens: np.ndarray) -> Ids:
-    """``tokens`` up to their first EOS, included."""
-    ids = tokens.tolist()
+def until_eos(tokens: np.ndarray, limit: int) -> Ids:
+    """``tokens`` up to their first EOS, included, and at most ``limit`` of them."""
+    ids = tokens[:limit].tolist()
     return ids[: ids.index(EOS) + 1] if EOS in ids else ids
 
 
@@ -101,10 +103,10 @@ def translate_ids(
     progress: bool = False,
 ) -> list[Ids]:
     """Translate token-id sequences in batches of similar length (:func:`in_batches`); the results come back in input
-    order, each cut at its first EOS (included)."""
+    order, each cut at its first EOS (included) or its length limit."""
 
-    def run(src: np.ndarray, max_len: int) -> list[Ids]:
-        return [until_eos(tokens) for tokens in generate(src, max_len)]
+    def run(src: np.ndarray, limits: np.ndarray) -> list[Ids]:
+        return [until_eos(tokens, limit) for tokens, limit in zip(generate(src, limits), limits, strict=True)]
 
     return in_batches(run, sources, limit=limit, batch_tokens=batch_tokens, progress=progress)
 
@@ -189,9 +191,9 @@ class Translator:
     def generate(self, beam: int = 1, length_penalty: float = 0.6) -> Generate:
         torch = self.torch
 
-        def generate(src: np.ndarray, max_len: int) -> np.ndarray:
+        def generate(src: np.ndarray, limits: np.ndarray) -> np.ndarray:
             out = self.generator.generate(
-                torch.from_numpy(src).to(self.device), max_len=max_len, bos_id=BOS, eos_id=EOS, beam_size=beam,
+                torch.from_numpy(src).to(self.device), max_len=limits, bos_id=BOS, eos_id=EOS, beam_size=beam,
                 length_penalty=length_penalty,
             )  # fmt: skip
             return out.cpu().numpy()
@@ -230,11 +232,13 @@ class Translator:
         check_generation_args(self.limit(1), BOS, EOS, PAD, beam, length_penalty, self.checkpoint.config)
         torch = self.torch
 
-        def search(src: np.ndarray, max_len: int) -> list[list[Ids]]:
+        def search(src: np.ndarray, limits: np.ndarray) -> list[list[Ids]]:
             with torch.inference_mode():
-                session = self.generator.decoding_session(torch.from_numpy(src).to(self.device), max_len=max_len)
+                session = self.generator.decoding_session(
+                    torch.from_numpy(src).to(self.device), max_len=int(limits.max())
+                )
                 found = beam_search_n_best(
-                    session, len(src), n=count, beam_size=beam, max_len=max_len, bos_id=BOS, eos_id=EOS,
+                    session, len(src), n=count, beam_size=beam, max_len=limits, bos_id=BOS, eos_id=EOS,
                     length_penalty=length_penalty,
                 )  # fmt: skip
             # The model's log-probabilities are finite: every sentence has `count` hypotheses.

@@ -14,7 +14,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -657,7 +657,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         self,
         src: Tensor,
         *,
-        max_len: int,
+        max_len: int | Sequence[int],
         bos_id: int,
         eos_id: int,
         src_key_mask: Tensor | None = None,
@@ -669,8 +669,10 @@ class Transformer(NamedTensorArguments, keras.Model):
     ) -> np.ndarray:
         """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search.
 
-        Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max_len``; each row stops at its
-        first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else ``eos_id``).
+        ``max_len``: the most tokens a row may take, one for all rows or one per row (a list or 1-D array of ``B``
+        ints). Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max(max_len)``; each row
+        stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
+        config's ``pad_id``, else ``eos_id``).
 
         ``compiled`` chooses how the decoding steps run: ``True``, as one traced program per step over a cache of
         fixed capacity (``tf.function`` on TensorFlow, ``jax.jit`` on JAX; see
@@ -679,7 +681,9 @@ class Transformer(NamedTensorArguments, keras.Model):
         JAX, eager on the torch backend, which has no compiled path. Both give the same tokens.
         """
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
-        decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
+        longest = decoding.check_generation_args(
+            max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config, src
+        )
         check_flag("use_cache", use_cache)
         if compiled is not None:
             check_flag("compiled", compiled)
@@ -695,7 +699,7 @@ class Transformer(NamedTensorArguments, keras.Model):
             compiled = keras.backend.backend() in COMPILED_BACKENDS
         self.build()  # the decoding steps call the layers' unchecked paths, which need their weights
         if compiled:
-            session = CompiledDecoding(self, src, src_key_mask, use_cache, max_len)
+            session = CompiledDecoding(self, src, src_key_mask, use_cache, longest)
         else:
             memory = self._encode(src, src_key_mask, False)
             cache = self.new_cache() if use_cache else None

@@ -13,7 +13,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -146,6 +146,10 @@ class _StepWeights(NamedTuple):
     self_attn: tuple[Affine, Affine]
     cross_attn: tuple[Affine, Affine]
     feed_forward: tuple[Affine, Affine]
+
+
+_StepLayout = tuple[list[_StepWeights], Affine]
+"""Every decoder layer's projections and the output projection, laid out for decoding steps."""
 
 
 class DecoderLayer(_Block):
@@ -421,6 +425,8 @@ class Transformer(nn.Module):
             self.tgt_embed.weight = self.src_embed.weight
             self.output_proj.weight = self.src_embed.weight
             nn.init.zeros_(self.output_proj.bias)
+        # The decoder's weights laid out for decoding steps, and what they were made from (see _step_layout).
+        self._kept_layout: tuple[list[nn.Parameter], list[tuple[int, int]], _StepLayout] | None = None
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -519,6 +525,32 @@ class Transformer(nn.Module):
         memory = self._encode(src, src_key_mask)
         return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, project=project)
 
+    def _step_layout(self) -> _StepLayout:
+        """The decoder's projections and the output projection laid out for decoding steps. Laying them out copies
+        every weight, which costs as much as several steps of a small batch, so the layout is kept for the next
+        ``generate`` call until a weight changes: another tensor, or one written in place (PyTorch counts those
+        writes: optimizer steps, ``load_state_dict``, writes under ``torch.no_grad()``; not writes through
+        ``.data``). Weights made in inference mode have no such count: they are laid out at every call."""
+        weights = [*self.decoder.parameters(), *self.output_proj.parameters()]
+        if any(weight.is_inference() for weight in weights):
+            return self._lay_out()
+        versions = [(weight._version, weight.data_ptr()) for weight in weights]
+        kept = self._kept_layout
+        if (
+            kept is not None
+            and len(kept[0]) == len(weights)
+            and all(old is new for old, new in zip(kept[0], weights, strict=True))
+            and kept[1] == versions
+        ):
+            return kept[2]
+        layout = self._lay_out()
+        self._kept_layout = (weights, versions, layout)
+        return layout
+
+    def _lay_out(self) -> _StepLayout:
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
+            return [layer._step_weights() for layer in self.decoder.layers], Affine.of(self.output_proj)
+
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
 
@@ -530,7 +562,7 @@ class Transformer(nn.Module):
         self,
         src: torch.Tensor,
         *,
-        max_len: int,
+        max_len: int | Sequence[int],
         bos_id: int,
         eos_id: int,
         src_key_mask: torch.Tensor | None = None,
@@ -541,16 +573,21 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search.
 
-        Returns the generated tokens after BOS, ``LongTensor (B, T)`` with ``T <= max_len``; each row stops at its
-        first ``eos_id`` and is padded after it with ``pad_id`` (default: the config's ``pad_id``, else
-        ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of recomputing the whole
-        prefix; both give the same tokens.
+        ``max_len``: the most tokens a row may take, one for all rows or one per row (a list or 1-D array of ``B``
+        ints). Returns the generated tokens after BOS, ``LongTensor (B, T)`` with ``T <= max(max_len)``; each row
+        stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
+        config's ``pad_id``, else ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of
+        recomputing the whole prefix; both give the same tokens. The decoder's weights are laid out for the steps at
+        the first call and reused by later ones until a weight changes (:meth:`_step_layout`): change weights in
+        place under ``torch.no_grad()`` or replace them, not through ``.data``.
         """
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
-        decoding.check_generation_args(max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config)
+        longest = decoding.check_generation_args(
+            max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config, src
+        )
         check_flag("use_cache", use_cache)
         with torch.inference_mode():
-            session = self.decoding_session(src, max_len=max_len, src_key_mask=src_key_mask, use_cache=use_cache)
+            session = self.decoding_session(src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache)
             tokens = decoding.generate(
                 session, src.shape[0], max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                 beam_size=beam_size, length_penalty=length_penalty,
@@ -576,8 +613,8 @@ class DecoderSteps:
     :class:`multihead.decoding.Steps`).
 
     In evaluation mode a step runs the decoder's ``_step`` path: one token per row, with the projections laid out for
-    such rows once for the whole call (:class:`~multihead.torch.attention.Affine`). In training mode (dropout) a step
-    is a ``_decode`` call over the cache.
+    such rows (:class:`~multihead.torch.attention.Affine`, kept by the model between calls: see
+    :meth:`Transformer._step_layout`). In training mode (dropout) a step is a ``_decode`` call over the cache.
     """
 
     def __init__(self, model: Transformer) -> None:
@@ -595,8 +632,7 @@ class DecoderSteps:
             logits = model._decode(tokens, None, memory_key_mask, None, cache)[:, -1]
         else:
             if self.layers is None:
-                self.layers = [layer._step_weights() for layer in model.decoder.layers]
-                self.output = Affine.of(model.output_proj)
+                self.layers, self.output = model._step_layout()
             hidden = model._embed(model.tgt_embed, tokens, cache.length)[:, 0]  # (N, E)
             memory_mask = key_layout(memory_key_mask, OPS)  # (N, 1, 1, Ls)
             logits = self.output(model.decoder._step(hidden, cache, weights=self.layers, memory_mask=memory_mask))
@@ -615,7 +651,7 @@ class DecoderSteps:
         return torch.from_numpy(array).to(self.device)
 
     def argmax(self, log_probs: torch.Tensor) -> np.ndarray:
-        return log_probs.argmax(dim=-1).cpu().numpy()
+        return log_probs.max(dim=-1).indices.cpu().numpy()  # the first of equal maxima, as argmax, but faster
 
     def top_k(
         self, log_probs: torch.Tensor, scores: np.ndarray, beam: int, count: int
