@@ -14,6 +14,7 @@ from multihead.cache import DecoderCache
 from multihead.config import TransformerConfig
 from multihead.decoding import (
     DecodingSession,
+    _stay,
     beam_search,
     beam_search_n_best,
     check_generation_args,
@@ -277,6 +278,14 @@ def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> 
     assert all(len(rows) == 2 and set(rows) <= {0, 1} for rows in session.orders[1:])  # then of its own two
     assert (session.sources == 1).all()
     assert set(out[1].tolist()) <= {A, B}  # max_len reached: the best unfinished beam
+
+
+def test_new_beams_stay_in_their_parents_places_where_they_can() -> None:
+    """Each parent's best child takes the parent's place; the other children take the free places in order."""
+    parents = np.array([[0, 0, 1, 2], [3, 3, 3, 3], [1, 0, 3, 2], [2, 2, 0, 0]])  # per sentence, best beam first
+    order = _stay(parents)
+    assert order.tolist() == [[0, 2, 3, 1], [1, 2, 3, 0], [1, 0, 3, 2], [2, 1, 0, 3]]
+    assert (np.take_along_axis(parents, order, axis=1) == np.arange(4)).sum(axis=1).tolist() == [3, 1, 4, 2]
 
 
 @pytest.mark.parametrize(

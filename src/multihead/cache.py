@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from multihead.validation import check_optional_positive_int
 
 Tensor = Any
@@ -52,6 +54,13 @@ class KVCacheBase:
         buffer as long that no one reads any more (``None`` at first): a front end may write into it."""
         filled = self._take(buffer[:, :, : self.length], rows)  # (n, Hkv, L, D)
         return self._write(self._empty(filled, self.capacity), filled, 0)
+
+    _moves_rows = False
+    """Whether the front end moves rows within its buffers in place (:meth:`_move_rows`)."""
+
+    def _move_rows(self, targets: Any, sources: Any) -> None:
+        """Rows ``targets`` of the buffers' filled positions take what rows ``sources`` held (all read first)."""
+        raise NotImplementedError
 
     def _keep(self, x: Tensor) -> Tensor:
         """``x`` laid out to be read at every later step (the first keys and values of a growing cache)."""
@@ -148,13 +157,20 @@ class KVCacheBase:
 
     def reorder(self, rows: Any) -> None:
         """Keep batch rows ``rows`` (in that order), as beam search needs. Of a buffer, only the positions filled
-        so far are copied, into the buffers the previous reorder left where the front end can (tensors read from
-        the cache before a reorder may then change)."""
+        so far are copied, into the buffers the previous reorder left where the front end can, or, when at most half
+        the rows change (a NumPy ``rows`` as long as the batch), only those rows, in place (tensors read from the
+        cache before a reorder may then change)."""
         if self._keys is None:
             return
         if self.capacity is None:
             self._keys, self._values = self._take(self._keys, rows), self._take(self._values, rows)
             return
+        if self._moves_rows and isinstance(rows, np.ndarray) and len(rows) == int(self._keys.shape[0]):
+            moved = np.flatnonzero(rows != np.arange(len(rows)))  # the rows that do not keep their own state
+            if 2 * len(moved) <= len(rows):  # few: those alone are copied, in place
+                if len(moved):
+                    self._move_rows(moved, rows[moved])
+                return
         spare_keys, spare_values = self._spare or (None, None)
         self._spare = self._keys, self._values
         self._keys = self._take_filled(self._keys, rows, spare_keys)

@@ -320,6 +320,24 @@ def beam_search_n_best(
     ]
 
 
+def _stay(parents: np.ndarray) -> np.ndarray:
+    """For each sentence's new beams ``(S, k)``, best first, given as their parents' places among its beams: which
+    beam each place takes, so that as many beams as can stay in their parent's place (the best child of each parent
+    takes its parent's place, the others the places left, in order)."""
+    first = np.ones(parents.shape, dtype=bool)  # the best child of its parent
+    for j in range(1, parents.shape[1]):
+        first[:, j] = ~(parents[:, :j] == parents[:, j : j + 1]).any(axis=1)
+    taken = np.zeros(parents.shape, dtype=bool)  # places a best child takes
+    sentence, child = np.nonzero(first)
+    taken[sentence, parents[sentence, child]] = True
+    place = parents.copy()
+    # The other children, in order, take the places not taken, in order (firsts' entries are set back below).
+    others, free = np.argsort(first, axis=1, kind="stable"), np.argsort(taken, axis=1, kind="stable")
+    np.put_along_axis(place, others, free, axis=1)
+    place = np.where(first, parents, place)  # (S, k): each beam's place
+    return np.argsort(place, axis=1)  # (S, k): each place's beam
+
+
 def _search(
     session: Session,
     batch: int,
@@ -372,6 +390,11 @@ def _search(
         if not going.any():
             break
         same_sources = bool(going.all()) and width == k  # row i is row rows[i]'s sentence, in the same place
+        if same_sources:  # the beams in their parents' places where they can: those rows' states need not move
+            first_rows = np.arange(len(sentences))[:, None] * k  # (S, 1)
+            order = _stay(rows.reshape(-1, k) - first_rows)  # (S, k): the beam each place takes
+            taken = (first_rows + order).reshape(-1)
+            rows, prefix, scores = rows[taken], prefix[taken], np.take_along_axis(scores, order, axis=1)
         if not going.all():
             kept_rows = np.flatnonzero(np.repeat(going, k))
             rows, prefix, scores, sentences = rows[kept_rows], prefix[kept_rows], scores[going], sentences[going]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -116,6 +117,15 @@ class KVCache(KVCacheBase):
     def _keep(self, x: torch.Tensor) -> torch.Tensor:
         # Projected keys arrive as a transposed view; matmul would copy it to contiguous memory at every step.
         return x.contiguous()
+
+    _moves_rows = True
+
+    def _move_rows(self, targets: np.ndarray, sources: np.ndarray) -> None:
+        device = self._keys.device
+        targets_t, sources_t = torch.from_numpy(targets).to(device), torch.from_numpy(sources).to(device)
+        for buffer in (self._keys, self._values):
+            filled = buffer[:, :, : self.length]  # (B, Hkv, L, D), a view
+            filled.index_copy_(0, targets_t, filled.index_select(0, sources_t))
 
 
 def _sequence_masks(
