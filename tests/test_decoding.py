@@ -308,7 +308,7 @@ def test_generation_args_are_checked(args: tuple, message: str) -> None:
         check_generation_args(*args, config, np.zeros((2, 5), dtype=np.int64))
 
 
-@pytest.mark.parametrize("max_len", [[], [[3, 4]], [3.0, 4.0], [True, False], "34", 4.0])
+@pytest.mark.parametrize("max_len", [[], [[3, 4]], [3.0, 4.0], [True, False], "34", 4.0, True, None, {3: 4}])
 def test_a_length_limit_is_an_int_or_one_int_per_row(max_len: object) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
     with pytest.raises(TypeError, match="`max_len` must be an int"):

@@ -203,6 +203,11 @@ def check_generation_args(
         if limits.min() <= 0:
             raise ValueError(f"`max_len` must be positive ints, received {int(limits.min())} in {limits.tolist()}")
         longest = int(limits.max())
+    elif isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise TypeError(
+            "`max_len` must be an int, or a list or 1-D NumPy array of ints (one per row), received "
+            f"{max_len!r} of type {type(max_len).__name__}"
+        )
     else:
         longest = check_positive_int("max_len", max_len)
     if longest > config.max_len:
