@@ -46,6 +46,8 @@ from multihead.config import TransformerConfig
 from multihead.validation import check_non_negative_int, check_positive_int
 
 Tensor = Any
+Limit = int | Sequence[int] | np.ndarray
+"""``generate``'s length limit: one for every row, or one per row."""
 
 
 class Steps(Protocol):
@@ -149,7 +151,7 @@ def generate(
     session: Session,
     batch: int,
     *,
-    max_len: int | Sequence[int] | np.ndarray,
+    max_len: Limit,
     bos_id: int,
     eos_id: int,
     pad_id: int,
@@ -171,7 +173,7 @@ def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -
     return config.pad_id if config.pad_id is not None else eos_id
 
 
-def row_limits(max_len: int | Sequence[int] | np.ndarray, batch: int) -> np.ndarray:
+def row_limits(max_len: Limit, batch: int) -> np.ndarray:
     """``max_len`` (checked: :func:`check_generation_args`) as each row's limit, int64 ``(B,)``."""
     return np.broadcast_to(np.asarray(max_len, dtype=np.int64), (batch,))
 
@@ -225,15 +227,7 @@ def check_generation_args(
     return longest
 
 
-def greedy_search(
-    session: Session,
-    batch: int,
-    *,
-    max_len: int | Sequence[int] | np.ndarray,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int,
-) -> np.ndarray:
+def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
     """The most probable token at every step, up to each row's limit. Rows that have ended leave the model's state
     once a quarter of those still decoding have: the rest of the batch no longer computes them."""
     max_len = row_limits(max_len, batch)  # (B,)
@@ -282,7 +276,7 @@ def beam_search(
     batch: int,
     *,
     beam_size: int,
-    max_len: int | Sequence[int] | np.ndarray,
+    max_len: Limit,
     bos_id: int,
     eos_id: int,
     pad_id: int,
@@ -305,7 +299,7 @@ def beam_search_n_best(
     *,
     n: int,
     beam_size: int,
-    max_len: int | Sequence[int] | np.ndarray,
+    max_len: Limit,
     bos_id: int,
     eos_id: int,
     length_penalty: float = 1.0,
