@@ -4,8 +4,10 @@ LibreTranslate's endpoints, field for field and error for error (its clients wor
 ``GET /languages``, ``POST /detect``, ``GET /health``, ``GET /frontend/settings``. Ours: ``GET /`` (the page,
 self-contained) and ``POST /attention`` (one sentence's cross-attention, as the page draws it).
 
-Requests wait in one queue; a worker thread takes what has gathered (up to :data:`GATHER` texts) and translates it
-together, in the translator's token-bounded batches, so the event loop never computes. Every error a user can cause
+Requests wait in one queue for a worker, so the event loop never computes. With greedy search the worker keeps one
+batch that sentences join and leave at every decoding step (:mod:`multihead.app.streaming`): each answer goes out
+as soon as its sentences end. With beam search it takes what has gathered (up to :data:`GATHER` texts) and
+translates it together, in the translator's token-bounded batches. Every error a user can cause
 is ``{"error": "..."}`` with a 4xx status, as LibreTranslate words it; a 500 would be a bug of ours.
 """
 
@@ -38,6 +40,7 @@ from starlette.routing import Route
 
 from multihead.app.console import UserError, say
 from multihead.app.languages import language_name, pair_text
+from multihead.app.streaming import StreamingTranslator
 from multihead.app.translate import Translator
 from multihead.app.view import attention_view, page
 
@@ -92,12 +95,19 @@ class Batcher:
     """Texts from concurrent requests, translated together; each request gets its own answers, in order. ``run``
     jobs (the page's attention) take the worker alone. The worker is :meth:`work`: on a thread of its own, or, with
     ``thread=False``, on whichever thread calls it (``serve`` gives it the main thread: PyTorch's CPU threads wake
-    fastest for it). :meth:`close` lets it finish what was queued, then stop."""
+    fastest for it). :meth:`close` lets it finish what was queued, then stop. The texts go to ``stream`` (a
+    :class:`LineStream`) when given, else to ``translate`` in rounds."""
 
     STOP = object()
 
-    def __init__(self, translate: Callable[[list[str]], list[str]], *, thread: bool = True) -> None:
-        self.translate = translate
+    def __init__(
+        self,
+        translate: Callable[[list[str]], list[str]],
+        *,
+        thread: bool = True,
+        stream: LineStream | None = None,
+    ) -> None:
+        self.translate, self.stream = translate, stream
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.thread = threading.Thread(target=self.work, name="translation worker", daemon=True) if thread else None
         if self.thread is not None:
@@ -121,7 +131,11 @@ class Batcher:
 
     def work(self) -> None:
         """Take the jobs until :meth:`close`: the texts of every request waiting, or arriving within
-        :data:`GATHER_WAIT` of the first, translated in one call."""
+        :data:`GATHER_WAIT` of the first, translated in one call; or, with a stream, each request's texts added to it
+        as they come, between its steps."""
+        if self.stream is not None:
+            self._work_streaming(self.stream)
+            return
         pending = None
         while True:
             job, pending = pending or self.jobs.get(), None
@@ -157,6 +171,65 @@ class Batcher:
                 future.set_result(results[start : start + len(texts)])
                 start += len(texts)
 
+    def _work_streaming(self, stream: LineStream) -> None:
+        stopping = False
+        while not stopping or len(stream):
+            while not stopping:  # what is queued; waiting for it only when nothing is being translated
+                try:
+                    job = self.jobs.get(block=not len(stream))
+                except queue.Empty:
+                    break
+                if job is self.STOP:
+                    stopping = True
+                    break
+                work, future = job
+                try:
+                    if callable(work):
+                        future.set_result(work())
+                    else:
+                        stream.add(work, future)
+                except Exception as error:  # the request's to answer; the worker goes on
+                    future.set_exception(error)
+            if len(stream):
+                try:
+                    stream.step()
+                except Exception as error:  # every request in the stream gets it; the worker goes on
+                    stream.fail(error)
+
+
+class LineStream:
+    """Requests' texts translated greedily as they come (:class:`~multihead.app.streaming.StreamingTranslator`),
+    line by line as :meth:`Service.translate_lines` translates them."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.streaming = StreamingTranslator(translator, rows=GATHER)
+
+    def __len__(self) -> int:
+        return len(self.streaming)
+
+    def add(self, texts: list[str], future: Future) -> None:
+        lines, flat = split_lines(texts)
+        self.streaming.add(flat, future, lambda translated: join_lines(texts, lines, translated))
+
+    def step(self) -> None:
+        self.streaming.step()
+
+    def fail(self, error: Exception) -> None:
+        self.streaming.fail(error)
+
+
+def split_lines(texts: list[str]) -> tuple[list[list[str]], list[str]]:
+    """Each text's lines, and all of them in one list."""
+    lines = [text.replace("\r\n", "\n").replace("\r", "\n").split("\n") for text in texts]
+    return lines, [line for text_lines in lines for line in text_lines]
+
+
+def join_lines(texts: list[str], lines: list[list[str]], translated: list[str]) -> list[str]:
+    """Each text's translation from its lines' ``translated`` (all of them, in order); a blank text as it came."""
+    each = iter(translated)
+    joined = ["\n".join(next(each) for _ in text_lines) for text_lines in lines]
+    return [text if not text.strip() else out for text, out in zip(texts, joined, strict=True)]
+
 
 class RateLimiter:
     """At most ``per_minute`` requests from one address in any 60 seconds."""
@@ -190,15 +263,15 @@ class Service:
     ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.beam, self.length_penalty = beam, length_penalty
-        self.batcher = Batcher(self._translate_lines, thread=thread)
+        stream = LineStream(translator) if beam == 1 else None
+        self.batcher = Batcher(self.translate_lines, thread=thread, stream=stream)
 
-    def _translate_lines(self, texts: list[str]) -> list[str]:
+    def translate_lines(self, texts: list[str]) -> list[str]:
         """Each text's lines translated (blank lines kept), all of them in one call."""
-        lines = [text.replace("\r\n", "\n").replace("\r", "\n").split("\n") for text in texts]
-        flat = [line for text_lines in lines for line in text_lines]
-        translated = iter(self.translator.translate(flat, beam=self.beam, length_penalty=self.length_penalty))
-        joined = ["\n".join(next(translated) for _ in text_lines) for text_lines in lines]
-        return [text if not text.strip() else out for text, out in zip(texts, joined, strict=True)]
+        lines, flat = split_lines(texts)
+        return join_lines(
+            texts, lines, self.translator.translate(flat, beam=self.beam, length_penalty=self.length_penalty)
+        )
 
     def hypotheses(self, texts: list[str], count: int) -> list[list[str]]:
         """Each text's ``count`` best translations from a beam at least that wide (a blank text: itself)."""

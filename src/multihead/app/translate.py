@@ -215,8 +215,13 @@ class Translator:
         pieces, flat = self._all_pieces(texts, names)
         generate = self.generate(beam, length_penalty)
         batch_tokens = self.batch_tokens // beam
-        outputs = iter(translate_ids(generate, flat, limit=self.limit, batch_tokens=batch_tokens, progress=progress))
-        return [" ".join(self.target.decode(next(outputs)) for _ in text_pieces) for text_pieces in pieces]
+        outputs = translate_ids(generate, flat, limit=self.limit, batch_tokens=batch_tokens, progress=progress)
+        return self._joined(pieces, outputs)
+
+    def _joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
+        """Each text's translation: the translations ``outputs`` of all pieces, in order, joined text by text."""
+        translated = iter(outputs)
+        return [" ".join(self.target.decode(next(translated)) for _ in text_pieces) for text_pieces in pieces]
 
     def hypotheses(
         self, texts: Sequence[str], count: int, *, beam: int, length_penalty: float = 0.6

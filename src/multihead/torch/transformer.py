@@ -250,14 +250,15 @@ class DecoderLayer(_Block):
         *,
         weights: _StepWeights,
         memory_mask: torch.Tensor | None,
+        self_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """:meth:`_forward` in evaluation for one new token per row, ``x (N, E)``, over caches that hold the earlier
-        tokens and the projected memory; ``memory_mask`` is ``(N, 1, 1, Ls)``; ``weights`` from
-        :meth:`_step_weights`."""
+        tokens and the projected memory; ``memory_mask`` is ``(N, 1, 1, Ls)``, ``self_mask`` ``(N, 1, 1, L)`` the
+        cached tokens each row attends (default: all of them); ``weights`` from :meth:`_step_weights`."""
         return self._sublayers(
             x,
             lambda h: self.self_attn._step(
-                h, self_cache, mask=None, self_attention=True, projections=weights.self_attn
+                h, self_cache, mask=self_mask, self_attention=True, projections=weights.self_attn
             ),
             lambda h: self.cross_attn._step(
                 h, cross_cache, mask=memory_mask, self_attention=False, projections=weights.cross_attn
@@ -359,13 +360,21 @@ class Decoder(_Stack):
         return (x, cross_weights) if return_weights else x
 
     def _step(
-        self, x: torch.Tensor, cache: DecoderCache, *, weights: list[_StepWeights], memory_mask: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        cache: DecoderCache,
+        *,
+        weights: list[_StepWeights],
+        memory_mask: torch.Tensor | None,
+        self_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """:meth:`_forward` in evaluation for one new token per row (see :meth:`DecoderLayer._step`)."""
         for layer, layer_weights, self_cache, cross_cache in zip(
             self.layers, weights, cache.self_attention, cache.cross_attention, strict=True
         ):
-            x = layer._step(x, self_cache, cross_cache, weights=layer_weights, memory_mask=memory_mask)
+            x = layer._step(
+                x, self_cache, cross_cache, weights=layer_weights, memory_mask=memory_mask, self_mask=self_mask
+            )
         return self.finish(x)
 
 

@@ -1,0 +1,134 @@
+"""Continuous batching (``multihead.app.streaming``): sentences join and leave a running batch at every step and get
+what ``Translator.translate`` gives them; ``serve``'s worker over it, and over rounds for beam search."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from app.support import SAMPLES, VALID, CorpusRun
+from multihead.app import serve, streaming
+from multihead.app.streaming import Stream, StreamingTranslator
+from multihead.app.tokenizers import EOS
+from multihead.app.translate import Translator
+
+SOURCES = [source for source, _ in VALID]
+
+
+@pytest.fixture(scope="module")
+def translator(corpus_run: CorpusRun) -> Translator:
+    return Translator(corpus_run.path)
+
+
+def run(streaming_translator: StreamingTranslator, requests: list[list[str]], *, seed: int, in_flight: int) -> list:
+    """The requests added a few at a time between steps, at most ``in_flight`` texts waiting or decoding, in a
+    seeded random rhythm; each one's result."""
+    rng, futures, pending, steps = random.Random(seed), [], list(requests), 0
+    while pending or len(streaming_translator):
+        while pending and len(streaming_translator) < in_flight and rng.random() < 0.7:
+            futures.append(Future())
+            streaming_translator.add(pending.pop(0), futures[-1])
+        streaming_translator.step()
+        steps += 1
+        assert steps < 10_000
+    return [future.result(timeout=0) for future in futures]
+
+
+@pytest.mark.parametrize(("rows", "in_flight"), [(1, 4), (3, 5), (4, 40), (256, 40)])
+def test_each_text_gets_what_translate_gives_it(translator: Translator, rows: int, in_flight: int) -> None:
+    """Texts joining a running batch of at most ``rows`` rows, one text or several a request, blank ones among them:
+    every request gets, in its order, what ``translate`` gives its texts."""
+    texts = SOURCES * 2
+    requests = [texts[i : i + 1 + i % 3] for i in range(0, len(texts), 2)] + [["", SAMPLES[0], " "]]
+    answers = run(StreamingTranslator(translator, rows=rows), requests, seed=rows, in_flight=in_flight)
+    assert answers == [translator.translate(request) for request in requests]
+
+
+def test_columns_in_use_move_to_the_front_when_they_run_out(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream that never empties runs far longer than its self-attention buffers are wide: the columns still in use
+    move to the front (the buffers widening when they must), and every sentence still gets what ``translate`` gives
+    it."""
+    moves = []
+    move_columns = streaming._Buffers.move_columns
+    monkeypatch.setattr(
+        streaming._Buffers, "move_columns", lambda self, *args: (moves.append(args), move_columns(self, *args))
+    )
+    requests = [[source] for source in SOURCES * 3]
+    answers = run(StreamingTranslator(translator, rows=4), requests, seed=3, in_flight=40)
+    assert answers == [translator.translate(request) for request in requests]
+    assert len([start for _, start, _ in moves if start > 0]) >= 3  # columns moved, not only widened
+
+
+def test_a_sentence_ends_at_its_own_length_limit(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Limits that bind (a few tokens less than the source), sentences of every length in one batch."""
+    monkeypatch.setattr(translator, "limit", lambda length: max(1, length - 3))
+    requests = [[source] for source in sorted(SOURCES, key=len)]
+    answers = run(StreamingTranslator(translator, rows=8), requests, seed=1, in_flight=8)
+    assert answers == [translator.translate(request) for request in requests]
+    lengths = [len(translator.target.encode(answer[0])[0]) for answer in answers]
+    assert lengths == [max(1, len(translator.source.encode(text)[0]) - 3) for (text,) in requests]  # all bound
+
+
+def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decode = Stream._decode
+    monkeypatch.setattr(Stream, "_decode", lambda self: np.maximum(decode(self), EOS + 1))  # no sentence ends
+    stream = Stream(translator, rows=64)
+    for index in range(8):
+        stream.add(translator.source.encode(SOURCES[index])[0], index)
+    stream.step()  # nothing decoding: all join
+    assert len(stream.sentences) == 8
+    stream.add(translator.source.encode(SOURCES[8])[0], 8)  # one is less than a quarter of 8
+    for _ in range(streaming.JOIN_AFTER):
+        stream.step()
+        assert [owner for _, owner in stream.waiting] == [8]
+    stream.step()
+    assert not stream.waiting
+    assert 8 in [sentence.owner for sentence in stream.sentences]
+
+
+def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streaming_translator = StreamingTranslator(translator, rows=4)
+    failing = [Future() for _ in range(3)]
+    for index, future in enumerate(failing):
+        streaming_translator.add([SAMPLES[index]], future)
+    with monkeypatch.context() as patched:
+        patched.setattr(Stream, "_decode", lambda self: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            streaming_translator.step()
+    streaming_translator.fail(RuntimeError("boom"))
+    assert all(isinstance(future.exception(timeout=0), RuntimeError) for future in failing)
+    assert len(streaming_translator) == 0
+    assert run(streaming_translator, [[SAMPLES[0]]], seed=0, in_flight=1) == [translator.translate([SAMPLES[0]])]
+
+
+@pytest.mark.parametrize("beam", [1, 3], ids=["stream", "rounds"])
+def test_the_worker_answers_every_request_with_its_own_translations(translator: Translator, beam: int) -> None:
+    """``serve``'s worker: greedy through the stream, beam search in rounds; jobs that run alone (the page's attention)
+    between them; a failing job answers its own request only; after close, what was queued is answered."""
+    service = serve.Service(translator, ["de", "en"], beam=beam, length_penalty=0.6, thread=False)
+    batcher = service.batcher
+    assert (batcher.stream is not None) == (beam == 1)
+    requests = [[f"{SAMPLES[i % 6]}\n\n{SAMPLES[(i + 1) % 6]}", " "] for i in range(10)]
+    futures = []
+    for index, texts in enumerate(requests):
+        futures.append(Future())
+        batcher.jobs.put((texts, futures[-1]))
+        if index == 4:
+            futures.append(Future())
+            batcher.jobs.put((lambda: 1 / 0, futures[-1]))
+    batcher.jobs.put(batcher.STOP)
+    batcher.work()
+    failed = futures.pop(5)
+    assert isinstance(failed.exception(timeout=0), ZeroDivisionError)
+    expected = translator.translate(SAMPLES, beam=beam)
+    for i, future in enumerate(futures):
+        assert future.result(timeout=0) == [f"{expected[i % 6]}\n\n{expected[(i + 1) % 6]}", " "]
