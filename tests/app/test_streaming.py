@@ -93,15 +93,21 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
     assert 8 in [sentence.owner for sentence in stream.sentences]
 
 
+@pytest.mark.parametrize("failing_part", ["encoding", "decoding"])
 def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
-    translator: Translator, monkeypatch: pytest.MonkeyPatch
+    translator: Translator, monkeypatch: pytest.MonkeyPatch, failing_part: str
 ) -> None:
+    """A step that fails while the sentences waiting join (encoding their sources) or while it decodes: every request
+    in the stream, joining ones included, gets the error, and the stream goes on."""
     streaming_translator = StreamingTranslator(translator, rows=4)
     failing = [Future() for _ in range(3)]
     for index, future in enumerate(failing):
         streaming_translator.add([SAMPLES[index]], future)
     with monkeypatch.context() as patched:
-        patched.setattr(Stream, "_decode", lambda self: 1 / 0)
+        if failing_part == "encoding":
+            patched.setattr(translator.generator, "_encode", lambda *args: 1 / 0)
+        else:
+            patched.setattr(Stream, "_decode", lambda self: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             streaming_translator.step()
     streaming_translator.fail(RuntimeError("boom"))

@@ -183,7 +183,8 @@ class Stream:
             self.waited += 1
             return
         self.waited = 0
-        joining = [self.waiting.popleft() for _ in range(count)]
+        # They stay waiting until they have joined: a failure before then fails them too (see clear).
+        joining = [self.waiting[index] for index in range(count)]
         lengths = np.array([len(ids) for ids, _ in joining], dtype=np.int64)
         src = np.full((count, lengths.max()), PAD, dtype=np.int64)  # (n, Ls)
         for row, (ids, _) in enumerate(joining):
@@ -197,6 +198,8 @@ class Stream:
             self.memory.write(index, start, keys, values)
         self.own.fit(rows, self.length + 1, keys)  # self-attention's keys and values are shaped as cross-attention's
         self.layout = self.model._step_layout()
+        for _ in range(count):
+            self.waiting.popleft()
         self.sentences += [_Sentence(owner, self.limit(len(ids))) for ids, owner in joining]
         self.tokens = np.concatenate([self.tokens, np.full(count, BOS, dtype=np.int64)])
         self.starts = np.concatenate([self.starts, np.full(count, self.length, dtype=np.int64)])
