@@ -101,6 +101,11 @@ def test_positional_encoding_is_the_papers_table() -> None:
     x = torch.zeros(2, 7, 16)
     np.testing.assert_allclose(encoding(x, offset=3)[0].numpy(), table[3:10], atol=1e-6)
     np.testing.assert_allclose(encoding(x, offset=43)[0].numpy(), table[43:50], atol=1e-6)  # up to the last position
+    # The unchecked path also takes one offset per row (decoding rows at different positions).
+    y = torch.randn(3, 2, 16)
+    per_row = encoding._forward(y, torch.tensor([5, 0, 48]))
+    for row, offset in enumerate([5, 0, 48]):
+        torch.testing.assert_close(per_row[row], encoding(y[row : row + 1], offset=offset)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -673,3 +678,12 @@ def test_an_attention_step_equals_a_cached_call(options: dict) -> None:
         )
         torch.testing.assert_close(stepped, expected)
     assert step_cache.length == self_cache.length == 5
+
+
+def test_decoding_steps_take_a_self_mask_only_in_evaluation() -> None:
+    """The training-mode step (dropout, over the whole decoder) has no per-row self mask: refused, not ignored."""
+    model = small_model().train()
+    with pytest.raises(ValueError, match=r"self_mask.*evaluation"):
+        model.decoder_steps().step(
+            torch.ones(1, 1, dtype=torch.long), model.new_cache(), None, self_mask=torch.ones(1, 1, 1, 1, dtype=bool)
+        )

@@ -197,25 +197,16 @@ class Batcher:
                     stream.fail(error)
 
 
-class LineStream:
-    """Requests' texts translated greedily as they come (:class:`~multihead.app.streaming.StreamingTranslator`),
-    line by line as :meth:`Service.translate_lines` translates them."""
+class LineStream(StreamingTranslator):
+    """Requests' texts translated greedily as they come, line by line as :meth:`Service.translate_lines` translates
+    them."""
 
     def __init__(self, translator: Translator) -> None:
-        self.streaming = StreamingTranslator(translator, rows=GATHER)
+        super().__init__(translator, rows=GATHER)
 
-    def __len__(self) -> int:
-        return len(self.streaming)
-
-    def add(self, texts: list[str], future: Future) -> None:
+    def add(self, texts: list[str], future: Future) -> None:  # type: ignore[override]
         lines, flat = split_lines(texts)
-        self.streaming.add(flat, future, lambda translated: join_lines(texts, lines, translated))
-
-    def step(self) -> None:
-        self.streaming.step()
-
-    def fail(self, error: Exception) -> None:
-        self.streaming.fail(error)
+        super().add(flat, future, lambda translated: join_lines(texts, lines, translated))
 
 
 def split_lines(texts: list[str]) -> tuple[list[list[str]], list[str]]:

@@ -20,7 +20,6 @@ cross-attention buffers hold, H key/value heads, D head dim, E d_model, n senten
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -109,10 +108,12 @@ class _Layer:
 
 @dataclass
 class _Cache:
-    """The decoder's caches as its step reads them (a :class:`multihead.cache.DecoderCache`'s two lists)."""
+    """The decoder's caches as its step reads them (a :class:`multihead.cache.DecoderCache`'s two lists), and each
+    row's position (``length``, set before each step)."""
 
     self_attention: list[_Layer]
     cross_attention: list[_Layer]
+    length: Any = None
 
 
 @dataclass
@@ -132,7 +133,7 @@ class Stream:
         layers = len(self.model.decoder.layers)
         self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
         self.cache = _Cache(self.own.layers, self.memory.layers)
-        self.layout: Any = None  # the model's step layout, taken when sentences join
+        self.steps: Any = None  # the model's decoding steps, taken anew when sentences join
         self.sentences: list[_Sentence] = []  # row i's
         self.waiting: deque[tuple[Ids, Any]] = deque()
         self.tokens = np.zeros(0, dtype=np.int64)  # (N,) each row's last token
@@ -197,7 +198,7 @@ class Stream:
             self.memory.fit(rows, keys.shape[2], keys)
             self.memory.write(index, start, keys, values)
         self.own.fit(rows, self.length + 1, keys)  # self-attention's keys and values are shaped as cross-attention's
-        self.layout = self.model._step_layout()
+        self.steps = self.model.decoder_steps()  # the weights' step layout, as it is now
         for _ in range(count):
             self.waiting.popleft()
         self.sentences += [_Sentence(owner, self.limit(len(ids))) for ids, owner in joining]
@@ -219,28 +220,24 @@ class Stream:
 
     def _decode(self) -> np.ndarray:
         """One token of every row: the most probable, as greedy search takes it; ``(N,)``."""
-        model = self.model
         count = len(self.sentences)
         first = self._columns()
         source_span = int(self.sources.max())
         self.own.rows, self.own.columns = count, slice(first, self.length + 1)
         self.memory.rows, self.memory.columns = count, slice(0, source_span)
-        tokens = torch.from_numpy(self.tokens).to(self.device)
-        positions = torch.from_numpy(self.length - self.starts).to(self.device)  # (N,)
-        embedded = model.tgt_embed(tokens) * math.sqrt(model.config.d_model)  # (N, E)
-        hidden = embedded + model.positional.table[positions].to(embedded.dtype)
+        self.cache.length = torch.from_numpy(self.length - self.starts).to(self.device)  # (N,) each row's position
         # A row attends its own columns (the others masked), and its source's.
         self_mask = memory_mask = None
         if first != self.starts.max():
             columns = torch.arange(first, self.length + 1, device=self.device)
             self_mask = (columns >= torch.from_numpy(self.starts).to(self.device)[:, None])[:, None, None]
         if source_span != self.sources.min():
-            memory_columns = torch.arange(source_span, device=self.device)
-            memory_mask = (memory_columns < torch.from_numpy(self.sources).to(self.device)[:, None])[:, None, None]
-        layers, output = self.layout
-        out = model.decoder._step(hidden, self.cache, weights=layers, memory_mask=memory_mask, self_mask=self_mask)
+            sources = torch.from_numpy(self.sources).to(self.device)
+            memory_mask = torch.arange(source_span, device=self.device) < sources[:, None]  # (N, S)
+        tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
+        log_probs = self.steps.step(tokens, self.cache, memory_mask, self_mask=self_mask)
         self.length += 1
-        return torch.log_softmax(output(out).float(), dim=-1).max(dim=-1).indices.cpu().numpy()  # (N,)
+        return self.steps.argmax(log_probs)
 
     def _leave(self, ended: Sequence[int]) -> None:
         """Rows ``ended`` leave; the last rows take their places."""

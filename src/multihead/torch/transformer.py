@@ -60,8 +60,13 @@ class PositionalEncoding(nn.Module):
         checks.check_positional_call(x, offset, self.d_model, self.max_len, OPS)
         return self._forward(x, offset)
 
-    def _forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        return self.dropout(x + self.table[offset : offset + x.shape[1]].to(x.dtype))
+    def _forward(self, x: torch.Tensor, offset: int | torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` unchecked; ``offset`` may also be one per row, a ``(B,)`` tensor."""
+        if isinstance(offset, torch.Tensor):
+            table = self.table[offset[:, None] + torch.arange(x.shape[1], device=offset.device)]  # (B, L, E)
+        else:
+            table = self.table[offset : offset + x.shape[1]]  # (L, E)
+        return self.dropout(x + table.to(x.dtype))
 
 
 class FeedForward(nn.Module):
@@ -446,7 +451,7 @@ class Transformer(nn.Module):
     def _key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
-    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
         return self.positional._forward(embedding(tokens) * math.sqrt(self.config.d_model), offset)  # (B, L, E)
 
     def encode(self, src: torch.Tensor, *, src_key_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -635,16 +640,29 @@ class DecoderSteps:
     def project_memory(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn._project_keys_values(memory, memory) for layer in self.model.decoder.layers]
 
-    def step(self, tokens: torch.Tensor, cache: DecoderCache, memory_key_mask: torch.Tensor | None) -> torch.Tensor:
+    def step(
+        self,
+        tokens: torch.Tensor,
+        cache: DecoderCache,
+        memory_key_mask: torch.Tensor | None,
+        self_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """As :meth:`multihead.decoding.Steps.step`; also, in evaluation mode, for caches whose rows hold their tokens
+        at different positions: ``cache.length`` then one per row ``(N,)``, and ``self_mask (N, 1, 1, L)`` the cached
+        keys each row attends."""
         model = self.model
         if model.training:
+            if self_mask is not None:
+                raise ValueError("`self_mask`: decoding steps take one only in evaluation mode (model.eval())")
             logits = model._decode(tokens, None, memory_key_mask, None, cache)[:, -1]
         else:
             if self.layers is None:
                 self.layers, self.output = model._step_layout()
             hidden = model._embed(model.tgt_embed, tokens, cache.length)[:, 0]  # (N, E)
             memory_mask = key_layout(memory_key_mask, OPS)  # (N, 1, 1, Ls)
-            logits = self.output(model.decoder._step(hidden, cache, weights=self.layers, memory_mask=memory_mask))
+            logits = self.output(
+                model.decoder._step(hidden, cache, weights=self.layers, memory_mask=memory_mask, self_mask=self_mask)
+            )
         return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
 
     def recompute(
