@@ -17,6 +17,7 @@ from multihead import decoding
 from multihead import keras as mk
 from multihead import torch as mt
 from multihead.io import load_model, load_weights, save_model, save_weights
+from multihead.keras import generation
 from multihead.keras.generation import COMPILED_BACKENDS
 
 PAD, BOS, EOS = 0, 1, 2
@@ -146,6 +147,30 @@ def test_compiled_generation_gives_the_eager_tokens(
     eager = model.generate(tensor(src), compiled=False, **options)
     assert (eager[:, 3:] != EOS).any()  # not a search that ended at once
     np.testing.assert_array_equal(model.generate(tensor(src), compiled=True, **options), eager)
+
+
+@COMPILED
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "recompute"])
+def test_compiled_greedy_chosen_inside_the_program_gives_the_eager_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_cache: bool
+) -> None:
+    """On an accelerator the step program chooses each greedy token (on the CPU the host does, from the
+    log-probabilities): forced here, with rows that end at different steps."""
+    monkeypatch.setattr(generation, "chooses_on_host", lambda: False)
+    chosen, argmax = [], generation.CompiledDecoding.argmax
+
+    def recorded(session: generation.CompiledDecoding, scores: generation.Scores) -> np.ndarray:
+        chosen.append(scores.best is not None)
+        return argmax(session, scores)
+
+    monkeypatch.setattr(generation.CompiledDecoding, "argmax", recorded)
+    _, model = pair(tmp_path, pad_id=PAD)
+    src = token_array(4, 7)
+    options = dict(max_len=[9, 3, 6, 9], bos_id=BOS, eos_id=EOS, use_cache=use_cache)
+    eager = model.generate(tensor(src), compiled=False, **options)
+    np.testing.assert_array_equal(model.generate(tensor(src), compiled=True, **options), eager)
+    assert chosen
+    assert all(chosen)
 
 
 @COMPILED

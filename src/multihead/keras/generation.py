@@ -35,7 +35,7 @@ Hkv key/value heads, Dk/Dv head dims.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import keras
 import numpy as np
@@ -122,6 +122,7 @@ def _programs(model: Generating, use_cache: bool, capacity: int) -> tuple[Callab
     key = (use_cache, capacity)
     if key not in model.generation_programs:
         start, step = (_cached if use_cache else _recomputed)(model, capacity)
+        step = (_without_choice if chooses_on_host() else _choosing)(step)
         if backend.backend() == "tensorflow":
             import tensorflow as tf
 
@@ -129,6 +130,35 @@ def _programs(model: Generating, use_cache: bool, capacity: int) -> tuple[Callab
         else:
             model.generation_programs[key] = (_jax_program(model, start), _DonatedSteps(model, step))
     return model.generation_programs[key]
+
+
+def _choosing(step: Callable[..., tuple[Tensor, State]]) -> Callable[..., tuple[tuple[Tensor, Tensor], State]]:
+    """``step`` that also gives each row's most probable token ``(N,)``, chosen inside the program, so that on an
+    accelerator only the ids need leave it (an eager ``argmax`` would cost on TensorFlow a fifth of a whole
+    compiled step of a small model)."""
+
+    def run(*args: Any, **kwargs: Any) -> tuple[tuple[Tensor, Tensor], State]:
+        log_probs, state = step(*args, **kwargs)
+        return (log_probs, ops.argmax(log_probs, axis=-1)), state
+
+    return run
+
+
+def _without_choice(step: Callable[..., tuple[Tensor, State]]) -> Callable[..., tuple[tuple[Tensor, None], State]]:
+    """``step`` whose tokens are chosen on the host (:class:`Scores`)."""
+
+    def run(*args: Any, **kwargs: Any) -> tuple[tuple[Tensor, None], State]:
+        log_probs, state = step(*args, **kwargs)
+        return (log_probs, None), state
+
+    return run
+
+
+def chooses_on_host() -> bool:
+    """Whether a greedy step's token is chosen on the host: on the CPU, NumPy's ``argmax`` over the log-probabilities
+    (already in host memory) is faster than one inside the program; on an accelerator the program chooses, and only
+    the ids leave it."""
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
 
 def _cached(model: Generating, capacity: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -200,7 +230,8 @@ def _jax_program(
 class Steps:
     """The step program of one mode and capacity and the state it works on: :meth:`load` a state, then each call
     runs one step on it (``token (N, 1)``, ``position``, the rows of the target's state to gather first and those of
-    the source's, ``(N,)`` each or ``None``) and returns the log-probabilities."""
+    the source's, ``(N,)`` each or ``None``) and returns the log-probabilities ``(N, V)`` and each row's most
+    probable token ``(N,)`` (``None`` where the host chooses: :func:`chooses_on_host`)."""
 
     def load(self, state: State) -> None:
         raise NotImplementedError
@@ -209,7 +240,9 @@ class Steps:
     def state(self) -> State:
         raise NotImplementedError
 
-    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
+    def __call__(
+        self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
 
 
@@ -240,20 +273,24 @@ class _VariableSteps(Steps):
 
         return tf.nest.map_structure(lambda variable: variable.value(), self.current[0])
 
-    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
+    def __call__(
+        self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
         import tensorflow as tf
 
         variables, programs = self.current
         gathers = (rows is not None, source_rows is not None)
         if gathers not in programs:
 
-            def run(token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
+            def run(
+                token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None
+            ) -> tuple[Tensor, Tensor | None]:
                 state = tf.nest.map_structure(lambda variable: variable.read_value(), variables)
-                log_probs, changed = self.step(token, position, rows, source_rows, state)
+                outputs, changed = self.step(token, position, rows, source_rows, state)
                 for variable, before, after in zip(*map(tf.nest.flatten, (variables, state, changed)), strict=True):
                     if after is not before:
                         variable.assign(after)
-                return log_probs
+                return outputs
 
             programs[gathers] = tf.function(run, jit_compile=True).get_concrete_function(
                 token, position, rows, source_rows
@@ -279,9 +316,11 @@ class _DonatedSteps(Steps):
     def state(self) -> State:
         return self._state
 
-    def __call__(self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None) -> Tensor:
-        log_probs, self._state = self.program(token, position, rows, source_rows, state=self._state)
-        return log_probs
+    def __call__(
+        self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        outputs, self._state = self.program(token, position, rows, source_rows, state=self._state)
+        return outputs
 
 
 def rows_for(batch: int) -> int:
@@ -292,6 +331,26 @@ def rows_for(batch: int) -> int:
 def capacity_for(max_len: int, model_max_len: int) -> int:
     """Positions ``0..max_len - 1`` rounded up to a multiple of ``CAPACITY_STEP``, within the model's ``max_len``."""
     return min(-(-max_len // CAPACITY_STEP) * CAPACITY_STEP, model_max_len)
+
+
+class Scores(NamedTuple):
+    """What a compiled step gives the search: the log-probabilities ``(R, V)`` of every buffer row and their most
+    probable tokens ``(R,)`` when the program chose them (:func:`chooses_on_host`), of which the search asks about
+    rows ``live`` ``(N,)``, in its order."""
+
+    log_probs: Tensor
+    best: Tensor | None
+    live: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.live), int(self.log_probs.shape[-1])
+
+    def rows(self) -> Tensor:
+        """The log-probabilities of the rows asked about, ``(N, V)``."""
+        if len(self.live) == int(self.log_probs.shape[0]) and (self.live == np.arange(len(self.live))).all():
+            return self.log_probs
+        return ops.take(self.log_probs, ops.convert_to_tensor(self.live.astype("int32")), axis=0)
 
 
 class CompiledDecoding:
@@ -310,29 +369,31 @@ class CompiledDecoding:
         self, model: Generating, src: Tensor, src_key_mask: Tensor | None, use_cache: bool, max_len: int
     ) -> None:
         start, self._steps = _programs(model, use_cache, capacity_for(max_len, model.config.max_len))
-        self._choices = model.decoder_steps()  # argmax and top_k, eagerly on the step's log-probabilities
+        self._choices = model.decoder_steps()  # top_k, eagerly on the step's log-probabilities
         self._steps.load(start(*_filled_source(src, src_key_mask)))
         self._live = np.arange(int(src.shape[0]))  # (n,): the buffer row of each row the search holds
         self._size = rows_for(len(self._live))
         self._pending: np.ndarray | None = None  # (size,): the rows the next step gathers first
         self._pending_sources = False  # whether it gathers the source's state (memory, mask) by them too
 
-    def step(self, prefix: np.ndarray) -> Tensor:
+    def step(self, prefix: np.ndarray) -> Scores:
         tokens = np.zeros((self._size, 1), dtype="int32")
         tokens[self._live, 0] = prefix[:, -1]  # rows the search no longer asks about read token 0
         position = ops.convert_to_tensor(np.int32(prefix.shape[1] - 1))
         rows = None if self._pending is None else ops.convert_to_tensor(self._pending.astype("int32"))
-        log_probs = self._steps(ops.convert_to_tensor(tokens), position, rows, rows if self._pending_sources else None)
+        log_probs, best = self._steps(
+            ops.convert_to_tensor(tokens), position, rows, rows if self._pending_sources else None
+        )
         self._pending, self._pending_sources = None, False
-        if len(self._live) == self._size and (self._live == np.arange(self._size)).all():
-            return log_probs
-        return ops.take(log_probs, ops.convert_to_tensor(self._live.astype("int32")), axis=0)
+        return Scores(log_probs, best, self._live)
 
-    def argmax(self, log_probs: Tensor) -> np.ndarray:
-        return self._choices.argmax(log_probs)
+    def argmax(self, scores: Scores) -> np.ndarray:
+        if scores.best is None:
+            return np.asarray(ops.convert_to_numpy(scores.log_probs))[scores.live].argmax(axis=-1)
+        return np.asarray(ops.convert_to_numpy(scores.best))[scores.live].astype(np.int64)
 
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._choices.top_k(log_probs, scores, beam, count)
+    def top_k(self, scores: Scores, totals: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._choices.top_k(scores.rows(), totals, beam, count)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them
