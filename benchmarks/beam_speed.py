@@ -16,6 +16,7 @@ import torch
 
 from multihead.app.corpus import read_lines
 from multihead.app.translate import Translator, translate_ids
+from multihead.decoding import SearchOptions
 
 
 def main() -> None:
@@ -36,7 +37,7 @@ def main() -> None:
     bleu = {}
     for _ in range(3):  # interleaved: greedy, beam, greedy, ...
         for beam in seconds:
-            generate = translator.generate(beam, args.length_penalty)
+            generate = translator.generate(SearchOptions(beam_size=beam, length_penalty=args.length_penalty))
             if translator.device.type == "cuda":
                 torch.cuda.synchronize(translator.device)
             begin = time.perf_counter()

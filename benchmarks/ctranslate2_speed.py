@@ -27,6 +27,7 @@ from multihead.app.corpus import read_lines
 from multihead.app.export import export, vocabulary
 from multihead.app.tokenizers import EOS, PAD
 from multihead.app.translate import BATCH_TOKENS, Generate, Translator, translate_ids
+from multihead.decoding import SearchOptions
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
     target_ids = {piece: index for index, piece in enumerate(vocabulary(translator.target))}
 
     def theirs(engine: ctranslate2.Translator, beam: int) -> Generate:
-        def generate(src: np.ndarray, limits: np.ndarray) -> np.ndarray:
+        def generate(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
             # CTranslate2 takes one limit a batch: the longest, each row cut at its own afterwards (translate_ids).
             # Greedy rows come out as with their own limit; a beam search may differ where a limit binds.
             batch = [[names[index] for index in row if index != PAD] for row in src]
@@ -73,8 +74,9 @@ def main() -> None:
         }
         runs = {}
         for beam in (1, args.beam):
+            search = SearchOptions(beam_size=beam, length_penalty=args.length_penalty)
             for compute in ("float32", "int8"):
-                runs[f"multihead {compute}, beam {beam}"] = ours[compute].generate(beam, args.length_penalty), beam
+                runs[f"multihead {compute}, beam {beam}"] = ours[compute].generate(search), beam
                 runs[f"CTranslate2 {compute}, beam {beam}"] = theirs(engines[compute], beam), beam
         seconds, outputs = {name: float("inf") for name in runs}, {}
         for _ in range(2):  # interleaved: every configuration once, then again

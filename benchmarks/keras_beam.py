@@ -39,7 +39,7 @@ def main() -> None:
         return length_limit(source_length, longest_target, checkpoint.config.max_len)
 
     def generate(beam: int):
-        def run(src: np.ndarray, limits: np.ndarray) -> np.ndarray:
+        def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
             out = model.generate(
                 src, max_len=limits, bos_id=BOS, eos_id=EOS, beam_size=beam, length_penalty=args.length_penalty
             )

@@ -487,6 +487,7 @@ import gzip
 
 from multihead.app.corpus import read_lines
 from multihead.app.evaluate import score
+from multihead.decoding import SearchOptions
 
 DATA = Path(os.environ.get("MULTI30K", "../shared/data/multi30k"))
 names = ["train.de", "train.en", "val.de", "val.en"]
@@ -531,9 +532,13 @@ assert unknown or translator.source.decode(ids) == sentence  # the pieces put ba
 
 # %% [markdown]
 # Translation, batched: sentences of similar length go together, and the search drops each sentence from the batch
-# as soon as it ends. Greedy search takes the most probable word at each step; beam search keeps the 4 best
-# partial translations and ranks finished ones by log-probability divided by length^0.6, so that longer
-# translations are not penalised for being longer.
+# as soon as it ends. Each decoding step is the model's own forward pass over its KV cache, one new word per
+# sentence, and a search chooses the words from the step's probabilities, as a `SearchOptions` says. Greedy search
+# takes the most probable word at each step; beam search keeps the 4 best partial translations and ranks finished
+# ones by log-probability divided by length^0.6, so that longer translations are not penalised for being longer;
+# sampling draws each word from the most probable few (what back-translation uses to vary its synthetic sources),
+# each sentence from a generator seeded by `seed` and its place in the input, so the same seed gives the same
+# translations. The command line's `--beam 4` and `--sampling-topk 10 --seed 0` make these options.
 #
 # BLEU is computed by sacreBLEU on detokenized, cased text with its standard `13a` tokenization: scores computed
 # on one's own tokenization are not comparable between papers, and sacreBLEU prints a signature (the references,
@@ -543,9 +548,10 @@ assert unknown or translator.source.decode(ids) == sentence  # the pieces put ba
 sources = read_lines(corpus["val.de"], "val.de")[:200]
 references = read_lines(corpus["val.en"], "val.en")[:200]
 greedy = translator.translate(sources)
-beam = translator.translate(sources, beam=4)
-for source, one, four, wanted in list(zip(sources, greedy, beam, references, strict=True))[:3]:
-    print(f"{source}\n  greedy: {one}\n  beam 4: {four}\n  reference: {wanted}")
+beam = translator.translate(sources, search=SearchOptions(beam_size=4, length_penalty=0.6))
+sampled = translator.translate(sources[:3], search=SearchOptions(sampling_topk=10, seed=0))
+for source, one, four, drawn, wanted in list(zip(sources, greedy, beam, sampled, references, strict=False)):
+    print(f"{source}\n  greedy: {one}\n  beam 4: {four}\n  sampled: {drawn}\n  reference: {wanted}")
 for name, hypotheses in (("greedy", greedy), ("beam 4", beam)):
     scores = score(hypotheses, references)
     print(f"{name}: BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")

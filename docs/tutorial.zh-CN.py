@@ -500,6 +500,7 @@ import gzip
 
 from multihead.app.corpus import read_lines
 from multihead.app.evaluate import score
+from multihead.decoding import SearchOptions
 
 DATA = Path(os.environ.get("MULTI30K", "../shared/data/multi30k"))
 names = ["train.de", "train.en", "val.de", "val.en"]
@@ -543,8 +544,11 @@ assert unknown or translator.source.decode(ids) == sentence  # the pieces put ba
 
 
 # %% [markdown]
-# 批量翻译：长度相近的句子放在同一批，每句一结束就离开批次。贪心搜索每一步取概率最大的词；束搜索保留 4 个
-# 最好的部分译文，并按对数概率除以长度的 0.6 次方为完成的译文排序，使较长的译文不因更长而吃亏。
+# 批量翻译：长度相近的句子放在同一批，每句一结束就离开批次。每一步解码就是模型自身在 KV 缓存上的前向计算，
+# 每句一个新词；搜索按 `SearchOptions` 的设置从这一步的概率中选词。贪心搜索每一步取概率最大的词；束搜索保留 4 个
+# 最好的部分译文，并按对数概率除以长度的 0.6 次方为完成的译文排序，使较长的译文不因更长而吃亏；采样从最可能的
+# 几个词中抽取每个词（回译用它让合成的源句多样），每句的随机数生成器由 `seed` 和该句在输入中的位置决定，
+# 同样的种子给出同样的译文。命令行的 `--beam 4` 和 `--sampling-topk 10 --seed 0` 就是这些选项。
 #
 # BLEU 由 sacreBLEU 在去分词、区分大小写的文本上用标准的 `13a` 分词计算：用各自分词算出的分数在论文之间无法
 # 比较，而 sacreBLEU 会打印一个签名（参考译文数、大小写、分词方式、版本），准确说明分数是怎样算出的。
@@ -554,9 +558,10 @@ assert unknown or translator.source.decode(ids) == sentence  # the pieces put ba
 sources = read_lines(corpus["val.de"], "val.de")[:200]
 references = read_lines(corpus["val.en"], "val.en")[:200]
 greedy = translator.translate(sources)
-beam = translator.translate(sources, beam=4)
-for source, one, four, wanted in list(zip(sources, greedy, beam, references, strict=True))[:3]:
-    print(f"{source}\n  greedy: {one}\n  beam 4: {four}\n  reference: {wanted}")
+beam = translator.translate(sources, search=SearchOptions(beam_size=4, length_penalty=0.6))
+sampled = translator.translate(sources[:3], search=SearchOptions(sampling_topk=10, seed=0))
+for source, one, four, drawn, wanted in list(zip(sources, greedy, beam, sampled, references, strict=False)):
+    print(f"{source}\n  greedy: {one}\n  beam 4: {four}\n  sampled: {drawn}\n  reference: {wanted}")
 for name, hypotheses in (("greedy", greedy), ("beam 4", beam)):
     scores = score(hypotheses, references)
     print(f"{name}: BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")

@@ -120,3 +120,23 @@ class NumpyKVCache(KVCacheBase):
 
     def _take(self, x: np.ndarray, rows: object) -> np.ndarray:
         return x[np.asarray(rows)]
+
+
+def filtered_distribution(probs: np.ndarray, top_k: int, top_p: float, temperature: float) -> np.ndarray:
+    """The distribution sampling draws from, written plainly: the ``top_k`` most probable tokens (0: all), each
+    probability raised to ``1 / temperature`` and renormalised, then the fewest most probable whose probability
+    reaches ``top_p``, renormalised."""
+    order = sorted(range(len(probs)), key=lambda token: -probs[token])
+    kept = order if top_k == 0 else order[:top_k]
+    weights = {token: probs[token] ** (1 / temperature) for token in kept}
+    total = sum(weights.values())
+    chosen, mass = [], 0.0
+    for token in kept:
+        if mass >= top_p:
+            break
+        chosen.append(token)
+        mass += weights[token] / total
+    out = np.zeros(len(probs))
+    for token in chosen:
+        out[token] = weights[token]
+    return out / out.sum()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import NumpyKVCache
-from multihead.cache import DecoderCache, KVCacheBase, check_decoder_cache
+from multihead.cache import DecoderCache, KVCacheBase, attended, check_decoder_cache
 from multihead.torch import KVCache
 
 FRONT_ENDS = {
@@ -48,7 +48,7 @@ def test_self_attention_attends_everything_cached_plus_the_new_tokens(front_end)
     for index, (k, v) in enumerate(chunks):
         before = cache.length
         assert cache.key_length(self_attention=True, new=k.shape[2]) == before + k.shape[2]
-        keys, values = cache.keys_and_values(True, lambda k=k, v=v: (tensor(k), tensor(v)))
+        keys, values = attended(cache, True, lambda k=k, v=v: (tensor(k), tensor(v)))
         np.testing.assert_array_equal(numpy_of(keys), np.concatenate([c[0] for c in chunks[: index + 1]], axis=2))
         np.testing.assert_array_equal(numpy_of(values), np.concatenate([c[1] for c in chunks[: index + 1]], axis=2))
         assert not cache.reuses_memory(self_attention=True)
@@ -68,7 +68,7 @@ def test_cross_attention_projects_the_memory_once_then_reuses_it(front_end) -> N
     assert not cache.reuses_memory(self_attention=False)
     assert cache.key_length(self_attention=False, new=7) == 7
     for _ in range(3):
-        keys, values = cache.keys_and_values(False, project)
+        keys, values = attended(cache, False, project)
         np.testing.assert_array_equal(numpy_of(keys), memory[0])
         np.testing.assert_array_equal(numpy_of(values), memory[1])
         assert cache.reuses_memory(self_attention=False)

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from conftest import NumpyKVCache
+from conftest import NumpyKVCache, filtered_distribution
 from multihead.cache import DecoderCache
 from multihead.config import TransformerConfig
 from multihead.decoding import (
+    SEARCHES,
     DecodingSession,
+    SearchOptions,
     _stay,
     beam_search,
     beam_search_n_best,
@@ -21,6 +24,8 @@ from multihead.decoding import (
     generate,
     greedy_search,
     resolve_pad_id,
+    sample_search,
+    search_options,
 )
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
@@ -291,34 +296,35 @@ def test_new_beams_stay_in_their_parents_places_where_they_can() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((0, 0, 1, 2, 1, 1.0), "`max_len` must be a positive int, received 0"),
-        ((9, 0, 1, 2, 1, 1.0), "`max_len` must be at most the model's max_len=8 positions, received 9"),
-        ((5, -1, 1, 2, 1, 1.0), "`bos_id` must be a non-negative int, received -1"),
-        ((5, 0, 12, 2, 1, 1.0), "`eos_id` must be < tgt_vocab=12, received eos_id=12"),
-        ((5, 0, 1, 2, 0, 1.0), "`beam_size` must be a positive int, received 0"),
-        ((5, 0, 1, 2, 2, float("inf")), "`length_penalty` must be finite, received inf"),
-        (([3, 9], 0, 1, 2, 1, 1.0), "`max_len` must be at most the model's max_len=8 positions, received 9"),
-        ((np.array([3, 0]), 0, 1, 2, 1, 1.0), r"`max_len` must be positive ints, received 0 in \[3, 0\]"),
-        (([3, 4, 5], 0, 1, 2, 1, 1.0), "`max_len` gives one limit per row: src has 2 rows, received 3 limits"),
+        ((0, 0, 1, 2), "`max_len` must be a positive int, received 0"),
+        ((9, 0, 1, 2), "`max_len` must be at most the model's max_len=8 positions, received 9"),
+        ((5, -1, 1, 2), "`bos_id` must be a non-negative int, received -1"),
+        ((5, 0, 12, 2), "`eos_id` must be < tgt_vocab=12, received eos_id=12"),
+        (([3, 9], 0, 1, 2), "`max_len` must be at most the model's max_len=8 positions, received 9"),
+        ((np.array([3, 0]), 0, 1, 2), r"`max_len` must be positive ints, received 0 in \[3, 0\]"),
+        (([3, 4, 5], 0, 1, 2), "`max_len` gives one limit per row: src has 2 rows, received 3 limits"),
     ],
 )
 def test_generation_args_are_checked(args: tuple, message: str) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
+    max_len, bos_id, eos_id, pad_id = args
     with pytest.raises(ValueError, match=message):
-        check_generation_args(*args, config, np.zeros((2, 5), dtype=np.int64))
+        check_generation_args(
+            config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=np.zeros((2, 5), dtype=np.int64)
+        )
 
 
 @pytest.mark.parametrize("max_len", [[], [[3, 4]], [3.0, 4.0], [True, False], "34", 4.0, True, None, {3: 4}])
 def test_a_length_limit_is_an_int_or_one_int_per_row(max_len: object) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
     with pytest.raises(TypeError, match="`max_len` must be an int"):
-        check_generation_args(max_len, 0, 1, 2, 1, 1.0, config)
+        check_generation_args(config, max_len=max_len, bos_id=0, eos_id=1, pad_id=2)
 
 
 def test_the_longest_length_limit_is_what_a_session_needs() -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
-    assert check_generation_args(5, 0, 1, 2, 1, 1.0, config) == 5
-    assert check_generation_args((3, 7, 2), 0, 1, 2, 1, 1.0, config, np.zeros((3, 4))) == 7
+    assert check_generation_args(config, max_len=5, bos_id=0, eos_id=1, pad_id=2) == 5
+    assert check_generation_args(config, max_len=(3, 7, 2), bos_id=0, eos_id=1, pad_id=2, src=np.zeros((3, 4))) == 7
 
 
 def test_pad_id_defaults_to_the_configs_then_to_eos() -> None:
@@ -402,7 +408,7 @@ SEARCH = dict(max_len=6, bos_id=BOS, eos_id=EOS, pad_id=PAD)
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
 def test_generate_greedy_decodes_each_source_from_its_own_state(use_cache: bool) -> None:
     session = TableSession([DEEP, OTHER], use_cache)
-    out = generate(session, 2, **SEARCH)
+    out = generate(session, 2, SearchOptions(), **SEARCH)
     np.testing.assert_array_equal(out, [[A, EOS, PAD], [C, A, EOS]])  # greedy's (0.24)
     # Greedy search reorders only to drop the rows that have ended: source 0 after its second step.
     assert [rows.tolist() for rows in session.taken] == [[1]]
@@ -413,7 +419,7 @@ def test_generate_greedy_decodes_each_source_from_its_own_state(use_cache: bool)
 def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: bool) -> None:
     k = 2
     session = TableSession([DEEP, OTHER], use_cache)
-    out = generate(session, 2, beam_size=k, length_penalty=0.0, **SEARCH)
+    out = generate(session, 2, SearchOptions(beam_size=k, length_penalty=0.0), **SEARCH)
     np.testing.assert_array_equal(out, [[B, C, A, EOS], [C, A, EOS, PAD]])  # beam search's answer (0.36)
     expected = beam_search(ArraySession(table_model(DEEP)), 1, beam_size=k, length_penalty=0.0, **SEARCH)
     np.testing.assert_array_equal(out[:1, : expected.shape[1]], expected)
@@ -451,7 +457,8 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
 def test_generate_with_beam_size_one_is_greedy_and_lays_out_no_beams() -> None:
     session = TableSession([DEEP, OTHER], use_cache=True)
     np.testing.assert_array_equal(
-        generate(session, 2, beam_size=1, **SEARCH), generate(TableSession([DEEP, OTHER], False), 2, **SEARCH)
+        generate(session, 2, SearchOptions(beam_size=1), **SEARCH),
+        generate(TableSession([DEEP, OTHER], False), 2, SearchOptions(), **SEARCH),
     )
     assert [rows.tolist() for rows in session.taken] == [[1]]  # only the ended row leaves
 
@@ -462,12 +469,12 @@ def test_greedy_drops_ended_rows_only_once_a_quarter_have_ended() -> None:
     long = {(A,) * n: {A: 1.0} for n in range(10)}
     tables = [ends] + [long] * 7  # one of eight rows ends at once: below a quarter, it stays
     session = TableSession(tables, use_cache=True)
-    out = generate(session, 8, **SEARCH)
+    out = generate(session, 8, SearchOptions(), **SEARCH)
     assert session.taken == []
     np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD, PAD])
     np.testing.assert_array_equal(out[1:], np.full((7, 6), A))
     session = TableSession([ends, ends, long, long], use_cache=True)  # half end: they leave
-    out = generate(session, 4, **SEARCH)
+    out = generate(session, 4, SearchOptions(), **SEARCH)
     assert [rows.tolist() for rows in session.taken] == [[2, 3]]
     np.testing.assert_array_equal(out[2:], np.full((2, 6), A))
 
@@ -488,3 +495,119 @@ def test_n_best_of_a_batch_are_each_sentences_own(use_cache: bool) -> None:
         [[C, A, EOS], [A, EOS], [C, EOS]],  # 0.42, 0.3, 0.28
         [[EOS]],
     ]
+
+
+# --- search options and sampling -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"beam_size": 0}, ValueError, "`beam_size` must be a positive int, received 0"),
+        ({"length_penalty": float("inf")}, ValueError, "`length_penalty` must be finite, received inf"),
+        ({"length_penalty": "0.6"}, TypeError, "`length_penalty` must be a float, received '0.6'"),
+        ({"sampling_topk": -1}, ValueError, "`sampling_topk` must be a non-negative int, received -1"),
+        ({"sampling_topk": 0, "sampling_topp": 0.0}, ValueError, r"`sampling_topp` must be in \(0, 1\], received 0.0"),
+        ({"sampling_topk": 0, "sampling_topp": 1.5}, ValueError, r"`sampling_topp` must be in \(0, 1\], received 1.5"),
+        ({"sampling_topk": 0, "sampling_temperature": 0.0}, ValueError, "`sampling_temperature` must be > 0"),
+        ({"sampling_topk": 0, "sampling_temperature": -1.0}, ValueError, "`sampling_temperature` must be > 0"),
+        ({"sampling_topk": 5, "beam_size": 4}, ValueError, r"takes no beams, received `beam_size`=4"),
+        ({"sampling_temperature": 0.5}, ValueError, "`sampling_topk`=1 .* does not do"),
+        ({"sampling_topp": 0.9}, ValueError, "`sampling_topk`=1 .* does not do"),
+        ({"seed": -3, "sampling_topk": 0}, ValueError, "`seed` must be a non-negative int, received -3"),
+        ({"max_length": 0}, ValueError, "`max_length` must be a positive int, received 0"),
+        ({"n_best": 3, "beam_size": 2}, ValueError, "n-best lists come from a beam at least as wide"),
+    ],
+)
+def test_search_options_are_checked_when_made(options: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        SearchOptions(**options)
+
+
+def test_the_strategy_follows_from_the_options() -> None:
+    assert SearchOptions().strategy == "greedy"
+    assert SearchOptions(beam_size=4, n_best=2).strategy == "beam"
+    assert SearchOptions(sampling_topk=0).strategy == "sample"
+    assert SearchOptions(sampling_topk=10, sampling_topp=0.9, sampling_temperature=0.7, seed=3).strategy == "sample"
+    assert set(SEARCHES) == {"greedy", "beam", "sample"}
+
+
+def test_loose_beam_arguments_or_search_options_not_both() -> None:
+    assert search_options(None, beam_size=3, length_penalty=0.6) == SearchOptions(beam_size=3, length_penalty=0.6)
+    options = SearchOptions(sampling_topk=0)
+    assert search_options(options) is options
+    with pytest.raises(ValueError, match="give the search once"):
+        search_options(options, beam_size=2)
+    with pytest.raises(TypeError, match="`search` must be a SearchOptions"):
+        search_options({"beam_size": 2})
+
+
+PROBS = np.array([0.02, 0.3, 0.05, 0.25, 0.18, 0.12, 0.08])  # token 0 is BOS: never taken in these tests
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "temperature"),
+    [(0, 1.0, 1.0), (3, 1.0, 1.0), (0, 0.6, 1.0), (0, 1.0, 0.5), (0, 1.0, 2.0), (4, 0.7, 0.8), (1, 1.0, 1.0)],
+    ids=["all", "top-3", "top-p-0.6", "temperature-0.5", "temperature-2", "top-4-p-0.7-t-0.8", "top-1"],
+)
+def test_sampled_frequencies_follow_the_filtered_distribution(top_k: int, top_p: float, temperature: float) -> None:
+    """20,000 first tokens drawn from a model whose next-token probabilities are known: each token's frequency within
+    5 standard deviations of its probability under the filters (a token filtered out never drawn)."""
+    draws = 20_000
+    log_probs = np.log(PROBS)
+
+    def step(prefix: np.ndarray) -> np.ndarray:
+        return np.tile(log_probs, (len(prefix), 1))
+
+    options = SearchOptions(sampling_topk=top_k, sampling_topp=top_p, sampling_temperature=temperature, seed=7)
+    tokens = sample_search(ArraySession(step), draws, options, max_len=1, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    frequencies = np.bincount(tokens[:, 0], minlength=len(PROBS)) / draws
+    expected = filtered_distribution(PROBS, top_k, top_p, temperature)
+    bound = 5 * np.sqrt(expected * (1 - expected) / draws)
+    assert (np.abs(frequencies - expected) <= bound).all(), (frequencies, expected)
+    assert (frequencies[expected == 0] == 0).all()
+
+
+def test_sampling_from_the_most_probable_token_is_greedy_search() -> None:
+    """``sampling_topk=1`` on the sampling path (greedy's options choose greedy search itself) takes greedy's tokens,
+    whatever the seed."""
+    for seed in range(4):
+        step = two_token_model(seed)
+        args = dict(max_len=8, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+        greedy = greedy_search(ArraySession(step), 5, **args)
+        sampled = sample_search(ArraySession(step), 5, SearchOptions(sampling_topk=1, seed=seed), **args)
+        np.testing.assert_array_equal(sampled, greedy)
+
+
+def test_each_sentence_draws_from_its_own_seeded_generator() -> None:
+    """The same seed and keys give the same tokens; a sentence's tokens depend on its key, not on its row or on the
+    sentences sampled with it; another seed gives others."""
+    step = two_token_model(3, vocab=12)
+    options = SearchOptions(sampling_topk=0, seed=11)
+    args = dict(max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    together = sample_search(ArraySession(step), 6, options, **args)
+    np.testing.assert_array_equal(sample_search(ArraySession(step), 6, options, **args), together)
+    alone = sample_search(ArraySession(step), 1, options, keys=[4], **args)
+    np.testing.assert_array_equal(alone[0], together[4, : alone.shape[1]])
+    reversed_rows = sample_search(ArraySession(step), 6, options, keys=np.arange(6)[::-1], **args)
+    np.testing.assert_array_equal(reversed_rows[::-1, : together.shape[1]], together[:, : reversed_rows.shape[1]])
+    assert len({tuple(row) for row in together.tolist()}) > 1  # rows drew differently
+    other = sample_search(ArraySession(step), 6, replace(options, seed=12), **args)
+    assert other.tolist() != together.tolist()
+
+
+def test_a_fresh_seed_without_one() -> None:
+    step = two_token_model(3, vocab=12)
+    args = dict(max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    runs = {
+        tuple(sample_search(ArraySession(step), 4, SearchOptions(sampling_topk=0), **args).ravel()) for _ in range(5)
+    }
+    assert len(runs) > 1
+
+
+def test_generate_caps_every_limit_at_max_length_and_refuses_n_best_lists() -> None:
+    session = TableSession([{(A,) * n: {A: 1.0} for n in range(10)}] * 2, use_cache=True)
+    out = generate(session, 2, SearchOptions(max_length=3), **{**SEARCH, "max_len": [6, 2]})
+    np.testing.assert_array_equal(out, [[A, A, A], [A, A, PAD]])
+    with pytest.raises(ValueError, match="n-best lists"):
+        generate(TableSession([DEEP], True), 1, SearchOptions(beam_size=2, n_best=2), **SEARCH)

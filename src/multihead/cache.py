@@ -1,20 +1,25 @@
-"""The KV cache's bookkeeping, written once for both front ends; each supplies four tensor operations.
+"""What attention keeps between decoding steps: the :class:`StepCache` protocol, and the KV cache's bookkeeping,
+written once for both front ends (each supplies four tensor operations).
 
-Keys and values are kept as ``(B, Hkv, L, D)``. Without a capacity the cache grows by concatenation; with one,
-buffers of that length are allocated on the first append and written in place of the next free positions.
+A decoding step is the same forward pass as a whole sequence, with a cache: self-attention appends the new tokens'
+keys and values to its :class:`StepCache` and attends everything it holds; cross-attention projects the encoder
+memory into an empty one once and reuses it afterwards (:func:`attended`, the one rule both front ends follow).
+Three kinds of cache implement the protocol: :class:`KVCacheBase` (the front ends' ``KVCache``), the fixed buffers
+of Keras' compiled generation (:mod:`multihead.keras.generation`) and the shared columns of continuous batching
+(:mod:`multihead.torch.streaming`), whose rows each sit at a position of their own.
 
-A module's call with a cache goes: :meth:`KVCacheBase.check_call` (before anything is computed), then
-:meth:`KVCacheBase.key_length` (the ``Lk`` its masks must cover), then :meth:`KVCacheBase.keys_and_values`.
-Self-attention appends the new tokens' keys and values; cross-attention projects the encoder memory into an empty
-cache once and reuses it afterwards.
+:class:`KVCacheBase` keeps keys and values as ``(B, Hkv, L, D)``. Without a capacity it grows by concatenation; with
+one, buffers of that length are allocated on the first append and written in place of the next free positions. A
+module's public call with one goes: :meth:`KVCacheBase.check_call` (before anything is computed), then
+:meth:`KVCacheBase.key_length` (the ``Lk`` its masks must cover), then :func:`attended`.
 
 Notation: B batch, Hkv key/value heads, L cached length, n new tokens, D head dim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,7 +28,57 @@ from multihead.validation import check_optional_positive_int
 Tensor = Any
 
 
-class KVCacheBase:
+class StepCache(Protocol):
+    """One attention layer's projected keys and values, kept between decoding steps.
+
+    ``keys`` ``(B, Hkv, L, Dk)`` and ``values`` ``(B, Hkv, L, Dv)`` are what the next call attends (``None`` while
+    empty); ``length`` is how many tokens each row holds, the position of its next one: an int, or a tensor, one per
+    row ``(B,)`` where rows sit at positions of their own (or a scalar tensor inside a traced program); ``append``
+    adds ``(B, Hkv, n, D)`` new keys and values and returns everything the call attends. A cache whose buffers hold
+    more positions than a row has written returns them all: the caller's key mask leaves out the others.
+    """
+
+    @property
+    def keys(self) -> Tensor | None: ...
+
+    @property
+    def values(self) -> Tensor | None: ...
+
+    @property
+    def length(self) -> int | Tensor: ...
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+class DecoderCaches(Protocol):
+    """What a decoder's forward pass reads as its cache: per layer a self-attention :class:`StepCache` and one holding
+    the projected encoder memory; ``length``: the target tokens each row holds (the positions of the new ones), as
+    :attr:`StepCache.length`. Implemented by :class:`DecoderCache` and by the step buffers of Keras' compiled
+    generation and of continuous batching."""
+
+    @property
+    def self_attention(self) -> Sequence[StepCache]: ...
+
+    @property
+    def cross_attention(self) -> Sequence[StepCache]: ...
+
+    @property
+    def length(self) -> int | Tensor: ...
+
+
+def attended(
+    cache: StepCache | None, self_attention: bool, project: Callable[[], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor]:
+    """The keys and values an attention call attends: what ``project()`` gives, appended to ``cache`` when there is
+    one; in cross-attention, the memory ``cache`` already holds, projected by an earlier call."""
+    if cache is None:
+        return project()
+    if not self_attention and cache.keys is not None:
+        return cache.keys, cache.values
+    return cache.append(*project())
+
+
+class KVCacheBase(StepCache):
     """Projected keys and values kept between decoding steps (see the front ends' ``KVCache``)."""
 
     def __init__(self, capacity: int | None = None) -> None:
@@ -31,7 +86,12 @@ class KVCacheBase:
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
         self._spare: tuple[Tensor, Tensor] | None = None  # the buffers a reorder left, for the next one to write
-        self.length = 0
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Tokens cached."""
+        return self._length
 
     # The four tensor operations a front end supplies.
     def _concat(self, cached: Tensor, new: Tensor) -> Tensor:
@@ -52,7 +112,7 @@ class KVCacheBase:
     def _take_filled(self, buffer: Tensor, rows: Any, spare: Tensor | None) -> Tensor:
         """A buffer of ``capacity`` positions whose first ``length`` hold rows ``rows`` of ``buffer``'s; ``spare`` is a
         buffer as long that no one reads any more (``None`` at first): a front end may write into it."""
-        filled = self._take(buffer[:, :, : self.length], rows)  # (n, Hkv, L, D)
+        filled = self._take(buffer[:, :, : self._length], rows)  # (n, Hkv, L, D)
         return self._write(self._empty(filled, self.capacity), filled, 0)
 
     _moves_rows = False
@@ -68,17 +128,17 @@ class KVCacheBase:
 
     @property
     def keys(self) -> Tensor | None:
-        return None if self._keys is None else self._keys[:, :, : self.length]  # (B, Hkv, L, Dk)
+        return None if self._keys is None else self._keys[:, :, : self._length]  # (B, Hkv, L, Dk)
 
     @property
     def values(self) -> Tensor | None:
-        return None if self._values is None else self._values[:, :, : self.length]  # (B, Hkv, L, Dv)
+        return None if self._values is None else self._values[:, :, : self._length]  # (B, Hkv, L, Dv)
 
     def check_append(self, batch: int, new: int, kv_heads: int, key_dim: int, value_dim: int) -> None:
         """Refuse, before anything is projected, keys and values that :meth:`append` could not take."""
-        if self.capacity is not None and self.length + new > self.capacity:
+        if self.capacity is not None and self._length + new > self.capacity:
             raise ValueError(
-                f"`cache`: KVCache capacity {self.capacity} exceeded: {self.length} cached + {new} new tokens"
+                f"`cache`: KVCache capacity {self.capacity} exceeded: {self._length} cached + {new} new tokens"
             )
         if self._keys is None:
             return
@@ -92,14 +152,14 @@ class KVCacheBase:
 
     def reuses_memory(self, self_attention: bool) -> bool:
         """Whether a call reuses the projected memory already here (cross-attention after its first call)."""
-        return not self_attention and self.length > 0
+        return not self_attention and self._length > 0
 
     def key_length(self, self_attention: bool, new: int | None) -> int | None:
         """The keys a call attends, ``Lk``, once its ``new`` keys are in (``None``: not known yet)."""
         if self.reuses_memory(self_attention):
-            return self.length
+            return self._length
         if self_attention:
-            return None if new is None else self.length + new
+            return None if new is None else self._length + new
         return new
 
     def check_call(
@@ -110,14 +170,6 @@ class KVCacheBase:
             self.check_reuse(batch)
         elif new is not None:
             self.check_append(batch, new, kv_heads, key_dim, value_dim)
-
-    def keys_and_values(
-        self, self_attention: bool, project: Callable[[], tuple[Tensor, Tensor]]
-    ) -> tuple[Tensor, Tensor]:
-        """Everything a call attends: the reused memory, or what ``project()`` gives appended to the cache."""
-        if self.reuses_memory(self_attention):
-            return self.keys, self.values
-        return self._append(*project())
 
     def check_reuse(self, batch: int) -> None:
         """Refuse a cross-attention call whose batch differs from the memory cached."""
@@ -144,15 +196,15 @@ class KVCacheBase:
         if self._keys is None:
             if self.capacity is None:
                 self._keys, self._values = self._keep(keys), self._keep(values)
-                self.length = new
+                self._length = new
                 return self.keys, self.values
             self._keys, self._values = self._empty(keys, self.capacity), self._empty(values, self.capacity)
         if self.capacity is None:
             self._keys, self._values = self._concat(self._keys, keys), self._concat(self._values, values)
         else:
-            self._keys = self._write(self._keys, keys, self.length)
-            self._values = self._write(self._values, values, self.length)
-        self.length += new
+            self._keys = self._write(self._keys, keys, self._length)
+            self._values = self._write(self._values, values, self._length)
+        self._length += new
         return self.keys, self.values
 
     def reorder(self, rows: Any) -> None:
@@ -178,18 +230,19 @@ class KVCacheBase:
 
     def reset(self) -> None:
         self._keys = self._values = self._spare = None
-        self.length = 0
+        self._length = 0
 
 
 class DecoderCache:
-    """Per decoder layer: a KV cache of self-attention keys/values and one of projected encoder memory.
+    """Per decoder layer: a KV cache of self-attention keys/values and one of projected encoder memory (a
+    :class:`DecoderCaches`).
 
     Made by a Transformer's ``new_cache()``; ``cache_type`` is the front end's ``KVCache``.
     """
 
     def __init__(self, num_layers: int, cache_type: type[KVCacheBase], capacity: int | None = None) -> None:
-        self.self_attention = [cache_type(capacity) for _ in range(num_layers)]
-        self.cross_attention = [cache_type() for _ in range(num_layers)]
+        self.self_attention: list[KVCacheBase] = [cache_type(capacity) for _ in range(num_layers)]
+        self.cross_attention: list[KVCacheBase] = [cache_type() for _ in range(num_layers)]
 
     @property
     def length(self) -> int:

@@ -1,47 +1,58 @@
-"""Generation, written once for both front ends: encode once, step, reorder beams, stop.
+"""Generation, written once for both front ends: encode once, step, choose, reorder, stop.
 
 A Transformer's ``generate`` checks its arguments, encodes the source and hands a :class:`DecodingSession` to
-:func:`generate`. The session holds the encoder memory, its key mask and the decoder's cache; the model supplies its
-decoding :class:`Steps`: one token per row over the cache (the memory projected into it once, at the start), or,
-without a cache, the whole prefix again at every step.
+:func:`generate`, with the :class:`SearchOptions` that say how to choose the tokens. The session holds the encoder
+memory, its key mask and the decoder's cache; the model supplies its decoding :class:`Steps`: one token per row over
+the cache (the memory projected into it once, at the start), or, without a cache, the whole prefix again at every
+step. A step is the model's own forward pass with a cache, one query per row.
 
 The searches drive a :class:`Session`: ``step(prefix)`` gives the log-probabilities ``(N, V)`` of the next token
-after the token prefixes ``(N, t)`` decoded so far, as a tensor where the model computes; ``argmax`` and ``top_k``
-choose from them there, so that only the chosen ids and scores reach the host; ``reorder(rows)`` keeps the model
-state (cache, encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state. Beam search
-mostly reorders rows among the beams of one sentence, which share their source: it says so (``same_sources``), and
-the source's state (encoder memory, its projections and key mask) stays where it is.
+after the token prefixes ``(N, t)`` decoded so far, where the model computes; ``argmax`` and ``top_k`` choose from
+them, so that only the chosen ids and scores reach the host; ``reorder(rows)`` keeps the model state (cache,
+encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state. Beam search mostly
+reorders rows among the beams of one sentence, which share their source: it says so (``same_sources``), and the
+source's state (encoder memory, its projections and key mask) stays where it is.
 
-Beam search ranks a hypothesis of ``n`` tokens (its EOS included) with total log-probability ``s`` by
-``s / n ** length_penalty`` (the length penalty of fairseq's ``--lenpen`` and of Hugging Face's ``length_penalty``;
-CTranslate2's ``length_penalty`` divides by ``n ** length_penalty`` likewise). At every step one top-k picks the
-``2 * beam_size`` best continuations of a sentence's beams; those ending in EOS among the first ``beam_size`` become
-finished hypotheses, and the first ``beam_size`` others are the next beams, so the beam is always full of unfinished
-hypotheses. A sentence stops when its best finished hypothesis ranks at least as high as any continuation of its
-beams could (their scores only fall: ``s / n ** length_penalty`` is bounded by its value at ``n`` = the next length or
-its ``max_len``), or at its ``max_len``, where its unfinished beams are ranked too. :func:`beam_search_n_best` keeps a
-sentence's best few finished hypotheses (its argument ``n``, at most ``beam_size``) and stops the sentence when the
-last of them ranks at least as high as any continuation could: the same rule, which keeping one is.
+A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptions.strategy`:
+
+- ``"greedy"``: the most probable token at every step.
+- ``"sample"``: a token drawn at every step from the ``sampling_topk`` most probable (0: all), their probabilities
+  sharpened or flattened by ``sampling_temperature`` (``p ** (1 / T)``, renormalised), then cut to the fewest best
+  whose probability reaches ``sampling_topp`` (nucleus sampling), as CTranslate2's and Hugging Face's options do.
+  Each sentence draws from a random generator of its own, seeded by ``seed`` and the sentence's key (its index in
+  the call unless ``keys`` says otherwise), so its translation depends neither on the sentences searched with it
+  nor on the framework: the same seed and input give the same output.
+- ``"beam"``: beam search. It ranks a hypothesis of ``n`` tokens (its EOS included) with total log-probability ``s``
+  by ``s / n ** length_penalty`` (the length penalty of fairseq's ``--lenpen`` and of Hugging Face's
+  ``length_penalty``; CTranslate2's ``length_penalty`` divides by ``n ** length_penalty`` likewise). At every step
+  one top-k picks the ``2 * beam_size`` best continuations of a sentence's beams; those ending in EOS among the
+  first ``beam_size`` become finished hypotheses, and the first ``beam_size`` others are the next beams, so the beam
+  is always full of unfinished hypotheses. A sentence stops when its best finished hypothesis ranks at least as
+  high as any continuation of its beams could (their scores only fall: ``s / n ** length_penalty`` is bounded by its
+  value at ``n`` = the next length or its ``max_len``), or at its ``max_len``, where its unfinished beams are ranked
+  too. :func:`beam_search_n_best` keeps a sentence's best few finished hypotheses (its argument ``n``, at most
+  ``beam_size``) and stops the sentence when the last of them ranks at least as high as any continuation could: the
+  same rule, which keeping one is.
 
 ``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
 searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
 longest limit: each row ends at its first EOS or at its limit, and positions after that hold ``pad_id``.
 
-Notation: B batch, N = B (greedy) or B * beam_size rows, t tokens so far, Ls source length, E d_model, Hkv
-key/value heads, D head dim, V vocabulary.
+Notation: B batch, N = B (greedy, sampling) or B * beam_size rows, t tokens so far, Ls source length, E d_model, Hkv
+key/value heads, D head dim, V vocabulary, k candidates.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
 
 import numpy as np
 
-from multihead.cache import DecoderCache
+from multihead.cache import DecoderCache, DecoderCaches
 from multihead.config import TransformerConfig
 from multihead.validation import check_non_negative_int, check_positive_int
 
@@ -50,16 +61,121 @@ Limit = int | Sequence[int] | np.ndarray
 """``generate``'s length limit: one for every row, or one per row."""
 
 
-class Steps(Protocol):
+@dataclass(frozen=True)
+class SearchOptions:
+    """How a search chooses each translation's tokens (see the module's docstring), checked when made.
+
+    Attributes:
+        beam_size: beams per sentence; more than 1 is beam search.
+        length_penalty: beam search ranks a hypothesis of ``n`` tokens by its log-probability over
+            ``n ** length_penalty`` (finite; 0: by log-probability alone).
+        n_best: how many hypotheses of each sentence an n-best search keeps, best first (at most ``beam_size``;
+            :func:`generate` gives the best one).
+        sampling_topk: sample each token from this many most probable (0: from all); 1, the default, takes the most
+            probable (greedy search).
+        sampling_topp: sample only from the fewest most probable tokens whose probability reaches this, in (0, 1].
+        sampling_temperature: divides the log-probabilities before sampling (> 0; below 1 sharper, above flatter).
+        seed: seeds the sampling (a non-negative int); ``None``: a fresh seed for every call.
+        max_length: the most tokens a translation may take, whatever longer limit the call gives (``None``: the
+            call's).
+    """
+
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    sampling_topk: int = 1
+    sampling_topp: float = 1.0
+    sampling_temperature: float = 1.0
+    seed: int | None = None
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("beam_size", self.beam_size)
+        check_positive_int("n_best", self.n_best)
+        check_non_negative_int("sampling_topk", self.sampling_topk)
+        for name in ("length_penalty", "sampling_topp", "sampling_temperature"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real):
+                raise TypeError(f"`{name}` must be a float, received {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"`{name}` must be finite, received {value!r}")
+        if not 0.0 < self.sampling_topp <= 1.0:
+            raise ValueError(f"`sampling_topp` must be in (0, 1], received {self.sampling_topp!r}")
+        if self.sampling_temperature <= 0.0:
+            raise ValueError(f"`sampling_temperature` must be > 0, received {self.sampling_temperature!r}")
+        if self.seed is not None:
+            check_non_negative_int("seed", self.seed)
+        if self.max_length is not None:
+            check_positive_int("max_length", self.max_length)
+        if self.sampling_topk != 1 and self.beam_size > 1:
+            raise ValueError(
+                f"sampling (`sampling_topk`={self.sampling_topk}) draws one hypothesis a sentence and takes no beams, "
+                f"received `beam_size`={self.beam_size}"
+            )
+        if self.sampling_topk == 1 and (self.sampling_topp != 1.0 or self.sampling_temperature != 1.0):
+            raise ValueError(
+                f"`sampling_topp`={self.sampling_topp!r} and `sampling_temperature`={self.sampling_temperature!r} "
+                "shape sampling, which `sampling_topk`=1 (take the most probable token) does not do: give "
+                "`sampling_topk`=0 (every token) or more than 1"
+            )
+        if self.n_best > self.beam_size:
+            raise ValueError(
+                f"n-best lists come from a beam at least as wide: received `n_best`={self.n_best} with "
+                f"`beam_size`={self.beam_size}"
+            )
+
+    @property
+    def strategy(self) -> str:
+        """The entry of :data:`SEARCHES` that searches with these options."""
+        if self.beam_size > 1:
+            return "beam"
+        return "greedy" if self.sampling_topk == 1 else "sample"
+
+    def limit(self, max_len: Limit, batch: int) -> np.ndarray:
+        """Each row's length limit, int64 ``(B,)``: ``max_len`` (one, or one per row), at most :attr:`max_length`."""
+        limits = row_limits(max_len, batch)
+        return limits if self.max_length is None else np.minimum(limits, self.max_length)
+
+
+def search_options(search: SearchOptions | None, *, beam_size: int = 1, length_penalty: float = 1.0) -> SearchOptions:
+    """A ``generate`` call's options: ``search``, or its loose ``beam_size`` and ``length_penalty`` (not both)."""
+    if search is None:
+        return SearchOptions(beam_size=beam_size, length_penalty=length_penalty)
+    if not isinstance(search, SearchOptions):
+        raise TypeError(f"`search` must be a SearchOptions or None, received {type(search).__name__}")
+    if (beam_size, length_penalty) != (1, 1.0):
+        raise ValueError(
+            "give the search once: `search` or `beam_size`/`length_penalty`, received search and "
+            f"beam_size={beam_size!r}, length_penalty={length_penalty!r}"
+        )
+    return search
+
+
+class Choices(Protocol):
+    """How tokens are chosen from a step's log-probabilities, where the model computes: only the chosen ids and scores
+    reach the host."""
+
+    def argmax(self, log_probs: Tensor) -> np.ndarray:
+        """The most probable token of each row of ``log_probs (N, V)``: int64 ``(N,)`` on the host."""
+        ...
+
+    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``count`` best continuations of each sentence's ``beam`` rows (``N = S * beam``): ``scores (N,)`` added
+        to ``log_probs (N, V)``, the best over each sentence's ``beam * V`` candidates, best first. Their scores
+        (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the host."""
+        ...
+
+
+class Steps(Choices, Protocol):
     """What a front end's Transformer supplies for one ``generate`` call (its ``decoder_steps()``)."""
 
     def project_memory(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
         ...
 
-    def step(self, tokens: Tensor, cache: Any, memory_key_mask: Tensor | None) -> Tensor:
+    def step(self, tokens: Tensor, cache: DecoderCaches, memory_key_mask: Tensor | None) -> Tensor:
         """Log-probabilities ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, whose predecessors and projected
-        memory ``cache`` holds (a :class:`DecoderCache`, or buffers that act as one); ``tokens`` extend it."""
+        memory ``cache`` holds; ``tokens`` extend it."""
         ...
 
     def recompute(self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None) -> Tensor:
@@ -74,22 +190,13 @@ class Steps(Protocol):
         """A NumPy array as a tensor where the model computes."""
         ...
 
-    def argmax(self, log_probs: Tensor) -> np.ndarray:
-        """The most probable token of each row of ``log_probs (N, V)``: int64 ``(N,)`` on the host."""
-        ...
 
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``count`` best continuations of each sentence's ``beam`` rows (``N = S * beam``): ``scores (N,)`` added
-        to ``log_probs (N, V)``, the best over each sentence's ``beam * V`` candidates, best first. Their scores
-        (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the host."""
-        ...
-
-
-class Session(Protocol):
-    """What the searches drive: one ``generate`` call's model state."""
+class Session(Choices, Protocol):
+    """What the searches drive: one ``generate`` call's model state, and its :class:`Choices`."""
 
     def step(self, prefix: np.ndarray) -> Tensor:
-        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes."""
+        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes (or what
+        the session's ``argmax`` and ``top_k`` read of them, with their ``shape``)."""
         ...
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
@@ -97,19 +204,12 @@ class Session(Protocol):
         ``rows[i]`` and ``i`` translate the same sentence), so only the target's state moves."""
         ...
 
-    def argmax(self, log_probs: Tensor) -> np.ndarray:
-        """As :meth:`Steps.argmax`."""
-        ...
-
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """As :meth:`Steps.top_k`."""
-        ...
-
 
 class DecodingSession:
     """The state of one ``generate`` call over a model's :class:`Steps`: the encoder memory ``(N, Ls, E)`` (without a
-    cache; with one, its projections go into the cache at the start), its key mask ``(N, Ls)`` and the decoder's
-    cache (``None``: every step recomputes the whole prefix)."""
+    cache) or the decoder's cache with the memory projected into it, and the memory's key mask ``(N, Ls)``
+    (``None``: every position real). ``cache``: a model's empty :class:`~multihead.cache.DecoderCache`
+    (``None``: every step recomputes the whole prefix)."""
 
     def __init__(
         self, steps: Steps, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
@@ -120,7 +220,7 @@ class DecodingSession:
         self.cache = cache
         if cache is not None:
             for cross_cache, (keys, values) in zip(cache.cross_attention, steps.project_memory(memory), strict=True):
-                cross_cache._append(keys, values)
+                cross_cache.append(keys, values)
             self.memory = None
 
     def step(self, prefix: np.ndarray) -> Tensor:
@@ -147,23 +247,59 @@ class DecodingSession:
             self.memory_key_mask = self.steps.take(self.memory_key_mask, rows)
 
 
+class Search(Protocol):
+    """A search strategy (an entry of :data:`SEARCHES`): the tokens of ``batch`` sentences held by ``session``,
+    int64 ``(B, T)``; ``keys`` ``(B,)`` name the sentences to a strategy that draws at random."""
+
+    def __call__(
+        self,
+        session: Session,
+        batch: int,
+        options: SearchOptions,
+        *,
+        max_len: np.ndarray,
+        bos_id: int,
+        eos_id: int,
+        pad_id: int,
+        keys: np.ndarray,
+    ) -> np.ndarray: ...
+
+
 def generate(
     session: Session,
     batch: int,
+    search: SearchOptions,
     *,
     max_len: Limit,
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    beam_size: int = 1,
-    length_penalty: float = 1.0,
+    keys: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
-    """Greedy search (``beam_size=1``) or beam search over a session of ``batch`` sources, ``max_len`` tokens at most
-    (one limit, or one per source); int64 ``(B, T)``."""
-    search = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    if beam_size == 1:
-        return greedy_search(session, batch, **search)
-    return beam_search(session, batch, beam_size=beam_size, length_penalty=length_penalty, **search)
+    """The tokens of ``batch`` sources held by ``session``, searched as ``search`` says (its strategy's entry of
+    :data:`SEARCHES`), ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``);
+    ``keys`` name the sentences to sampling (default: ``0..B-1``). int64 ``(B, T)``."""
+    if search.n_best != 1:
+        raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
+                         "come from n_best_search")  # fmt: skip
+    keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
+    return SEARCHES[search.strategy](
+        session, batch, search, max_len=search.limit(max_len, batch), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+        keys=keys,
+    )  # fmt: skip
+
+
+def n_best_search(
+    session: Session, batch: int, search: SearchOptions, *, max_len: Limit, bos_id: int, eos_id: int
+) -> list[list[tuple[float, np.ndarray]]]:
+    """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``search`` says (see
+    :func:`beam_search_n_best`)."""
+    if search.strategy == "sample":
+        raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
+    return beam_search_n_best(
+        session, batch, n=search.n_best, beam_size=search.beam_size, max_len=search.limit(max_len, batch),
+        bos_id=bos_id, eos_id=eos_id, length_penalty=search.length_penalty,
+    )  # fmt: skip
 
 
 def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -> int:
@@ -179,14 +315,7 @@ def row_limits(max_len: Limit, batch: int) -> np.ndarray:
 
 
 def check_generation_args(
-    max_len: object,
-    bos_id: object,
-    eos_id: object,
-    pad_id: object,
-    beam_size: object,
-    length_penalty: object,
-    config: TransformerConfig,
-    src: object = None,
+    config: TransformerConfig, *, max_len: object, bos_id: object, eos_id: object, pad_id: object, src: object = None
 ) -> int:
     """A model's ``generate`` arguments, checked against its config (and a per-row ``max_len`` against the rows of
     ``src``, when it has a shape) before anything is computed. Returns the longest length limit."""
@@ -219,24 +348,27 @@ def check_generation_args(
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if check_non_negative_int(name, token) >= config.tgt_vocab:
             raise ValueError(f"`{name}` must be < tgt_vocab={config.tgt_vocab}, received {name}={token}")
-    check_positive_int("beam_size", beam_size)
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, Real):
-        raise TypeError(f"`length_penalty` must be a float, received {length_penalty!r}")
-    if not math.isfinite(length_penalty):
-        raise ValueError(f"`length_penalty` must be finite, received {length_penalty!r}")
     return longest
 
 
-def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
-    """The most probable token at every step, up to each row's limit. Rows that have ended leave the model's state
-    once a quarter of those still decoding have: the rest of the batch no longer computes them."""
+Choose = Callable[[Tensor, np.ndarray], np.ndarray]
+"""How a search of one row per sentence picks each row's next token: from the step's log-probabilities ``(N, V)``
+and the sentences ``(N,)`` of its rows, int64 ``(N,)``."""
+
+
+def one_row_search(
+    session: Session, batch: int, choose: Choose, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int
+) -> np.ndarray:
+    """One row per sentence, a token chosen by ``choose`` at every step, up to each row's limit. Rows that have ended
+    leave the model's state once a quarter of those still decoding have: the rest of the batch no longer computes
+    them."""
     max_len = row_limits(max_len, batch)  # (B,)
     prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     finished = np.zeros(batch, dtype=bool)
     active = np.arange(batch)  # the rows of `prefix` the model's state still holds, in its order
     for t in range(1, int(max_len.max()) + 1):  # t: the length of the prefixes this step makes, BOS aside
         token = np.full(batch, pad_id)
-        token[active] = session.argmax(session.step(prefix[active]))  # (N,) for the N active rows
+        token[active] = choose(session.step(prefix[active]), active)  # (N,) for the N active rows
         token[finished] = pad_id
         prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
         finished |= (token == eos_id) | (max_len == t)
@@ -247,6 +379,69 @@ def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, 
             session.reorder(np.flatnonzero(~ended))
             active = active[~ended]
     return prefix[:, 1:]
+
+
+def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+    """The most probable token at every step, up to each row's limit (:func:`one_row_search`)."""
+    return one_row_search(
+        session, batch, lambda log_probs, _: session.argmax(log_probs), max_len=max_len, bos_id=bos_id,
+        eos_id=eos_id, pad_id=pad_id,
+    )  # fmt: skip
+
+
+def sentence_generators(seed: int | None, keys: Sequence[int] | np.ndarray) -> list[np.random.Generator]:
+    """A random generator for each sentence key, seeded by ``seed`` and the key (a fresh ``seed`` when ``None``)."""
+    seed = seed if seed is not None else int(np.random.SeedSequence().entropy)
+    return [np.random.default_rng([seed, int(key)]) for key in keys]
+
+
+def sample(
+    choices: Choices, log_probs: Tensor, generators: Sequence[np.random.Generator], options: SearchOptions
+) -> np.ndarray:
+    """One token for each row of ``log_probs (N, V)``, drawn as ``options`` say, row ``i`` with ``generators[i]``:
+    int64 ``(N,)``."""
+    vocab, rows = int(log_probs.shape[-1]), len(generators)
+    count = vocab if options.sampling_topk == 0 else min(options.sampling_topk, vocab)
+    values, tokens = choices.top_k(log_probs, np.zeros(rows, dtype=np.float32), 1, count)  # (N, k) best first
+    uniforms = np.array([generator.random() for generator in generators])  # (N,)
+    drawn = draw(values, uniforms, temperature=options.sampling_temperature, top_p=options.sampling_topp)
+    return tokens[np.arange(rows), drawn]
+
+
+def draw(log_probs: np.ndarray, uniforms: np.ndarray, *, temperature: float, top_p: float) -> np.ndarray:
+    """For each row of candidates' log-probabilities, best first ``(N, k)``, the index of the candidate that the
+    uniform draw ``uniforms (N,)`` in [0, 1) picks from their distribution ``p ** (1 / temperature)`` cut to the
+    fewest best whose (renormalised) probability reaches ``top_p``: ``(N,)``."""
+    scaled = log_probs.astype(np.float64) / temperature
+    probs = np.exp(scaled - scaled[:, :1])  # the best is 1: no overflow; impossible candidates 0
+    probs /= probs.sum(axis=1, keepdims=True)
+    if top_p < 1.0:
+        before = np.cumsum(probs, axis=1) - probs  # the probability of the better candidates
+        probs = np.where(before < top_p, probs, 0.0)
+    cumulative = np.cumsum(probs, axis=1)
+    # The first candidate whose cumulative probability reaches the draw (never one of probability 0).
+    return (cumulative < uniforms[:, None] * cumulative[:, -1:]).sum(axis=1)
+
+
+def sample_search(
+    session: Session,
+    batch: int,
+    options: SearchOptions,
+    *,
+    max_len: Limit,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    keys: Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
+    """A token drawn at every step as ``options`` say (see the module's docstring), up to each row's limit;
+    ``keys`` name the sentences to their random generators (default ``0..B-1``)."""
+    generators = sentence_generators(options.seed, np.arange(batch) if keys is None else keys)
+
+    def choose(log_probs: Tensor, sentences: np.ndarray) -> np.ndarray:
+        return sample(session, log_probs, [generators[sentence] for sentence in sentences], options)
+
+    return one_row_search(session, batch, choose, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
 
 
 @dataclass
@@ -400,3 +595,24 @@ def _search(
         session.reorder(rows, same_sources=same_sources)
         width = k
     return best
+
+
+def _greedy(
+    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, bos_id: int, eos_id: int,
+    pad_id: int, keys: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    return greedy_search(session, batch, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+
+
+def _beam(
+    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, bos_id: int, eos_id: int,
+    pad_id: int, keys: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    return beam_search(
+        session, batch, beam_size=options.beam_size, length_penalty=options.length_penalty, max_len=max_len,
+        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+    )  # fmt: skip
+
+
+SEARCHES: dict[str, Search] = {"greedy": _greedy, "sample": sample_search, "beam": _beam}
+"""The search strategies, by :attr:`SearchOptions.strategy`."""

@@ -13,12 +13,14 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from multihead.app.runs import latest_checkpoint
 from multihead.app.training import TrainOptions
+from multihead.app.translate import TRANSLATION
+from multihead.decoding import SearchOptions
 
 SUBJECTS = [("der Hund", "the dog"), ("die Katze", "the cat"), ("das Kind", "the child"), ("der Mann", "the man"),
             ("die Frau", "the woman"), ("der Bär", "the bear")]  # fmt: skip
@@ -29,6 +31,12 @@ PAIRS = [
 ]  # 150 pairs, in a fixed order
 VALID = PAIRS[3::7]  # 22 pairs; every subject, verb and adverb is also in training
 TRAIN = [pair for pair in PAIRS if pair not in VALID]
+
+
+def beam(size: int, n_best: int = 1) -> SearchOptions:
+    """The command line's search with ``size`` beams (1: greedy) and ``n_best`` hypotheses a sentence."""
+    return replace(TRANSLATION, beam_size=size, n_best=n_best)
+
 
 # Tiny model sizes, as flags and as TrainOptions.
 SMALL_FLAGS = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--no-progress"]

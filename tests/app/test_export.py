@@ -18,6 +18,7 @@ import tokenizers
 
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, snapshot
 from multihead.app.translate import Translator
+from multihead.decoding import SearchOptions
 
 
 def ct2_translate(model: Path, texts: list[str], compute_type: str = "default", **options: object) -> list[str]:
@@ -47,7 +48,9 @@ def test_the_readme_inside_translates(corpus_run: CorpusRun, tmp_path: Path, cli
             exec(code, {})  # the README's own lines
     finally:
         os.chdir(before)
-    expected = Translator(corpus_run.path).translate(["Zwei Hunde spielen im Schnee."], beam=2, length_penalty=1.0)
+    expected = Translator(corpus_run.path).translate(
+        ["Zwei Hunde spielen im Schnee."], search=SearchOptions(beam_size=2, length_penalty=1.0)
+    )
     assert printed.getvalue().splitlines() == expected
 
 

@@ -263,7 +263,7 @@ def test_the_served_page_translates_and_shows_a_real_runs_attention(driver: Chro
                                                                     tmp_path: Path) -> None:  # fmt: skip
     translator = Translator(corpus_run.path)
     expected = attention_view(translator.attention(SAMPLES[0]))
-    with serving(create_app(Service(translator, translator.langs, beam=1, length_penalty=0.6), Limits())) as url:
+    with serving(create_app(Service(translator, translator.langs), Limits())) as url:
         driver.get(f"{url}/")
         wait = WebDriverWait(driver, 30)
         wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")

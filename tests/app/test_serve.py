@@ -21,7 +21,7 @@ import pytest
 from libretranslatepy import LibreTranslateAPI
 
 from app.served import request, serving
-from app.support import SAMPLES, Cli, CorpusRun, assert_refused, subprocess_env
+from app.support import SAMPLES, Cli, CorpusRun, assert_refused, beam, subprocess_env
 from multihead.app import serve
 from multihead.app.languages import from_file_names
 from multihead.app.serve import Limits, Service, create_app
@@ -37,7 +37,7 @@ def translator(corpus_run: CorpusRun) -> Translator:
 @pytest.fixture(scope="module")
 def url(translator: Translator) -> Iterator[str]:
     """The corpus run (German to English, from its file names) served with no limits."""
-    with serving(create_app(Service(translator, translator.langs, beam=1, length_penalty=0.6), Limits())) as found:
+    with serving(create_app(Service(translator, translator.langs), Limits())) as found:
         yield found
 
 
@@ -80,7 +80,7 @@ def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun) -> None:
 
 
 def test_alternatives_are_the_beams_next_best(url: str, translator: Translator) -> None:
-    best = translator.hypotheses(SAMPLES[:2], 3, beam=1)
+    best = translator.hypotheses(SAMPLES[:2], beam(3, n_best=3))  # as serve widens greedy's
     status, answer = request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en", "alternatives": 2})
     assert status == 200
     assert answer == {"translatedText": best[0][0], "alternatives": [t for t in best[0][1:] if t != best[0][0]]}
@@ -139,7 +139,7 @@ def test_a_long_text_of_unknown_characters_is_translated_not_refused(url: str) -
 
 def test_limits_and_keys(translator: Translator, tmp_path: Path, corpus_run: CorpusRun) -> None:
     limits = Limits(char_limit=40, batch_limit=2, req_limit=8, api_keys=frozenset({"sesame"}))
-    service = Service(translator, ["de", "en"], beam=1, length_penalty=0.6)
+    service = Service(translator, ["de", "en"])
     with serving(create_app(service, limits)) as url:
         good = {"q": SAMPLES[0], "source": "de", "target": "en"}
         assert request(url, "/translate", good) == (400, {"error": "Please contact the server operator to get an "

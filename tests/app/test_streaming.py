@@ -1,19 +1,23 @@
-"""Continuous batching (``multihead.app.streaming``): sentences join and leave a running batch at every step and get
-what ``Translator.translate`` gives them; ``serve``'s worker over it, and over rounds for beam search."""
+"""Continuous batching (``multihead.torch.streaming``, through ``multihead.app.streaming``): sentences join and leave a
+running batch at every step and get what ``Translator.translate`` gives them; ``serve``'s worker over it, and over
+rounds for beam search."""
 
 from __future__ import annotations
 
 import random
 from concurrent.futures import Future
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from app.support import SAMPLES, VALID, CorpusRun
-from multihead.app import serve, streaming
-from multihead.app.streaming import Stream, StreamingTranslator
-from multihead.app.tokenizers import EOS
-from multihead.app.translate import Translator
+from app.support import SAMPLES, VALID, CorpusRun, beam
+from multihead.app import serve
+from multihead.app.streaming import StreamingTranslator
+from multihead.app.tokenizers import BOS, EOS
+from multihead.app.translate import TRANSLATION, Translator
+from multihead.torch import streaming
+from multihead.torch.streaming import Stream
 
 SOURCES = [source for source, _ in VALID]
 
@@ -45,6 +49,17 @@ def test_each_text_gets_what_translate_gives_it(translator: Translator, rows: in
     requests = [texts[i : i + 1 + i % 3] for i in range(0, len(texts), 2)] + [["", SAMPLES[0], " "]]
     answers = run(StreamingTranslator(translator, rows=rows), requests, seed=rows, in_flight=in_flight)
     assert answers == [translator.translate(request) for request in requests]
+
+
+def test_sampled_texts_get_what_translate_samples_for_them(translator: Translator) -> None:
+    """Sampling in the stream: a request's piece ``i`` draws with key ``i`` from the search's seed, as ``translate``
+    draws for that request's texts, whatever joins the batch beside it."""
+    search = replace(TRANSLATION, sampling_topk=0, sampling_temperature=1.5, seed=3)
+    texts = SOURCES * 2
+    requests = [texts[i : i + 1 + i % 3] for i in range(0, len(texts), 2)]
+    answers = run(StreamingTranslator(translator, rows=4, search=search), requests, seed=5, in_flight=9)
+    assert answers == [translator.translate(request, search=search) for request in requests]
+    assert answers != [translator.translate(request) for request in requests]  # it did sample
 
 
 def test_columns_in_use_move_to_the_front_when_they_run_out(
@@ -79,15 +94,20 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
 ) -> None:
     decode = Stream._decode
     monkeypatch.setattr(Stream, "_decode", lambda self: np.maximum(decode(self), EOS + 1))  # no sentence ends
-    stream = Stream(translator, rows=64)
+    stream = Stream(translator.generator, rows=64, search=TRANSLATION, bos_id=BOS, eos_id=EOS)
+
+    def add(index: int) -> None:
+        ids = translator.source.encode(SOURCES[index])[0]
+        stream.add(ids, index, limit=translator.limit(len(ids)))
+
     for index in range(8):
-        stream.add(translator.source.encode(SOURCES[index])[0], index)
+        add(index)
     stream.step()  # nothing decoding: all join
     assert len(stream.sentences) == 8
-    stream.add(translator.source.encode(SOURCES[8])[0], 8)  # one is less than a quarter of 8
+    add(8)  # one is less than a quarter of 8
     for _ in range(streaming.JOIN_AFTER):
         stream.step()
-        assert [owner for _, owner in stream.waiting] == [8]
+        assert [owner for _, owner, _, _ in stream.waiting] == [8]
     stream.step()
     assert not stream.waiting
     assert 8 in [sentence.owner for sentence in stream.sentences]
@@ -116,13 +136,13 @@ def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
     assert run(streaming_translator, [[SAMPLES[0]]], seed=0, in_flight=1) == [translator.translate([SAMPLES[0]])]
 
 
-@pytest.mark.parametrize("beam", [1, 3], ids=["stream", "rounds"])
-def test_the_worker_answers_every_request_with_its_own_translations(translator: Translator, beam: int) -> None:
+@pytest.mark.parametrize("size", [1, 3], ids=["stream", "rounds"])
+def test_the_worker_answers_every_request_with_its_own_translations(translator: Translator, size: int) -> None:
     """``serve``'s worker: greedy through the stream, beam search in rounds; jobs that run alone (the page's attention)
     between them; a failing job answers its own request only; after close, what was queued is answered."""
-    service = serve.Service(translator, ["de", "en"], beam=beam, length_penalty=0.6, thread=False)
+    service = serve.Service(translator, ["de", "en"], search=beam(size), thread=False)
     batcher = service.batcher
-    assert (batcher.stream is not None) == (beam == 1)
+    assert (batcher.stream is not None) == (size == 1)
     requests = [[f"{SAMPLES[i % 6]}\n\n{SAMPLES[(i + 1) % 6]}", " "] for i in range(10)]
     futures = []
     for index, texts in enumerate(requests):
@@ -135,6 +155,6 @@ def test_the_worker_answers_every_request_with_its_own_translations(translator: 
     batcher.work()
     failed = futures.pop(5)
     assert isinstance(failed.exception(timeout=0), ZeroDivisionError)
-    expected = translator.translate(SAMPLES, beam=beam)
+    expected = translator.translate(SAMPLES, search=beam(size))
     for i, future in enumerate(futures):
         assert future.result(timeout=0) == [f"{expected[i % 6]}\n\n{expected[(i + 1) % 6]}", " "]

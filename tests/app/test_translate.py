@@ -16,7 +16,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 import multihead.app.translate as translate_module
-from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, write_lines
+from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, write_lines
 from multihead.app.cli import main
 from multihead.app.translate import Translator
 
@@ -101,25 +101,25 @@ def test_without_texts_or_a_pipe_the_user_is_told_what_to_give(
     assert "not both" not in result.err
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_batched_translation_equals_one_at_a_time(corpus_run: CorpusRun, beam: int) -> None:
+@pytest.mark.parametrize("size", [1, 3])
+def test_batched_translation_equals_one_at_a_time(corpus_run: CorpusRun, size: int) -> None:
     translator = Translator(corpus_run.path)
-    batched = translator.translate(SOURCES, beam=beam)
-    assert batched == [translator.translate([source], beam=beam)[0] for source in SOURCES]
+    batched = translator.translate(SOURCES, search=beam(size))
+    assert batched == [translator.translate([source], search=beam(size))[0] for source in SOURCES]
     assert len(set(batched)) > 1
 
 
-@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("size", [1, 3])
 def test_a_sentences_length_limit_does_not_depend_on_its_batch(
-    corpus_run: CorpusRun, beam: int, monkeypatch: pytest.MonkeyPatch
+    corpus_run: CorpusRun, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Limits that bind (a few tokens less than the source): each sentence is cut at its own, batched or alone (a
     short sentence batched with a long one once took the long one's limit)."""
     translator = Translator(corpus_run.path)
     monkeypatch.setattr(translator, "limit", lambda length: max(1, length - 3))
     lines = sorted(SOURCES, key=len)[:: max(1, len(SOURCES) // 6)]  # short to long
-    batched = translator.translate(lines, beam=beam)
-    assert batched == [translator.translate([line], beam=beam)[0] for line in lines]
+    batched = translator.translate(lines, search=beam(size))
+    assert batched == [translator.translate([line], search=beam(size))[0] for line in lines]
     lengths = [len(translator.target.encode(text)[0]) for text in batched]
     assert lengths == [max(1, len(translator.source.encode(line)[0]) - 3) for line in lines]  # every limit bound
 
@@ -133,24 +133,48 @@ def test_beam_search_gives_one_translation_per_input(corpus_run: CorpusRun, cli:
     assert_refused(cli("translate", corpus_run.path, "abc", "--beam", "0"), "--beam")
 
 
+def test_sampling_from_the_command_line_is_reproducible(
+    corpus_run: CorpusRun, cli: Callable[..., Cli], tmp_path: Path
+) -> None:
+    """The same seed, the same translations, whatever order the options come in; another seed or none, others (with a
+    flat temperature on this small model); top-k 1 is greedy; evaluate names its search."""
+    options = ["--sampling-topk", "0", "--sampling-temperature", "2", "--seed", "3"]
+    first = cli("translate", corpus_run.path, *SAMPLES, *options)
+    assert first.status == 0, first.err
+    assert cli("translate", *options[2:], corpus_run.path, *options[:2], *SAMPLES).out_lines == first.out_lines
+    greedy = cli("translate", corpus_run.path, *SAMPLES)
+    assert first.out_lines != greedy.out_lines
+    assert cli("translate", corpus_run.path, *SAMPLES, *options[:4], "--seed", "4").out_lines != first.out_lines
+    assert cli("translate", corpus_run.path, *SAMPLES, "--sampling-topk", "1").out_lines == greedy.out_lines
+    sources, references = (
+        write_lines(tmp_path / "sample.de", SAMPLES),
+        write_lines(tmp_path / "sample.en", greedy.out_lines),
+    )
+    result = cli("evaluate", corpus_run.path, sources, references, *options)
+    assert result.status == 0, result.err
+    assert "sampling (top-k 0, top-p 1.0, temperature 2.0, seed 3)" in result.out
+    assert json.loads(result.out_lines[-1])["bleu"] < 100
+
+
 def test_hypotheses_are_the_beams_best_translations_best_first(
     corpus_run: CorpusRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The first is what beam search translates (in the same batches), then the next best, none twice; a blank text
-    gives one blank translation; fewer beams than hypotheses search with as many beams as hypotheses."""
+    gives one blank translation."""
     translator = Translator(corpus_run.path)
     texts = [*SOURCES, "  "]
-    found = translator.hypotheses(texts, 3, beam=4)
-    assert [hypotheses[0] for hypotheses in found] == translator.translate(texts, beam=4)
+    found = translator.hypotheses(texts, beam(4, n_best=3))
+    assert [hypotheses[0] for hypotheses in found] == translator.translate(texts, search=beam(4))
     for hypotheses in found[:-1]:
         assert len(set(hypotheses)) == len(hypotheses) == 3, hypotheses
     assert found[-1] == [""]
-    few = translator.hypotheses(SAMPLES[:2], 3, beam=2)
-    assert few == translator.hypotheses(SAMPLES[:2], 3, beam=3)
-    assert [hypotheses[0] for hypotheses in few] == translator.translate(SAMPLES[:2], beam=3)
+    few = translator.hypotheses(SAMPLES[:2], beam(3, n_best=3))
+    assert [hypotheses[0] for hypotheses in few] == translator.translate(SAMPLES[:2], search=beam(3))
     # A text longer than the model reads: its i-th translation joins its pieces' i-th best.
-    (long,) = translator.hypotheses([" ".join([SAMPLES[1]] * 60)], 2, beam=2)
-    assert long == [" ".join([hypothesis] * 60) for hypothesis in translator.hypotheses([SAMPLES[1]], 2, beam=2)[0]]
+    (long,) = translator.hypotheses([" ".join([SAMPLES[1]] * 60)], beam(2, n_best=2))
+    assert long == [
+        " ".join([hypothesis] * 60) for hypothesis in translator.hypotheses([SAMPLES[1]], beam(2, n_best=2))[0]
+    ]
     assert "translated in 60 pieces" in capsys.readouterr().err
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import filtered_distribution
 from keras_helpers import BACKEND, numpy, tensor
 from multihead import decoding
 from multihead import keras as mk
@@ -69,6 +70,44 @@ def test_same_generations_as_torch(tmp_path: Path) -> None:
         )
         got = keras_model.generate(tensor(src), max_len=8, bos_id=BOS, eos_id=EOS, beam_size=beam_size)
         np.testing.assert_array_equal(got, expected.numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_same_samples_as_torch_and_reproducible(tmp_path: Path, compiled: bool) -> None:
+    """Sampling with one seed gives PyTorch's tokens (each sentence draws from its own seeded generator on the host,
+    from the same probabilities up to float rounding), again and again; top-k 1 gives greedy's."""
+    if compiled and BACKEND not in COMPILED_BACKENDS:
+        pytest.skip(f"generation on the {BACKEND} backend is eager only")
+    torch_model, keras_model = pair(tmp_path)
+    src = token_array(5, 7)
+    search = decoding.SearchOptions(sampling_topk=0, sampling_topp=0.95, sampling_temperature=1.3, seed=9)
+    args = dict(max_len=9, bos_id=BOS, eos_id=EOS)
+    expected = torch_model.generate(torch.from_numpy(src).long(), search=search, **args).numpy()
+    got = keras_model.generate(tensor(src), search=search, compiled=compiled, **args)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(keras_model.generate(tensor(src), search=search, compiled=compiled, **args), got)
+    greedy = keras_model.generate(tensor(src), compiled=compiled, **args)
+    assert got.tolist() != greedy.tolist()
+
+
+def test_sampled_first_tokens_follow_the_models_probabilities() -> None:
+    """As the PyTorch front end's test: 2,000 first tokens from a model whose probabilities are known (output
+    projection zero, its bias the logits), each frequency within 5 standard deviations of the filtered
+    distribution's."""
+    keras.utils.set_random_seed(0)
+    model = mk.Transformer(20, 23, **SMALL)
+    model.build()
+    logits = np.random.default_rng(3).normal(size=23).astype("float32") * 1.5
+    model.output_proj.kernel.assign(np.zeros((SMALL["d_model"], 23), "float32"))
+    model.output_proj.bias.assign(logits)
+    search = decoding.SearchOptions(sampling_topk=5, sampling_topp=0.8, sampling_temperature=0.7, seed=5)
+    draws = 2000
+    out = model.generate(tensor(token_array(draws, 3)), max_len=1, bos_id=BOS, eos_id=EOS, search=search)
+    frequencies = np.bincount(out[:, 0], minlength=23) / draws
+    probs = np.exp(logits - logits.max()).astype(np.float64)
+    expected = filtered_distribution(probs / probs.sum(), 5, 0.8, 0.7)
+    assert (np.abs(frequencies - expected) <= 5 * np.sqrt(expected * (1 - expected) / draws)).all()
+    assert (frequencies[expected == 0] == 0).all()
 
 
 def test_a_length_limit_per_row_as_torch(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import safetensors.numpy
 import torch
 from torch import nn
 
-from conftest import TorchCalls
+from conftest import TorchCalls, filtered_distribution
 from multihead import checks, decoding
 from multihead.io import load_model, load_weights, save_model, save_weights
 from multihead.reference import sinusoidal_positions
@@ -218,8 +218,8 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
         return with_cache
 
     first = decodes_as_its_weights_say()
-    layout = model._step_layout()
-    assert model._step_layout() is layout  # nothing changed: kept
+    layout = model._output_layout(model.output_proj)
+    assert model._output_layout(model.output_proj) is layout  # nothing changed: kept
     with torch.no_grad():
         model.decoder.layers[0].feed_forward.linear1.weight.mul_(3.0)
         model.output_proj.bias[5] += 4.0
@@ -234,7 +234,7 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
     decodes_as_its_weights_say()
     model.output_proj.weight = nn.Parameter(torch.randn_like(model.output_proj.weight))
     decodes_as_its_weights_say()
-    assert model._step_layout() is not layout
+    assert model._output_layout(model.output_proj) is not layout
 
 
 @pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
@@ -623,7 +623,7 @@ def test_generate_equals_greedy_decoding_step_by_step(norm_first: bool, monkeypa
     assert torch.equal(out, expected)
 
 
-# --- decoding steps: the projections laid out once per generate call ---------------------------------------------
+# --- decoding steps: the forward pass with a cache, projections laid out for one-token rows ----------------------
 
 
 @pytest.mark.parametrize(
@@ -639,10 +639,11 @@ def test_decoding_steps_give_the_log_probs_of_full_decoding(options: dict) -> No
     model = Transformer(23, 23, **{**SMALL, **options}).double().eval()
     src = tokens(3, 7, vocab=23)
     src[0, 4:] = PAD  # padding, read as such when pad_id is set
-    key_mask = model._key_mask(src, None)
     with torch.inference_mode():  # as in generate
+        steps = model.decoder_steps()
+        memory, key_mask = steps.encode(src)
         cache = model.new_cache(capacity=8)
-        session = decoding.DecodingSession(model.decoder_steps(), model.encode(src), key_mask, cache)
+        session = decoding.DecodingSession(steps, memory, key_mask, cache)
         prefix, rows = torch.full((3, 1), BOS), torch.arange(3)
         for step in range(6):
             full = model(src[rows], prefix, src_key_mask=None if key_mask is None else key_mask[rows])[:, -1]
@@ -659,31 +660,68 @@ def test_decoding_steps_give_the_log_probs_of_full_decoding(options: dict) -> No
     "options", [{}, {"num_kv_heads": 2, "value_head_dim": 5, "bias": False}], ids=["mha", "gqa-dv5-no-bias"]
 )
 def test_an_attention_step_equals_a_cached_call(options: dict) -> None:
-    """The module's one-token step over its laid-out projections equals ``forward`` with a cache: self-attention
-    appending to it, cross-attention reading the projected memory with a key mask."""
-    module = MultiHeadAttention(32, 4, **options).double().eval().requires_grad_(False)
+    """At a decoding step (one query per row, a cache, no gradients) the module projects with its weights laid out for
+    such rows; that equals the same cached call with gradients on, which runs the linears themselves: self-attention
+    appending to its cache, cross-attention reading the projected memory with a key mask."""
+    module = MultiHeadAttention(32, 4, **options).double().eval()
     x, memory = torch.randn(3, 5, 32, dtype=torch.float64), torch.randn(3, 6, 32, dtype=torch.float64)
     key_mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3, [False] * 6])  # the last row attends nothing
     self_cache, step_cache, cross_cache, memory_cache = KVCache(8), KVCache(8), KVCache(), KVCache()
-    memory_cache._append(*module._project_keys_values(memory, memory))
-    self_projections, cross_projections = module._step_projections(True), module._step_projections(False)
     for t in range(5):
-        token = x[:, t]  # (B, E)
-        expected = module(token[:, None], cache=self_cache, causal=True)[:, 0]
-        stepped = module._step(token, step_cache, mask=None, self_attention=True, projections=self_projections)
-        torch.testing.assert_close(stepped, expected)
-        expected = module(token[:, None], memory, key_mask=key_mask, cache=cross_cache)[:, 0]
-        stepped = module._step(
-            token, memory_cache, mask=key_mask[:, None, None, :], self_attention=False, projections=cross_projections
-        )
-        torch.testing.assert_close(stepped, expected)
+        token = x[:, t : t + 1]  # (B, 1, E)
+        expected = module(token, cache=self_cache, causal=True)
+        with torch.no_grad():
+            stepped = module(token, cache=step_cache, causal=True)
+        torch.testing.assert_close(stepped, expected.detach())
+        expected = module(token, memory, key_mask=key_mask, cache=cross_cache)
+        with torch.no_grad():
+            stepped = module(token, memory, key_mask=key_mask, cache=memory_cache)
+        torch.testing.assert_close(stepped, expected.detach())
     assert step_cache.length == self_cache.length == 5
+    assert all(layout._kept is not None for layout in module._layouts.values())  # the steps took the layouts
 
 
-def test_decoding_steps_take_a_self_mask_only_in_evaluation() -> None:
-    """The training-mode step (dropout, over the whole decoder) has no per-row self mask: refused, not ignored."""
-    model = small_model().train()
-    with pytest.raises(ValueError, match=r"self_mask.*evaluation"):
-        model.decoder_steps().step(
-            torch.ones(1, 1, dtype=torch.long), model.new_cache(), None, self_mask=torch.ones(1, 1, 1, 1, dtype=bool)
+# --- sampling, and continuous batching --------------------------------------------------------------------------
+
+
+def known_model(logits: np.ndarray) -> Transformer:
+    """A model whose next-token log-probabilities are ``log_softmax(logits)`` whatever it reads: the output
+    projection's weight zero, its bias ``logits``."""
+    model = small_model().float()
+    with torch.no_grad():
+        model.output_proj.weight.zero_()
+        model.output_proj.bias.copy_(torch.from_numpy(logits))
+    return model
+
+
+def test_sampled_first_tokens_follow_the_models_probabilities() -> None:
+    """4,000 first tokens sampled by ``generate`` (top-k 5, top-p 0.8, temperature 0.7) from a model whose
+    probabilities are known: each token's frequency within 5 standard deviations of the filtered distribution's
+    (``filtered_distribution``, the plain statement of the filters)."""
+    logits = np.random.default_rng(3).normal(size=23).astype(np.float32) * 1.5
+    search = decoding.SearchOptions(sampling_topk=5, sampling_topp=0.8, sampling_temperature=0.7, seed=5)
+    draws = 4000
+    out = known_model(logits).generate(tokens(draws, 3), max_len=1, bos_id=BOS, eos_id=EOS, search=search)
+    frequencies = np.bincount(out[:, 0].numpy(), minlength=23) / draws
+    probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    expected = filtered_distribution(probs.astype(np.float64), 5, 0.8, 0.7)
+    assert (np.abs(frequencies - expected) <= 5 * np.sqrt(expected * (1 - expected) / draws)).all()
+    assert (frequencies[expected == 0] == 0).all()
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "recompute"])
+def test_sampling_is_reproducible_and_top_1_is_greedy(use_cache: bool) -> None:
+    model, src = small_model(), tokens(6, 7)
+    args = dict(max_len=10, bos_id=BOS, eos_id=EOS, use_cache=use_cache)
+    search = decoding.SearchOptions(sampling_topk=0, sampling_temperature=1.5, seed=4)
+    sampled = model.generate(src, search=search, **args)
+    assert torch.equal(model.generate(src, search=search, **args), sampled)
+    assert not torch.equal(sampled, model.generate(src, **args))  # not greedy's: it did sample
+    alone = model.generate(src[:1], search=search, **args)[0]  # key 0, as row 0's: the same draws
+    assert torch.equal(alone, sampled[0, : len(alone)])
+    with torch.inference_mode():
+        session = model.decoding_session(src, max_len=10, use_cache=use_cache)
+        top_1 = decoding.sample_search(
+            session, 6, decoding.SearchOptions(sampling_topk=1, seed=4), max_len=10, bos_id=BOS, eos_id=EOS, pad_id=EOS
         )
+    assert torch.equal(torch.from_numpy(top_1), model.generate(src, **args))

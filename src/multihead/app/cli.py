@@ -129,6 +129,9 @@ def _translation_input(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from multihead.app.options import search_options
+
+    search = search_options(args)
     texts, names = _translation_input(args)
     _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
@@ -139,9 +142,7 @@ def _translate(args: argparse.Namespace) -> int:
     translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
     if sys.stderr.isatty():
         say(f"{pair_text(translator.langs)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
-    translations = translator.translate(
-        texts, beam=args.beam, length_penalty=args.length_penalty, names=names, progress=sys.stderr.isatty()
-    )
+    translations = translator.translate(texts, search=search, names=names, progress=sys.stderr.isatty())
     _write_output(args.output, translations)
     if args.html:
         from multihead.app.view import attention_view, write_page
@@ -150,7 +151,7 @@ def _translate(args: argparse.Namespace) -> int:
         for text, name in zip(texts, names, strict=True):
             if text.strip():
                 try:
-                    views.append(attention_view(translator.attention(text, beam=args.beam)))
+                    views.append(attention_view(translator.attention(text, search=search)))
                 except UserError as error:
                     warn(f"--html leaves out {name}: {error}")
         print(f"attention page: {write_page(views, args.html)}", file=sys.stderr)
@@ -158,7 +159,7 @@ def _translate(args: argparse.Namespace) -> int:
         from multihead.app.plot import plot_cross_attention
 
         first = next(text for text in texts if text.strip())
-        path = plot_cross_attention(translator.attention(first, beam=args.beam), args.plot)
+        path = plot_cross_attention(translator.attention(first, search=search), args.plot)
         print(f"attention plot: {path}", file=sys.stderr)
     return 0
 
@@ -173,8 +174,10 @@ def _without_final_blanks(lines: list[str]) -> list[str]:
 def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.corpus import read_lines
     from multihead.app.evaluate import score
+    from multihead.app.options import search_options, search_text
     from multihead.app.translate import Translator
 
+    search = search_options(args)
     _check_targets({"SRC": args.src, "REF": args.ref}, output=args.output)
     sources, references = (
         _without_final_blanks(read_lines(args.src, "SRC")),
@@ -190,8 +193,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
     begin = time.perf_counter()
     hypotheses = translator.translate(
-        sources, beam=args.beam, length_penalty=args.length_penalty,
-        names=[f"SRC line {i + 1}" for i in range(len(sources))], progress=sys.stderr.isatty(),
+        sources, search=search, names=[f"SRC line {i + 1}" for i in range(len(sources))],
+        progress=sys.stderr.isatty(),
     )  # fmt: skip
     seconds = time.perf_counter() - begin
     if args.output:
@@ -202,9 +205,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"chrF {scores['chrf']:.2f} ({scores['signature']['chrf']})")
     print(f"languages: {pair_text(translator.langs)}")
     rate = f"{len(sources) / seconds:.1f} sentences/s"
-    print(f"{plural(len(sources), 'sentence')} in {seconds:.1f} s ({rate}), beam {args.beam}")
+    print(f"{plural(len(sources), 'sentence')} in {seconds:.1f} s ({rate}), {search_text(search)}")
     summary = {
-        **scores, "sentences": len(sources), "seconds": round(seconds, 3), "beam": args.beam,
+        **scores, "sentences": len(sources), "seconds": round(seconds, 3), "beam": search.beam_size,
         "checkpoint": translator.checkpoint.path.name, "langs": translator.langs,
     }  # fmt: skip
     print(json.dumps(summary, sort_keys=True))
@@ -256,8 +259,10 @@ def _serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("multihead serve needs the serve extra: pip install 'multihead[serve]'") from None
+    from multihead.app.options import search_options
     from multihead.app.serve import Limits, read_api_keys, serve
 
+    search = search_options(args)
     keys = read_api_keys(args.api_keys) if args.api_keys else None
     limits = Limits(
         char_limit=args.char_limit, batch_limit=args.batch_limit, req_limit=args.req_limit,
@@ -265,7 +270,7 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
-        quantize=args.quantize, beam=args.beam, length_penalty=args.length_penalty, langs=args.langs, limits=limits,
+        quantize=args.quantize, search=search, langs=args.langs, limits=limits,
     )  # fmt: skip
 
 
@@ -310,8 +315,8 @@ def _add_checkpoint_option(command: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding_options(command: argparse.ArgumentParser) -> None:
-    """What ``translate`` and ``evaluate`` share: the checkpoint and the search."""
-    from multihead.app.options import BY_NAME, MAX_BEAM, beam_size, length_penalty
+    """What ``translate``, ``evaluate`` and ``serve`` share: the checkpoint and the search."""
+    from multihead.app.options import BY_NAME, add_search_arguments
 
     BY_NAME["device"].add_to(command)
     _add_checkpoint_option(command)
@@ -320,11 +325,7 @@ def _add_decoding_options(command: argparse.ArgumentParser) -> None:
         help="compute the linear layers in int8 (PyTorch's dynamic quantization; the CPU only): faster, BLEU within "
         "a few tenths (default: float32)",
     )  # fmt: skip
-    command.add_argument("--beam", type=beam_size, default=1, help=f"beam size, 1 to {MAX_BEAM} (1: greedy)")
-    command.add_argument(
-        "--length-penalty", type=length_penalty, default=0.6,
-        help="beam search ranks hypotheses by log-probability / length^this (0 or more; 0: by log-probability)",
-    )  # fmt: skip
+    add_search_arguments(command)
 
 
 def _add_translate(commands: argparse._SubParsersAction) -> None:
@@ -438,6 +439,11 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser and each command's."""
     parser = OneLineErrorParser(
         prog="multihead", description="The Transformer's attention from scratch: train, translate, look inside."
     )
@@ -445,20 +451,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     for add in (_add_train, _add_translate, _add_evaluate, _add_export, _add_serve, _add_demo, _add_bench):
         add(commands)
-    return parser
+    return parser, commands.choices
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     """The command line's arguments. A command's options may come before, between or after its positional arguments
     (argparse's intermixed parsing); ``bench`` hands every option on, in order, to the benchmark's own parser."""
-    parser = build_parser()
-    (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
-    if not argv or argv[0] not in commands.choices:  # --version, --help, no command or an unknown one
+    parser, commands = _parsers()
+    if not argv or argv[0] not in commands:  # --version, --help, no command or an unknown one
         return parser.parse_args(argv)
     name, rest = argv[0], list(argv[1:])
     if name == "bench":
         return argparse.Namespace(command=name, handler=_bench, options=rest)
-    args = commands.choices[name].parse_intermixed_args(rest)
+    args = commands[name].parse_intermixed_args(rest)
     args.command = name
     return args
 

@@ -25,6 +25,8 @@ from multihead.app.data import TASKS
 from multihead.app.devices import DEVICE_CHOICES, PRECISIONS, device_name
 from multihead.app.languages import language_code
 from multihead.app.tokenizers import KINDS
+from multihead.app.translate import TRANSLATION
+from multihead.decoding import SearchOptions
 from multihead.io import FRAMEWORKS
 
 # --- kinds of values: how the command line reads one, and how TrainOptions checks one -------------------------
@@ -131,6 +133,8 @@ def _check_langs(flag: str, value: Any) -> None:
 LANGS = Kind(language_code, _check_langs, "Sequence[str] | None")
 
 
+# --- the search: translate, evaluate and serve -------------------------------------------------------------
+
 MAX_BEAM = 64
 """The widest beam ``translate`` and ``evaluate`` take: beyond a few dozen a beam costs much and finds nothing more."""
 
@@ -147,6 +151,69 @@ def length_penalty(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more (0: scores not divided), received {text}")
     return value
+
+
+def _top_p(text: str) -> float:
+    value = _number(text)
+    if not 0 < value <= 1:  # nan too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], received {text}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _number(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, received {text}")
+    return value
+
+
+SEARCH_OPTIONS = (
+    ("beam_size", "--beam", beam_size, "K", f"beam size, 1 to {MAX_BEAM} (1: greedy)"),
+    ("length_penalty", "--length-penalty", length_penalty, "LP", "beam search ranks hypotheses by log-probability / "
+     "length^LP (0 or more; 0: by log-probability)"),
+    ("sampling_topk", "--sampling-topk", limit(0), "K", "sample each token from the K most probable (0: from all; "
+     "1: take the most probable, no sampling)"),
+    ("sampling_topp", "--sampling-topp", _top_p, "P", "sample only from the fewest most probable tokens whose "
+     "probability reaches P, in (0, 1] (nucleus sampling)"),
+    ("sampling_temperature", "--sampling-temperature", _temperature, "T", "divide the log-probabilities by T before "
+     "sampling (above 0; below 1 sharper, above flatter)"),
+    ("seed", "--seed", limit(0), "S", "seed of the sampling: the same seed and input give the same translations "
+     "(default: a fresh seed each run)"),
+    ("max_length", "--max-length", limit(1), "N", "the most tokens a translation may take (default: twice the "
+     "source's plus 10, or the longest training target if more, within the model's positions)"),
+)  # fmt: skip
+"""The search options of ``translate``, ``evaluate`` and ``serve``: the :class:`~multihead.decoding.SearchOptions`
+field each sets, its flag (CTranslate2's names), how it is read, its metavar and help; their defaults are
+:data:`~multihead.app.translate.TRANSLATION`'s."""
+SEARCH_FLAGS = {name: flag for name, flag, *_ in SEARCH_OPTIONS}
+
+
+def add_search_arguments(command: argparse.ArgumentParser) -> None:
+    for name, flag, kind, metavar, text in SEARCH_OPTIONS:
+        command.add_argument(flag, dest=name, type=kind, metavar=metavar, default=getattr(TRANSLATION, name), help=text)
+
+
+def search_text(search: SearchOptions) -> str:
+    """How a command's summary names its search: ``beam K``, or the sampling and its seed."""
+    if search.strategy != "sample":
+        return f"beam {search.beam_size}"
+    seed = "a fresh seed" if search.seed is None else f"seed {search.seed}"
+    return (
+        f"sampling (top-k {search.sampling_topk}, top-p {search.sampling_topp}, temperature "
+        f"{search.sampling_temperature}, {seed})"
+    )
+
+
+def search_options(args: argparse.Namespace) -> SearchOptions:
+    """The search the command line asks for; a combination that makes none (sampling with a beam, a temperature
+    without sampling) refused in one line naming the flags."""
+    try:
+        return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS})
+    except ValueError as error:
+        message = str(error)
+        for name, flag in SEARCH_FLAGS.items():
+            message = message.replace(f"`{name}`=", f"{flag} ").replace(f"`{name}`", flag)
+        raise UserError(message) from None
 
 
 # --- the table ----------------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ LibreTranslate's endpoints, field for field and error for error (its clients wor
 ``GET /languages``, ``POST /detect``, ``GET /health``, ``GET /frontend/settings``. Ours: ``GET /`` (the page,
 self-contained) and ``POST /attention`` (one sentence's cross-attention, as the page draws it).
 
-Requests wait in one queue for a worker, so the event loop never computes. With greedy search the worker keeps one
-batch that sentences join and leave at every decoding step (:mod:`multihead.app.streaming`): each answer goes out
-as soon as its sentences end. With beam search it takes what has gathered (up to :data:`GATHER` texts) and
+Requests wait in one queue for a worker, so the event loop never computes. With greedy search or sampling the worker
+keeps one batch that sentences join and leave at every decoding step (:mod:`multihead.app.streaming`): each answer
+goes out as soon as its sentences end. With beam search it takes what has gathered (up to :data:`GATHER` texts) and
 translates it together, in the translator's token-bounded batches. Every error a user can cause
 is ``{"error": "..."}`` with a 4xx status, as LibreTranslate words it; a 500 would be a bug of ours.
 """
@@ -41,8 +41,9 @@ from starlette.routing import Route
 from multihead.app.console import UserError, say
 from multihead.app.languages import language_name, pair_text
 from multihead.app.streaming import StreamingTranslator
-from multihead.app.translate import Translator
+from multihead.app.translate import TRANSLATION, Translator
 from multihead.app.view import attention_view, page
+from multihead.decoding import SearchOptions
 
 GATHER = 256
 """The most texts one round of the worker translates together: more wait for the next round."""
@@ -198,11 +199,10 @@ class Batcher:
 
 
 class LineStream(StreamingTranslator):
-    """Requests' texts translated greedily as they come, line by line as :meth:`Service.translate_lines` translates
-    them."""
+    """Requests' texts translated as they come, line by line as :meth:`Service.translate_lines` translates them."""
 
-    def __init__(self, translator: Translator) -> None:
-        super().__init__(translator, rows=GATHER)
+    def __init__(self, translator: Translator, search: SearchOptions) -> None:
+        super().__init__(translator, rows=GATHER, search=search)
 
     def add(self, texts: list[str], future: Future) -> None:  # type: ignore[override]
         lines, flat = split_lines(texts)
@@ -250,23 +250,26 @@ class Service:
     """A loaded run, its language pair, the search it translates with, and the worker."""
 
     def __init__(
-        self, translator: Translator, langs: Sequence[str], *, beam: int, length_penalty: float, thread: bool = True
+        self, translator: Translator, langs: Sequence[str], *, search: SearchOptions = TRANSLATION, thread: bool = True
     ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
-        self.beam, self.length_penalty = beam, length_penalty
-        stream = LineStream(translator) if beam == 1 else None
+        self.search = search
+        stream = LineStream(translator, search) if search.strategy != "beam" else None
         self.batcher = Batcher(self.translate_lines, thread=thread, stream=stream)
 
     def translate_lines(self, texts: list[str]) -> list[str]:
         """Each text's lines translated (blank lines kept), all of them in one call."""
         lines, flat = split_lines(texts)
-        return join_lines(
-            texts, lines, self.translator.translate(flat, beam=self.beam, length_penalty=self.length_penalty)
-        )
+        return join_lines(texts, lines, self.translator.translate(flat, search=self.search))
 
     def hypotheses(self, texts: list[str], count: int) -> list[list[str]]:
-        """Each text's ``count`` best translations from a beam at least that wide (a blank text: itself)."""
-        found = self.translator.hypotheses(texts, count, beam=self.beam, length_penalty=self.length_penalty)
+        """Each text's ``count`` best translations from a beam search at least 2 and ``count`` wide, with the
+        service's length penalty and limit (a blank text: itself)."""
+        search = SearchOptions(
+            beam_size=max(self.search.beam_size, count, 2), length_penalty=self.search.length_penalty, n_best=count,
+            max_length=self.search.max_length,
+        )  # fmt: skip
+        found = self.translator.hypotheses(texts, search)
         return [[text] if not text.strip() else best for text, best in zip(texts, found, strict=True)]
 
     def languages(self) -> list[dict[str, Any]]:
@@ -326,8 +329,11 @@ async def _arguments(request: Request) -> dict[str, Any]:
             raise ApiError(400, "Invalid JSON format")
         return arguments
     if kind == "multipart/form-data":
-        request._body = body  # Starlette parses the form from the body already read
-        form = await request.form()
+
+        async def replay() -> dict[str, Any]:  # the body already read, for Starlette to parse the form from
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        form = await Request(request.scope, replay).form()
         return {key: value for key, value in form.items() if isinstance(value, str)}
     try:
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True)
@@ -423,9 +429,7 @@ class Endpoints:
         if sentence is None:
             raise ApiError(400, "Invalid request: q holds no text")
         service = self.service
-        found = await service.batcher.run(
-            lambda: service.translator.attention(sentence, beam=service.beam, length_penalty=service.length_penalty)
-        )
+        found = await service.batcher.run(lambda: service.translator.attention(sentence, search=service.search))
         return JSONResponse(attention_view(found))
 
     async def detect(self, request: Request) -> JSONResponse:
@@ -521,8 +525,7 @@ def serve(
     checkpoint: str | None,
     device: str | None,
     quantize: str | None,
-    beam: int,
-    length_penalty: float,
+    search: SearchOptions,
     langs: Sequence[str] | None,
     limits: Limits,
 ) -> int:
@@ -536,7 +539,7 @@ def serve(
     if not langs:
         sock.close()
         raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
-    service = Service(translator, langs, beam=beam, length_penalty=length_penalty, thread=False)
+    service = Service(translator, langs, search=search, thread=False)
     server = uvicorn.Server(
         uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5)
     )

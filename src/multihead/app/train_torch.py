@@ -59,11 +59,11 @@ class TokenLoss(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, smoothing: float) -> torch.Tensor:
         if self.sliced and torch.is_grad_enabled():
-            hidden = self.model._forward(src, tgt_in, project=False)  # (B, Lt, E)
+            hidden = self.model(src, tgt_in, project=False, check=False)  # (B, Lt, E)
             projection = self.model.output_proj
             return ProjectedLoss.apply(hidden.flatten(0, 1), projection.weight, projection.bias, tgt_out.flatten(),
                                        smoothing)  # fmt: skip
-        logits = self.model._forward(src, tgt_in)  # (B, Lt, V)
+        logits = self.model(src, tgt_in, check=False)  # (B, Lt, V)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # autocast's half precision: float32
         return F.cross_entropy(
             logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum", label_smoothing=smoothing

@@ -582,7 +582,8 @@ class Training:
         setup = self.setup
         ids = setup.source.encode_all(sources)
         limit = lambda length: length_limit(length, setup.facts["longest_target"], setup.config.max_len)  # noqa: E731
-        return [setup.target.decode(out) for out in translate_ids(self.trainer.generate, ids, limit=limit)]
+        generate = lambda src, limits, _: self.trainer.generate(src, limits)  # noqa: E731 (greedy: no sentence keys)
+        return [setup.target.decode(out) for out in translate_ids(generate, ids, limit=limit)]
 
     def evaluate(self, count: int | None) -> dict[str, Any]:
         """Held-out exact match (a task), or validation loss, BLEU and chrF with greedy decoding (a corpus), on the

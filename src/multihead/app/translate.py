@@ -21,12 +21,18 @@ import numpy as np
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
 from multihead.app.tokenizers import BOS, EOS, PAD
-from multihead.decoding import beam_search_n_best, check_generation_args
-from multihead.validation import check_positive_int
+from multihead.decoding import SearchOptions, generate, n_best_search
 
 Ids = list[int]
 Row = TypeVar("Row")  # what a batch gives for each of its rows
-Generate = Callable[[np.ndarray, np.ndarray], np.ndarray]  # src (B, Ls), each row's length limit (B,) -> tokens (B, T)
+Run = Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[Row]]
+"""What translates a batch: ``src (B, Ls)`` padded, each row's length limit ``(B,)`` and index in the input ``(B,)``
+-> one result per row."""
+Generate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""A :data:`Run` whose results are the rows of tokens ``(B, T)``."""
+TRANSLATION = SearchOptions(length_penalty=0.6)
+"""How ``translate``, ``evaluate`` and ``serve`` search unless told otherwise: greedy; with more beams, ranked by the
+paper's length penalty."""
 SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
 """Where a text too long for the model is split: after the end of a sentence."""
 BATCH_TOKENS = 6000
@@ -56,16 +62,17 @@ def length_limit(source_length: int, longest_target: int, model_max_len: int) ->
 
 
 def in_batches(
-    run: Callable[[np.ndarray, np.ndarray], Sequence[Row]],
+    run: Run[Row],
     sources: Sequence[Ids],
     *,
     limit: Callable[[int], int],
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
 ) -> list[Row]:
-    """``run(src, limits)`` over token-id sequences in batches of similar length: ``src (B, Ls)`` a batch padded,
-    ``limits (B,)`` the length limit of each row (``limit`` of its source's length: never of the batch's), and
-    ``run`` gives one result per row; the results come back in input order."""
+    """``run(src, limits, indices)`` over token-id sequences in batches of similar length: ``src (B, Ls)`` a batch
+    padded, ``limits (B,)`` the length limit of each row (``limit`` of its source's length: never of the batch's),
+    ``indices (B,)`` their places in ``sources``, and ``run`` gives one result per row; the results come back in
+    input order."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: dict[int, Row] = {}
     bar = progress_bar(len(sources), enabled=progress, unit="sentence")
@@ -80,7 +87,7 @@ def in_batches(
         for row, index in enumerate(rows):
             src[row, : len(sources[index])] = sources[index]
         limits = np.array([limit(len(sources[index])) for index in rows], dtype=np.int64)  # (B,)
-        for row, result in zip(rows, run(src, limits), strict=True):
+        for row, result in zip(rows, run(src, limits, np.array(rows, dtype=np.int64)), strict=True):
             results[row] = result
         bar.update(len(rows))
         start = stop
@@ -102,11 +109,13 @@ def translate_ids(
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
 ) -> list[Ids]:
-    """Translate token-id sequences in batches of similar length (:func:`in_batches`); the results come back in input
-    order, each cut at its first EOS (included) or its length limit."""
+    """Translate token-id sequences in batches of similar length (:func:`in_batches`) with ``generate``, which gives
+    ``(B, T)`` tokens a batch; the results come back in input order, each cut at its first EOS (included) or its
+    length limit."""
 
-    def run(src: np.ndarray, limits: np.ndarray) -> list[Ids]:
-        return [until_eos(tokens, limit) for tokens, limit in zip(generate(src, limits), limits, strict=True)]
+    def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[Ids]:
+        out = generate(src, limits, indices)
+        return [until_eos(tokens, limit) for tokens, limit in zip(out, limits, strict=True)]
 
     return in_batches(run, sources, limit=limit, batch_tokens=batch_tokens, progress=progress)
 
@@ -179,8 +188,11 @@ class Translator:
         warn(f"{name} is longer than this model reads ({len(ids)} {self._unit()}, at most {max_len}): {how}")
         return [piece[:max_len] for piece in pieces]
 
-    def _all_pieces(self, texts: Sequence[str], names: Sequence[str]) -> tuple[list[list[Ids]], list[Ids]]:
-        """Each text's pieces (:meth:`_pieces`), and all of them in one list, in order."""
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[list[Ids]], list[Ids]]:
+        """Each text's pieces, the token ids the model reads (a blank text has none; a text longer than the model reads
+        is split at sentence ends, with a warning that names it as ``names`` say), and all of them in one list, in
+        order."""
+        names = names or [f"text {i + 1}" for i in range(len(texts))]
         pieces = [self._pieces(text, name) for text, name in zip(texts, names, strict=True)]
         return pieces, [ids for text_pieces in pieces for ids in text_pieces]
 
@@ -188,79 +200,76 @@ class Translator:
         """How many tokens a translation of ``source_length`` tokens may take (:func:`length_limit`)."""
         return length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
 
-    def generate(self, beam: int = 1, length_penalty: float = 0.6) -> Generate:
+    def batch_size(self, search: SearchOptions) -> int:
+        """Source tokens per batch for ``search``: the device's, divided by the beams."""
+        return self.batch_tokens // search.beam_size
+
+    def generate(self, search: SearchOptions = TRANSLATION) -> Generate:
+        """What translates a batch as ``search`` says (one translation a sentence): ``src (B, Ls)``, each row's length
+        limit and index in the input (which seeds its sampling) -> tokens ``(B, T)``."""
         torch = self.torch
 
-        def generate(src: np.ndarray, limits: np.ndarray) -> np.ndarray:
-            out = self.generator.generate(
-                torch.from_numpy(src).to(self.device), max_len=limits, bos_id=BOS, eos_id=EOS, beam_size=beam,
-                length_penalty=length_penalty,
-            )  # fmt: skip
-            return out.cpu().numpy()
+        def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                session = self.generator.decoding_session(
+                    torch.from_numpy(src).to(self.device), max_len=int(limits.max())
+                )
+                return generate(session, len(src), search, max_len=limits, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                                keys=indices)  # fmt: skip
 
-        return generate
+        return run
 
     def translate(
         self,
         texts: Sequence[str],
         *,
-        beam: int = 1,
-        length_penalty: float = 0.6,
+        search: SearchOptions = TRANSLATION,
         names: Sequence[str] | None = None,
         progress: bool = False,
     ) -> list[str]:
         """Translations of ``texts``, in order: a blank text gives a blank line, a text longer than the model reads is
-        translated in pieces (:meth:`_pieces`). ``names`` say how warnings refer to each text."""
-        names = names or [f"text {i + 1}" for i in range(len(texts))]
-        pieces, flat = self._all_pieces(texts, names)
-        generate = self.generate(beam, length_penalty)
-        batch_tokens = self.batch_tokens // beam
-        outputs = translate_ids(generate, flat, limit=self.limit, batch_tokens=batch_tokens, progress=progress)
-        return self._joined(pieces, outputs)
+        translated in pieces (:meth:`pieces`). ``names`` say how warnings refer to each text. A sampled piece draws
+        from a generator seeded by the search's seed and its place among all pieces, so the same texts translate the
+        same whatever batches they fall in."""
+        pieces, flat = self.pieces(texts, names)
+        outputs = translate_ids(
+            self.generate(search), flat, limit=self.limit, batch_tokens=self.batch_size(search), progress=progress
+        )
+        return self.joined(pieces, outputs)
 
-    def _joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
+    def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
         """Each text's translation: the translations ``outputs`` of all pieces, in order, joined text by text."""
         translated = iter(outputs)
         return [" ".join(self.target.decode(next(translated)) for _ in text_pieces) for text_pieces in pieces]
 
-    def hypotheses(
-        self, texts: Sequence[str], count: int, *, beam: int, length_penalty: float = 0.6
-    ) -> list[list[str]]:
-        """For each text, its ``count`` best translations, best first: the ``count`` best hypotheses of a beam search
-        (:func:`multihead.decoding.beam_search_n_best`) with ``beam`` beams, or ``count`` if more, or 2 at least
-        (one beam would be greedy search in :meth:`translate`); the first is what :meth:`translate` gives with that
-        many beams, in the same batches. A blank text gives ``[""]``; a text longer than the model reads is
-        translated in pieces (:meth:`_pieces`), and its ``i``-th translation joins its pieces' ``i``-th best."""
-        check_positive_int("count", count)
-        beam = max(check_positive_int("beam", beam), count, 2)
-        # Checked once: every batch's length limit is within the model's.
-        check_generation_args(self.limit(1), BOS, EOS, PAD, beam, length_penalty, self.checkpoint.config)
+    def hypotheses(self, texts: Sequence[str], search: SearchOptions) -> list[list[str]]:
+        """For each text, its ``search.n_best`` best translations, best first, from a beam search as ``search`` says
+        (:func:`multihead.decoding.n_best_search`); the first is what :meth:`translate` gives with that search, in the
+        same batches. A blank text gives ``[""]``; a text longer than the model reads is translated in pieces
+        (:meth:`pieces`), and its ``i``-th translation joins its pieces' ``i``-th best."""
         torch = self.torch
 
-        def search(src: np.ndarray, limits: np.ndarray) -> list[list[Ids]]:
+        def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[Ids]]:
             with torch.inference_mode():
                 session = self.generator.decoding_session(
                     torch.from_numpy(src).to(self.device), max_len=int(limits.max())
                 )
-                found = beam_search_n_best(
-                    session, len(src), n=count, beam_size=beam, max_len=limits, bos_id=BOS, eos_id=EOS,
-                    length_penalty=length_penalty,
-                )  # fmt: skip
-            # The model's log-probabilities are finite: every sentence has `count` hypotheses.
+                found = n_best_search(session, len(src), search, max_len=limits, bos_id=BOS, eos_id=EOS)
+            # The model's log-probabilities are finite: every sentence has `n_best` hypotheses.
             return [[tokens.tolist() for _, tokens in best] for best in found]
 
-        pieces, flat = self._all_pieces(texts, [f"text {i + 1}" for i in range(len(texts))])
-        outputs = iter(in_batches(search, flat, limit=self.limit, batch_tokens=self.batch_tokens // beam))
+        pieces, flat = self.pieces(texts)
+        outputs = iter(in_batches(run, flat, limit=self.limit, batch_tokens=self.batch_size(search)))
         results = []
         for text_pieces in pieces:
             if not text_pieces:  # a blank text
                 results.append([""])
                 continue
-            found = [next(outputs) for _ in text_pieces]  # per piece, its `count` best
-            results.append([" ".join(self.target.decode(best[i]) for best in found) for i in range(count)])
+            found = [next(outputs) for _ in text_pieces]  # per piece, its n best
+            results.append([" ".join(self.target.decode(best[i]) for best in found) for i in range(search.n_best)])
         return results
 
-    def attention(self, text: str, *, beam: int = 1, length_penalty: float = 0.6) -> Translation:
+    def attention(self, text: str, *, search: SearchOptions = TRANSLATION) -> Translation:
         """One sentence's translation with every decoder layer's cross-attention."""
         torch = self.torch
         ids = self._encode(text, "the text")
@@ -269,7 +278,7 @@ class Translator:
                 f"the text to plot is longer than this model reads: {len(ids)} {self._unit()}, at most "
                 f"{self.checkpoint.config.max_len}"
             )
-        (out,) = translate_ids(self.generate(beam, length_penalty), [ids], limit=self.limit)
+        (out,) = translate_ids(self.generate(search), [ids], limit=self.limit)
         src = torch.tensor([ids], device=self.device)
         with torch.no_grad():
             memory = self.model.encode(src)

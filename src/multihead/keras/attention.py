@@ -1,7 +1,8 @@
 """Multi-head attention as a Keras 3 layer around :func:`multihead.keras.attention`.
 
-The layer projects, splits heads, calls the attention function, merges heads and projects out; with a
-:class:`KVCache` it appends to it (self-attention) or projects the memory into it once (cross-attention).
+The layer projects, splits heads, calls the attention function, merges heads and projects out; with a cache (a
+:class:`~multihead.cache.StepCache` such as :class:`KVCache`) it appends to it (self-attention) or projects the memory
+into it once (cross-attention): a decoding step is the same call with one query per row.
 
 ``call`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own public
 entry point has checked theirs.
@@ -21,7 +22,7 @@ from keras import ops
 # Keras has no public accessor for the padding mask a tensor carries; its own layers read it through this one.
 from keras.src.backend import get_keras_mask
 
-from multihead.cache import KVCacheBase
+from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.keras.functional import IMPLEMENTATIONS, _attention
 from multihead.keras.tensors import OPS, Tensor, is_tensor_like
@@ -249,25 +250,22 @@ class MultiHeadAttention(keras.layers.Layer):
     def _attend(
         self,
         query: Tensor,
-        key: Tensor,
-        value: Tensor,
+        key: Tensor | None,
+        value: Tensor | None,
         *,
         mask: Tensor | None,
         causal: bool = False,
         return_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: StepCache | None = None,
         self_attention: bool,
         training: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """:meth:`call` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
-        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory."""
+        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory (``key`` and
+        ``value`` may then be ``None``)."""
         if not self.built:  # the Transformer's layers call this directly, not through Keras' __call__
             self.build(tuple(query.shape), tuple(key.shape), tuple(value.shape))
-
-        def project() -> tuple[Tensor, Tensor]:
-            return self._project_keys_values(key, value)
-
-        k, v = project() if cache is None else cache.keys_and_values(self_attention, project)  # (B, Hkv, Lk, D)
+        k, v = attended(cache, self_attention, lambda: self._project_keys_values(key, value))  # (B, Hkv, Lk, D)
         return self._attend_projected(query, k, v, mask=mask, causal=causal, return_weights=return_weights,
                                       training=training)  # fmt: skip
 
@@ -277,24 +275,6 @@ class MultiHeadAttention(keras.layers.Layer):
         k = _split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, Lk, Dk)
         v = _split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, Lk, Dv)
         return k, v
-
-    def _step(self, x: Tensor, cache: Any, *, mask: Tensor | None, self_attention: bool) -> Tensor:
-        """One decoding step, ``x (N, E)`` → ``(N, E)``: self-attention appends the token's key and value to ``cache``
-        and attends everything cached (the causal rule lets the newest token see every key); cross-attention attends
-        the memory ``cache`` already holds. ``mask`` is ``(N|1, 1, 1, Lk)``."""
-        rows = ops.shape(x)[0]
-        q = ops.reshape(self.q_proj(x), (rows, self.num_heads, 1, self._head_dim))  # (N, H, 1, Dk)
-        if self_attention:
-            k = ops.reshape(self.k_proj(x), (rows, self.num_kv_heads, 1, self._head_dim))  # (N, Hkv, 1, Dk)
-            v = ops.reshape(self.v_proj(x), (rows, self.num_kv_heads, 1, self._value_head_dim))  # (N, Hkv, 1, Dv)
-            k, v = cache._append(k, v)  # (N, Hkv, L, D)
-        else:
-            k, v = cache.keys, cache.values  # (N, Hkv, Ls, D)
-        out = _attention(
-            q, k, v, mask, causal=False, scale=None, dropout=0.0, return_weights=False, seed=None,
-            implementation=self.implementation,
-        )  # fmt: skip  # (N, H, 1, Dv)
-        return self.out_proj(ops.reshape(out, (rows, self.num_heads * self._value_head_dim)))  # (N, E)
 
     def _attend_projected(
         self,

@@ -41,6 +41,7 @@ import keras
 import numpy as np
 from keras import backend, ops
 
+from multihead.cache import StepCache
 from multihead.config import TransformerConfig
 from multihead.keras.tensors import Tensor
 
@@ -69,19 +70,32 @@ class Generating(Protocol):
         ...
 
 
-class _SelfBuffer:
+class _SelfBuffer(StepCache):
     """One layer's self-attention cache inside a traced step: a ``(N, Hkv, C, D)`` buffer for keys and one for
-    values, written at ``position``; the attention reads all of it, masked to the positions written so far."""
+    values, written at ``position`` (a scalar tensor); the attention reads all of it, its key mask leaving out the
+    positions not written yet."""
 
     def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:
-        self.keys, self.values, self.position = keys, values, position
+        self._keys, self._values, self._position = keys, values, position
 
-    def _append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write ``k (N, Hkv, 1, Dk)`` and ``v (N, Hkv, 1, Dv)`` at the position; the whole buffers."""
-        start = _start(self.position, 2, 4)
-        self.keys = ops.slice_update(self.keys, start, k)  # (N, Hkv, C, Dk)
-        self.values = ops.slice_update(self.values, start, v)  # (N, Hkv, C, Dv)
-        return self.keys, self.values
+    @property
+    def keys(self) -> Tensor:
+        return self._keys
+
+    @property
+    def values(self) -> Tensor:
+        return self._values
+
+    @property
+    def length(self) -> Tensor:
+        return self._position
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``keys (N, Hkv, 1, Dk)`` and ``values (N, Hkv, 1, Dv)`` at the position; the whole buffers."""
+        start = _start(self._position, 2, 4)
+        self._keys = ops.slice_update(self._keys, start, keys)  # (N, Hkv, C, Dk)
+        self._values = ops.slice_update(self._values, start, values)  # (N, Hkv, C, Dv)
+        return self._keys, self._values
 
 
 def _start(position: Tensor, axis: int, rank: int) -> tuple[Tensor, ...]:
@@ -91,17 +105,32 @@ def _start(position: Tensor, axis: int, rank: int) -> tuple[Tensor, ...]:
     return tuple(position if index == axis else zero for index in range(rank))
 
 
-class _MemoryBuffer:
+class _MemoryBuffer(StepCache):
     """One layer's cross-attention keys and values, projected from the memory by the start program."""
 
     def __init__(self, keys: Tensor, values: Tensor) -> None:
-        self.keys, self.values = keys, values
+        self._keys, self._values = keys, values
+
+    @property
+    def keys(self) -> Tensor:
+        return self._keys
+
+    @property
+    def values(self) -> Tensor:
+        return self._values
+
+    @property
+    def length(self) -> int:
+        return int(self._keys.shape[2])
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        raise TypeError("the projected memory is written once, by the start program")
 
 
 class _Buffers:
-    """What the decoder's step path reads as its cache inside a traced step (a
-    :class:`multihead.cache.DecoderCache` in shape): per layer a self-attention buffer and the projected memory;
-    ``length`` is the step's position."""
+    """What the decoder's forward pass reads as its cache inside a traced step (a
+    :class:`multihead.cache.DecoderCaches`): per layer a self-attention buffer and the projected memory; ``length``
+    is the step's position."""
 
     def __init__(self, position: Tensor, self_keys: list, self_values: list, memory_keys: list, memory_values: list):
         self.length = position

@@ -23,7 +23,7 @@ import numpy as np
 from keras import layers, ops
 
 from multihead import checks, decoding
-from multihead.cache import DecoderCache
+from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.keras.attention import KVCache, MultiHeadAttention
 from multihead.keras.generation import COMPILED_BACKENDS, CompiledDecoding
@@ -253,15 +253,16 @@ class DecoderLayer(_Block):
     def _forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         tgt_mask: Tensor | None,
         memory_mask: Tensor | None,
-        self_cache: KVCache | None,
-        cross_cache: KVCache | None,
+        self_cache: StepCache | None,
+        cross_cache: StepCache | None,
         return_weights: bool,
         training: bool | None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Masks as ``(B, 1, 1, L)``."""
+        """Masks as ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and
+        ``memory`` may be ``None`` once ``cross_cache`` holds its projection."""
 
         def self_attention(h: Tensor) -> Tensor:
             return self.self_attn._attend(
@@ -284,23 +285,6 @@ class DecoderLayer(_Block):
         x = self.residual(x, self.norm2, cross_attention, training)
         x = self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, training), training)
         return (x, cross_weights[0]) if return_weights else x
-
-    def _step(
-        self, x: Tensor, self_cache: Any, cross_cache: Any, *, self_mask: Tensor | None, memory_mask: Tensor | None
-    ) -> Tensor:
-        """:meth:`_forward` in inference for one new token per row, ``x (N, E)``, over caches that hold the earlier
-        tokens and the projected memory; ``self_mask`` ``(N|1, 1, 1, Lt)`` limits the keys of a cache of fixed
-        capacity to those written, ``memory_mask`` is ``(N, 1, 1, Ls)``."""
-
-        def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn._step(h, self_cache, mask=self_mask, self_attention=True)
-
-        def cross_attention(h: Tensor) -> Tensor:
-            return self.cross_attn._step(h, cross_cache, mask=memory_mask, self_attention=False)
-
-        x = self.residual(x, self.norm1, self_attention, False)
-        x = self.residual(x, self.norm2, cross_attention, False)
-        return self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, False), False)
 
     def state_children(self) -> dict[str, layers.Layer]:
         return {
@@ -407,10 +391,10 @@ class Decoder(_Stack):
     def _forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         tgt_mask: Tensor | None,
         memory_mask: Tensor | None,
-        cache: DecoderCache | None,
+        cache: DecoderCaches | None,
         return_weights: bool,
         training: bool | None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
@@ -431,13 +415,6 @@ class Decoder(_Stack):
                 cross_weights.append(weights)
         x = self.finish(x)
         return (x, cross_weights) if return_weights else x
-
-    def _step(self, x: Tensor, cache: Any, *, self_mask: Tensor | None, memory_mask: Tensor | None) -> Tensor:
-        """:meth:`_forward` in inference for one new token per row (see :meth:`DecoderLayer._step`)."""
-        caches = zip(self.blocks, cache.self_attention, cache.cross_attention, strict=True)
-        for block, self_cache, cross_cache in caches:
-            x = block._step(x, self_cache, cross_cache, self_mask=self_mask, memory_mask=memory_mask)
-        return self.finish(x)
 
 
 @register
@@ -595,10 +572,10 @@ class Transformer(NamedTensorArguments, keras.Model):
     def _decode(
         self,
         tgt: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         memory_key_mask: Tensor | None,
         tgt_key_mask: Tensor | None,
-        cache: DecoderCache | None,
+        cache: DecoderCaches | None,
         return_weights: bool,
         training: bool | None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
@@ -610,14 +587,15 @@ class Transformer(NamedTensorArguments, keras.Model):
     def _decode_hidden(
         self,
         tgt: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         memory_key_mask: Tensor | None,
         tgt_key_mask: Tensor | None,
-        cache: DecoderCache | None,
+        cache: DecoderCaches | None,
         return_weights: bool,
         training: bool | None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """The decoder's output ``(B, Lt, E)`` before the output projection."""
+        """The decoder's output ``(B, Lt, E)`` before the output projection, over any
+        :class:`~multihead.cache.DecoderCaches` (``memory`` may be ``None`` once it holds the memory's projection)."""
         offset = 0 if cache is None else cache.length
         return self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset, training),
@@ -666,8 +644,11 @@ class Transformer(NamedTensorArguments, keras.Model):
         pad_id: int | None = None,
         length_penalty: float = 1.0,
         compiled: bool | None = None,
+        search: decoding.SearchOptions | None = None,
     ) -> np.ndarray:
-        """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search.
+        """Translate ``src (B, Ls)``: greedy (``beam_size=1``), beam search, or as ``search`` says (a
+        :class:`multihead.decoding.SearchOptions`: greedy, beam search or sampling; not with ``beam_size`` or
+        ``length_penalty``).
 
         ``max_len``: the most tokens a row may take, one for all rows or one per row (a list or 1-D array of ``B``
         ints). Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max(max_len)``; each row
@@ -680,9 +661,10 @@ class Transformer(NamedTensorArguments, keras.Model):
         many times faster; ``False``, eagerly, operation by operation; ``None`` (default), compiled on TensorFlow and
         JAX, eager on the torch backend, which has no compiled path. Both give the same tokens.
         """
+        search = decoding.search_options(search, beam_size=beam_size, length_penalty=length_penalty)
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
         longest = decoding.check_generation_args(
-            max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config, src
+            self.config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=src
         )
         check_flag("use_cache", use_cache)
         if compiled is not None:
@@ -701,18 +683,19 @@ class Transformer(NamedTensorArguments, keras.Model):
         if compiled:
             session = CompiledDecoding(self, src, src_key_mask, use_cache, longest)
         else:
-            memory = self._encode(src, src_key_mask, False)
+            steps = self.decoder_steps()
+            memory, src_key_mask = steps.encode(src, src_key_mask)
             cache = self.new_cache() if use_cache else None
-            session = decoding.DecodingSession(self.decoder_steps(), memory, src_key_mask, cache)
+            session = decoding.DecodingSession(steps, memory, src_key_mask, cache)
         return decoding.generate(
-            session, int(src.shape[0]), max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-            beam_size=beam_size, length_penalty=length_penalty,
-        )  # fmt: skip
+            session, int(src.shape[0]), search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+        )
 
 
 class DecoderSteps:
-    """The decoding steps of a Keras :class:`Transformer` (a :class:`multihead.decoding.Steps`): the memory
-    projected into each layer's cross-attention once, then one token per row through the decoder's ``_step`` path.
+    """The decoding steps of a Keras :class:`Transformer` (a :class:`multihead.decoding.Steps`), on arguments
+    already checked: sources encoded, their memory projected for the cross-attention caches, and steps of one token
+    per row, each the model's forward pass over a :class:`~multihead.cache.DecoderCaches`.
 
     The same steps run eagerly over a :class:`~multihead.cache.DecoderCache` and, traced, inside the compiled
     programs of :mod:`multihead.keras.generation`, over buffers of fixed capacity whose position (``cache.length``)
@@ -722,7 +705,14 @@ class DecoderSteps:
     def __init__(self, model: Transformer) -> None:
         self.model = model
 
+    def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """``src (N, Ls)`` encoded: the memory ``(N, Ls, E)`` and its key mask ``(N, Ls)`` (from the config's
+        ``pad_id`` when not given; ``None``: every position real)."""
+        src_key_mask = self.model._key_mask(src, src_key_mask)
+        return self.model._encode(src, src_key_mask, False), src_key_mask
+
     def project_memory(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
         return [block.cross_attn._project_keys_values(memory, memory) for block in self.model.decoder.blocks]
 
     def empty_self_caches(self, rows: Tensor, capacity: int, dtype: str) -> tuple[list[Tensor], list[Tensor]]:
@@ -732,12 +722,13 @@ class DecoderSteps:
         values = [ops.zeros((rows, a.num_kv_heads, capacity, a.value_head_dim), dtype=dtype) for a in attention]
         return keys, values
 
-    def step(self, tokens: Tensor, cache: Any, memory_key_mask: Tensor | None, written: Tensor | None = None) -> Tensor:
-        model = self.model
-        hidden = model._embed(model.tgt_embed, tokens, cache.length, False)[:, 0]  # (N, E)
-        self_mask = key_layout(written, OPS)  # (1, 1, 1, C)
-        hidden = model.decoder._step(hidden, cache, self_mask=self_mask, memory_mask=key_layout(memory_key_mask, OPS))
-        return self.log_probs(hidden)
+    def step(
+        self, tokens: Tensor, cache: DecoderCaches, memory_key_mask: Tensor | None, written: Tensor | None = None
+    ) -> Tensor:
+        """As :meth:`multihead.decoding.Steps.step`; ``written (N|1, L)``: the keys each row attends of those the
+        self-attention caches give (default: all)."""
+        hidden = self.model._decode_hidden(tokens, None, memory_key_mask, written, cache, False, False)  # (N, 1, E)
+        return self.log_probs(hidden[:, 0])
 
     def recompute(
         self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None, position: Tensor | int | None = None

@@ -1,14 +1,15 @@
 """Multi-head attention for PyTorch: a module around :func:`multihead.torch.attention`.
 
-The module projects, splits heads, calls the attention function, merges heads and projects out. Three things it
-adds: a :class:`KVCache` for decoding (self-attention appends to it; cross-attention projects the memory into it
-once); for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
-(:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``); and ``_step``,
-one token per row over a cache with the projections laid out for it (:class:`Affine`), which a Transformer's
-``generate`` runs at every decoding step.
+The module projects, splits heads, calls the attention function, merges heads and projects out. Two things it
+adds: a cache for decoding (a :class:`~multihead.cache.StepCache` such as :class:`KVCache`: self-attention appends
+to it; cross-attention projects the memory into it once), where a decoding step is the same call with one query per
+row; and, for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
+(:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``). A decoding
+step without gradients projects with its weights laid out for rows of one token (:class:`StepLayout`, kept until a
+weight changes), as the Transformer's feed-forward blocks and output projection do.
 
-``forward`` checks its arguments; ``_attend`` and ``_step`` are the unchecked paths the Transformer's layers call once
-their own public entry point has checked theirs.
+``forward`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own
+public entry point has checked theirs.
 
 Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
 Dv value head dim, E = d_model (output width); packed: N real queries and M real keys in the batch; a decoding step:
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from multihead.cache import KVCacheBase
+from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
 from multihead.torch.masks import restrict
@@ -49,10 +50,10 @@ its mask is faster, and padded query rows are zeroed after it (docs/performance.
 class Affine(NamedTuple):
     """``nn.Linear`` layers laid out for decoding steps: ``x @ weight + bias`` with ``weight (in, out)``.
 
-    For a few rows (one token per sentence) the CPU's BLAS multiplies a row-major ``(in, out)`` matrix up to twice as
-    fast as ``nn.Linear``'s transposed ``(out, in)`` one (docs/performance.md), and layers that read the same input
-    run as one product. Made from the modules' weights when a ``generate`` call starts, so
-    it always computes what they do.
+    For a few rows (one token per sentence) some CPUs' BLAS multiplies a row-major ``(in, out)`` matrix up to twice
+    as fast as ``nn.Linear``'s transposed ``(out, in)`` one (docs/performance.md), and layers that read the same input
+    run as one product. Made from the modules' weights by a :class:`StepLayout`, which makes it again when one of
+    them changes, so it always computes what they do.
     """
 
     weight: torch.Tensor | None  # (in, out)
@@ -73,6 +74,48 @@ class Affine(NamedTuple):
         if self.modules:
             return torch.cat([module(x) for module in self.modules], dim=-1)
         return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
+
+
+def is_step(x: torch.Tensor) -> bool:
+    """Whether ``x (B, L, features)`` is a decoding step's input: one position per sequence, no gradient wanted."""
+    return x.shape[1] == 1 and not torch.is_grad_enabled()
+
+
+class StepLayout:
+    """Linears that read one input, laid out as one :class:`Affine` for decoding steps, and kept until one of their
+    weights changes: another tensor, or one written in place (PyTorch counts such writes: optimizer steps,
+    ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). Weights made in inference
+    mode have no such count, and linears that are not ``nn.Linear`` (int8 ones) no weights to lay out: those run as
+    they are."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[list[torch.Tensor], list[tuple[int, int]], Affine] | None = None
+
+    def __call__(self, *linears: nn.Module) -> Affine:
+        if not all(isinstance(linear, nn.Linear) for linear in linears):
+            return Affine(None, None, linears)
+        weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
+        if any(weight.is_inference() for weight in weights):
+            return Affine(None, None, linears)
+        versions = [(weight._version, weight.data_ptr()) for weight in weights]
+        kept = self._kept
+        if (
+            kept is not None
+            and kept[1] == versions
+            and len(kept[0]) == len(weights)
+            and all(old is new for old, new in zip(kept[0], weights, strict=True))
+        ):
+            return kept[2]
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
+            affine = Affine.of(*linears)
+        self._kept = (weights, versions, affine)
+        return affine
+
+    def linear(self, x: torch.Tensor, linear: nn.Module) -> torch.Tensor:
+        """``linear(x)`` for ``x (B, L, in)``, through the layout at a decoding step (:func:`is_step`)."""
+        if not is_step(x):
+            return linear(x)
+        return self(linear)(x.reshape(x.shape[0], -1))[:, None]  # (B, 1, out)
 
 
 class KVCache(KVCacheBase):
@@ -223,6 +266,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(vdim, num_kv_heads * value_head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * value_head_dim, d_model, bias=bias)
+        # The projections laid out for decoding steps: self-attention's query, key and value as one product, the
+        # query's alone (cross-attention), the output's.
+        self._layouts = {"qkv": StepLayout(), "q": StepLayout(), "out": StepLayout()}
 
     def extra_repr(self) -> str:
         return (
@@ -285,23 +331,26 @@ class MultiHeadAttention(nn.Module):
     def _attend(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
         *,
         mask: torch.Tensor | None,
         causal: bool = False,
         return_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: StepCache | None = None,
         self_attention: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
-        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory."""
+        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory (``key`` and
+        ``value`` may then be ``None``). A decoding step (one query per row, a cache, no gradients) projects with the
+        weights laid out for it."""
         batch, lq, _ = query.shape
-        q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-        if cache is None:
-            k, v = self._project_keys_values(key, value)  # (B, Hkv, Lk, Dk), (B, Hkv, Lk, Dv)
+        step = cache is not None and not return_weights and is_step(query)
+        if step:
+            q, k, v = self._project_step(query, key, value, cache, self_attention)
         else:
-            k, v = cache.keys_and_values(self_attention, lambda: self._project_keys_values(key, value))
+            q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
+            k, v = attended(cache, self_attention, lambda: self._project_keys_values(key, value))
         dropout = self.dropout if self.training else 0.0
         result = _attention(
             q, k, v, mask, causal=causal, scale=None, dropout=dropout, return_weights=return_weights,
@@ -309,8 +358,32 @@ class MultiHeadAttention(nn.Module):
         )  # fmt: skip
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
-        out = self.out_proj(out)  # (B, Lq, E)
+        out = self._layouts["out"].linear(out, self.out_proj) if step else self.out_proj(out)  # (B, Lq, E)
         return (out, weights) if return_weights else out
+
+    def _project_step(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        cache: StepCache,
+        self_attention: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A decoding step's queries ``(N, H, 1, Dk)`` and the keys and values it attends ``(N, Hkv, L, D)``: in
+        self-attention the token's own, projected with the query (one product) and appended to ``cache``."""
+        rows, queries = query.shape[0], self.num_heads * self.head_dim
+        x = query.reshape(rows, -1)  # (N, qdim)
+        if not self_attention:
+            q = self._layouts["q"](self.q_proj)(x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
+            return (q, *attended(cache, False, lambda: self._project_keys_values(key, value)))
+        projected = self._layouts["qkv"](self.q_proj, self.k_proj, self.v_proj)(x)  # (N, H*Dk + Hkv*(Dk + Dv))
+        q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
+        k, v = projected[:, queries:].split(
+            (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1
+        )
+        k = k.view(rows, self.num_kv_heads, 1, self.head_dim)  # (N, Hkv, 1, Dk)
+        v = v.view(rows, self.num_kv_heads, 1, self.value_head_dim)  # (N, Hkv, 1, Dv)
+        return (q, *cache.append(k, v))
 
     def _project_keys_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``key (B, Lk, kdim)``, ``value (B, Lk, vdim)`` → keys ``(B, Hkv, Lk, Dk)``, values ``(B, Hkv, Lk, Dv)``."""
@@ -318,45 +391,6 @@ class MultiHeadAttention(nn.Module):
         k = self.k_proj(key).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(value).view(batch, length, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
         return k, v
-
-    def _step_projections(self, self_attention: bool) -> tuple[Affine, Affine]:
-        """What :meth:`_step` projects with: the query's projection (with the key's and value's in self-attention,
-        which project the same token) and the output projection."""
-        inputs = (self.q_proj, self.k_proj, self.v_proj) if self_attention else (self.q_proj,)
-        return Affine.of(*inputs), Affine.of(self.out_proj)
-
-    def _step(
-        self,
-        x: torch.Tensor,
-        cache: KVCache,
-        *,
-        mask: torch.Tensor | None,
-        self_attention: bool,
-        projections: tuple[Affine, Affine],
-    ) -> torch.Tensor:
-        """One decoding step, ``x (N, E)`` → ``(N, E)``: self-attention appends the token's key and value to ``cache``
-        and attends everything cached (the causal rule lets the newest token see every key); cross-attention attends
-        the memory ``cache`` already holds. ``mask`` is ``(N|1, 1, 1, Lk)``; ``projections`` from
-        :meth:`_step_projections`."""
-        inputs, output = projections
-        rows = x.shape[0]
-        queries = self.num_heads * self.head_dim
-        projected = inputs(x)  # (N, H*Dk), and (N, Hkv*Dk + Hkv*Dv) more in self-attention
-        q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
-        if self_attention:
-            k, v = projected[:, queries:].split(
-                (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1
-            )
-            k = k.view(rows, self.num_kv_heads, 1, self.head_dim)  # (N, Hkv, 1, Dk)
-            v = v.view(rows, self.num_kv_heads, 1, self.value_head_dim)  # (N, Hkv, 1, Dv)
-            k, v = cache._append(k, v)  # (N, Hkv, L, D)
-        else:
-            k, v = cache.keys, cache.values  # (N, Hkv, Ls, D)
-        out = _attention(
-            q, k, v, mask, causal=False, scale=None, dropout=0.0, return_weights=False,
-            implementation=self.implementation,
-        )  # fmt: skip  # (N, H, 1, Dv)
-        return output(out.reshape(rows, self.num_heads * self.value_head_dim))  # (N, E)
 
     def _attend_packed(
         self,

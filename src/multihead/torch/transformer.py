@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from multihead import checks, decoding
-from multihead.cache import DecoderCache
+from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens
 from multihead.positional import sinusoidal_positions
-from multihead.torch.attention import Affine, KVCache, MultiHeadAttention
+from multihead.torch.attention import KVCache, MultiHeadAttention, StepLayout
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -80,24 +80,19 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff))
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self._layouts = (StepLayout(), StepLayout())  # the linears laid out for decoding steps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(self._activate(self.linear1(x))))
+        first, second = self._layouts
+        hidden = self._activate(first.linear(x, self.linear1))  # (B, L, d_ff)
+        return second.linear(self.dropout(hidden), self.linear2)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
-
-    def _step_layers(self) -> tuple[Affine, Affine]:
-        return Affine.of(self.linear1), Affine.of(self.linear2)
-
-    def _step(self, x: torch.Tensor, layers: tuple[Affine, Affine]) -> torch.Tensor:
-        """:meth:`_forward` in evaluation, for decoding steps: ``x (N, E)``, ``layers`` from :meth:`_step_layers`."""
-        first, second = layers
-        return second(self._activate(first(x)))
 
 
 class _Block(nn.Module):
@@ -145,18 +140,6 @@ class EncoderLayer(_Block):
         return self.residual(x, self.norm2, self.feed_forward._forward)
 
 
-class _StepWeights(NamedTuple):
-    """A decoder layer's projections laid out for decoding steps (see :class:`~multihead.torch.attention.Affine`)."""
-
-    self_attn: tuple[Affine, Affine]
-    cross_attn: tuple[Affine, Affine]
-    feed_forward: tuple[Affine, Affine]
-
-
-_StepLayout = tuple[list[_StepWeights], Affine]
-"""Every decoder layer's projections and the output projection, laid out for decoding steps."""
-
-
 class DecoderLayer(_Block):
     """Causal self-attention, cross-attention over the encoder memory, feed-forward; residuals and LayerNorm."""
 
@@ -199,14 +182,15 @@ class DecoderLayer(_Block):
     def _forward(
         self,
         x: torch.Tensor,
-        memory: torch.Tensor,
+        memory: torch.Tensor | None,
         tgt_mask: torch.Tensor | None,
         memory_mask: torch.Tensor | None,
-        self_cache: KVCache | None,
-        cross_cache: KVCache | None,
+        self_cache: StepCache | None,
+        cross_cache: StepCache | None,
         return_weights: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Masks as ``(B, 1, 1, L)``."""
+        """Masks as ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and
+        ``memory`` may be ``None`` once ``cross_cache`` holds its projection."""
         cross_weights = []
 
         def cross(h: torch.Tensor) -> torch.Tensor:
@@ -219,57 +203,16 @@ class DecoderLayer(_Block):
                 return out[0]
             return out
 
-        x = self._sublayers(
+        x = self.residual(
             x,
+            self.norm1,
             lambda h: self.self_attn._attend(
                 h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True
             ),
-            cross,
-            self.feed_forward._forward,
         )
+        x = self.residual(x, self.norm2, cross)
+        x = self.residual(x, self.norm3, self.feed_forward._forward)
         return (x, cross_weights[0]) if return_weights else x
-
-    def _sublayers(
-        self,
-        x: torch.Tensor,
-        self_attention: Callable[[torch.Tensor], torch.Tensor],
-        cross_attention: Callable[[torch.Tensor], torch.Tensor],
-        feed_forward: Callable[[torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
-        x = self.residual(x, self.norm1, self_attention)
-        x = self.residual(x, self.norm2, cross_attention)
-        return self.residual(x, self.norm3, feed_forward)
-
-    def _step_weights(self) -> _StepWeights:
-        return _StepWeights(
-            self.self_attn._step_projections(True),
-            self.cross_attn._step_projections(False),
-            self.feed_forward._step_layers(),
-        )
-
-    def _step(
-        self,
-        x: torch.Tensor,
-        self_cache: KVCache,
-        cross_cache: KVCache,
-        *,
-        weights: _StepWeights,
-        memory_mask: torch.Tensor | None,
-        self_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`_forward` in evaluation for one new token per row, ``x (N, E)``, over caches that hold the earlier
-        tokens and the projected memory; ``memory_mask`` is ``(N, 1, 1, Ls)``, ``self_mask`` ``(N, 1, 1, L)`` the
-        cached tokens each row attends (default: all of them); ``weights`` from :meth:`_step_weights`."""
-        return self._sublayers(
-            x,
-            lambda h: self.self_attn._step(
-                h, self_cache, mask=self_mask, self_attention=True, projections=weights.self_attn
-            ),
-            lambda h: self.cross_attn._step(
-                h, cross_cache, mask=memory_mask, self_attention=False, projections=weights.cross_attn
-            ),
-            lambda h: self.feed_forward._step(h, weights.feed_forward),
-        )
 
 
 class _Stack(nn.Module):
@@ -341,10 +284,10 @@ class Decoder(_Stack):
     def _forward(
         self,
         x: torch.Tensor,
-        memory: torch.Tensor,
+        memory: torch.Tensor | None,
         tgt_mask: torch.Tensor | None,
         memory_mask: torch.Tensor | None,
-        cache: DecoderCache | None,
+        cache: DecoderCaches | None,
         return_weights: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         cross_weights = []
@@ -363,24 +306,6 @@ class Decoder(_Stack):
                 cross_weights.append(weights)
         x = self.finish(x)
         return (x, cross_weights) if return_weights else x
-
-    def _step(
-        self,
-        x: torch.Tensor,
-        cache: DecoderCache,
-        *,
-        weights: list[_StepWeights],
-        memory_mask: torch.Tensor | None,
-        self_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`_forward` in evaluation for one new token per row (see :meth:`DecoderLayer._step`)."""
-        for layer, layer_weights, self_cache, cross_cache in zip(
-            self.layers, weights, cache.self_attention, cache.cross_attention, strict=True
-        ):
-            x = layer._step(
-                x, self_cache, cross_cache, weights=layer_weights, memory_mask=memory_mask, self_mask=self_mask
-            )
-        return self.finish(x)
 
 
 class Transformer(nn.Module):
@@ -439,8 +364,7 @@ class Transformer(nn.Module):
             self.tgt_embed.weight = self.src_embed.weight
             self.output_proj.weight = self.src_embed.weight
             nn.init.zeros_(self.output_proj.bias)
-        # The decoder's weights laid out for decoding steps, and what they were made from (see _step_layout).
-        self._kept_layout: tuple[list[nn.Parameter], list[tuple[int, int]], _StepLayout] | None = None
+        self._output_layout = StepLayout()  # the output projection laid out for decoding steps
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -490,14 +414,16 @@ class Transformer(nn.Module):
     def _decode(
         self,
         tgt: torch.Tensor,
-        memory: torch.Tensor,
+        memory: torch.Tensor | None,
         memory_key_mask: torch.Tensor | None,
         tgt_key_mask: torch.Tensor | None,
-        cache: DecoderCache | None,
+        cache: DecoderCaches | None,
         return_weights: bool = False,
         *,
         project: bool = True,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`decode` on checked arguments, over any :class:`~multihead.cache.DecoderCaches`, whose ``length`` may
+        be one position per row; ``memory`` may be ``None`` once the cache holds its projection."""
         offset = 0 if cache is None else cache.length
         hidden = self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset),
@@ -509,7 +435,9 @@ class Transformer(nn.Module):
         )
         if return_weights:
             return self.output_proj(hidden[0]), hidden[1]
-        return self.output_proj(hidden) if project else hidden  # (B, Lt, V), or (B, Lt, E) unprojected
+        if not project:
+            return hidden  # (B, Lt, E)
+        return self._output_layout.linear(hidden, self.output_proj)  # (B, Lt, V)
 
     def forward(
         self,
@@ -518,52 +446,20 @@ class Transformer(nn.Module):
         *,
         src_key_mask: torch.Tensor | None = None,
         tgt_key_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Teacher-forced logits ``(B, Lt, V)`` for ``src (B, Ls)`` and ``tgt (B, Lt)``."""
-        checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
-        return self._forward(src, tgt, src_key_mask, tgt_key_mask)
-
-    def _forward(
-        self,
-        src: torch.Tensor,
-        tgt: torch.Tensor,
-        src_key_mask: torch.Tensor | None = None,
-        tgt_key_mask: torch.Tensor | None = None,
-        *,
         project: bool = True,
+        check: bool = True,
     ) -> torch.Tensor:
-        """:meth:`forward` on checked arguments: nothing here reads a tensor's values on the host, so a training loop
-        that checked its batches itself runs without a synchronisation (and ``torch.compile`` without a break).
-        ``project=False``: the decoder's output ``(B, Lt, E)``, before ``output_proj`` makes it logits."""
+        """Teacher-forced logits ``(B, Lt, V)`` for ``src (B, Ls)`` and ``tgt (B, Lt)``; with ``project=False`` the
+        decoder's output ``(B, Lt, E)``, before ``output_proj`` makes it logits (a loss that projects a slice at a
+        time). ``check=False`` skips the checks of the arguments, some of which read token ids on the host: for a
+        training loop that checked its batches itself, which then runs without waiting for the device (and
+        ``torch.compile`` without a graph break)."""
+        if check_flag("check", check):
+            checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
+            check_flag("project", project)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask)
         return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, project=project)
-
-    def _step_layout(self) -> _StepLayout:
-        """The decoder's projections and the output projection laid out for decoding steps. Laying them out copies
-        every weight, which costs as much as several steps of a small batch, so the layout is kept for the next
-        ``generate`` call until a weight changes: another tensor, or one written in place (PyTorch counts those
-        writes: optimizer steps, ``load_state_dict``, writes under ``torch.no_grad()``; not writes through
-        ``.data``). Weights made in inference mode have no such count: they are laid out at every call."""
-        weights = [*self.decoder.parameters(), *self.output_proj.parameters()]
-        if any(weight.is_inference() for weight in weights):
-            return self._lay_out()
-        versions = [(weight._version, weight.data_ptr()) for weight in weights]
-        kept = self._kept_layout
-        if (
-            kept is not None
-            and len(kept[0]) == len(weights)
-            and all(old is new for old, new in zip(kept[0], weights, strict=True))
-            and kept[1] == versions
-        ):
-            return kept[2]
-        layout = self._lay_out()
-        self._kept_layout = (weights, versions, layout)
-        return layout
-
-    def _lay_out(self) -> _StepLayout:
-        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-            return [layer._step_weights() for layer in self.decoder.layers], Affine.of(self.output_proj)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
@@ -584,28 +480,31 @@ class Transformer(nn.Module):
         use_cache: bool = True,
         pad_id: int | None = None,
         length_penalty: float = 1.0,
+        search: decoding.SearchOptions | None = None,
     ) -> torch.Tensor:
-        """Translate ``src (B, Ls)``: greedy (``beam_size=1``) or beam search.
+        """Translate ``src (B, Ls)``: greedy (``beam_size=1``), beam search, or as ``search`` says (a
+        :class:`multihead.decoding.SearchOptions`: greedy, beam search or sampling; not with ``beam_size`` or
+        ``length_penalty``).
 
         ``max_len``: the most tokens a row may take, one for all rows or one per row (a list or 1-D array of ``B``
         ints). Returns the generated tokens after BOS, ``LongTensor (B, T)`` with ``T <= max(max_len)``; each row
         stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
         config's ``pad_id``, else ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of
-        recomputing the whole prefix; both give the same tokens. The decoder's weights are laid out for the steps at
-        the first call and reused by later ones until a weight changes (:meth:`_step_layout`): change weights in
-        place under ``torch.no_grad()`` or replace them, not through ``.data``.
+        recomputing the whole prefix; both give the same tokens. A step is the model's forward pass with the cache,
+        one token per row; its projections are laid out for such rows once and again whenever a weight changes:
+        change weights in place under ``torch.no_grad()`` or replace them, not through ``.data``.
         """
+        search = decoding.search_options(search, beam_size=beam_size, length_penalty=length_penalty)
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
         longest = decoding.check_generation_args(
-            max_len, bos_id, eos_id, pad_id, beam_size, length_penalty, self.config, src
+            self.config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=src
         )
         check_flag("use_cache", use_cache)
         with torch.inference_mode():
             session = self.decoding_session(src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache)
             tokens = decoding.generate(
-                session, src.shape[0], max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                beam_size=beam_size, length_penalty=length_penalty,
-            )  # fmt: skip
+                session, src.shape[0], search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+            )
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
     def decoding_session(
@@ -615,55 +514,47 @@ class Transformer(nn.Module):
         :class:`multihead.decoding.DecodingSession` for the searches of :mod:`multihead.decoding`. Make it and search
         inside ``torch.inference_mode()``."""
         checks.check_source(src, src_key_mask, self.config, OPS)
-        src_key_mask = self._key_mask(src, src_key_mask)
-        memory = self._encode(src, src_key_mask)
+        steps = self.decoder_steps()
+        memory, src_key_mask = steps.encode(src, src_key_mask)
         # Buffers for every step up front: a cache growing by concatenation would reallocate them at each step.
         cache = self.new_cache(capacity=max_len) if use_cache else None
-        return decoding.DecodingSession(self.decoder_steps(), memory, src_key_mask, cache)
+        return decoding.DecodingSession(steps, memory, src_key_mask, cache)
 
 
 class DecoderSteps:
-    """The decoding steps of a PyTorch :class:`Transformer` for one ``generate`` call (a
-    :class:`multihead.decoding.Steps`).
-
-    In evaluation mode a step runs the decoder's ``_step`` path: one token per row, with the projections laid out for
-    such rows (:class:`~multihead.torch.attention.Affine`, kept by the model between calls: see
-    :meth:`Transformer._step_layout`). In training mode (dropout) a step is a ``_decode`` call over the cache.
-    """
+    """The decoding steps of a PyTorch :class:`Transformer` (a :class:`multihead.decoding.Steps`), on arguments
+    already checked: sources encoded, their memory projected for the cross-attention caches, and steps of one token
+    per row, each the model's forward pass over a :class:`~multihead.cache.DecoderCaches`."""
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.device = model.src_embed.weight.device
-        self.layers: list[_StepWeights] | None = None  # laid out at the first step that needs them
-        self.output: Affine | None = None
+
+    def encode(
+        self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``src (N, Ls)`` encoded: the memory ``(N, Ls, E)`` and its key mask ``(N, Ls)`` (from the config's
+        ``pad_id`` when not given; ``None``: every position real)."""
+        src_key_mask = self.model._key_mask(src, src_key_mask)
+        return self.model._encode(src, src_key_mask), src_key_mask
 
     def project_memory(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
         return [layer.cross_attn._project_keys_values(memory, memory) for layer in self.model.decoder.layers]
 
     def step(
         self,
         tokens: torch.Tensor,
-        cache: DecoderCache,
+        cache: DecoderCaches,
         memory_key_mask: torch.Tensor | None,
         self_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """As :meth:`multihead.decoding.Steps.step`; also, in evaluation mode, for caches whose rows hold their tokens
-        at different positions: ``cache.length`` then one per row ``(N,)``, and ``self_mask (N, 1, 1, L)`` the cached
-        keys each row attends."""
-        model = self.model
-        if model.training:
-            if self_mask is not None:
-                raise ValueError("`self_mask`: decoding steps take one only in evaluation mode (model.eval())")
-            logits = model._decode(tokens, None, memory_key_mask, None, cache)[:, -1]
-        else:
-            if self.layers is None:
-                self.layers, self.output = model._step_layout()
-            hidden = model._embed(model.tgt_embed, tokens, cache.length)[:, 0]  # (N, E)
-            memory_mask = key_layout(memory_key_mask, OPS)  # (N, 1, 1, Ls)
-            logits = self.output(
-                model.decoder._step(hidden, cache, weights=self.layers, memory_mask=memory_mask, self_mask=self_mask)
-            )
-        return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        """Log-probabilities ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions
+        ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
+        projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_mask (N|1, L)``: the keys each row
+        attends of those the self-attention caches give (default: all)."""
+        logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[:, -1]  # (N, V)
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def recompute(
         self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None

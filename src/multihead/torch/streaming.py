@@ -1,0 +1,296 @@
+"""Continuous batching: sentences join and leave one running batch at every decoding step (greedy or sampling).
+
+``generate`` decodes a batch until its longest sentence ends, so the batch shrinks as its sentences end. A service
+whose requests arrive a few at a time would decode small batches that shrink in turn, paying a step's fixed cost
+(reading every decoder weight) for a few rows. A :class:`Stream` keeps the sentences being translated in one batch
+that changes at every step instead: a sentence leaves as soon as it ends (EOS, or its length limit) and those
+waiting join before a step, their sources encoded together. Each step is the model's forward pass over the stream's
+caches (:class:`~multihead.cache.StepCache`), through its public decoding steps (``model.decoder_steps()``).
+
+The decoder's keys and values are kept in shared columns: a step writes every row's new key and value at the same
+column, and a row that joins starts at the next column, so each row holds its tokens at columns ``start..length``
+and attends those (the columns before its start masked), at its own positions (``length - start``: the caches'
+``length`` is one per row). Its encoder memory's projections are at ``0..Ls`` of its row, the rest masked. The rows
+in use are packed at the front of the buffers: a sentence that leaves is replaced by the last row. When the columns
+run out, the columns every row still uses move to the front. A sentence gets the tokens the same search gives it in
+a batch of its own, up to float rounding (that of a batch of other sizes and padding, as between ``generate``'s
+batches); a sampled one draws from a generator seeded by the search's seed and its own key, as in ``generate``.
+
+Notation: N rows in use, R rows the buffers hold, C columns the self-attention buffers hold, S columns the
+cross-attention buffers hold, H key/value heads, D head dim, E d_model, n sentences joining.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from multihead.cache import StepCache
+from multihead.decoding import SearchOptions, sample, sentence_generators
+from multihead.torch.transformer import Transformer
+from multihead.validation import check_positive_int
+
+__all__ = ["JOIN_AFTER", "Stream"]
+
+JOIN_AFTER = 3
+"""The most steps sentences wait to join while others decode (see :class:`Stream`)."""
+
+
+def _pow2(size: int) -> int:
+    return 1 << max(0, size - 1).bit_length()
+
+
+class _Buffers:
+    """Every decoder layer's keys and values of one kind of attention (self or cross), in one buffer ``(2 * layers,
+    R, H, C|S, D)``: layer ``i``'s keys at ``2 * i``, its values at ``2 * i + 1``. What a step reads is set before it:
+    the rows in use, the ``columns`` they use, and each row's position (``length``)."""
+
+    def __init__(self, layers: int) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.rows = 0
+        self.columns = slice(0, 0)
+        self.length: torch.Tensor | None = None  # (N,)
+        self.layers = [_Layer(self, 2 * index) for index in range(layers)]
+
+    def fit(self, rows: int, columns: int, like: torch.Tensor) -> None:
+        """A buffer of at least ``rows`` rows and ``columns`` columns (powers of two), for keys and values shaped
+        like ``like`` ``(n, H, l, D)``, keeping what it held; zeros elsewhere (a masked column is never NaN)."""
+        held = self.buffer.shape[1:4] if self.buffer is not None else (0, 0, 0)
+        if rows <= held[0] and columns <= held[2]:
+            return
+        size = (max(held[0], _pow2(rows)), max(held[2], _pow2(columns)))
+        grown = like.new_zeros((2 * len(self.layers), size[0], like.shape[1], size[1], like.shape[3]))
+        if self.buffer is not None:
+            grown[:, : held[0], :, : held[2]] = self.buffer
+        self.buffer = grown
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Layer ``layer``'s rows ``start..start + n`` get ``keys`` and ``values`` ``(n, H, l, D)`` at columns
+        ``0..l``."""
+        rows, length = slice(start, start + keys.shape[0]), keys.shape[2]
+        self.buffer[2 * layer, rows, :, :length] = keys
+        self.buffer[2 * layer + 1, rows, :, :length] = values
+
+    def move_rows(self, targets: Sequence[int], sources: Sequence[int], columns: slice) -> None:
+        """Rows ``targets`` take what rows ``sources`` (none of them a target) hold at ``columns``: a copy each,
+        cheaper than gathering the few rows that move."""
+        for target, source in zip(targets, sources, strict=True):
+            self.buffer[:, target, :, columns] = self.buffer[:, source, :, columns]
+
+    def move_columns(self, rows: int, start: int, stop: int) -> None:
+        """Columns ``start..stop`` of the first ``rows`` rows to the front."""
+        self.buffer[:, :rows, :, : stop - start] = self.buffer[:, :rows, :, start:stop].clone()
+
+
+class _Layer(StepCache):
+    """One layer's part of :class:`_Buffers`, as the layer's attention reads its cache: ``keys`` and ``values`` ``(N,
+    H, span, D)``; in self-attention ``append`` writes the step's at the last column read."""
+
+    def __init__(self, buffers: _Buffers, index: int) -> None:
+        self.buffers, self.index = buffers, index
+
+    @property
+    def keys(self) -> torch.Tensor:
+        buffers = self.buffers
+        return buffers.buffer[self.index, : buffers.rows, :, buffers.columns]
+
+    @property
+    def values(self) -> torch.Tensor:
+        buffers = self.buffers
+        return buffers.buffer[self.index + 1, : buffers.rows, :, buffers.columns]
+
+    @property
+    def length(self) -> torch.Tensor:
+        return self.buffers.length
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        buffers = self.buffers
+        column = buffers.columns.stop - 1
+        buffers.buffer[self.index, : buffers.rows, :, column] = keys[:, :, 0]
+        buffers.buffer[self.index + 1, : buffers.rows, :, column] = values[:, :, 0]
+        return self.keys, self.values
+
+
+@dataclass
+class _Caches:
+    """The decoder's caches as its forward pass reads them (a :class:`multihead.cache.DecoderCaches`), each row at its
+    own position."""
+
+    own: _Buffers
+    memory: _Buffers
+
+    @property
+    def self_attention(self) -> list[_Layer]:
+        return self.own.layers
+
+    @property
+    def cross_attention(self) -> list[_Layer]:
+        return self.memory.layers
+
+    @property
+    def length(self) -> torch.Tensor:
+        return self.own.length
+
+
+@dataclass
+class _Sentence:
+    owner: object  # what :meth:`Stream.step` returns with the translation
+    limit: int  # the most tokens it may take
+    generator: np.random.Generator | None  # its draws, when sampling
+    tokens: list[int] = field(default_factory=list)
+
+
+class Stream:
+    """Sentences (token ids) translated by ``model`` as ``search`` says (greedy or sampling: one row a sentence), at
+    most ``rows`` at a time: :meth:`add` queues one, :meth:`step` lets those waiting join and decodes one token of
+    each. Those waiting join once they are a quarter of the rows decoding, or have waited :data:`JOIN_AFTER` steps, or
+    nothing is decoding: encoding a few sources at a time costs much more per source than a step. The model should
+    be in evaluation mode."""
+
+    def __init__(self, model: Transformer, *, rows: int, search: SearchOptions, bos_id: int, eos_id: int) -> None:
+        if search.strategy == "beam":
+            raise ValueError("a Stream decodes one row a sentence: beam search (beam_size > 1) translates in batches")
+        self.model, self.search = model, search
+        self.max_rows = check_positive_int("rows", rows)
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.device = model.src_embed.weight.device
+        layers = len(model.decoder.layers)
+        self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
+        self.cache = _Caches(self.own, self.memory)
+        self.steps = model.decoder_steps()
+        self.sentences: list[_Sentence] = []  # row i's
+        self.waiting: deque[tuple[Sequence[int], object, int, int]] = deque()  # ids, owner, limit, key
+        self.tokens = np.zeros(0, dtype=np.int64)  # (N,) each row's last token
+        self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of its first token
+        self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
+        self.length = 0  # the columns written: a step writes column `length`
+        self.waited = 0  # steps since sentences began waiting to join
+
+    def __len__(self) -> int:
+        """Sentences in the stream or waiting to join."""
+        return len(self.sentences) + len(self.waiting)
+
+    def add(self, ids: Sequence[int], owner: object, *, limit: int, key: int = 0) -> None:
+        """Queue source ``ids`` (at most the model's ``max_len``, not empty), translated into at most ``limit`` tokens
+        (and the search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
+        ``generate`` call would)."""
+        self.waiting.append((ids, owner, int(self.search.limit(limit, 1)[0]), key))
+
+    def clear(self) -> list[object]:
+        """Drop every sentence; their owners."""
+        owners = [sentence.owner for sentence in self.sentences] + [owner for _, owner, _, _ in self.waiting]
+        self.sentences, self.waiting = [], deque()
+        self._keep(np.zeros(0, dtype=np.int64))
+        return owners
+
+    def step(self) -> list[tuple[object, list[int]]]:
+        """Let those waiting join (as many as there is room for), decode one token of every sentence; the sentences
+        that ended, as (owner, tokens up to EOS or the limit)."""
+        with torch.inference_mode():
+            self._join()
+            if not self.sentences:
+                return []
+            chosen = self._decode()
+            ended = []
+            for row, (sentence, token) in enumerate(zip(self.sentences, chosen.tolist(), strict=True)):
+                sentence.tokens.append(token)
+                if token == self.eos_id or len(sentence.tokens) == sentence.limit:
+                    ended.append(row)
+            self.tokens = chosen
+            finished = [(self.sentences[row].owner, self.sentences[row].tokens) for row in ended]
+            self._leave(ended)
+        return finished
+
+    def _join(self) -> None:
+        count = min(self.max_rows - len(self.sentences), len(self.waiting))
+        if count <= 0:
+            return
+        if self.sentences and count * 4 < len(self.sentences) and self.waited < JOIN_AFTER:
+            self.waited += 1
+            return
+        self.waited = 0
+        # They stay waiting until they have joined: a failure before then fails them too (see clear).
+        joining = [self.waiting[index] for index in range(count)]
+        lengths = np.array([len(ids) for ids, _, _, _ in joining], dtype=np.int64)
+        src = np.full((count, lengths.max()), self.model.config.pad_id or 0, dtype=np.int64)  # (n, Ls)
+        for row, (ids, _, _, _) in enumerate(joining):
+            src[row, : len(ids)] = ids
+        key_mask = torch.from_numpy(np.arange(src.shape[1]) < lengths[:, None]).to(self.device)  # (n, Ls)
+        memory, _ = self.steps.encode(torch.from_numpy(src).to(self.device), key_mask)  # (n, Ls, E)
+        start, rows = len(self.sentences), len(self.sentences) + count
+        for index, (keys, values) in enumerate(self.steps.project_memory(memory)):  # (n, H, Ls, D) each
+            self.memory.fit(rows, keys.shape[2], keys)
+            self.memory.write(index, start, keys, values)
+        self.own.fit(rows, self.length + 1, keys)  # self-attention's keys and values are shaped as cross-attention's
+        for _ in range(count):
+            self.waiting.popleft()
+        keys_drawn = [key for _, _, _, key in joining]
+        generators = sentence_generators(self.search.seed, keys_drawn) if self.search.strategy == "sample" else None
+        self.sentences += [
+            _Sentence(owner, limit, None if generators is None else generators[index])
+            for index, (_, owner, limit, _) in enumerate(joining)
+        ]
+        self.tokens = np.concatenate([self.tokens, np.full(count, self.bos_id, dtype=np.int64)])
+        self.starts = np.concatenate([self.starts, np.full(count, self.length, dtype=np.int64)])
+        self.sources = np.concatenate([self.sources, lengths])
+
+    def _columns(self) -> int:
+        """The first column any row uses, once column ``length`` exists (the columns in use moved to the front when
+        they have run out)."""
+        first = int(self.starts.min())
+        if self.length < self.own.buffer.shape[3]:
+            return first
+        self.own.move_columns(len(self.sentences), first, self.length)
+        self.own.fit(len(self.sentences), self.length - first + 1, self.own.buffer[0])
+        self.starts -= first
+        self.length -= first
+        return 0
+
+    def _decode(self) -> np.ndarray:
+        """One token of every row, chosen as the search says; ``(N,)``."""
+        count = len(self.sentences)
+        first = self._columns()
+        source_span = int(self.sources.max())
+        self.own.rows, self.own.columns = count, slice(first, self.length + 1)
+        self.memory.rows, self.memory.columns = count, slice(0, source_span)
+        self.own.length = torch.from_numpy(self.length - self.starts).to(self.device)  # (N,) each row's position
+        # A row attends its own columns (the others masked), and its source's.
+        self_mask = memory_mask = None
+        if first != self.starts.max():
+            columns = torch.arange(first, self.length + 1, device=self.device)
+            self_mask = columns >= torch.from_numpy(self.starts).to(self.device)[:, None]  # (N, span)
+        if source_span != self.sources.min():
+            sources = torch.from_numpy(self.sources).to(self.device)
+            memory_mask = torch.arange(source_span, device=self.device) < sources[:, None]  # (N, S)
+        tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
+        log_probs = self.steps.step(tokens, self.cache, memory_mask, self_mask)
+        self.length += 1
+        if self.search.strategy == "greedy":
+            return self.steps.argmax(log_probs)
+        return sample(self.steps, log_probs, [sentence.generator for sentence in self.sentences], self.search)
+
+    def _leave(self, ended: Sequence[int]) -> None:
+        """Rows ``ended`` leave; the last rows take their places."""
+        if not ended:
+            return
+        count = len(self.sentences) - len(ended)
+        gone = set(ended)
+        holes = [row for row in ended if row < count]
+        donors = [row for row in range(count, len(self.sentences)) if row not in gone]  # as many as holes
+        if holes:
+            self.own.move_rows(holes, donors, slice(int(self.starts.min()), self.length))
+            self.memory.move_rows(holes, donors, slice(0, int(self.sources.max())))
+        order = np.arange(count)
+        order[holes] = donors
+        self._keep(order)
+
+    def _keep(self, order: np.ndarray) -> None:
+        """The host's state of rows ``order``, in that order."""
+        self.sentences = [self.sentences[row] for row in order]
+        self.tokens, self.starts, self.sources = (x[order] for x in (self.tokens, self.starts, self.sources))
+        if not len(order):
+            self.length = 0

@@ -1,0 +1,89 @@
+"""Continuous batching in the library (``multihead.torch.streaming.Stream``) on a small random model: sentences that
+join a running batch at random steps get what ``generate`` gives each of them alone, greedy and sampled.
+
+Notation: B batch, Ls source length.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from multihead import decoding
+from multihead.decoding import SearchOptions
+from multihead.torch import Transformer
+from multihead.torch.streaming import Stream
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(20, 23, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64,
+                       pad_id=PAD).double().eval()  # fmt: skip
+
+
+def sources(count: int) -> list[list[int]]:
+    rng = random.Random(count)
+    return [[rng.randrange(3, 20) for _ in range(rng.randrange(1, 9))] for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("search", "rows"),
+    [
+        (SearchOptions(), 3),
+        (SearchOptions(), 64),
+        (SearchOptions(sampling_topk=0, sampling_temperature=2.0, seed=1), 3),
+    ],
+    ids=["greedy-3-rows", "greedy-64-rows", "sampled-3-rows"],
+)
+def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, rows: int) -> None:
+    """Sentences with limits of their own join at random steps (a sampled one with its own key); each gets the tokens
+    ``generate`` gives its source alone with that limit and key, up to its EOS."""
+    transformer, texts = model(), sources(12)
+    limits = [3 + index % 7 for index in range(len(texts))]
+    stream = Stream(transformer, rows=rows, search=search, bos_id=BOS, eos_id=EOS)
+    rng, pending, got = random.Random(0), list(range(len(texts))), {}
+    while pending or len(stream):
+        while pending and rng.random() < 0.5:
+            index = pending.pop(0)
+            stream.add(texts[index], index, limit=limits[index], key=index)
+        got.update(stream.step())
+    assert sorted(got) == list(range(len(texts)))
+    for index, ids in enumerate(texts):
+        with torch.inference_mode():
+            session = transformer.decoding_session(torch.tensor([ids]), max_len=limits[index])
+            alone = decoding.generate(session, 1, search, max_len=limits[index], bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                                      keys=[index])[0].tolist()  # fmt: skip
+        expected = alone[: alone.index(EOS) + 1] if EOS in alone else alone
+        assert got[index] == expected, index
+    if search.strategy == "sample":
+        greedy = Stream(transformer, rows=rows, search=SearchOptions(), bos_id=BOS, eos_id=EOS)
+        for index, ids in enumerate(texts):
+            greedy.add(ids, index, limit=limits[index])
+        answers = {}
+        while len(greedy):
+            answers.update(greedy.step())
+        assert answers != got  # it did sample
+
+
+def test_a_stream_takes_one_row_a_sentence() -> None:
+    with pytest.raises(ValueError, match="beam search"):
+        Stream(model(), rows=4, search=SearchOptions(beam_size=2), bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="`rows` must be a positive int"):
+        Stream(model(), rows=0, search=SearchOptions(), bos_id=BOS, eos_id=EOS)
+
+
+def test_max_length_caps_every_sentence() -> None:
+    transformer = model()
+    with torch.no_grad():
+        transformer.output_proj.bias[EOS] = -1e9  # no sentence ends before its limit
+    stream = Stream(transformer, rows=4, search=SearchOptions(max_length=2), bos_id=BOS, eos_id=EOS)
+    for index, ids in enumerate(sources(3)):
+        stream.add(ids, index, limit=5)
+    got = {}
+    while len(stream):
+        got.update(stream.step())
+    assert [len(tokens) for _, tokens in sorted(got.items())] == [2, 2, 2]
