@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import NumpyKVCache
-from multihead.cache import DecoderCache, KVCacheBase, attended, check_decoder_cache
+from multihead.cache import DecoderCache, KVCacheBase, attended, check_decoder_cache, reuses_memory
 from multihead.torch import KVCache
 
 FRONT_ENDS = {
@@ -41,7 +41,7 @@ def numpy_of(x: object) -> np.ndarray:
 def test_self_attention_attends_everything_cached_plus_the_new_tokens(front_end) -> None:
     cache_type, tensor = front_end
     cache = cache_type()
-    assert not cache.reuses_memory(self_attention=True)
+    assert not reuses_memory(cache, self_attention=True)
     assert cache.key_length(self_attention=True, new=3) == 3
     assert cache.key_length(self_attention=True, new=None) is None  # not known before the call says
     chunks = [keys_values(2, n, seed) for seed, n in enumerate([3, 1, 2])]
@@ -51,7 +51,7 @@ def test_self_attention_attends_everything_cached_plus_the_new_tokens(front_end)
         keys, values = attended(cache, True, lambda k=k, v=v: (tensor(k), tensor(v)))
         np.testing.assert_array_equal(numpy_of(keys), np.concatenate([c[0] for c in chunks[: index + 1]], axis=2))
         np.testing.assert_array_equal(numpy_of(values), np.concatenate([c[1] for c in chunks[: index + 1]], axis=2))
-        assert not cache.reuses_memory(self_attention=True)
+        assert not reuses_memory(cache, self_attention=True)
     assert cache.length == 6
 
 
@@ -65,13 +65,13 @@ def test_cross_attention_projects_the_memory_once_then_reuses_it(front_end) -> N
         projections.append(True)
         return tensor(memory[0]), tensor(memory[1])
 
-    assert not cache.reuses_memory(self_attention=False)
+    assert not reuses_memory(cache, self_attention=False)
     assert cache.key_length(self_attention=False, new=7) == 7
     for _ in range(3):
         keys, values = attended(cache, False, project)
         np.testing.assert_array_equal(numpy_of(keys), memory[0])
         np.testing.assert_array_equal(numpy_of(values), memory[1])
-        assert cache.reuses_memory(self_attention=False)
+        assert reuses_memory(cache, self_attention=False)
         assert cache.key_length(self_attention=False, new=99) == 7  # the memory kept, whatever the call brings
     assert len(projections) == 1
     assert cache.length == 7

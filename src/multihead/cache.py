@@ -73,9 +73,14 @@ def attended(
     one; in cross-attention, the memory ``cache`` already holds, projected by an earlier call."""
     if cache is None:
         return project()
-    if not self_attention and cache.keys is not None:
+    if reuses_memory(cache, self_attention):
         return cache.keys, cache.values
     return cache.append(*project())
+
+
+def reuses_memory(cache: StepCache, self_attention: bool) -> bool:
+    """Whether a call reuses the projected memory ``cache`` holds (cross-attention after its first call)."""
+    return not self_attention and cache.keys is not None
 
 
 class KVCacheBase(StepCache):
@@ -150,13 +155,9 @@ class KVCacheBase(StepCache):
                 "(another batch, or another module's cache?)"
             )
 
-    def reuses_memory(self, self_attention: bool) -> bool:
-        """Whether a call reuses the projected memory already here (cross-attention after its first call)."""
-        return not self_attention and self._length > 0
-
     def key_length(self, self_attention: bool, new: int | None) -> int | None:
         """The keys a call attends, ``Lk``, once its ``new`` keys are in (``None``: not known yet)."""
-        if self.reuses_memory(self_attention):
+        if reuses_memory(self, self_attention):
             return self._length
         if self_attention:
             return None if new is None else self._length + new
@@ -166,7 +167,7 @@ class KVCacheBase(StepCache):
         self, self_attention: bool, batch: int, new: int | None, kv_heads: int, key_dim: int, value_dim: int
     ) -> None:
         """Refuse, before anything is projected, a call this cache cannot serve."""
-        if self.reuses_memory(self_attention):
+        if reuses_memory(self, self_attention):
             self.check_reuse(batch)
         elif new is not None:
             self.check_append(batch, new, kv_heads, key_dim, value_dim)

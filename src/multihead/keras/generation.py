@@ -70,13 +70,11 @@ class Generating(Protocol):
         ...
 
 
-class _SelfBuffer(StepCache):
-    """One layer's self-attention cache inside a traced step: a ``(N, Hkv, C, D)`` buffer for keys and one for
-    values, written at ``position`` (a scalar tensor); the attention reads all of it, its key mask leaving out the
-    positions not written yet."""
+class _Buffer(StepCache):
+    """Keys and values inside a traced step, as a layer's attention reads them."""
 
-    def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:
-        self._keys, self._values, self._position = keys, values, position
+    def __init__(self, keys: Tensor, values: Tensor) -> None:
+        self._keys, self._values = keys, values
 
     @property
     def keys(self) -> Tensor:
@@ -85,6 +83,16 @@ class _SelfBuffer(StepCache):
     @property
     def values(self) -> Tensor:
         return self._values
+
+
+class _SelfBuffer(_Buffer):
+    """One layer's self-attention cache inside a traced step: a ``(N, Hkv, C, D)`` buffer for keys and one for
+    values, written at ``position`` (a scalar tensor); the attention reads all of it, its key mask leaving out the
+    positions not written yet."""
+
+    def __init__(self, keys: Tensor, values: Tensor, position: Tensor) -> None:
+        super().__init__(keys, values)
+        self._position = position
 
     @property
     def length(self) -> Tensor:
@@ -105,19 +113,8 @@ def _start(position: Tensor, axis: int, rank: int) -> tuple[Tensor, ...]:
     return tuple(position if index == axis else zero for index in range(rank))
 
 
-class _MemoryBuffer(StepCache):
+class _MemoryBuffer(_Buffer):
     """One layer's cross-attention keys and values, projected from the memory by the start program."""
-
-    def __init__(self, keys: Tensor, values: Tensor) -> None:
-        self._keys, self._values = keys, values
-
-    @property
-    def keys(self) -> Tensor:
-        return self._keys
-
-    @property
-    def values(self) -> Tensor:
-        return self._values
 
     @property
     def length(self) -> int:
