@@ -73,8 +73,8 @@ def attended(
     one; in cross-attention, the memory ``cache`` already holds, projected by an earlier call."""
     if cache is None:
         return project()
-    if reuses_memory(cache, self_attention):
-        return cache.keys, cache.values
+    if not self_attention and (keys := cache.keys) is not None:  # the memory (:func:`reuses_memory`)
+        return keys, cache.values
     return cache.append(*project())
 
 
@@ -181,8 +181,8 @@ class KVCacheBase(StepCache):
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Add ``(B, Hkv, n, D)`` keys and values; return everything cached, ``(B, Hkv, L + n, D)``."""
-        batch, kv_heads, new, key_dim = (int(d) for d in keys.shape)
-        cached = None if self._keys is None else tuple(int(d) for d in self._keys.shape)
+        batch, kv_heads, new, key_dim = map(int, keys.shape)
+        cached = None if self._keys is None else tuple(map(int, self._keys.shape))
         if cached is not None and (cached[0], cached[1], cached[3]) != (batch, kv_heads, key_dim):
             raise ValueError(
                 f"cached keys have shape (B, Hkv, L, Dk)={tuple(self._keys.shape)}, "

@@ -218,8 +218,8 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
         return with_cache
 
     first = decodes_as_its_weights_say()
-    layout = model._output_layout(model.output_proj)
-    assert model._output_layout(model.output_proj) is layout  # nothing changed: kept
+    layout = model._output_layout()
+    assert model._output_layout() is layout  # nothing changed: kept
     with torch.no_grad():
         model.decoder.layers[0].feed_forward.linear1.weight.mul_(3.0)
         model.output_proj.bias[5] += 4.0
@@ -234,7 +234,7 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
     decodes_as_its_weights_say()
     model.output_proj.weight = nn.Parameter(torch.randn_like(model.output_proj.weight))
     decodes_as_its_weights_say()
-    assert model._output_layout(model.output_proj) is not layout
+    assert model._output_layout() is not layout
 
 
 @pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])

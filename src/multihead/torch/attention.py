@@ -18,6 +18,10 @@ N rows of one token each.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -81,41 +85,62 @@ def is_step(x: torch.Tensor) -> bool:
     return x.shape[1] == 1 and not torch.is_grad_enabled()
 
 
+_SESSION: ContextVar[object | None] = ContextVar("multihead_decoding_session", default=None)
+"""The decoding session whose steps run now (see :func:`weights_fixed_within`)."""
+
+
+@contextlib.contextmanager
+def weights_fixed_within(session: object) -> Iterator[None]:
+    """Run a decoding step of ``session`` (any object, one per decoding session): the weights do not change within a
+    session, so each :class:`StepLayout` checks its weights once per session instead of at every step."""
+    token = _SESSION.set(session)
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
+
+
+@dataclass
+class _Kept:
+    weights: list[torch.Tensor]
+    versions: list[tuple[int, int]]
+    affine: Affine
+    session: object | None  # the decoding session it was last checked in
+
+
 class StepLayout:
-    """Linears that read one input, laid out as one :class:`Affine` for decoding steps, and kept until one of their
-    weights changes: another tensor, or one written in place (PyTorch counts such writes: optimizer steps,
-    ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). Weights made in inference
-    mode have no such count, and linears that are not ``nn.Linear`` (int8 ones) no weights to lay out: those run as
-    they are."""
+    """Linears of ``owner`` (named ``names``) that read one input, laid out as one :class:`Affine` for decoding steps,
+    and kept until one of their weights changes: another tensor, or one written in place (PyTorch counts such writes:
+    optimizer steps, ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). The
+    weights are checked at every call, or once per decoding session (:func:`weights_fixed_within`). Weights made in
+    inference mode have no such count, and linears that are not ``nn.Linear`` (int8 ones) no weights to lay out:
+    those run as they are."""
 
-    def __init__(self) -> None:
-        self._kept: tuple[list[torch.Tensor], list[tuple[int, int]], Affine] | None = None
+    def __init__(self, owner: nn.Module, *names: str) -> None:
+        self.owner, self.names = owner, names
+        self._kept: _Kept | None = None
 
-    def __call__(self, *linears: nn.Module) -> Affine:
+    def __call__(self) -> Affine:
+        kept, session = self._kept, _SESSION.get()
+        if kept is not None and session is not None and kept.session is session:
+            return kept.affine
+        linears = [getattr(self.owner, name) for name in self.names]
         if not all(isinstance(linear, nn.Linear) for linear in linears):
-            return Affine(None, None, linears)
+            return Affine(None, None, tuple(linears))
         weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
         if any(weight.is_inference() for weight in weights):
-            return Affine(None, None, linears)
+            return Affine(None, None, tuple(linears))
         versions = [(weight._version, weight.data_ptr()) for weight in weights]
-        kept = self._kept
-        if (
+        if not (
             kept is not None
-            and kept[1] == versions
-            and len(kept[0]) == len(weights)
-            and all(old is new for old, new in zip(kept[0], weights, strict=True))
+            and kept.versions == versions
+            and len(kept.weights) == len(weights)
+            and all(old is new for old, new in zip(kept.weights, weights, strict=True))
         ):
-            return kept[2]
-        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-            affine = Affine.of(*linears)
-        self._kept = (weights, versions, affine)
-        return affine
-
-    def linear(self, x: torch.Tensor, linear: nn.Module) -> torch.Tensor:
-        """``linear(x)`` for ``x (B, L, in)``, through the layout at a decoding step (:func:`is_step`)."""
-        if not is_step(x):
-            return linear(x)
-        return self(linear)(x.reshape(x.shape[0], -1))[:, None]  # (B, 1, out)
+            with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
+                kept = self._kept = _Kept(weights, versions, Affine.of(*linears), None)
+        kept.session = session
+        return kept.affine
 
 
 class KVCache(KVCacheBase):
@@ -268,7 +293,10 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(num_heads * value_head_dim, d_model, bias=bias)
         # The projections laid out for decoding steps: self-attention's query, key and value as one product, the
         # query's alone (cross-attention), the output's.
-        self._layouts = {"qkv": StepLayout(), "q": StepLayout(), "out": StepLayout()}
+        self._layouts = {
+            "qkv": StepLayout(self, "q_proj", "k_proj", "v_proj"), "q": StepLayout(self, "q_proj"),
+            "out": StepLayout(self, "out_proj"),
+        }  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
@@ -357,8 +385,10 @@ class MultiHeadAttention(nn.Module):
             implementation=self.implementation,
         )  # fmt: skip
         out, weights = result if return_weights else (result, None)
+        if step:  # (N, H, 1, Dv) -> (N, H*Dv) -> (N, 1, E)
+            return self._layouts["out"]()(out.reshape(batch, -1)).unsqueeze(1)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
-        out = self._layouts["out"].linear(out, self.out_proj) if step else self.out_proj(out)  # (B, Lq, E)
+        out = self.out_proj(out)  # (B, Lq, E)
         return (out, weights) if return_weights else out
 
     def _project_step(
@@ -374,9 +404,9 @@ class MultiHeadAttention(nn.Module):
         rows, queries = query.shape[0], self.num_heads * self.head_dim
         x = query.reshape(rows, -1)  # (N, qdim)
         if not self_attention:
-            q = self._layouts["q"](self.q_proj)(x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
+            q = self._layouts["q"]()(x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
             return (q, *attended(cache, False, lambda: self._project_keys_values(key, value)))
-        projected = self._layouts["qkv"](self.q_proj, self.k_proj, self.v_proj)(x)  # (N, H*Dk + Hkv*(Dk + Dv))
+        projected = self._layouts["qkv"]()(x)  # (N, H*Dk + Hkv*(Dk + Dv))
         q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
         k, v = projected[:, queries:].split(
             (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1

@@ -226,6 +226,7 @@ class Stream:
             self.memory.fit(rows, keys.shape[2], keys)
             self.memory.write(index, start, keys, values)
         self.own.fit(rows, self.length + 1, keys)  # self-attention's keys and values are shaped as cross-attention's
+        self.steps = self.model.decoder_steps()  # a new session: the weights' layouts checked again, as they are now
         for _ in range(count):
             self.waiting.popleft()
         keys_drawn = [key for _, _, _, key in joining]

@@ -26,7 +26,7 @@ from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens
 from multihead.positional import sinusoidal_positions
-from multihead.torch.attention import KVCache, MultiHeadAttention, StepLayout
+from multihead.torch.attention import KVCache, MultiHeadAttention, StepLayout, is_step, weights_fixed_within
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -80,16 +80,18 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff))
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-        self._layouts = (StepLayout(), StepLayout())  # the linears laid out for decoding steps
+        self._layouts = (StepLayout(self, "linear1"), StepLayout(self, "linear2"))  # laid out for decoding steps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, second = self._layouts
-        hidden = self._activate(first.linear(x, self.linear1))  # (B, L, d_ff)
-        return second.linear(self.dropout(hidden), self.linear2)
+        if not is_step(x):
+            return self.linear2(self.dropout(self._activate(self.linear1(x))))
+        first, second = self._layouts[0](), self._layouts[1]()  # laid out for the step
+        hidden = self._activate(first(x.reshape(x.shape[0], -1)))  # (N, d_ff): one position a sequence
+        return second(self.dropout(hidden) if self.training else hidden).unsqueeze(1)  # (N, 1, E)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
@@ -364,7 +366,7 @@ class Transformer(nn.Module):
             self.tgt_embed.weight = self.src_embed.weight
             self.output_proj.weight = self.src_embed.weight
             nn.init.zeros_(self.output_proj.bias)
-        self._output_layout = StepLayout()  # the output projection laid out for decoding steps
+        self._output_layout = StepLayout(self, "output_proj")  # laid out for decoding steps
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -437,7 +439,9 @@ class Transformer(nn.Module):
             return self.output_proj(hidden[0]), hidden[1]
         if not project:
             return hidden  # (B, Lt, E)
-        return self._output_layout.linear(hidden, self.output_proj)  # (B, Lt, V)
+        if is_step(hidden):  # (N, 1, E) -> (N, 1, V), the projection laid out for the step
+            return self._output_layout()(hidden.reshape(hidden.shape[0], -1)).unsqueeze(1)
+        return self.output_proj(hidden)  # (B, Lt, V)
 
     def forward(
         self,
@@ -553,7 +557,8 @@ class DecoderSteps:
         ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
         projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_mask (N|1, L)``: the keys each row
         attends of those the self-attention caches give (default: all)."""
-        logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[:, -1]  # (N, V)
+        with weights_fixed_within(self):  # its layouts checked once per session
+            logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[:, -1]  # (N, V)
         return torch.log_softmax(logits.float(), dim=-1)
 
     def recompute(
