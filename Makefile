@@ -51,6 +51,7 @@ notebooks: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs
 	$(BIN)/ruff format --check src tests benchmarks docs
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests benchmarks docs

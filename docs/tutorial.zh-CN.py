@@ -277,8 +277,8 @@ from multihead.app.translate import Translator
 
 run = OUT / "dates"
 result = train(TrainOptions(out=str(run), task="dates", steps=STEPS, resume=run.exists()))
-print(f"exact match on {result.heldout} held-out dates after {result.step} steps: {result.accuracy:.3f}")
-assert 0.0 <= result.accuracy <= 1.0
+print(f"after {result.step} steps, {result.summary}")
+assert 0.0 <= result.evaluation["accuracy"] <= 1.0
 
 translator = Translator(run)
 examples = ["21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021"]
@@ -527,7 +527,7 @@ result = train(
         resume=run.exists(),
     )
 )  # fmt: skip
-print(f"validation BLEU after {result.step} steps: {result.scores['bleu']:.2f}")
+print(f"validation BLEU after {result.step} steps: {result.evaluation['bleu']:.2f}")
 
 
 # %% [markdown]

@@ -14,6 +14,7 @@ import pytest
 import safetensors.numpy
 import torch
 
+import multihead.files
 import multihead.io as mio
 from multihead.io import load_model, load_weights, save_model, save_weights
 from multihead.torch import Transformer
@@ -243,7 +244,8 @@ def test_interrupted_save_model_leaves_the_previous_model_loadable(
             raise KeyboardInterrupt
         original(path, write)
 
-    monkeypatch.setattr(mio, "atomic_write", killed)
+    monkeypatch.setattr(mio, "atomic_write", killed)  # the weights
+    monkeypatch.setattr(multihead.files, "atomic_write", killed)  # the config (atomic_write_text)
     with pytest.raises(KeyboardInterrupt):
         save_model(model(d_ff=48), directory)
     monkeypatch.undo()

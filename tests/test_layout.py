@@ -162,7 +162,7 @@ def flag_definitions(path: Path, flags: set[str]) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         called = getattr(node.func, "attr", None) or getattr(node.func, "id", "") if isinstance(node, ast.Call) else ""
-        if called in ("add_argument", "Option"):
+        if called in ("add_argument", "Option", "option"):
             found += [arg.value for arg in node.args if isinstance(arg, ast.Constant) and arg.value in flags]
         elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
             items = node.values if isinstance(node, ast.Dict) else node.elts

@@ -73,8 +73,10 @@ def attended(
     one; in cross-attention, the memory ``cache`` already holds, projected by an earlier call."""
     if cache is None:
         return project()
-    if not self_attention and (keys := cache.keys) is not None:  # the memory (:func:`reuses_memory`)
-        return keys, cache.values
+    if not self_attention:
+        keys = cache.keys  # once: a KV cache slices its buffers at each read
+        if keys is not None:  # the memory, projected by an earlier call (:func:`reuses_memory`)
+            return keys, cache.values
     return cache.append(*project())
 
 
@@ -118,7 +120,13 @@ class KVCacheBase(StepCache):
         """A buffer of ``capacity`` positions whose first ``length`` hold rows ``rows`` of ``buffer``'s; ``spare`` is a
         buffer as long that no one reads any more (``None`` at first): a front end may write into it."""
         filled = self._take(buffer[:, :, : self._length], rows)  # (n, Hkv, L, D)
-        return self._write(self._empty(filled, self.capacity), filled, 0)
+        return self._write(self._empty(filled, self._capacity()), filled, 0)
+
+    def _capacity(self) -> int:
+        """The capacity of a preallocated cache."""
+        if self.capacity is None:
+            raise TypeError("a cache that grows by concatenation has no buffers to fill")
+        return self.capacity
 
     _moves_rows = False
     """Whether the front end moves rows within its buffers in place (:meth:`_move_rows`)."""
@@ -145,13 +153,14 @@ class KVCacheBase(StepCache):
             raise ValueError(
                 f"`cache`: KVCache capacity {self.capacity} exceeded: {self._length} cached + {new} new tokens"
             )
-        if self._keys is None:
+        keys, values = self._keys, self._values
+        if keys is None or values is None:
             return
-        cached = (int(self._keys.shape[0]), int(self._keys.shape[1]), int(self._keys.shape[3]))
-        if cached != (batch, kv_heads, key_dim) or int(self._values.shape[3]) != value_dim:
+        cached = (int(keys.shape[0]), int(keys.shape[1]), int(keys.shape[3]))
+        if cached != (batch, kv_heads, key_dim) or int(values.shape[3]) != value_dim:
             raise ValueError(
-                f"`cache` holds keys (B, Hkv, L, Dk)={tuple(self._keys.shape)} and values of Dv="
-                f"{self._values.shape[3]}; this call brings B={batch}, Hkv={kv_heads}, Dk={key_dim}, Dv={value_dim} "
+                f"`cache` holds keys (B, Hkv, L, Dk)={tuple(keys.shape)} and values of Dv="
+                f"{values.shape[3]}; this call brings B={batch}, Hkv={kv_heads}, Dk={key_dim}, Dv={value_dim} "
                 "(another batch, or another module's cache?)"
             )
 
@@ -185,8 +194,7 @@ class KVCacheBase(StepCache):
         cached = None if self._keys is None else tuple(map(int, self._keys.shape))
         if cached is not None and (cached[0], cached[1], cached[3]) != (batch, kv_heads, key_dim):
             raise ValueError(
-                f"cached keys have shape (B, Hkv, L, Dk)={tuple(self._keys.shape)}, "
-                f"received new keys of shape {tuple(keys.shape)}"
+                f"cached keys have shape (B, Hkv, L, Dk)={cached}, received new keys of shape {tuple(keys.shape)}"
             )
         self.check_append(batch, new, kv_heads, key_dim, int(values.shape[3]))
         return self._append(keys, values)

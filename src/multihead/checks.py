@@ -19,7 +19,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from multihead import masks
-from multihead.cache import DecoderCache, check_decoder_cache, check_decoder_cache_call, check_layer_caches
+from multihead.cache import (
+    DecoderCache,
+    KVCacheBase,
+    check_decoder_cache,
+    check_decoder_cache_call,
+    check_layer_caches,
+)
 from multihead.config import TransformerConfig
 from multihead.masks import MaskOps
 from multihead.validation import (
@@ -49,7 +55,7 @@ class TensorOps(MaskOps, Protocol):
     noun: str
     """How messages name this front end's tensors: ``"a torch.Tensor"``, ``"a tensor"``."""
 
-    def is_tensor(self, x: object) -> bool: ...
+    def is_tensor(self, x: Tensor) -> bool: ...
 
     def kind(self, x: Tensor) -> str:
         """The kind of ``x``'s dtype: ``"bool"``, ``"float"``, ``"int"`` or ``"other"``."""
@@ -81,13 +87,13 @@ class TensorOps(MaskOps, Protocol):
 # --- single tensors ---------------------------------------------------------------------------------------
 
 
-def check_tensor(name: str, x: object, ops: TensorOps, what: str = "") -> Tensor:
+def check_tensor(name: str, x: Tensor, ops: TensorOps, what: str = "") -> Tensor:
     if not ops.is_tensor(x):
         raise TypeError(f"`{name}` must be {ops.noun}{what}, received {type(x).__name__}")
     return x
 
 
-def check_hidden(name: str, x: object, width: int, ops: TensorOps, parameter: Tensor | None = None) -> Tensor:
+def check_hidden(name: str, x: Tensor, width: int, ops: TensorOps, parameter: Tensor | None = None) -> Tensor:
     """``x`` is a floating ``(B, L, width)`` tensor that a module with weights like ``parameter`` can compute on."""
     check_tensor(name, x, ops)
     if ops.kind(x) != "float":
@@ -98,20 +104,20 @@ def check_hidden(name: str, x: object, width: int, ops: TensorOps, parameter: Te
     return x
 
 
-def check_mask_tensor(name: str, mask: object, ops: TensorOps, *, allow_float: bool = True) -> None:
+def check_mask_tensor(name: str, mask: Tensor, ops: TensorOps, *, allow_float: bool = True) -> None:
     """A mask must be a tensor, boolean (``True`` = attend) or, where allowed, floating (added to the scores)."""
     check_tensor(name, mask, ops, " or None")
     check_mask_dtype(name, ops.kind(mask), ops.dtype(mask), allow_float=allow_float)
 
 
-def check_key_mask(name: str, key_mask: object, batch: int | None, length: int | None, ops: TensorOps) -> None:
+def check_key_mask(name: str, key_mask: Tensor, batch: int | None, length: int | None, ops: TensorOps) -> None:
     """``None``, or a boolean ``(B, L)`` tensor, ``True`` at real tokens."""
     if key_mask is not None:
         check_mask_tensor(name, key_mask, ops, allow_float=False)
         check_padding_mask_shape(name, tuple(key_mask.shape), batch, length)
 
 
-def check_token_ids(name: str, tokens: object, ops: TensorOps) -> None:
+def check_token_ids(name: str, tokens: Tensor, ops: TensorOps) -> None:
     """Token ids: an integer tensor ``(B, L)``."""
     check_tensor(name, tokens, ops, " of token ids")
     if ops.kind(tokens) != "int":
@@ -120,7 +126,7 @@ def check_token_ids(name: str, tokens: object, ops: TensorOps) -> None:
         raise ValueError(f"`{name}` must be 2-D (B, L), received {name}.shape={tuple(tokens.shape)}")
 
 
-def check_tokens(name: str, tokens: object, vocab: int, max_len: int, ops: TensorOps, offset: int = 0) -> None:
+def check_tokens(name: str, tokens: Tensor, vocab: int, max_len: int, ops: TensorOps, offset: int = 0) -> None:
     """Token ids ``(B, L)`` in ``[0, vocab)`` (checked when their values are known: eager calls), at positions
     ``offset .. offset + L - 1`` within ``max_len``."""
     check_token_ids(name, tokens, ops)
@@ -137,9 +143,9 @@ def check_lengths(lengths: Tensor, max_len: int, ops: TensorOps) -> None:
         raise DTypeError(f"`lengths` must hold integers, received dtype {ops.dtype(lengths)}")
     if len(lengths.shape) != 1:
         raise ValueError(f"`lengths` must be 1-D (B,), received lengths.shape={tuple(lengths.shape)}")
-    found = ops.value_range(lengths)
-    if found is not None and (found[0] < 0 or found[1] > max_len):
-        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {ops.values(lengths).tolist()}")
+    found, values = ops.value_range(lengths), ops.values(lengths)
+    if found is not None and values is not None and (found[0] < 0 or found[1] > max_len):
+        raise ValueError(f"`lengths` must lie in [0, max_len={max_len}], received {values.tolist()}")
 
 
 def check_pad_id(pad_id: object) -> int:
@@ -151,7 +157,7 @@ def check_pad_id(pad_id: object) -> int:
 # --- the attention functions --------------------------------------------------------------------------------
 
 
-def check_qkv(q: object, k: object, v: object, ops: TensorOps, *, packed: bool = False) -> None:
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, ops: TensorOps, *, packed: bool = False) -> None:
     """Floating ``q``, ``k``, ``v`` of one dtype (and one device), laid out as :func:`check_attention_shapes` says."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, ops)
@@ -167,7 +173,7 @@ def check_qkv(q: object, k: object, v: object, ops: TensorOps, *, packed: bool =
 
 
 def check_functional_mask(
-    name: str, mask: object, target: tuple[int | None, ...], layout: str, device: object, ops: TensorOps
+    name: str, mask: Tensor, target: tuple[int | None, ...], layout: str, device: object, ops: TensorOps
 ) -> None:
     """A functional mask: bool or float, broadcastable to ``target`` (named ``layout``), on the inputs' device."""
     check_mask_tensor(name, mask, ops)
@@ -187,16 +193,16 @@ def check_attention_options(
     """The options of an attention function; returns the scale (``None``: the default ``1/sqrt(Dk)``)."""
     check_flag("causal", causal)
     check_dropout("dropout", dropout)
-    check_flag("return_weights", return_weights)
-    check_implementation(implementation, implementations, return_weights=return_weights)
+    weights = check_flag("return_weights", return_weights)
+    check_implementation(implementation, implementations, return_weights=weights)
     return check_scale(scale)
 
 
 def check_attention(
-    q: object,
-    k: object,
-    v: object,
-    mask: object,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
     ops: TensorOps,
     *,
     causal: object,
@@ -248,16 +254,14 @@ class AttentionCall:
         """The mask with the key and query padding in it."""
         return masks.padded(self.mask, self.key_mask, self.query_mask, self.ops)
 
-    def finish(self, result: Tensor | tuple[Tensor, Tensor], return_weights: bool) -> Tensor | tuple[Tensor, Tensor]:
-        """The module's result with the rows of padded queries zeroed."""
-        if self.query_mask is None:
-            return result
-        out, weights = result if return_weights else (result, None)
-        out = masks.zero_padded_queries(out, self.query_mask, self.ops)
-        return (out, weights) if return_weights else out
+    def finish(self, out: Tensor, weights: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
+        """The module's result, ``out`` with the rows of padded queries zeroed (and ``weights``, when asked)."""
+        if self.query_mask is not None:
+            out = masks.zero_padded_queries(out, self.query_mask, self.ops)
+        return out if weights is None else (out, weights)
 
 
-def module_mask(mask: object, batch: int | None, heads: int, lq: int | None, lk: int | None, ops: TensorOps) -> Tensor:
+def module_mask(mask: Tensor, batch: int | None, heads: int, lq: int | None, lk: int | None, ops: TensorOps) -> Tensor:
     """A module's ``mask`` (``(Lq, Lk)``, ``(B, Lq, Lk)`` or 4-D) in the functional layout, checked against the call."""
     if mask is None:
         return None
@@ -269,17 +273,17 @@ def module_mask(mask: object, batch: int | None, heads: int, lq: int | None, lk:
 
 def check_attention_call(
     module: AttentionModule,
-    query: object,
-    key: object,
-    value: object,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
     *,
-    mask: object,
-    key_mask: object,
-    query_mask: object,
+    mask: Tensor,
+    key_mask: Tensor,
+    query_mask: Tensor,
     causal: object,
     return_weights: object,
     cache: object,
-    cache_type: type,
+    cache_type: type[KVCacheBase],
     implementations: Sequence[str],
     ops: TensorOps,
     parameter: Tensor | None = None,
@@ -288,8 +292,8 @@ def check_attention_call(
     if cache is not None and not isinstance(cache, cache_type):
         raise TypeError(f"`cache` must be a KVCache or None, received {type(cache).__name__}")
     check_flag("causal", causal)
-    check_flag("return_weights", return_weights)
-    check_implementation(module.implementation, implementations, return_weights=return_weights)
+    weights = check_flag("return_weights", return_weights)
+    check_implementation(module.implementation, implementations, return_weights=weights)
     self_attention = key is None
     key = query if key is None else key
     value = key if value is None else value
@@ -310,7 +314,7 @@ def check_attention_call(
 # --- the Transformer's parts ------------------------------------------------------------------------------------
 
 
-def check_positional_call(x: object, offset: object, d_model: int, max_len: int, ops: TensorOps) -> None:
+def check_positional_call(x: Tensor, offset: object, d_model: int, max_len: int, ops: TensorOps) -> None:
     """A positional encoding's input ``(B, L, E)`` and the first position ``offset``."""
     check_hidden("x", x, d_model, ops)  # the table follows x's dtype
     check_non_negative_int("offset", offset)
@@ -322,8 +326,8 @@ def check_positional_call(x: object, offset: object, d_model: int, max_len: int,
 
 
 def check_layer_input(
-    x: object,
-    key_mask: object,
+    x: Tensor,
+    key_mask: Tensor,
     key_mask_name: str,
     width: int,
     ops: TensorOps,
@@ -337,7 +341,7 @@ def check_layer_input(
     check_key_mask(key_mask_name, key_mask, x.shape[0], length, ops)
 
 
-def check_memory(memory: object, x: Tensor, memory_key_mask: object, ops: TensorOps, parameter: Tensor | None) -> None:
+def check_memory(memory: Tensor, x: Tensor, memory_key_mask: Tensor, ops: TensorOps, parameter: Tensor | None) -> None:
     """The encoder output ``(B, Ls, E)`` for the decoder's ``x (B, Lt, E)``, and its ``(B, Ls)`` key mask."""
     check_hidden("memory", memory, x.shape[-1], ops, parameter)
     check_same_batch(("x", "memory"), (tuple(x.shape), tuple(memory.shape)))
@@ -345,10 +349,10 @@ def check_memory(memory: object, x: Tensor, memory_key_mask: object, ops: Tensor
 
 
 def _check_decoder_inputs(
-    x: object,
-    memory: object,
-    tgt_key_mask: object,
-    memory_key_mask: object,
+    x: Tensor,
+    memory: Tensor,
+    tgt_key_mask: Tensor,
+    memory_key_mask: Tensor,
     return_weights: object,
     *,
     width: int,
@@ -364,13 +368,13 @@ def _check_decoder_inputs(
 
 def check_decoder_layer_call(
     layer: Any,
-    x: object,
-    memory: object,
+    x: Tensor,
+    memory: Tensor,
     *,
-    tgt_key_mask: object,
-    memory_key_mask: object,
-    self_cache: object,
-    cross_cache: object,
+    tgt_key_mask: Tensor,
+    memory_key_mask: Tensor,
+    self_cache: Tensor,
+    cross_cache: Tensor,
     return_weights: object,
     cache_type: type,
     ops: TensorOps,
@@ -390,13 +394,13 @@ def check_decoder_layer_call(
 
 def check_decoder_call(
     layers: Sequence[Any],
-    x: object,
-    memory: object,
+    x: Tensor,
+    memory: Tensor,
     *,
     width: int,
-    tgt_key_mask: object,
-    memory_key_mask: object,
-    cache: object,
+    tgt_key_mask: Tensor,
+    memory_key_mask: Tensor,
+    cache: Tensor,
     return_weights: object,
     ops: TensorOps,
     parameter: Tensor | None = None,
@@ -413,13 +417,13 @@ def check_decoder_call(
 # --- the Transformer ----------------------------------------------------------------------------------------
 
 
-def check_source(src: object, src_key_mask: object, config: TransformerConfig, ops: TensorOps) -> None:
+def check_source(src: Tensor, src_key_mask: Tensor, config: TransformerConfig, ops: TensorOps) -> None:
     check_tokens("src", src, config.src_vocab, config.max_len, ops)
     check_key_mask("src_key_mask", src_key_mask, src.shape[0], src.shape[1], ops)
 
 
 def check_model_call(
-    src: object, tgt: object, src_key_mask: object, tgt_key_mask: object, config: TransformerConfig, ops: TensorOps
+    src: Tensor, tgt: Tensor, src_key_mask: Tensor, tgt_key_mask: Tensor, config: TransformerConfig, ops: TensorOps
 ) -> None:
     """Teacher forcing: ``src (B, Ls)``, ``tgt (B, Lt)`` and their key masks."""
     check_source(src, src_key_mask, config, ops)
@@ -429,12 +433,12 @@ def check_model_call(
 
 
 def check_decode_call(
-    tgt: object,
-    memory: object,
+    tgt: Tensor,
+    memory: Tensor,
     *,
-    memory_key_mask: object,
-    tgt_key_mask: object,
-    cache: object,
+    memory_key_mask: Tensor,
+    tgt_key_mask: Tensor,
+    cache: Tensor,
     return_weights: object,
     config: TransformerConfig,
     layers: Sequence[Any],

@@ -45,6 +45,7 @@ key/value heads, D head dim, V vocabulary, k candidates.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -391,7 +392,7 @@ def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, 
 
 def sentence_generators(seed: int | None, keys: Sequence[int] | np.ndarray) -> list[np.random.Generator]:
     """A random generator for each sentence key, seeded by ``seed`` and the key (a fresh ``seed`` when ``None``)."""
-    seed = seed if seed is not None else int(np.random.SeedSequence().entropy)
+    seed = seed if seed is not None else secrets.randbits(64)
     return [np.random.default_rng([seed, int(key)]) for key in keys]
 
 

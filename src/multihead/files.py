@@ -40,7 +40,7 @@ def check_file_target(path: PathLike, name: str = "path") -> Path:
     return path
 
 
-def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: PathLike, write: Callable[[str], object]) -> None:
     """Call ``write(temporary_path)``, then move the result onto ``path`` in one step.
 
     A crash or kill at any moment leaves either the previous file or the new one, never part of one.
@@ -57,6 +57,11 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def write_directory(target: Path, write: Callable[[Path], None], *, prefix: str) -> None:

@@ -28,7 +28,7 @@ import safetensors.numpy
 
 from multihead import __version__
 from multihead.config import TransformerConfig
-from multihead.files import PathLike, atomic_write, fsync_directory, replace_directory, umask_mode
+from multihead.files import PathLike, atomic_write, atomic_write_text, fsync_directory, replace_directory, umask_mode
 
 __all__ = ["FRAMEWORKS", "load_model", "load_weights", "read_weights", "save_model", "save_weights"]
 
@@ -190,7 +190,7 @@ def save_model(model: object, directory: PathLike) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
     try:
         save_weights(model, staging / WEIGHTS_FILE)
-        atomic_write(staging / CONFIG_FILE, lambda tmp: Path(tmp).write_text(config.to_json() + "\n", encoding="utf-8"))
+        atomic_write_text(staging / CONFIG_FILE, config.to_json() + "\n")
         os.chmod(staging, umask_mode(directory=True))
         fsync_directory(staging)
         replace_directory(staging, target)

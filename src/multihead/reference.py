@@ -12,6 +12,7 @@ Dv value head dim, E model width.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
 
@@ -204,7 +205,7 @@ def multi_head_attention(
     if mask is not None:
         mask = _array("mask", mask)
         check_mask_dtype("mask", _mask_kind(mask), mask.dtype)
-        full_mask = mask.reshape(module_mask_shape(mask.shape))  # (B|1, H|1, Lq|1, Lk|1)
+        full_mask = mask.reshape(cast(tuple[int, ...], module_mask_shape(mask.shape)))  # (B|1, H|1, Lq|1, Lk|1)
         check_broadcastable("mask", full_mask.shape, (batch, num_heads, lq, lk), "(B, H, Lq, Lk)")
     if key_mask is not None:
         keys = _padding_mask("key_mask", key_mask, batch, lk)[:, None, None, :]  # (B, 1, 1, Lk)

@@ -117,7 +117,8 @@ def check_attention_shapes(q: Shape, k: Shape, v: Shape, *, packed: bool = False
         raise ValueError(
             f"`q` and `k` must have at least one head, received q.shape={q} (H={q[head]}), k.shape={k} (Hkv={k[head]})"
         )
-    if q[head] is not None and k[head] is not None and q[head] % k[head]:
+    heads, kv_heads = q[head], k[head]
+    if heads is not None and kv_heads is not None and heads % kv_heads:
         raise ValueError(
             f"the query heads H must be a multiple of the key/value heads Hkv, "
             f"received q.shape={q} (H={q[head]}), k.shape={k} (Hkv={k[head]})"

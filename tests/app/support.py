@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from multihead.app.options import recipe_options
 from multihead.app.runs import latest_checkpoint
 from multihead.app.training import TrainOptions
 from multihead.app.translate import TRANSLATION
@@ -48,7 +49,8 @@ CORPUS_FLAGS = [*SMALL_FLAGS, "--vocab-size", "120", "--batch-tokens", "200", "-
                 "--dropout", "0"]  # fmt: skip
 SAMPLES = [source for source, _ in VALID[:6]]  # what the tests translate
 # What a PyTorch trainer is built with in tests that make one directly.
-TRAINER_OPTIONS = dict(device="cpu", seed=0, lr=1e-2, clip=0.0, label_smoothing=0.1, precision="fp32", compile=False)
+TRAINER_OPTIONS = dict(device="cpu", seed=0, lr=1e-2, clip=0.0, label_smoothing=0.1, precision="fp32", compile=False,
+                       tokenizer="char")  # fmt: skip
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -131,7 +133,7 @@ class CorpusRun:
 
 def no_evaluation(self: object, count: int | None) -> dict:
     """A stand-in for ``Training.evaluate`` where only the files a run writes matter: no translating."""
-    if self.setup.is_corpus:
+    if self.setup.data.metric == "bleu":
         return {"valid_loss": 1.0, "bleu": 0.0, "bleu_lowercase": 0.0, "chrf": 0.0, "signature": {}, "examples": 0}
     return {"accuracy": 0.0, "examples": 0}
 
@@ -180,4 +182,4 @@ def torch_trainer(config: Any = None, **options: Any) -> Any:
     from multihead.config import TransformerConfig
 
     config = config or TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 32, PAD, False)
-    return TorchTrainer(config, {**TRAINER_OPTIONS, **options}, None)
+    return TorchTrainer(config, recipe_options("task", **{**TRAINER_OPTIONS, **options}), None)

@@ -28,7 +28,7 @@ from app.support import (
     undamaged,
     write_lines,
 )
-from multihead.app.runs import latest_checkpoint, read_checkpoint
+from multihead.app.runs import RunError, latest_checkpoint, read_checkpoint
 from multihead.app.tokenizers import SubwordTokenizer
 from multihead.app.training import TrainOptions, train
 from multihead.app.translate import Translator
@@ -269,7 +269,7 @@ def test_resume_from_a_damaged_checkpoint_is_refused_and_changes_nothing(
     apply, message = RUN_DAMAGES[damage]
     out = damaged_run(short_run, tmp_path, apply)
     before = snapshot(out)
-    with pytest.raises(ValueError, match=message):  # RunError is a ValueError
+    with pytest.raises(RunError, match=message):
         train(
             TrainOptions(
                 out=str(out), task="reverse", steps=3, checkpoint_every=3, batch_size=4, warmup=5, resume=True, **SMALL
@@ -282,7 +282,7 @@ def test_resume_from_a_damaged_checkpoint_is_refused_and_changes_nothing(
 def test_translate_from_a_damaged_checkpoint_is_refused(short_run: Path, tmp_path: Path, damage: str) -> None:
     apply, message = RUN_DAMAGES[damage]
     out = damaged_run(short_run, tmp_path, apply)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(RunError, match=message):
         Translator(out).translate(["abc"])
 
 

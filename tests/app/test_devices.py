@@ -137,20 +137,20 @@ def test_a_run_resumes_on_this_machines_device_whatever_it_trained_on(cli: Calla
 def test_a_gpu_takes_the_gpu_recipe_for_a_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data, valid = write_corpus(tmp_path / "corpus"), write_corpus(tmp_path / "corpus", VALID, "valid")
     options = dict(data=data, valid=valid, out=str(tmp_path / "run"), steps=1)
-    assert new_setup(TrainOptions(**options), tmp_path / "run").options["d_model"] == RECIPES["corpus"]["d_model"]
+    assert new_setup(TrainOptions(**options), tmp_path / "run").options.d_model == RECIPES["corpus"]["d_model"]
     monkeypatch.setattr(training, "resolve_device", lambda name: "cpu" if name == "cpu" else "cuda:0")
     setup = new_setup(TrainOptions(**options), tmp_path / "run")
     gpu = RECIPES["corpus-gpu"]
-    assert {name: setup.options[name] for name in gpu} == gpu
+    assert {name: getattr(setup.options, name) for name in gpu} == gpu
     assert (gpu["d_model"], gpu["num_heads"], gpu["layers"], gpu["d_ff"]) == (512, 8, 6, 2048)  # the paper's base
     assert setup.config.d_model == 512
     assert setup.config.num_encoder_layers == 6
     given = new_setup(
         TrainOptions(**options, d_model=64, num_heads=4), tmp_path / "run"
     ).options  # what is given still wins
-    assert (given["d_model"], given["num_heads"], given["layers"]) == (64, 4, 6)
+    assert (given.d_model, given.num_heads, given.layers) == (64, 4, 6)
     assert (
-        new_setup(TrainOptions(**options, device="cpu"), tmp_path / "run").options["d_model"]
+        new_setup(TrainOptions(**options, device="cpu"), tmp_path / "run").options.d_model
         == RECIPES["corpus"]["d_model"]
     )
 

@@ -108,10 +108,10 @@ def test_a_run_encodes_its_corpus_once_and_resumes_from_the_cache(
     resumed = Training(options(tmp_path, steps=6, resume=True))
     resumed.build()
     assert sum(counted) <= 2 * len(VALID)  # only validation sentences, never the training corpus
-    assert isinstance(resumed.setup.encoded.sources.tokens, np.memmap)
+    assert isinstance(resumed.setup.prepared.encoded.sources.tokens, np.memmap)
     # A truncated cache is rebuilt, with a warning, and written again whole.
     resumed.lock.release()
-    before = np.array(resumed.setup.encoded.sources.offsets)
+    before = np.array(resumed.setup.prepared.encoded.sources.offsets)
     offsets = run / ENCODED / "source.offsets.npy"
     offsets.write_bytes(offsets.read_bytes()[:-8])
     capsys.readouterr()
@@ -122,7 +122,7 @@ def test_a_run_encodes_its_corpus_once_and_resumes_from_the_cache(
     assert sum(counted) >= len(TRAIN)  # encoded again
     rebuilt = json.loads((run / ENCODED / "manifest.json").read_text(encoding="utf-8"))
     assert rebuilt == manifest
-    np.testing.assert_array_equal(again.setup.encoded.sources.offsets, before)
+    np.testing.assert_array_equal(again.setup.prepared.encoded.sources.offsets, before)
 
 
 def test_the_vocabulary_sample_is_fixed_in_corpus_order_and_at_most_its_size(tmp_path: Path) -> None:

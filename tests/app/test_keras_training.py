@@ -136,12 +136,13 @@ def test_each_step_reports_its_own_loss(tmp_path: Path) -> None:
     """The loss a Keras step returns is that batch's token loss before the update, not a mean over the steps so
     far (Keras' loss tracker accumulates across calls unless it is reset)."""
     from multihead.app.batching import make_batch
+    from multihead.app.options import recipe_options
     from multihead.app.train_keras import KerasTrainer, token_loss
     from multihead.config import TransformerConfig
 
     config = TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 16, 0, False)
-    options = {"seed": 0, "lr": 1e-2, "clip": 0.0, "label_smoothing": 0.0, "batch_tokens": None, "precision": "fp32"}
-    trainer = KerasTrainer(config, options, None)
+    options = dict(seed=0, lr=1e-2, clip=0.0, label_smoothing=0.0, precision="fp32", tokenizer="char")
+    trainer = KerasTrainer(config, recipe_options("task", **options), None)
     rng = np.random.default_rng(0)
     for length in (5, 7, 6):
         batch = make_batch(rng.integers(4, 12, (3, length)).tolist(), rng.integers(4, 12, (3, length - 2)).tolist())

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import multihead
+import multihead.app.options as options_module
 import multihead.app.training as training
 from app.support import (
     SMALL,
@@ -30,7 +31,7 @@ from app.support import (
     write_corpus,
 )
 from multihead.app.cli import build_parser, main
-from multihead.app.console import framework_notices_filtered
+from multihead.app.console import UserError, framework_notices_filtered
 from multihead.app.options import FLAGS, TrainOptions
 from multihead.app.training import train
 
@@ -524,3 +525,49 @@ def test_an_unknown_keras_backend_is_named_before_anything_is_written(tmp_path: 
         "tensorflow, jax or torch (unset: Keras' default, tensorflow)"
     ]
     assert not (tmp_path / "run").exists()
+
+
+# --- a bug of ours is not the user's error ----------------------------------------------------------------
+
+
+def test_an_internal_error_exits_1_and_says_it_is_a_bug(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A library ``ValueError`` reaching the command line (here forced: the options' reader fails) is reported as an
+    internal error in one line, exit status 1, never as the user's (status 2); ``MULTIHEAD_DEBUG=1`` shows the
+    traceback instead."""
+    monkeypatch.delenv("MULTIHEAD_DEBUG", raising=False)
+
+    def broken(args: object) -> None:
+        raise ValueError("an invariant of ours broke")
+
+    monkeypatch.setattr(options_module, "search_options", broken)
+    status, lines = run_main(["translate", str(tmp_path / "run"), "abc"], capsys)
+    assert status == 1
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("multihead: internal error"), lines
+    assert "ValueError: an invariant of ours broke" in lines[0]
+    assert "MULTIHEAD_DEBUG=1" in lines[0]
+    assert "Traceback" not in lines[0]
+    monkeypatch.setenv("MULTIHEAD_DEBUG", "1")
+    with pytest.raises(ValueError, match="an invariant of ours broke"):
+        main(["translate", str(tmp_path / "run"), "abc"])
+
+
+def test_a_user_error_is_no_value_error() -> None:
+    assert not issubclass(UserError, ValueError)
+
+
+def test_a_closed_pipe_ends_quietly(dates_run: Path) -> None:
+    """``multihead translate RUN ... | head``: the reader has gone before the output is written; no error message,
+    the status of a tool killed by SIGPIPE."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("MULTIHEAD_DEBUG", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multihead", "translate", str(dates_run), *["21 November 2026"] * 50],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    process.stdout.close()  # the reader goes away at once
+    _, err = process.communicate(timeout=120)
+    assert err.decode() == ""
+    assert process.returncode == 141

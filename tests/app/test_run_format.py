@@ -15,6 +15,7 @@ import pytest
 import multihead.app.runs as runs
 import multihead.io as mio
 from app.support import SMALL_FLAGS, damaged_run, snapshot, subprocess_env, tiny, undamaged
+from multihead.app.console import UserError
 from multihead.app.runs import RunError, latest_checkpoint, read_checkpoint
 from multihead.app.training import train
 
@@ -82,8 +83,10 @@ def test_an_interrupted_save_is_never_picked_up(tmp_path: Path, monkeypatch: pyt
     assert latest_checkpoint(out) == before
 
 
-def test_run_error_is_a_value_error() -> None:
-    assert issubclass(RunError, ValueError)
+def test_run_error_is_a_user_error_and_no_value_error() -> None:
+    """A damaged run is the user's to fix (one line, exit status 2); a library's ``ValueError`` is not."""
+    assert issubclass(RunError, UserError)
+    assert not issubclass(RunError, ValueError)
 
 
 # --- one process at a time ------------------------------------------------------------------------------------

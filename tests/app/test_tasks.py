@@ -7,8 +7,9 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from multihead.app.data import TASKS, load_task
-from multihead.app.generated import number_words
+from multihead.app.console import UserError
+from multihead.app.data import load_task
+from multihead.app.generated import TASKS, number_words
 from multihead.app.tokenizers import BOS, EOS, PAD, UNK
 from multihead.app.tokenizers import SymbolTokenizer as Tokenizer
 
@@ -51,7 +52,7 @@ def test_toy_tasks() -> None:
 
 
 def test_unknown_task() -> None:
-    with pytest.raises(ValueError, match=r"unknown task 'weather'; built-in tasks are dates, numbers"):
+    with pytest.raises(UserError, match=r"unknown task 'weather'; built-in tasks are dates, numbers"):
         load_task("weather")
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,14 @@ import safetensors.numpy
 import torch
 import torch.nn.functional as F
 
+import multihead.app.data as data_module
 import multihead.app.train_torch as train_torch
 import multihead.app.training as training
 from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, torch_trainer, write_corpus
 from multihead.app.batching import CorpusBatches, join_batches, make_batch
 from multihead.app.console import UserError
 from multihead.app.encoded import EncodedCorpus
+from multihead.app.options import RunOptions
 from multihead.app.runs import latest_checkpoint
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import PAD
@@ -150,8 +153,8 @@ def test_label_smoothing_defaults_to_0_1_for_a_corpus_and_reaches_the_loss(
 ) -> None:
     run = Training(corpus_options(tmp_path, label_smoothing=given))
     run.build()
-    assert run.setup.options["label_smoothing"] == used
-    batch = run.micro_batch(0)
+    assert run.setup.options.label_smoothing == used
+    batch = run.batches.batch(0)
     with torch.no_grad():
         expected = _smoothed_loss(run.trainer.model, batch, used)
         other = _smoothed_loss(run.trainer.model, batch, 0.2)
@@ -220,14 +223,14 @@ def test_the_sliced_loss_under_bf16_autocast_follows_the_whole_logits(
 def test_built_in_tasks_train_without_label_smoothing(tmp_path: Path) -> None:
     run = Training(TrainOptions(out=str(tmp_path / "run"), task="copy", steps=1, **SMALL))
     run.build()
-    assert run.setup.options["label_smoothing"] == 0.0
+    assert run.setup.options.label_smoothing == 0.0
 
 
 def test_the_defaults_for_data_are_the_recipe(tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch):
     """``multihead train --data SRC TGT --valid SRC TGT --out RUN --minutes 30`` and nothing else."""
     built: list[tuple[Any, dict[str, Any]]] = []
 
-    def capture(framework: str, config: Any, options: dict[str, Any], checkpoint: Any) -> None:
+    def capture(framework: str, config: Any, options: RunOptions, checkpoint: Any) -> None:
         built.append((config, options))
         raise KeyboardInterrupt  # stop before training
 
@@ -237,13 +240,13 @@ def test_the_defaults_for_data_are_the_recipe(tmp_path: Path, cli: Callable[...,
     assert result.status == 130
     ((config, options),) = built
     recipe = RECIPES["corpus"]
-    assert {name: options[name] for name in recipe} == recipe
+    assert {name: getattr(options, name) for name in recipe} == recipe
     assert (recipe["tokenizer"], recipe["joint"], recipe["vocab_size"]) == ("subword", True, 8000)
     assert (recipe["d_model"], recipe["layers"], recipe["dropout"], recipe["label_smoothing"]) == (256, 3, 0.1, 0.1)
     assert recipe["batch_tokens"] == 4096
     assert recipe["batch_size"] is None
     assert (config.d_model, config.num_encoder_layers, config.d_ff, config.tie_embeddings) == (256, 3, 1024, True)
-    assert options["minutes"] == 30.0
+    assert options.minutes == 30.0
 
 
 # --- evaluation, best, early stopping, averaging, history -------------------------------------------------
@@ -299,7 +302,7 @@ def test_best_is_kept_beside_latest_and_rotation_never_deletes_it(
     assert (out / "best").read_text().strip() == "step-0000004"
     assert (out / "latest").read_text().strip() == "step-0000016"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000004", "step-0000016"]
-    assert (result.checkpoint, result.scores["bleu"]) == ("step-0000004", 30.0)
+    assert (result.checkpoint, result.evaluation["bleu"]) == ("step-0000004", 30.0)
     monkeypatch.undo()
     best = Translator(out, "best").translate(["der Hund läuft schnell."])
     assert Translator(out).checkpoint.path.name == "step-0000004"  # translate and evaluate use best by default
@@ -322,13 +325,12 @@ def test_patience_stops_training_early(
 def test_training_pairs_longer_than_the_model_reads_are_left_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(training, "CORPUS_MAX_LEN", 12)
+    monkeypatch.setattr(data_module, "CORPUS_MAX_LEN", 12)
     pairs = [*TRAIN[:40], ("der Hund " * 10, "the dog " * 10)]
-    options = corpus_options(tmp_path, steps=1)
-    options.data = write_corpus(tmp_path / "long", pairs)
+    options = replace(corpus_options(tmp_path, steps=1), data=write_corpus(tmp_path / "long", pairs))
     run = Training(options)
     run.build()
-    assert len(run.setup.encoded) == 40
+    assert len(run.setup.prepared.encoded) == 40
     assert "warning: --data: 1 sentence pair longer than 12 tokens is left out of training" in capsys.readouterr().err
 
 
@@ -350,8 +352,8 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path: Pa
     result = train(tiny(tmp_path / "run", steps=60, checkpoint_every=30, lr=3e-3))
     first, last = np.mean([x for _, x in result.losses[:5]]), np.mean([x for _, x in result.losses[-5:]])
     assert last < 0.9 * first
-    assert 0.0 <= result.accuracy <= 1.0
-    assert result.heldout == 1000
+    assert 0.0 <= result.evaluation["accuracy"] <= 1.0
+    assert result.evaluation["examples"] == 1000
     checkpoint = latest_checkpoint(tmp_path / "run")
     assert checkpoint.name == "step-0000060"
     assert sorted(p.name for p in checkpoint.iterdir()) == [
@@ -370,10 +372,10 @@ def _umask() -> int:
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        ({"lr": float("nan")}, ValueError, r"--lr must be a positive finite number, received nan"),
-        ({"minutes": float("inf")}, ValueError, r"--minutes must be a positive finite number, received inf"),
-        ({"seed": -1}, ValueError, r"--seed must be non-negative, received -1"),
-        ({"warmup": 0}, ValueError, r"--warmup must be positive, received 0"),
+        ({"lr": float("nan")}, UserError, r"--lr must be a positive finite number, received nan"),
+        ({"minutes": float("inf")}, UserError, r"--minutes must be a positive finite number, received inf"),
+        ({"seed": -1}, UserError, r"--seed must be non-negative, received -1"),
+        ({"warmup": 0}, UserError, r"--warmup must be positive, received 0"),
         ({"steps": "6"}, TypeError, r"--steps must be an int, received '6' of type str"),
     ],
     ids=["lr-nan", "minutes-inf", "seed-negative", "warmup-zero", "steps-string"],
@@ -406,7 +408,7 @@ def test_sigint_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
 
 
 def test_tokenizer_kind_is_checked_with_the_options(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"tokenizer.*'byte'"):
+    with pytest.raises(UserError, match=r"tokenizer.*'byte'"):
         TrainOptions(out=str(tmp_path / "run"), task="copy", steps=1, tokenizer="byte")
 
 

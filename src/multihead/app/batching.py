@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -40,6 +41,16 @@ class Batch:
         return self.src, self.tgt_in, self.tgt_out
 
 
+class Batches(Protocol):
+    """A run's training batches by index (0-based), the same whichever framework, rank or resume."""
+
+    def batch(self, index: int) -> Batch: ...
+
+    def target_tokens(self, index: int) -> int:
+        """Batch ``index``'s target tokens (without building it, where the batches can)."""
+        ...
+
+
 def join_batches(batches: Sequence[Batch]) -> Batch:
     """``batches`` as one, every array padded to the longest."""
     if len(batches) == 1:
@@ -57,7 +68,9 @@ def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-def make_batch(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_to: int = 1) -> Batch:
+def make_batch(
+    sources: Sequence[Sequence[int] | np.ndarray], targets: Sequence[Sequence[int] | np.ndarray], pad_to: int = 1
+) -> Batch:
     """Padded arrays of ``sources`` and ``targets`` (lists or arrays of ids); lengths rounded up to a multiple of
     ``pad_to`` (fewer distinct shapes, for frameworks that compile one program per shape)."""
     length_src = round_up(max(map(len, sources)), pad_to)

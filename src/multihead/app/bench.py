@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from multihead.app.console import OneLineErrorParser, framework_notices_filtered
-from multihead.files import atomic_write
+from multihead.files import atomic_write, atomic_write_text
 
 OURS = ("multihead-torch", "multihead-keras", "multihead-keras-jax", "multihead-keras-torch")
 PEERS = ("torch-mha", "torch-sdpa", "keras-mha", "keras-mha-jax", "tutorial")
@@ -173,6 +173,7 @@ def _torch_step(impl: str, case: Case) -> Callable[[], Any]:
     memory = query if case.lq == case.lk else torch.randn(case.batch, case.lk, case.width)
     cross = memory is not query
     key_mask = padding_mask(torch.from_numpy(_lengths(case)), case.lk) if case.padded else None
+    module: nn.Module
     if impl == "multihead-torch":
         module = MultiHeadAttention(case.width, case.heads)
         # In a padded self-attention batch the padded queries are padding too: saying so lets the module skip them.
@@ -301,15 +302,15 @@ def generation_child(framework: str, mode: str, tokens: int) -> dict[str, Any]:
     import numpy as np
 
     source = np.random.default_rng(0).integers(3, GENERATION_VOCAB, size=(GENERATION_BATCH, GENERATION_SOURCE))
-    sizes = {**GENERATION_SIZES, "dropout": 0.0}
-    options = {"bos_id": 1, "eos_id": 2, "use_cache": mode != "recompute"}
+    sizes: dict[str, Any] = {**GENERATION_SIZES, "dropout": 0.0}
+    options: dict[str, Any] = {"bos_id": 1, "eos_id": 2, "use_cache": mode != "recompute"}
     if framework == "torch":
         import torch
 
         from multihead.torch import Transformer
 
         torch.manual_seed(0)
-        model = Transformer(GENERATION_VOCAB, GENERATION_VOCAB, **sizes).eval()
+        model: Any = Transformer(GENERATION_VOCAB, GENERATION_VOCAB, **sizes).eval()
         with torch.no_grad():
             model.output_proj.bias[2] = -1e9  # EOS (id 2) never wins: always the full length
         src = torch.from_numpy(source)
@@ -402,8 +403,10 @@ def _measure(impl: str, case: str, budget_s: float) -> dict[str, Any]:
 def run_generation(frameworks: list[str], tokens: int, repeats: int, log: Callable[[str], None]) -> dict:
     """Every front end's generation modes (``GENERATION_MODES``), interleaved within each repeat, medians over
     ``repeats`` fresh processes. ``speedup`` is recomputing's time over the fastest mode with a cache."""
-    seconds = {framework: {mode: [] for mode in GENERATION_MODES[framework]} for framework in frameworks}
-    first = {framework: [] for framework in frameworks}
+    seconds: dict[str, dict[str, list[float]]] = {
+        framework: {mode: [] for mode in GENERATION_MODES[framework]} for framework in frameworks
+    }
+    first: dict[str, list[float]] = {framework: [] for framework in frameworks}
     for repeat in range(repeats):
         for framework in frameworks:
             for mode in GENERATION_MODES[framework]:
@@ -419,7 +422,7 @@ def run_generation(frameworks: list[str], tokens: int, repeats: int, log: Callab
     results: dict[str, Any] = {}
     for framework, measured in seconds.items():
         medians = {mode: statistics.median(values) for mode, values in measured.items()}
-        cached = min((m for m in medians if m != "recompute"), key=medians.get)
+        cached = min((m for m in medians if m != "recompute"), key=lambda mode: medians[mode])
         results[framework] = {
             "median_s": medians,
             "all_s": measured,
@@ -577,20 +580,24 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"gflops": matmul_gflops()}))
         return 0
     if args.child:
-        print(json.dumps(child(*args.child, args.budget)))
+        impl, case = args.child
+        print(json.dumps(child(impl, case, args.budget)))
         return 0
     if args.generate:
         framework, mode = args.generate
         print(json.dumps(generation_child(framework, mode, args.tokens)))
         return 0
-    log = lambda line: print(line, flush=True)  # noqa: E731
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
     results = run(args.cases, args.impls, args.repeats, args.budget, log)
     if args.generation:
         results["generation"] = run_generation(args.generation, args.tokens, args.repeats, log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in (("results.json", json.dumps(results, indent=2) + "\n"), ("results.md", markdown(results))):
-        atomic_write(out / name, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
+        atomic_write_text(out / name, text)
     if results["rows"]:
         plot(results, out / "results.png")
     print(markdown(results))

@@ -2,7 +2,9 @@
 
 User errors (unknown task, an unreadable corpus, an unusable output directory, a run that is not ours or is
 damaged beyond recovery, a file the system refuses to read or write) are one line on stderr with exit status 2,
-worded with the flags the user typed; set ``MULTIHEAD_DEBUG=1`` to see the traceback instead.
+worded with the flags the user typed. Anything else is a bug of ours, said in one line with exit status 1. Set
+``MULTIHEAD_DEBUG=1`` to see the traceback of either instead. Output into a pipe closed early (``| head``) ends
+quietly.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from multihead import __version__
 from multihead.app.console import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     HelpFormatter,
@@ -45,15 +49,8 @@ def _report(result: Result, out: str) -> int:
     if result.interrupted:
         say(f"interrupted at step {result.step}: checkpoint saved in {out}; continue with --resume", sys.stderr)
         return EXIT_INTERRUPTED
-    if result.accuracy is not None:
-        say(f"accuracy: {result.accuracy:.3f} (exact match on {result.heldout} held-out examples)")
-    if result.scores is not None:
-        scores = result.scores
-        sentences = plural(scores["examples"], "validation sentence")
-        say(
-            f"bleu: {scores['bleu']:.2f}, chrf: {scores['chrf']:.2f} (sacreBLEU, greedy, on {sentences}; "
-            f"checkpoint {result.checkpoint}: translate and evaluate use it by default)"
-        )
+    if result.summary is not None:
+        say(result.summary)
     return 0
 
 
@@ -81,9 +78,9 @@ def _write_output(path: str | None, lines: Sequence[str]) -> None:
     if path is None:
         sys.stdout.write(text)
         return
-    from multihead.files import atomic_write
+    from multihead.files import atomic_write_text
 
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write_text(path, text)
 
 
 def _check_targets(read: dict[str, str | None], **targets: str | None) -> None:
@@ -368,7 +365,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.options import BY_NAME, POSITIVE
+    from multihead.app.options import BY_NAME, limit
 
     demo = _command(
         commands, "demo", _demo,
@@ -378,7 +375,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "OUT/attention.png.",
     )  # fmt: skip
     demo.add_argument("--out", default="runs/dates", help="run directory (resumed when it holds the demo's run)")
-    demo.add_argument("--steps", type=POSITIVE.parse, default=1500, help="training steps")
+    demo.add_argument("--steps", type=limit(1), default=1500, help="training steps")
     BY_NAME["device"].add_to(demo)
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -442,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     return _parsers()[0]
 
 
-def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def _parsers() -> tuple[OneLineErrorParser, dict[str, OneLineErrorParser]]:
     """The command line's parser and each command's."""
     parser = OneLineErrorParser(
         prog="multihead", description="The Transformer's attention from scratch: train, translate, look inside."
@@ -475,16 +472,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_USAGE
     try:
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
+        return status
     except KeyboardInterrupt:  # outside the training loop, which saves first and returns normally
         say("multihead: interrupted", sys.stderr)
         return EXIT_INTERRUPTED
-    except (ValueError, OSError) as error:  # UserError and RunError are ValueErrors
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, to anyone
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except (UserError, OSError) as error:
         if os.environ.get("MULTIHEAD_DEBUG"):
             raise
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        report_error(f"multihead: error: {message}")
+        report_error(f"multihead: error: {_first_line(error)}")
         return EXIT_USAGE
+    except Exception as error:  # a bug of ours
+        if os.environ.get("MULTIHEAD_DEBUG"):
+            raise
+        report_error(
+            f"multihead: internal error (a bug in multihead, not in what you typed): {type(error).__name__}: "
+            f"{_first_line(error)} (MULTIHEAD_DEBUG=1 shows where; please report it)"
+        )
+        return EXIT_INTERNAL
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit does not fail on the closed pipe too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""What the command line says and how it exits: one-line errors with status 2, warnings, progress bars.
+"""What the command line says and how it exits: one-line errors, warnings, progress bars.
 
-A user error (a bad argument, unreadable data, a run that cannot be used) is a :class:`UserError`: one line on
-stderr in the user's own terms (the flags they typed), exit status 2, nothing written. ``MULTIHEAD_DEBUG=1`` shows
-the traceback instead. Under ``torchrun`` only rank 0 speaks.
+A user error (a bad argument, unreadable data, a run that cannot be used, a file the system refuses to read or
+write) is a :class:`UserError` (or an ``OSError``): one line on stderr in the user's own terms (the flags they typed),
+exit status 2, nothing written. Anything else is a bug of ours: one line that says so and names the error, exit
+status 1. ``MULTIHEAD_DEBUG=1`` shows the traceback of either instead. Under ``torchrun`` only rank 0 speaks.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import time
 from collections.abc import Iterator
 from typing import Any, NoReturn, TextIO
 
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_INTERNAL, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 2, 130, 141  # 141: killed by SIGPIPE, as tools
 
 
-class UserError(ValueError):
-    """Something the user can fix: reported as one line, exit status 2."""
+class UserError(Exception):
+    """Something the user can fix: reported as one line, exit status 2. Not a ``ValueError``: a library's own
+    ``ValueError`` reaching the command line is a bug (or a user's mistake not yet worded for the user), and is
+    reported as one."""
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -52,7 +55,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         no_default = action.default in (None, False) or action.default is argparse.SUPPRESS
         if no_default or isinstance(action, argparse._StoreFalseAction):  # a switch that turns something off
             return action.help or ""
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or ""
 
 
 def rank() -> int:

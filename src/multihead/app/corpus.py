@@ -21,7 +21,7 @@ import itertools
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from multihead.app.console import UserError, plural
@@ -112,7 +112,7 @@ def read_stdin_lines(option: str) -> list[str]:
     return _decode(io.BytesIO(data), "standard input", option)
 
 
-def _pairs_from_tsv(path: Path, option: str) -> Iterator[Pair]:
+def _pairs_from_tsv(path: Path, option: str) -> Generator[Pair, None, None]:
     for number, line in enumerate(iter_lines(path, option, CORPUS_FILES), start=1):
         if not line.strip():
             continue
@@ -127,7 +127,7 @@ def _pairs_from_tsv(path: Path, option: str) -> Iterator[Pair]:
         yield fields[0].strip(), fields[1].strip()
 
 
-def _pairs_from_files(source: Path, target: Path, option: str) -> Iterator[Pair]:
+def _pairs_from_files(source: Path, target: Path, option: str) -> Generator[Pair, None, None]:
     sources, targets = iter_lines(source, option, CORPUS_FILES), iter_lines(target, option, CORPUS_FILES)
     number = 0
     for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets), start=1):
@@ -151,7 +151,7 @@ def _spaced(line: str) -> str:
     return line.replace("\t", " ").strip()
 
 
-def iter_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> Iterator[Pair]:
+def iter_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> Generator[Pair, None, None]:
     """The sentence pairs of a TSV file (one path) or of two line-aligned files (two paths), read line by line. The
     files are checked at the call (that they exist and are files); an error in a line comes when it is reached
     (different line counts at the end of the shorter file)."""
@@ -160,7 +160,7 @@ def iter_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data
     files = [Path(path) for path in paths]
     for file in files:
         _check_file(option, file, CORPUS_FILES)
-    return _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(*files, option)
+    return _pairs_from_tsv(files[0], option) if len(files) == 1 else _pairs_from_files(files[0], files[1], option)
 
 
 def read_parallel(paths: Sequence[str | os.PathLike[str]], option: str = "--data") -> list[Pair]:

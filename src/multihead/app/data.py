@@ -1,4 +1,5 @@
-"""What a run trains on: a built-in task (generated locally, no download) or a parallel corpus.
+"""What a run trains on: a built-in task (generated locally, no download) or a parallel corpus, each a
+:class:`TrainingData`, the one seam through which training reads its data, sizes its model, batches and judges it.
 
 A built-in task has a fixed held-out split that never overlaps training: an example belongs to it when a hash of
 its key (the date, the number, the string) falls in a fixed tenth. A corpus is validated on ``--valid`` when given,
@@ -8,22 +9,111 @@ else on the sentences whose source hashes into that same tenth (at most ``HELDOU
 from __future__ import annotations
 
 import random
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from multihead.app.console import UserError, progress_bar, warn
-from multihead.app.corpus import Pair, iter_parallel, read_parallel
-from multihead.app.generated import GENERATORS
-from multihead.app.languages import file_language
+from multihead.app.batching import Batch, Batches, CorpusBatches, make_batch
+from multihead.app.console import UserError, is_main_rank, plural, progress_bar, say, warn
+from multihead.app.corpus import Pair, fingerprint, iter_parallel, read_parallel
+from multihead.app.encoded import EncodedCorpus, encode_pairs
+from multihead.app.evaluate import exact_match, score
+from multihead.app.generated import GENERATORS, TASKS
+from multihead.app.languages import bleu_tokenizer, file_language, from_file_names
+from multihead.app.runs import Checkpoint, encoded_corpus
+from multihead.app.tokenizers import Tokenizer
+from multihead.app.tokenizers import digest as tokenizers_digest
+
+if TYPE_CHECKING:
+    from multihead.app.options import RunOptions, TrainOptions
 
 HELDOUT_SIZE = 1000
 SIDE_SAMPLE = 200
 """Validation sentences (and ten times as many training ones) whose words tell which way round a corpus reads."""
-TASKS = tuple(GENERATORS)
-__all__ = ["HELDOUT_SIZE", "TASKS", "Corpus", "Survey", "Task", "load_corpus", "load_task", "survey"]
+CORPUS_MAX_LEN = 256
+"""The positions of a corpus run's model: pairs longer than this are left out of training."""
+__all__ = [
+    "CORPUS_MAX_LEN", "HELDOUT_SIZE", "Corpus", "Prepared", "Survey", "Task", "TrainingData", "load_corpus",
+    "load_task", "survey",
+]  # fmt: skip
+
+
+@dataclass
+class Prepared:
+    """A run's training data made ready: a corpus's training pairs as ids (``None`` for a task, whose pairs are drawn
+    at every step), what they were made from (the run's encoded-corpus cache holds it), whether they are that cache
+    (else it is to be written), and the facts each checkpoint records (fingerprints, the longest target)."""
+
+    encoded: EncodedCorpus | None
+    cache_key: dict[str, Any] | None
+    cached: bool
+    facts: dict[str, Any]
+
+
+class TrainingData(Protocol):
+    """What a run trains on. Training reads its data through this alone, so that another kind (a pretrained model's
+    fine-tuning corpus, a monolingual corpus for back-translation) is added by implementing it."""
+
+    name: str
+    recipe: str
+    """The recipe of its defaults (``RECIPES``; on a GPU its ``-gpu`` variant where there is one)."""
+    metric: str
+    """The evaluation's measure that ranks checkpoints, higher better."""
+    keeps_best: bool
+    """Whether a run keeps its best-evaluated checkpoint as ``best``, the one ``translate`` takes by default."""
+
+    def defaults(self) -> dict[str, Any]:
+        """Option values of its own, over the recipe's (a task's tokenizer)."""
+        ...
+
+    def recorded(self, options: TrainOptions) -> dict[str, Any]:
+        """What a run records of it, whatever else is given: ``task``, ``data``, ``valid``, ``langs``."""
+        ...
+
+    def vocabulary_pairs(self, options: RunOptions, progress: bool) -> list[Pair]:
+        """The pairs a new run learns its vocabulary from (a corpus checked for the usual mix-ups on the way)."""
+        ...
+
+    def positions(self, source: Tokenizer, target: Tokenizer) -> int:
+        """The positions the model needs (its ``max_len``)."""
+        ...
+
+    def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
+        """A new run's training data made ready for ``source`` and ``target``."""
+        ...
+
+    def resume(self, options: TrainOptions, checkpoint: Checkpoint, out: Path) -> Prepared:
+        """A resumed run's training data made ready, refused where it is not what the run trained on."""
+        ...
+
+    def batches(self, options: RunOptions, source: Tokenizer, target: Tokenizer, prepared: Prepared,
+                pad_to: int) -> Batches:  # fmt: skip
+        """The run's training batches, the same whichever framework, rank or resume."""
+        ...
+
+    def evaluation_pairs(self, count: int | None) -> list[Pair]:
+        """The first ``count`` held-out pairs (all when ``None``)."""
+        ...
+
+    def scores(
+        self, translations: list[str], pairs: list[Pair], loss: Callable[[], float], langs: Sequence[str] | None
+    ) -> dict[str, Any]:
+        """An evaluation: greedy ``translations`` of ``pairs``' sources scored against their targets (``loss()``: the
+        model's validation loss on them, where it is wanted), with its :attr:`metric` and ``examples``."""
+        ...
+
+    def describe(self, step: int, loss: float, evaluation: dict[str, Any]) -> str:
+        """An evaluation as a line of the training log."""
+        ...
+
+    def summary(self, evaluation: dict[str, Any], checkpoint: str | None) -> str:
+        """The final evaluation as the last line of ``train``; ``checkpoint``: the one it is of."""
+        ...
 
 
 def is_heldout(key: str) -> bool:
@@ -32,12 +122,16 @@ def is_heldout(key: str) -> bool:
 
 @dataclass
 class Task:
-    """A built-in task: training pairs drawn on demand, a fixed held-out list, the tokenizer kind it suits."""
+    """A built-in task (a :class:`TrainingData`): training pairs drawn on demand, a fixed held-out list, the tokenizer
+    kind it suits. Judged by exact match; every step draws a fresh batch of ``--batch-size`` pairs."""
 
     name: str
     tokenizer: str
     heldout: list[Pair]
     draw: Callable[[np.random.Generator], Pair]  # one training pair
+    recipe = "task"
+    metric = "accuracy"
+    keeps_best = False
 
     def batch(self, seed: int, step: int, size: int) -> list[Pair]:
         rng = np.random.default_rng([seed, step])
@@ -47,19 +141,87 @@ class Task:
         rng = np.random.default_rng([12345])
         return [self.draw(rng) for _ in range(count)] + self.heldout
 
+    def defaults(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer}
+
+    def recorded(self, options: TrainOptions) -> dict[str, Any]:
+        return {"task": self.name, "data": None, "valid": None, "langs": None}
+
+    def vocabulary_pairs(self, options: RunOptions, progress: bool) -> list[Pair]:
+        return self.vocabulary_sample()
+
+    def positions(self, source: Tokenizer, target: Tokenizer) -> int:
+        """Twice the longest tokenized example and more: room for what training never shows."""
+        sample = self.vocabulary_sample()
+        longest = max(len(side.encode(text)[0]) for s, t in sample for side, text in ((source, s), (target, t)))
+        return max(64, 2 * longest + 2)
+
+    def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
+        longest = max(len(target.encode(t)[0]) for _, t in self.vocabulary_sample())
+        return Prepared(None, None, True, {"longest_target": longest})
+
+    def resume(self, options: TrainOptions, checkpoint: Checkpoint, out: Path) -> Prepared:
+        return Prepared(None, None, True, dict(checkpoint.trainer["data"]))
+
+    def batches(self, options: RunOptions, source: Tokenizer, target: Tokenizer, prepared: Prepared,
+                pad_to: int) -> Batches:  # fmt: skip
+        if options.batch_size is None:
+            raise TypeError("a task's batches need a batch size")
+        return TaskBatches(self, options.seed, options.batch_size, source, target, pad_to)
+
+    def evaluation_pairs(self, count: int | None) -> list[Pair]:
+        return self.heldout[:count]
+
+    def scores(
+        self, translations: list[str], pairs: list[Pair], loss: Callable[[], float], langs: Sequence[str] | None
+    ) -> dict[str, Any]:
+        return {"accuracy": exact_match(translations, [t for _, t in pairs]), "examples": len(pairs)}
+
+    def describe(self, step: int, loss: float, evaluation: dict[str, Any]) -> str:
+        return f"step {step}: loss {loss:.4f}, held-out exact match {evaluation['accuracy']:.3f}"
+
+    def summary(self, evaluation: dict[str, Any], checkpoint: str | None) -> str:
+        return f"accuracy: {evaluation['accuracy']:.3f} (exact match on {evaluation['examples']} held-out examples)"
+
+
+@dataclass
+class TaskBatches:
+    """A task's batches: batch ``index`` drawn from an RNG seeded with ``(seed, index)`` and encoded."""
+
+    task: Task
+    seed: int
+    size: int
+    source: Tokenizer
+    target: Tokenizer
+    pad_to: int
+
+    def batch(self, index: int) -> Batch:
+        pairs = self.task.batch(self.seed, index, self.size)
+        sources, targets = self.source.encode_all([s for s, _ in pairs]), self.target.encode_all([t for _, t in pairs])
+        return make_batch(sources, targets, self.pad_to)
+
+    def target_tokens(self, index: int) -> int:
+        return self.batch(index).target_tokens
+
 
 @dataclass
 class Corpus:
-    """A parallel corpus: its files, read line by line when its training pairs are wanted (:meth:`pairs`), and its
-    validation pairs, in memory. ``holdout`` says which pairs of ``data`` are held out for validation: none
-    (``--valid`` given), those whose source hashes into the held-out tenth (``"hash"``), or, in a corpus too small
-    for that, those whose source is the last line's (``"last"``, that source in ``last_source``)."""
+    """A parallel corpus (a :class:`TrainingData`): its files, read line by line when its training pairs are wanted
+    (:meth:`pairs`), and its validation pairs, in memory; judged by validation BLEU, trained in batches of at most
+    ``--batch-tokens`` tokens of its pairs encoded once. ``holdout`` says which pairs of ``data`` are held out for
+    validation: none (``--valid`` given), those whose source hashes into the held-out tenth (``"hash"``), or, in a
+    corpus too small for that, those whose source is the last line's (``"last"``, that source in ``last_source``)."""
 
     name: str
     data: list[str]
     valid: list[Pair]
     holdout: str | None
     last_source: str | None = None
+    valid_files: list[str] | None = None  # ``--valid``, when given
+    surveyed: int | None = field(default=None, compare=False)  # its training pairs, once counted
+    recipe = "corpus"
+    metric = "bleu"
+    keeps_best = True
 
     def _held_out(self, source: str) -> bool:
         if self.holdout == "hash":
@@ -71,6 +233,114 @@ class Corpus:
         for pair in iter_parallel(self.data, "--data"):
             if not self._held_out(pair[0]):
                 yield pair
+
+    def defaults(self) -> dict[str, Any]:
+        return {}
+
+    def recorded(self, options: TrainOptions) -> dict[str, Any]:
+        data, valid = options.data or [], options.valid
+        langs = list(options.langs) if options.langs else from_file_names(data)
+        return {"task": None, "data": list(data), "valid": list(valid) if valid else None, "langs": langs}
+
+    def vocabulary_pairs(self, options: RunOptions, progress: bool) -> list[Pair]:
+        """A fixed-seed sample of at most ``--vocab-sample`` training pairs; the sides checked for the usual
+        mix-ups (a new run's corpus: a resumed one's is the same files)."""
+        found = survey(self, options.vocab_sample or HELDOUT_SIZE, seed=options.seed, progress=progress)
+        check_sides(self, found, options.data or [], options.valid)
+        self.surveyed = found.size
+        sampled = f", a sample of the {found.size:,}" if len(found.sample) < found.size else ""
+        say(f"learning a {options.tokenizer} vocabulary from {plural(len(found.sample), 'sentence pair')}{sampled}")
+        return found.sample
+
+    def positions(self, source: Tokenizer, target: Tokenizer) -> int:
+        return CORPUS_MAX_LEN
+
+    def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
+        train = fingerprint(self.data)
+        key = _cache_key(train, source, target)
+        encoded, cached = _shared_encoding(out, key, lambda: self._encode(source, target, self.surveyed, progress))
+        facts = {
+            "train": train,
+            "valid": fingerprint(self.valid_files) if self.valid_files else None,
+            "longest_target": int(encoded.targets.lengths.max()),
+        }
+        return Prepared(encoded, key, cached, facts)
+
+    def resume(self, options: TrainOptions, checkpoint: Checkpoint, out: Path) -> Prepared:
+        """The same files as the run's (sizes and SHA-256s), validated the same way; the run's encoding, when its
+        cache is intact."""
+        run, facts, saved = repr(str(checkpoint.path.parents[1])), checkpoint.trainer["data"], checkpoint.options
+        if options.valid is None and facts.get("valid") is not None:
+            raise UserError(
+                f"{run} validated on --valid {' '.join(saved['valid'] or [])}; give --valid again (the same files) "
+                "to continue training"
+            )
+        if options.valid is not None and facts.get("valid") is None:
+            raise UserError(f"--valid would change the run: {run} validated on a held-out tenth of --data")
+        _check_same_files("--data", options.data, facts.get("train"))
+        _check_same_files("--valid", options.valid, facts.get("valid"))
+        source, target = checkpoint.source, checkpoint.target
+        cache_key = _cache_key(facts["train"], source, target)
+        progress = options.progress
+        encoded, cached = _shared_encoding(out, cache_key, lambda: self._encode(source, target, None, progress))
+        return Prepared(encoded, cache_key, cached, dict(facts))
+
+    def _encode(self, source: Tokenizer, target: Tokenizer, size: int | None, progress: bool) -> EncodedCorpus:
+        """The ids of the training pairs that fit the model's positions; a warning for those left out."""
+        encoded = encode_pairs(self.pairs(), source, target, CORPUS_MAX_LEN, total=size, progress=progress)
+        if not len(encoded):
+            raise UserError(f"--data: every sentence pair is longer than {CORPUS_MAX_LEN} tokens: nothing to train on")
+        if encoded.dropped:
+            left_out = f"{plural(encoded.dropped, 'sentence pair')} longer than {CORPUS_MAX_LEN} tokens"
+            warn(f"--data: {left_out} {'is' if encoded.dropped == 1 else 'are'} left out of training")
+        return encoded
+
+    def batches(self, options: RunOptions, source: Tokenizer, target: Tokenizer, prepared: Prepared,
+                pad_to: int) -> Batches:  # fmt: skip
+        if prepared.encoded is None or options.batch_tokens is None:
+            raise TypeError("a corpus's batches need its encoded pairs and a number of tokens a batch")
+        return CorpusBatches(prepared.encoded, options.batch_tokens, options.seed, pad_to)
+
+    def evaluation_pairs(self, count: int | None) -> list[Pair]:
+        return self.valid[:count]
+
+    def scores(
+        self, translations: list[str], pairs: list[Pair], loss: Callable[[], float], langs: Sequence[str] | None
+    ) -> dict[str, Any]:
+        scores = score(translations, [t for _, t in pairs], tokenize=bleu_tokenizer(langs[1] if langs else None))
+        return {"valid_loss": loss(), **scores, "examples": len(pairs)}
+
+    def describe(self, step: int, loss: float, evaluation: dict[str, Any]) -> str:
+        return (
+            f"step {step}: loss {loss:.3f}, validation loss {evaluation['valid_loss']:.3f}, "
+            f"BLEU {evaluation['bleu']:.2f}, chrF {evaluation['chrf']:.2f}"
+        )
+
+    def summary(self, evaluation: dict[str, Any], checkpoint: str | None) -> str:
+        sentences = plural(evaluation["examples"], "validation sentence")
+        return (
+            f"bleu: {evaluation['bleu']:.2f}, chrf: {evaluation['chrf']:.2f} (sacreBLEU, greedy, on {sentences}; "
+            f"checkpoint {checkpoint}: translate and evaluate use it by default)"
+        )
+
+
+def _cache_key(train: Any, source: Tokenizer, target: Tokenizer) -> dict[str, Any]:
+    """What a corpus's ids are made from: its files' fingerprints, the tokenizers, the length limit."""
+    return {"train": train, "tokenizers": tokenizers_digest(source, target), "max_len": CORPUS_MAX_LEN}
+
+
+def _shared_encoding(out: Path, key: dict[str, Any], encode: Callable[[], EncodedCorpus]) -> tuple[EncodedCorpus, bool]:
+    """The run's encoded corpus, and whether it is the run's cache: the cache when it matches ``key``; else rank 0
+    encodes it (and the training writes the cache), and the other ranks of a torchrun wait for the cache and map it
+    (one copy on a machine)."""
+    found = encoded_corpus(out, key)
+    if found is not None:
+        return found, True
+    if is_main_rank():
+        return encode(), False
+    while (found := encoded_corpus(out, key)) is None:
+        time.sleep(0.5)
+    return found, True
 
 
 @dataclass
@@ -128,7 +398,8 @@ def load_task(name: str) -> Task:
             if not is_heldout(key):
                 return pair
 
-    heldout, seen, rng = [], set(), np.random.default_rng([2026])
+    heldout: list[Pair] = []
+    seen, rng = set(), np.random.default_rng([2026])
     while len(heldout) < HELDOUT_SIZE:
         key, pair = make(rng)
         if is_heldout(key) and key not in seen:
@@ -137,14 +408,27 @@ def load_task(name: str) -> Task:
     return Task(name, kind, heldout, draw)
 
 
+def _check_same_files(flag: str, paths: Sequence[str] | None, recorded: list[dict[str, Any]] | None) -> None:
+    """``paths`` (given as ``flag``) are the files a run ``recorded`` (sizes and SHA-256s; names may differ)."""
+    now = fingerprint(paths) if paths else None
+    if now is not None and recorded is not None:
+        now = [{**entry, "name": old["name"]} for entry, old in zip(now, recorded, strict=False)]
+    if now != recorded:
+        raise UserError(
+            f"{flag} {' '.join(paths or [])} is not the corpus this run trained on (its size or SHA-256 differs); "
+            "--resume needs the same files"
+        )
+
+
 def load_corpus(data: Sequence[str], valid: Sequence[str] | None = None) -> Corpus:
     """The corpus in ``data`` (a TSV file or two line-aligned files), validated on ``valid`` or a held-out tenth (read
     in one pass over ``data``; only the held-out pairs are kept)."""
     name = " ".join(data)
     if valid:
         iter_parallel(data, "--data").close()  # its files checked now; its lines are read when wanted
-        return Corpus(name, list(data), read_parallel(valid, "--valid"), None)
-    heldout, trained, last = [], False, None
+        return Corpus(name, list(data), read_parallel(valid, "--valid"), None, valid_files=list(valid))
+    heldout: list[Pair] = []
+    trained, last = False, None
     for source, target in iter_parallel(data, "--data"):
         if is_heldout(source):
             if len(heldout) < HELDOUT_SIZE:

@@ -73,7 +73,7 @@ class EncodedCorpus:
             builder = _SideBuilder(_token_dtype(vocabulary))
             builder.add(*flat(ids))
             sides.append(builder.build())
-        return cls(*sides, dropped=0)
+        return cls(sides[0], sides[1], dropped=0)
 
     @property
     def nbytes(self) -> int:
@@ -88,7 +88,9 @@ class _SideBuilder:
     """A side's arrays, built chunk by chunk."""
 
     def __init__(self, dtype: np.dtype) -> None:
-        self.dtype, self.tokens, self.lengths = dtype, [], []
+        self.dtype = dtype
+        self.tokens: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
 
     def add(self, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Texts of ``lengths`` ids each, their ``ids`` one after another."""

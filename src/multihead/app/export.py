@@ -42,9 +42,7 @@ def _ctranslate2() -> Any:
 
 def vocabulary(tokenizer: Tokenizer) -> list[str]:
     """The tokenizer's symbols by id, as CTranslate2 names them (it reads ``<bos>``, ``<eos>``, ``<unk>`` by name)."""
-    if isinstance(tokenizer, SubwordTokenizer):
-        return [tokenizer.model.id_to_token(index) for index in range(len(tokenizer))]
-    return list(tokenizer.symbols)
+    return tokenizer.pieces(range(len(tokenizer)))
 
 
 def _linear(spec: Any, weights: dict[str, np.ndarray], *names: str) -> None:

@@ -135,3 +135,5 @@ GENERATORS: dict[str, tuple[Callable[[np.random.Generator], Example], str]] = {
     "reverse": (reverse, "char"),
     "sort": (sort, "char"),
 }
+TASKS = tuple(GENERATORS)
+"""The built-in tasks' names."""

@@ -46,12 +46,12 @@ def from_file_names(paths: Sequence[str]) -> list[str] | None:
     codes, else ``None``."""
     if len(paths) != 2:
         return None
-    codes = [file_language(path) for path in paths]
-    if None in codes or codes[0] == codes[1]:
+    source, target = (file_language(path) for path in paths)
+    if source is None or target is None or source == target:
         return None
     names = [Path(path).name.lower() for path in paths]
     rest = [(name.removesuffix(".gz").rsplit(".", 1)[0], name.endswith(".gz")) for name in names]  # all but the code
-    return codes if rest[0] == rest[1] else None
+    return [source, target] if rest[0] == rest[1] else None
 
 
 def pair_text(langs: Sequence[str] | None) -> str:

@@ -16,13 +16,13 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from numbers import Real
 from typing import Any
 
 from multihead.app.console import UserError
-from multihead.app.data import TASKS
 from multihead.app.devices import DEVICE_CHOICES, PRECISIONS, device_name
+from multihead.app.generated import TASKS
 from multihead.app.languages import language_code
 from multihead.app.tokenizers import KINDS
 from multihead.app.translate import TRANSLATION
@@ -39,7 +39,6 @@ class Kind:
 
     parse: Callable[[str], Any] | None
     check: Callable[[str, Any], None]
-    annotation: str
 
 
 def _whole(text: str, minimum: int) -> int:
@@ -81,6 +80,7 @@ def _check_number(*, positive: bool, below_one: bool = False) -> Callable[[str, 
     def check(flag: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, Real):
             raise TypeError(f"{flag} must be a number, received {value!r} of type {type(value).__name__}")
+        value = float(value)
         if not math.isfinite(value) or value < 0 or (positive and value == 0):  # nan or inf would never end
             kind = "positive" if positive else "non-negative"
             raise UserError(f"{flag} must be a {kind} finite number, received {value}")
@@ -109,15 +109,15 @@ def _check_device(flag: str, value: Any) -> None:
         raise UserError(f"{flag} {error}") from None
 
 
-POSITIVE = Kind(lambda text: _whole(text, 1), _check_whole(1), "int | None")
-COUNT = Kind(lambda text: _whole(text, 0), _check_whole(0), "int | None")  # NumPy seeds batches: no negative seed
-POSITIVE_NUMBER = Kind(_number, _check_number(positive=True), "float | None")
-NON_NEGATIVE_NUMBER = Kind(_number, _check_number(positive=False), "float | None")
-FRACTION = Kind(_number, _check_number(positive=False, below_one=True), "float | None")
-TEXT = Kind(None, _unchecked, "str | None")
-DEVICE = Kind(device_name, lambda flag, value: _check_device(flag, value), "str | None")
-FILES = Kind(None, _unchecked, "Sequence[str] | None")
-SWITCH = Kind(None, _unchecked, "bool | None")
+POSITIVE = Kind(lambda text: _whole(text, 1), _check_whole(1))
+COUNT = Kind(lambda text: _whole(text, 0), _check_whole(0))  # NumPy seeds batches: no negative seed
+POSITIVE_NUMBER = Kind(_number, _check_number(positive=True))
+NON_NEGATIVE_NUMBER = Kind(_number, _check_number(positive=False))
+FRACTION = Kind(_number, _check_number(positive=False, below_one=True))
+TEXT = Kind(None, _unchecked)
+DEVICE = Kind(device_name, lambda flag, value: _check_device(flag, value))
+FILES = Kind(None, _unchecked)
+SWITCH = Kind(None, _unchecked)
 
 
 def _check_langs(flag: str, value: Any) -> None:
@@ -130,7 +130,7 @@ def _check_langs(flag: str, value: Any) -> None:
             raise UserError(f"{flag} {error}") from None
 
 
-LANGS = Kind(language_code, _check_langs, "Sequence[str] | None")
+LANGS = Kind(language_code, _check_langs)
 
 
 # --- the search: translate, evaluate and serve -------------------------------------------------------------
@@ -224,11 +224,12 @@ AS_CORPUS = object()  # an option's GPU default when it is the corpus recipe's
 
 @dataclass(frozen=True)
 class Option:
-    """One training option. ``task`` and ``corpus`` are its defaults in the two recipes (``None``: none, or the
-    task's own) when ``recipe``; ``resumable``: ``--resume`` may change it; ``saved``: part of what a run is made
-    of, kept in its checkpoints (the others say how this process runs); ``machine``: a choice of this machine's, not
-    the run's (``--resume`` takes it as given, else its default, never the run's); ``argparse``: what else
-    ``add_argument`` takes."""
+    """One training option, described by its :class:`TrainOptions` field (see :func:`option`): its flag and help,
+    how the command line reads it, its defaults in the recipes (``task``, ``corpus``; ``gpu``: the corpus recipe's on
+    a GPU) when ``recipe`` (``None``: none, or the task's own); ``resumable``: ``--resume`` may change it; ``saved``:
+    part of what a run is made of, kept in its checkpoints (the others say how this process runs); ``machine``: a
+    choice of this machine's, not the run's (``--resume`` takes it as given, else its default, never the run's);
+    ``argparse``: what else ``add_argument`` takes."""
 
     name: str
     flag: str
@@ -280,80 +281,277 @@ class Option:
         return f"{self.flag} {value}"
 
 
-OPTIONS = (
-    Option("out", "--out", "run directory for checkpoints (e.g. runs/dates)", TEXT, recipe=False, saved=False,
-           argparse=dict(required=True)),
-    Option("task", "--task", f"built-in task: {', '.join(TASKS)} (default: dates)", TEXT, recipe=False,
-           argparse=dict(metavar="NAME")),
-    Option("data", "--data", "a parallel corpus: SRC TGT (two line-aligned files) or FILE.tsv; plain or .gz", FILES,
-           recipe=False, argparse=dict(nargs="+", metavar="FILE")),
-    Option("valid", "--valid", "validation set for --data, as --data (default: a held-out tenth of --data)", FILES,
-           recipe=False, argparse=dict(nargs="+", metavar="FILE")),
-    Option("langs", "--langs", "the languages translated, ISO 639-1 codes (default: what the run recorded, for a new "
-           "run read from --data file names such as train.de.gz train.en.gz)", LANGS, recipe=False,
-           argparse=dict(nargs=2, metavar=("SRC", "TGT"))),
-    Option("framework", "--framework", "PyTorch, or Keras on the backend KERAS_BACKEND names (tensorflow, jax or "
-           "torch)", TEXT, "torch", "torch", argparse=dict(choices=FRAMEWORKS)),
-    Option("device", "--device", f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the "
-           "CPU; under torchrun each rank its cuda:LOCAL_RANK; on resume too, whatever the run trained on)", DEVICE,
-           "auto", "auto", resumable=True, machine=True),
-    Option("precision", "--precision", "fp32, or autocast to bf16 or fp16 (fp16 with dynamic loss scaling); auto: "
-           "bf16 on a CUDA device that has it, else fp32", TEXT, "auto", "auto", resumable=True,
-           argparse=dict(choices=PRECISIONS)),
-    Option("compile", "--compile", "run the training step under torch.compile (its first steps compile)", SWITCH,
-           False, False, resumable=True, argparse=dict(action=argparse.BooleanOptionalAction)),
-    Option("steps", "--steps", "total optimizer steps (--steps or --minutes is required for a new run)", POSITIVE,
-           recipe=False, resumable=True),
-    Option("minutes", "--minutes", "stop after this much training time (with --steps: whichever comes first)",
-           POSITIVE_NUMBER, recipe=False, resumable=True),
-    Option("resume", "--resume", "continue the run in --out", SWITCH, recipe=False, saved=False,
-           argparse=dict(action="store_true")),
-    Option("tokenizer", "--tokenizer", "characters, whitespace-separated words or learned subwords (BPE)", TEXT, None,
-           "subword", argparse=dict(choices=KINDS)),
-    Option("vocab_size", "--vocab-size", "subword vocabulary size (--tokenizer subword only)", POSITIVE, None, 8000),
-    Option("vocab_sample", "--vocab-sample", "learn the vocabulary from at most this many sentence pairs (a "
-           "fixed-seed sample of a larger corpus)", POSITIVE, None, 1_000_000),
-    Option("joint", "--joint-vocab", "one vocabulary for both languages, with tied embeddings", SWITCH, False, True,
-           argparse=dict(action=argparse.BooleanOptionalAction)),
-    Option("batch_size", "--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True),
-    Option("batch_tokens", "--batch-tokens", "padded tokens per batch and rank, corpora (an optimizer step takes "
-           "world size x --batch-tokens x --accumulate)", POSITIVE, None, 4096, resumable=True, gpu=8192),
-    Option("accumulate", "--accumulate", "batches whose gradients add up to one optimizer step (on each rank)",
-           POSITIVE, 1, 1, resumable=True),
-    Option("lr", "--lr", "peak learning rate", POSITIVE_NUMBER, 1e-3, 1.5e-3, resumable=True, gpu=1e-3),
-    Option("warmup", "--warmup", "warm-up steps, then 1/sqrt decay", POSITIVE, 300, 200, resumable=True, gpu=400),
-    Option("clip", "--clip", "gradient norm clipping, 0: off", NON_NEGATIVE_NUMBER, 0.0, 1.0, resumable=True),
-    Option("label_smoothing", "--label-smoothing", "the share of each target's probability spread over the whole "
-           "vocabulary in the loss, in [0, 1)", FRACTION, 0.0, 0.1, resumable=True),
-    Option("d_model", "--d-model", "the model's width: embeddings and every layer's output", POSITIVE, 128, 256,
-           gpu=512),
-    Option("num_heads", "--heads", "attention heads per layer (they must divide --d-model)", POSITIVE, 4, 4,
-           argparse=dict(metavar="HEADS"), gpu=8),
-    Option("layers", "--layers", "encoder and decoder layers each", POSITIVE, 2, 3, gpu=6),
-    Option("d_ff", "--d-ff", "the feed-forward blocks' inner width", POSITIVE, 256, 1024, gpu=2048),
-    Option("dropout", "--dropout", "dropout rate in training, in [0, 1)", FRACTION, 0.0, 0.1, gpu=0.3),
-    Option("eval_every", "--eval-every", "evaluation interval in steps", POSITIVE, 500, 200, resumable=True, gpu=250),
-    Option("eval_examples", "--eval-examples", "held-out examples per evaluation ({default}: all)", POSITIVE, 200,
-           None, resumable=True),
-    Option("checkpoint_every", "--checkpoint-every", "checkpoint interval in steps", POSITIVE, 500, 100,
-           resumable=True, gpu=250),
-    Option("keep", "--keep", "step checkpoints kept, besides the best", POSITIVE, 2, 5, resumable=True),
-    Option("average", "--average", "average the last N checkpoints at the end", COUNT, 0, 5, resumable=True),
-    Option("patience", "--patience", "stop after N evaluations without improvement, 0: never", COUNT, 0, 0,
-           resumable=True),
-    Option("seed", "--seed", "random seed of the initial weights, dropout and the order of the batches", COUNT, 0, 0),
-    Option("progress", "--no-progress", "no progress bar", SWITCH, recipe=False, saved=False,
-           argparse=dict(action="store_false")),
-)  # fmt: skip
-BY_NAME = {option.name: option for option in OPTIONS}
-SAVED = tuple(option for option in OPTIONS if option.saved)
+# --- the options as a dataclass -----------------------------------------------------------------------------
+
+OPTION = "option"
+"""Where a :class:`TrainOptions` field's metadata keeps its :class:`Option`."""
+
+
+def option(
+    flag: str,
+    help: str,
+    kind: Kind,
+    task: Any = None,
+    corpus: Any = None,
+    *,
+    recipe: bool = True,
+    resumable: bool = False,
+    saved: bool = True,
+    machine: bool = False,
+    argparse: dict[str, Any] | None = None,
+    gpu: Any = AS_CORPUS,
+    default: Any = None,
+) -> Any:
+    """A :class:`TrainOptions` field: ``default`` (``None``: not given, the recipe's or the run's value) and, in its
+    metadata, its :class:`Option` (named after the field)."""
+    described = Option("", flag, help, kind, task, corpus, recipe, resumable, saved, machine, argparse or {}, gpu)
+    return dataclasses.field(default=default, metadata={OPTION: described})
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Everything a training run is made of, as given: one field per option, its :class:`Option` in the field's
+    metadata (``OPTIONS``); ``None`` takes the recipe's value (see ``RECIPES``) or, on resume, the run's. Checked when
+    made. Resolved into :class:`RunOptions`."""
+
+    out: str = option(
+        "--out",
+        "run directory for checkpoints (e.g. runs/dates)",
+        TEXT,
+        recipe=False,
+        saved=False,
+        argparse=dict(required=True),
+        default=MISSING,
+    )
+    task: str | None = option(
+        "--task",
+        f"built-in task: {', '.join(TASKS)} (default: dates)",
+        TEXT,
+        recipe=False,
+        argparse=dict(metavar="NAME"),
+    )
+    data: Sequence[str] | None = option(
+        "--data",
+        "a parallel corpus: SRC TGT (two line-aligned files) or FILE.tsv; plain or .gz",
+        FILES,
+        recipe=False,
+        argparse=dict(nargs="+", metavar="FILE"),
+    )
+    valid: Sequence[str] | None = option(
+        "--valid",
+        "validation set for --data, as --data (default: a held-out tenth of --data)",
+        FILES,
+        recipe=False,
+        argparse=dict(nargs="+", metavar="FILE"),
+    )
+    langs: Sequence[str] | None = option(
+        "--langs",
+        "the languages translated, ISO 639-1 codes (default: what the run recorded, for a new "
+        "run read from --data file names such as train.de.gz train.en.gz)",
+        LANGS,
+        recipe=False,
+        argparse=dict(nargs=2, metavar=("SRC", "TGT")),
+    )
+    framework: str | None = option(
+        "--framework",
+        "PyTorch, or Keras on the backend KERAS_BACKEND names (tensorflow, jax or torch)",
+        TEXT,
+        "torch",
+        "torch",
+        argparse=dict(choices=FRAMEWORKS),
+    )
+    device: str | None = option(
+        "--device",
+        f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the "
+        "CPU; under torchrun each rank its cuda:LOCAL_RANK; on resume too, whatever the run trained on)",
+        DEVICE,
+        "auto",
+        "auto",
+        resumable=True,
+        machine=True,
+    )
+    precision: str | None = option(
+        "--precision",
+        "fp32, or autocast to bf16 or fp16 (fp16 with dynamic loss scaling); auto: "
+        "bf16 on a CUDA device that has it, else fp32",
+        TEXT,
+        "auto",
+        "auto",
+        resumable=True,
+        argparse=dict(choices=PRECISIONS),
+    )
+    compile: bool | None = option(
+        "--compile",
+        "run the training step under torch.compile (its first steps compile)",
+        SWITCH,
+        False,
+        False,
+        resumable=True,
+        argparse=dict(action=argparse.BooleanOptionalAction),
+    )
+    steps: int | None = option(
+        "--steps",
+        "total optimizer steps (--steps or --minutes is required for a new run)",
+        POSITIVE,
+        recipe=False,
+        resumable=True,
+    )
+    minutes: float | None = option(
+        "--minutes",
+        "stop after this much training time (with --steps: whichever comes first)",
+        POSITIVE_NUMBER,
+        recipe=False,
+        resumable=True,
+    )
+    resume: bool = option(
+        "--resume",
+        "continue the run in --out",
+        SWITCH,
+        recipe=False,
+        saved=False,
+        argparse=dict(action="store_true"),
+        default=False,
+    )
+    tokenizer: str | None = option(
+        "--tokenizer",
+        "characters, whitespace-separated words or learned subwords (BPE)",
+        TEXT,
+        None,
+        "subword",
+        argparse=dict(choices=KINDS),
+    )
+    vocab_size: int | None = option(
+        "--vocab-size", "subword vocabulary size (--tokenizer subword only)", POSITIVE, None, 8000
+    )
+    vocab_sample: int | None = option(
+        "--vocab-sample",
+        "learn the vocabulary from at most this many sentence pairs (a fixed-seed sample of a larger corpus)",
+        POSITIVE,
+        None,
+        1_000_000,
+    )
+    joint: bool | None = option(
+        "--joint-vocab",
+        "one vocabulary for both languages, with tied embeddings",
+        SWITCH,
+        False,
+        True,
+        argparse=dict(action=argparse.BooleanOptionalAction),
+    )
+    batch_size: int | None = option("--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True)
+    batch_tokens: int | None = option(
+        "--batch-tokens",
+        "padded tokens per batch and rank, corpora (an optimizer step takes "
+        "world size x --batch-tokens x --accumulate)",
+        POSITIVE,
+        None,
+        4096,
+        resumable=True,
+        gpu=8192,
+    )
+    accumulate: int | None = option(
+        "--accumulate",
+        "batches whose gradients add up to one optimizer step (on each rank)",
+        POSITIVE,
+        1,
+        1,
+        resumable=True,
+    )
+    lr: float | None = option("--lr", "peak learning rate", POSITIVE_NUMBER, 1e-3, 1.5e-3, resumable=True, gpu=1e-3)
+    warmup: int | None = option(
+        "--warmup", "warm-up steps, then 1/sqrt decay", POSITIVE, 300, 200, resumable=True, gpu=400
+    )
+    clip: float | None = option(
+        "--clip", "gradient norm clipping, 0: off", NON_NEGATIVE_NUMBER, 0.0, 1.0, resumable=True
+    )
+    label_smoothing: float | None = option(
+        "--label-smoothing",
+        "the share of each target's probability spread over the whole vocabulary in the loss, in [0, 1)",
+        FRACTION,
+        0.0,
+        0.1,
+        resumable=True,
+    )
+    d_model: int | None = option(
+        "--d-model", "the model's width: embeddings and every layer's output", POSITIVE, 128, 256, gpu=512
+    )
+    num_heads: int | None = option(
+        "--heads",
+        "attention heads per layer (they must divide --d-model)",
+        POSITIVE,
+        4,
+        4,
+        argparse=dict(metavar="HEADS"),
+        gpu=8,
+    )
+    layers: int | None = option("--layers", "encoder and decoder layers each", POSITIVE, 2, 3, gpu=6)
+    d_ff: int | None = option("--d-ff", "the feed-forward blocks' inner width", POSITIVE, 256, 1024, gpu=2048)
+    dropout: float | None = option("--dropout", "dropout rate in training, in [0, 1)", FRACTION, 0.0, 0.1, gpu=0.3)
+    eval_every: int | None = option(
+        "--eval-every", "evaluation interval in steps", POSITIVE, 500, 200, resumable=True, gpu=250
+    )
+    eval_examples: int | None = option(
+        "--eval-examples", "held-out examples per evaluation ({default}: all)", POSITIVE, 200, None, resumable=True
+    )
+    checkpoint_every: int | None = option(
+        "--checkpoint-every", "checkpoint interval in steps", POSITIVE, 500, 100, resumable=True, gpu=250
+    )
+    keep: int | None = option("--keep", "step checkpoints kept, besides the best", POSITIVE, 2, 5, resumable=True)
+    average: int | None = option("--average", "average the last N checkpoints at the end", COUNT, 0, 5, resumable=True)
+    patience: int | None = option(
+        "--patience", "stop after N evaluations without improvement, 0: never", COUNT, 0, 0, resumable=True
+    )
+    seed: int | None = option(
+        "--seed", "random seed of the initial weights, dropout and the order of the batches", COUNT, 0, 0
+    )
+    progress: bool = option(
+        "--no-progress",
+        "no progress bar",
+        SWITCH,
+        recipe=False,
+        saved=False,
+        argparse=dict(action="store_false"),
+        default=True,
+    )
+
+    def __post_init__(self) -> None:
+        """Every given value of its kind, and the combinations the options allow."""
+        for name in ("data", "valid"):  # one file given as a string
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, [getattr(self, name)])
+        if self.task is not None and self.data is not None:
+            raise UserError("give --task or --data, not both")
+        if self.valid is not None and self.data is None:
+            raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
+        if self.langs is not None and self.data is None:
+            raise UserError("--langs goes with --data (a built-in task translates no language)")
+        for described in SAVED:
+            value = getattr(self, described.name)
+            if value is not None:
+                described.kind.check(described.flag, value)
+        if self.framework is not None:
+            _check_choice(FRAMEWORKS, " or ".join(FRAMEWORKS))("--framework", self.framework)
+        if self.tokenizer is not None:
+            _check_choice(KINDS, f"one of {', '.join(KINDS)}")("--tokenizer", self.tokenizer)
+        if self.precision is not None:
+            _check_choice(PRECISIONS, f"one of {', '.join(PRECISIONS)}")("--precision", self.precision)
+        if self.steps is None and self.minutes is None and not self.resume:
+            raise UserError("give --steps N or --minutes M (or both: whichever comes first)")
+
+
+OPTIONS = tuple(
+    dataclasses.replace(field.metadata[OPTION], name=field.name) for field in dataclasses.fields(TrainOptions)
+)
+BY_NAME = {described.name: described for described in OPTIONS}
+SAVED = tuple(described for described in OPTIONS if described.saved)
 RECIPES: dict[str, dict[str, Any]] = {
-    recipe: {option.name: getattr(option, recipe) for option in OPTIONS if option.recipe} for recipe in (TASK, CORPUS)
+    recipe: {described.name: getattr(described, recipe) for described in OPTIONS if described.recipe}
+    for recipe in (TASK, CORPUS)
 }
-RECIPES[CORPUS_GPU] = {option.name: option.gpu_default for option in OPTIONS if option.recipe}
-FLAGS = {option.name: option.flag for option in OPTIONS}
+RECIPES[CORPUS_GPU] = {described.name: described.gpu_default for described in OPTIONS if described.recipe}
+FLAGS = {described.name: described.flag for described in OPTIONS}
 """Every option's flag, for messages in the user's words."""
-RESUMABLE = tuple(option.name for option in OPTIONS if option.resumable)
+RESUMABLE = tuple(described.name for described in OPTIONS if described.resumable)
 """What ``--resume`` may change; every other saved option would change the model or the data."""
 DATA = ("task", "data", "valid")
 """The options that say what a run learns from, which ``--resume`` checks its own way (the corpus' fingerprint)."""
@@ -367,52 +565,50 @@ def in_flags(message: str) -> str:
     return message
 
 
-# --- the options as a dataclass -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunOptions:
+    """The options a run trains with: each saved option of :class:`TrainOptions` resolved (given, else the run's,
+    else the recipe's), as every checkpoint keeps them (``asdict``)."""
 
+    task: str | None
+    data: list[str] | None
+    valid: list[str] | None
+    langs: list[str] | None
+    framework: str
+    device: str
+    precision: str
+    compile: bool
+    steps: int | None
+    minutes: float | None
+    tokenizer: str
+    vocab_size: int | None
+    vocab_sample: int | None
+    joint: bool
+    batch_size: int | None
+    batch_tokens: int | None
+    accumulate: int
+    lr: float
+    warmup: int
+    clip: float
+    label_smoothing: float
+    d_model: int
+    num_heads: int
+    layers: int
+    d_ff: int
+    dropout: float
+    eval_every: int
+    eval_examples: int | None
+    checkpoint_every: int
+    keep: int
+    average: int
+    patience: int
+    seed: int
 
-def _check(options: Any) -> None:
-    """Every given value of its kind, and the combinations the options allow."""
-    if isinstance(options.data, str):
-        options.data = [options.data]
-    if isinstance(options.valid, str):
-        options.valid = [options.valid]
-    if options.task is not None and options.data is not None:
-        raise UserError("give --task or --data, not both")
-    if options.valid is not None and options.data is None:
-        raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
-    if options.langs is not None and options.data is None:
-        raise UserError("--langs goes with --data (a built-in task translates no language)")
-    for option in SAVED:
-        value = getattr(options, option.name)
-        if value is not None:
-            option.kind.check(option.flag, value)
-    if options.framework is not None:
-        _check_choice(FRAMEWORKS, " or ".join(FRAMEWORKS))("--framework", options.framework)
-    if options.tokenizer is not None:
-        _check_choice(KINDS, f"one of {', '.join(KINDS)}")("--tokenizer", options.tokenizer)
-    if options.precision is not None:
-        _check_choice(PRECISIONS, f"one of {', '.join(PRECISIONS)}")("--precision", options.precision)
-    if options.steps is None and options.minutes is None and not options.resume:
-        raise UserError("give --steps N or --minutes M (or both: whichever comes first)")
-
-
-def _field(option: Option) -> tuple[str, str, Any]:
-    if option.name == "out":
-        return option.name, "str", dataclasses.field()
-    default = {"progress": True, "resume": False}.get(option.name)
-    return option.name, option.kind.annotation, dataclasses.field(default=default)
-
-
-TrainOptions = dataclasses.make_dataclass(
-    "TrainOptions",
-    [_field(option) for option in OPTIONS],
-    namespace={
-        "__doc__": "Everything a training run is made of (one field per option of ``OPTIONS``); ``None`` takes the "
-        "recipe's value (see ``RECIPES``) or, on resume, the run's. Saved, resolved, in each checkpoint.",
-        "__post_init__": _check,
-        "__module__": __name__,
-    },
-)
+    def __post_init__(self) -> None:
+        unset = [field.name for field in dataclasses.fields(self)
+                 if getattr(self, field.name) is None and "None" not in str(field.type)]  # fmt: skip
+        if unset:  # a recipe or the resolution lacks them: a bug, not the user's
+            raise TypeError(f"RunOptions: {', '.join(unset)} resolved to None")
 
 
 # --- the command line ---------------------------------------------------------------------------------------
@@ -425,7 +621,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         option.add_to(data if option.name in ("task", "data") else parser)
 
 
-def on_this_machine(options: Any) -> dict[str, Any]:
+def recipe_options(recipe: str, **values: Any) -> RunOptions:
+    """The options of the recipe ``recipe`` (a key of ``RECIPES``) with ``values`` over them; those it leaves unset
+    (what the data says: a task, a corpus's files, its tokenizer) from ``values``, else ``None``."""
+    return RunOptions(**_saved_only({**dict.fromkeys(FLAGS), **RECIPES[recipe], **values}))
+
+
+def _saved_only(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if BY_NAME[name].saved}
+
+
+def on_this_machine(options: TrainOptions) -> dict[str, Any]:
     """The ``machine`` options (the device) as ``options`` give them, else their default; never a saved run's."""
     return {
         option.name: option.corpus if getattr(options, option.name) is None else getattr(options, option.name)
@@ -443,6 +649,6 @@ def resume_epilog() -> str:
     )
 
 
-def train_options(args: argparse.Namespace) -> Any:
+def train_options(args: argparse.Namespace) -> TrainOptions:
     """The :class:`TrainOptions` a parsed ``train`` command line gives."""
     return TrainOptions(**{option.name: getattr(args, option.name) for option in OPTIONS})

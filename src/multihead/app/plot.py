@@ -52,7 +52,8 @@ def _drawable(character: str) -> bool:
     from matplotlib import font_manager
     from matplotlib.ft2font import FT2Font
 
-    families = ["DejaVu Sans", *([cjk_font()] if cjk_font() else [])]
+    cjk = cjk_font()
+    families = ["DejaVu Sans", *([cjk] if cjk else [])]
     return any(FT2Font(font_manager.findfont(family)).get_char_index(ord(character)) for family in families)
 
 

@@ -43,7 +43,7 @@ from multihead.app.console import UserError, warn
 from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import TransformerConfig
-from multihead.files import atomic_write, write_directory
+from multihead.files import atomic_write, atomic_write_text, write_directory
 from multihead.io import FRAMEWORKS, read_config, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
@@ -145,7 +145,7 @@ def check_writable(out: Path) -> None:
         raise RunError(f"cannot write to output directory {str(out)!r}: {error.strerror or error}") from None
 
 
-def write_json(values: Any) -> Callable[[Path], None]:
+def write_json(values: Any) -> Callable[[Path], object]:
     return lambda path: path.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -156,7 +156,7 @@ def checkpoint_name(step: int) -> str:
 def save_checkpoint(
     out: Path,
     name: str,
-    writers: Mapping[str, Callable[[Path], None]],
+    writers: Mapping[str, Callable[[Path], object]],
     *,
     tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
     keep: int = 2,
@@ -238,16 +238,18 @@ def save_average(out: Path, count: int, tokenizers: tuple[Tokenizer, Tokenizer])
         return None
     stacks = [read_weights(path / WEIGHTS) for path in kept]
     averaged = {name: np.mean([s[name] for s in stacks], axis=0).astype(stacks[-1][name].dtype) for name in stacks[-1]}
-    writers = {
-        name: (lambda path, source=kept[-1] / name: path.write_bytes(source.read_bytes())) for name in (CONFIG, TRAINER)
-    }
+
+    def copied(name: str) -> Callable[[Path], object]:
+        return lambda path: path.write_bytes((kept[-1] / name).read_bytes())
+
+    writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER)}
     writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
     return save_checkpoint(out, AVERAGE, writers, tokenizers=tokenizers)
 
 
 def point(out: Path, pointer: str, name: str) -> None:
     """Make ``RUN/latest`` or ``RUN/best`` name checkpoint ``name`` (atomically)."""
-    atomic_write(out / pointer, lambda tmp: Path(tmp).write_text(name + "\n", encoding="utf-8"))
+    atomic_write_text(out / pointer, name + "\n")
 
 
 def _rotate(out: Path, keep: int) -> None:
@@ -427,7 +429,7 @@ def open_checkpoint(
     """
     check_run(out)
     default = which is None
-    if default:
+    if which is None:
         which = BEST if _pointed_at(out, BEST) is not None else LATEST
     if which == LATEST or default:
         candidates = _step_checkpoints(out)[::-1]

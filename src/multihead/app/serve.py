@@ -204,18 +204,21 @@ class LineStream(StreamingTranslator):
     def __init__(self, translator: Translator, search: SearchOptions) -> None:
         super().__init__(translator, rows=GATHER, search=search)
 
-    def add(self, texts: list[str], future: Future) -> None:  # type: ignore[override]
+    def add(
+        self, texts: Sequence[str], future: Future, finish: Callable[[list[str]], Any] = lambda translated: translated
+    ) -> None:
+        """As :meth:`StreamingTranslator.add`, each text translated line by line: ``finish`` gets whole texts."""
         lines, flat = split_lines(texts)
-        super().add(flat, future, lambda translated: join_lines(texts, lines, translated))
+        super().add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)))
 
 
-def split_lines(texts: list[str]) -> tuple[list[list[str]], list[str]]:
+def split_lines(texts: Sequence[str]) -> tuple[list[list[str]], list[str]]:
     """Each text's lines, and all of them in one list."""
     lines = [text.replace("\r\n", "\n").replace("\r", "\n").split("\n") for text in texts]
     return lines, [line for text_lines in lines for line in text_lines]
 
 
-def join_lines(texts: list[str], lines: list[list[str]], translated: list[str]) -> list[str]:
+def join_lines(texts: Sequence[str], lines: list[list[str]], translated: list[str]) -> list[str]:
     """Each text's translation from its lines' ``translated`` (all of them, in order); a blank text as it came."""
     each = iter(translated)
     joined = ["\n".join(next(each) for _ in text_lines) for text_lines in lines]
@@ -385,9 +388,8 @@ class Endpoints:
         service, q = self.service, arguments.get("q")
         _require_q(q)
         source, target = _text_argument(arguments, "source"), _text_argument(arguments, "target")
-        for name, value in (("source", source), ("target", target)):
-            if value is None:
-                raise ApiError(400, f"Invalid request: missing {name} parameter")
+        if source is None or target is None:
+            raise ApiError(400, f"Invalid request: missing {'source' if source is None else 'target'} parameter")
         alternatives = self.alternatives(arguments)
         texts = _texts(q, self.limits)
         detected = source == "auto"

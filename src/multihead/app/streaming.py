@@ -22,7 +22,9 @@ class StreamingTranslator:
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator = translator
-        self.stream = Stream(translator.generator, rows=rows, search=search, bos_id=BOS, eos_id=EOS)
+        self.stream: Stream[tuple[_Job, int]] = Stream(
+            translator.generator, rows=rows, search=search, bos_id=BOS, eos_id=EOS
+        )
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -33,7 +35,7 @@ class StreamingTranslator:
         """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result in :meth:`step` (at once, when they
         hold no piece to translate)."""
         pieces, flat = self.translator.pieces(texts)
-        job = _Job(pieces, [None] * len(flat), len(flat), future, finish)
+        job = _Job(pieces, [[] for _ in flat], len(flat), future, finish)
         if not flat:
             future.set_result(finish(self.translator.joined(pieces, [])))
         for index, ids in enumerate(flat):
@@ -54,10 +56,11 @@ class StreamingTranslator:
 
 @dataclass
 class _Job:
-    """One request's texts: their pieces, the translations of those that have ended, how many have not."""
+    """One request's texts: their pieces, the translations of those that have ended (empty until then), how many
+    have not."""
 
     pieces: list[list[Ids]]
-    outputs: list[Ids | None]
+    outputs: list[Ids]
     left: int
     future: Future
     finish: Callable[[list[str]], Any]

@@ -299,8 +299,8 @@ class WordIds:
         if plain.all():
             return self._words(texts)
         parts = {
-            True: self._words([texts[i] for i in np.flatnonzero(plain)]),
-            False: flat(model_ids(self.model, [texts[i] for i in np.flatnonzero(~plain)])),
+            True: self._words([texts[int(i)] for i in np.flatnonzero(plain)]),
+            False: flat(model_ids(self.model, [texts[int(i)] for i in np.flatnonzero(~plain)])),
         }
         lengths = np.zeros(len(texts), np.int64)
         for kind, (_, counts) in parts.items():
@@ -368,8 +368,8 @@ def build_tokenizers(
             return shared, shared
         return SubwordTokenizer.train(sources, vocab_size), SubwordTokenizer.train(targets, vocab_size)
     if joint:
-        shared = SymbolTokenizer.build(kind, [*sources, *targets])
-        return shared, shared
+        symbols = SymbolTokenizer.build(kind, [*sources, *targets])
+        return symbols, symbols
     return SymbolTokenizer.build(kind, sources), SymbolTokenizer.build(kind, targets)
 
 
@@ -379,17 +379,24 @@ def subword_file(side: str, joint: bool) -> str:
 
 def digest(source: Tokenizer, target: Tokenizer) -> str:
     """A SHA-256 of both tokenizers' vocabularies and rules: the same only for the same tokenizers."""
-    described = [
-        tokenizer.to_json() if isinstance(tokenizer, SubwordTokenizer) else json.dumps(tokenizer.to_dict())
-        for tokenizer in (source, target)
-    ]
+    described = [_described(tokenizer) for tokenizer in (source, target)]
     return hashlib.sha256(json.dumps(described).encode("utf-8")).hexdigest()
+
+
+def _described(tokenizer: Tokenizer) -> str:
+    """A tokenizer's whole vocabulary and rules as text."""
+    if isinstance(tokenizer, SubwordTokenizer):
+        return tokenizer.to_json()
+    if isinstance(tokenizer, SymbolTokenizer):
+        return json.dumps(tokenizer.to_dict())
+    raise TypeError(f"no description of a {type(tokenizer).__name__}")
 
 
 def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> list[str]:
     """Write the manifest and any subword vocabulary into ``directory``; return the file names written."""
     joint = source is target
-    manifest, written = {}, [MANIFEST]
+    manifest: dict[str, Any] = {}
+    written = [MANIFEST]
     for side, tokenizer in (("source", source), ("target", target)):
         if isinstance(tokenizer, SubwordTokenizer):
             name = subword_file(side, joint)
@@ -397,8 +404,10 @@ def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> li
             if name not in written:
                 (directory / name).write_text(tokenizer.to_json(), encoding="utf-8")
                 written.append(name)
-        else:
+        elif isinstance(tokenizer, SymbolTokenizer):
             manifest[side] = tokenizer.to_dict()
+        else:
+            raise TypeError(f"cannot save a {type(tokenizer).__name__}")
     manifest["joint"] = joint
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return written

@@ -30,6 +30,7 @@ import numpy as np
 from keras import ops
 
 from multihead.app.batching import Batch, join_batches
+from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
 from multihead.config import TransformerConfig
@@ -124,13 +125,13 @@ def _data_parallel() -> int:
 class KerasTrainer:
     framework = "keras"
 
-    def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+    def __init__(self, config: TransformerConfig, options: RunOptions, checkpoint: Checkpoint | None) -> None:
         self.backend, self.device = keras.backend.backend(), keras_device()
         self.prefetch = False
         self.devices = _data_parallel()
-        if options["batch_tokens"] is None:  # a built-in task: batches of a few dozen short sentences
+        if options.batch_tokens is None:  # a built-in task: batches of a few dozen short sentences
             _one_thread_per_operation()
-        keras.utils.set_random_seed(options["seed"])
+        keras.utils.set_random_seed(options.seed)
         self.model = Transformer.from_config(config)
         self.model.build()
         self.configure(options)
@@ -138,19 +139,19 @@ class KerasTrainer:
             load_weights(self.model, checkpoint.path / WEIGHTS)
             self._restore_optimizer(checkpoint)
 
-    def configure(self, options: dict[str, Any]) -> None:
+    def configure(self, options: RunOptions) -> None:
         """(Re)compile with the options that may change on resume (gradient clipping, label smoothing)."""
-        self.batch_tokens = options["batch_tokens"]
+        self.batch_tokens = options.batch_tokens
         previous = getattr(self, "optimizer", None)
         self.optimizer = keras.optimizers.Adam(
-            learning_rate=options["lr"], beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-            global_clipnorm=options["clip"] or None,
+            learning_rate=options.lr, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+            global_clipnorm=options.clip or None,
         )  # fmt: skip
         self.optimizer.build(self.model.trainable_variables)
         if previous is not None:  # keep the moments and the step count through a recompile
             for mine, theirs in zip(self.optimizer.variables, previous.variables, strict=True):
                 mine.assign(theirs)
-        self.model.compile(optimizer=self.optimizer, loss=token_loss(options["label_smoothing"]))
+        self.model.compile(optimizer=self.optimizer, loss=token_loss(options.label_smoothing))
         self.fixed_shapes = keras.backend.backend() == "jax"
         self.traced_step = _traced_step(self.model) if keras.backend.backend() == "tensorflow" else None
 

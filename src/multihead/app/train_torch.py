@@ -38,6 +38,7 @@ from multihead.app.batching import Batch
 from multihead.app.console import UserError, rank, world_size
 from multihead.app.devices import resolve_device, resolve_precision
 from multihead.app.memory import keep_freed_memory
+from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.app.tokenizers import BOS, EOS, PAD
 from multihead.config import TransformerConfig
@@ -78,7 +79,7 @@ class ProjectedLoss(torch.autograd.Function):
     s / V``, zero for PAD targets."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor, s: float
     ) -> torch.Tensor:
         rows, vocab, dtype = hidden.shape[0], weight.shape[0], hidden.dtype  # hidden (N, E), weight (V, E)
@@ -105,7 +106,7 @@ class ProjectedLoss(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         return grad_hidden * grad_total, grad_weight * grad_total, grad_bias * grad_total, None, None
 
@@ -113,10 +114,10 @@ class ProjectedLoss(torch.autograd.Function):
 class TorchTrainer:
     framework = "torch"
 
-    def __init__(self, config: TransformerConfig, options: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+    def __init__(self, config: TransformerConfig, options: RunOptions, checkpoint: Checkpoint | None) -> None:
         keep_freed_memory()
         self.rank, self.world = rank(), world_size()
-        self.device = torch.device(resolve_device(options["device"] or "auto"))
+        self.device = torch.device(resolve_device(options.device or "auto"))
         self.prefetch = self.device.type == "cuda"  # batches built on a thread while the GPU computes
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -124,29 +125,29 @@ class TorchTrainer:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
             if self.device.type == "cpu":
                 torch.set_num_threads(max(1, torch.get_num_threads() // self.world))
-        torch.manual_seed(options["seed"])
+        torch.manual_seed(options.seed)
         self.model = Transformer.from_config(config)  # initialised on the CPU: the same weights on any device
         if checkpoint is not None:
             load_weights(self.model, checkpoint.path / WEIGHTS)
         self.model.to(self.device).train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options["lr"], betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options.lr, betas=(0.9, 0.98), eps=1e-9)
         self.configure(options)
         if checkpoint is not None:
             self._restore_optimizer(checkpoint)
 
-    def configure(self, options: dict[str, Any]) -> None:
+    def configure(self, options: RunOptions) -> None:
         """Take the options that may change on resume (clipping, label smoothing, precision, compilation)."""
-        self.clip, self.label_smoothing = options["clip"], options["label_smoothing"]
-        self.precision = resolve_precision(options["precision"] or "auto", str(self.device))
+        self.clip, self.label_smoothing = options.clip, options.label_smoothing
+        self.precision = resolve_precision(options.precision or "auto", str(self.device))
         previous = getattr(self, "scaler", None)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision.scaled else None
         if self.scaler is not None and previous is not None:
             self.scaler.load_state_dict(previous.state_dict())
         self.skipped = getattr(self, "skipped", 0)
-        step = TokenLoss(self.model, sliced=not options["compile"])
+        step = TokenLoss(self.model, sliced=not options.compile)
         self.ddp = DistributedDataParallel(step) if self.world > 1 else None
         engine = self.ddp or step
-        self.engine = torch.compile(engine, dynamic=True) if options["compile"] else engine
+        self.engine = torch.compile(engine, dynamic=True) if options.compile else engine
 
     def pad_to(self) -> int:
         return 1
@@ -202,10 +203,18 @@ class TorchTrainer:
         self.scaler.unscale_(self.optimizer)
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        scale = self.scaler._get_scale_async().clone()  # a tensor: reading it would wait for the device
+        scale = self._scale().clone()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.skipped += self.scaler._get_scale_async() < scale  # the scale drops exactly when a step had inf or NaN
+        self.skipped += self._scale() < scale  # the scale drops exactly when a step had inf or NaN
+
+    def _scale(self) -> torch.Tensor:
+        """The loss scaler's scale, as a tensor: reading it as a number would wait for the device (``GradScaler``
+        has no public way to keep it there)."""
+        assert self.scaler is not None
+        scale = self.scaler._get_scale_async()
+        assert scale is not None, "the scaler makes its scale at its first scale()"
+        return scale
 
     def loss_sum(self, batch: Batch) -> float:
         self.model.eval()

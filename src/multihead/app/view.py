@@ -13,7 +13,7 @@ from typing import Any
 
 from multihead.app.plot import merge_words, words
 from multihead.app.translate import Translation
-from multihead.files import atomic_write, check_file_target
+from multihead.files import atomic_write_text, check_file_target
 
 VIEWS = '<script id="views" type="application/json">[]</script>'
 """Where the page holds its views: empty when served (it asks the server), filled by :func:`write_page`."""
@@ -45,5 +45,5 @@ def write_page(views: Sequence[dict[str, Any]], path: str | Path) -> Path:
     path = check_file_target(path)
     data = json.dumps(list(views), ensure_ascii=False).replace("<", "\\u003c")  # no tag or comment in the script
     html = page().replace(VIEWS, VIEWS.replace("[]", data))
-    atomic_write(path, lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))
+    atomic_write_text(path, html)
     return path

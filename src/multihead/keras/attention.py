@@ -62,6 +62,13 @@ class KVCache(KVCacheBase):
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
 
 
+def _features(name: str, shape: Shape) -> int:
+    """The last dimension of an input shape ``(B, L, features)``, which must be known."""
+    if len(shape) != 3 or shape[-1] is None:
+        raise ValueError(f"`{name}` must be 3-D (B, L, features) with known features, received shape {shape}")
+    return shape[-1]
+
+
 def _split_heads(x: Tensor, heads: int, dim: int) -> Tensor:
     batch, length = ops.shape(x)[0], ops.shape(x)[1]
     return ops.transpose(ops.reshape(x, (batch, length, heads, dim)), (0, 2, 1, 3))  # (B, heads, L, dim)
@@ -146,23 +153,25 @@ class MultiHeadAttention(keras.layers.Layer):
     def build(self, query_shape: Shape, key_shape: Shape | None = None, value_shape: Shape | None = None) -> None:
         key_shape = query_shape if key_shape is None else key_shape
         value_shape = key_shape if value_shape is None else value_shape
-        for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
-            if len(shape) != 3 or shape[-1] is None:
-                raise ValueError(f"`{name}` must be 3-D (B, L, features) with known features, received shape {shape}")
-        self._d_model = self._d_model or query_shape[-1]
-        self._head_dim = resolve_head_dim(self._d_model, self.num_heads, self._head_dim)
-        self._value_head_dim = self._value_head_dim or self._head_dim
-        self.qdim, self.kdim, self.vdim = query_shape[-1], key_shape[-1], value_shape[-1]
+        qdim, kdim, vdim = (
+            _features(name, shape)
+            for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape))
+        )
+        d_model = self._d_model or qdim
+        head_dim = resolve_head_dim(d_model, self.num_heads, self._head_dim)
+        value_head_dim = self._value_head_dim or head_dim
+        self._d_model, self._head_dim, self._value_head_dim = d_model, head_dim, value_head_dim
+        self.qdim, self.kdim, self.vdim = qdim, kdim, vdim
 
         def dense(units: int, name: str, in_shape: Shape) -> keras.layers.Dense:
             layer = keras.layers.Dense(units, use_bias=self.use_bias, dtype=self.dtype_policy, name=name)
             layer.build(in_shape)
             return layer
 
-        self.q_proj = dense(self.num_heads * self._head_dim, "q_proj", query_shape)
-        self.k_proj = dense(self.num_kv_heads * self._head_dim, "k_proj", key_shape)
-        self.v_proj = dense(self.num_kv_heads * self._value_head_dim, "v_proj", value_shape)
-        self.out_proj = dense(self._d_model, "out_proj", (None, None, self.num_heads * self._value_head_dim))
+        self.q_proj = dense(self.num_heads * head_dim, "q_proj", query_shape)
+        self.k_proj = dense(self.num_kv_heads * head_dim, "k_proj", key_shape)
+        self.v_proj = dense(self.num_kv_heads * value_head_dim, "v_proj", value_shape)
+        self.out_proj = dense(d_model, "out_proj", (None, None, self.num_heads * value_head_dim))
         self._build_shapes = {"query_shape": query_shape, "key_shape": key_shape, "value_shape": value_shape}
         self.built = True
 
@@ -172,11 +181,11 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Build from the tensor shapes of a weights file; sizes left unset take the file's values."""
-        q_out, qdim = shapes.get("q_proj.weight", (None, None))
-        kdim = shapes.get("k_proj.weight", (None, None))[1]
-        v_out, vdim = shapes.get("v_proj.weight", (None, None))
-        if None in (qdim, kdim, vdim):
+        if any(name not in shapes for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight")):
             raise ValueError(f"cannot build from weights without q_proj, k_proj and v_proj, received {sorted(shapes)}")
+        (q_out, qdim), (_, kdim), (v_out, vdim) = (
+            shapes[f"{name}.weight"][:2] for name in ("q_proj", "k_proj", "v_proj")
+        )
         self._d_model = self._d_model or shapes.get("out_proj.weight", (qdim,))[0]
         self._head_dim = self._head_dim or q_out // self.num_heads
         self._value_head_dim = self._value_head_dim or v_out // self.num_kv_heads
@@ -241,11 +250,11 @@ class MultiHeadAttention(keras.layers.Layer):
             self, query, key, value, mask=mask, key_mask=key_mask, query_mask=query_mask, causal=causal,
             return_weights=return_weights, cache=cache, cache_type=KVCache, implementations=IMPLEMENTATIONS, ops=OPS,
         )  # fmt: skip
-        result = self._attend(
+        out, weights = self._attend(
             query, call.key, call.value, mask=call.padded_mask(), causal=causal, return_weights=return_weights,
             cache=cache, self_attention=call.self_attention, training=bool(training),
         )  # fmt: skip
-        return call.finish(result, return_weights)
+        return call.finish(out, weights)
 
     def _attend(
         self,
@@ -259,12 +268,14 @@ class MultiHeadAttention(keras.layers.Layer):
         cache: StepCache | None = None,
         self_attention: bool,
         training: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """:meth:`call` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`call` on checked arguments, the output and, with ``return_weights``, the weights (else ``None``):
+        ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
         already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory (``key`` and
         ``value`` may then be ``None``)."""
         if not self.built:  # the Transformer's layers call this directly, not through Keras' __call__
-            self.build(tuple(query.shape), tuple(key.shape), tuple(value.shape))
+            key = query if key is None else key
+            self.build(tuple(query.shape), tuple(key.shape), tuple((key if value is None else value).shape))
         k, v = attended(cache, self_attention, lambda: self._project_keys_values(key, value))  # (B, Hkv, Lk, D)
         return self._attend_projected(query, k, v, mask=mask, causal=causal, return_weights=return_weights,
                                       training=training)  # fmt: skip
@@ -272,9 +283,16 @@ class MultiHeadAttention(keras.layers.Layer):
     def _project_keys_values(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """``key (B, Lk, kdim)`` and ``value (B, Lk, vdim)`` projected and split: ``(B, Hkv, Lk, Dk)``,
         ``(B, Hkv, Lk, Dv)`` (what a KV cache keeps)."""
-        k = _split_heads(self.k_proj(key), self.num_kv_heads, self._head_dim)  # (B, Hkv, Lk, Dk)
-        v = _split_heads(self.v_proj(value), self.num_kv_heads, self._value_head_dim)  # (B, Hkv, Lk, Dv)
+        head_dim, value_head_dim = self._built_dims()
+        k = _split_heads(self.k_proj(key), self.num_kv_heads, head_dim)  # (B, Hkv, Lk, Dk)
+        v = _split_heads(self.v_proj(value), self.num_kv_heads, value_head_dim)  # (B, Hkv, Lk, Dv)
         return k, v
+
+    def _built_dims(self) -> tuple[int, int]:
+        """The head widths ``(Dk, Dv)``, known once the layer is built."""
+        if self._head_dim is None or self._value_head_dim is None:
+            raise RuntimeError("the layer is not built: call it, or build it, first")
+        return self._head_dim, self._value_head_dim
 
     def _attend_projected(
         self,
@@ -286,9 +304,11 @@ class MultiHeadAttention(keras.layers.Layer):
         causal: bool,
         return_weights: bool,
         training: bool,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend from ``query (B, Lq, qdim)`` to keys and values already projected, ``(B, Hkv, Lk, D)``."""
-        q = _split_heads(self.q_proj(query), self.num_heads, self._head_dim)  # (B, H, Lq, Dk)
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query (B, Lq, qdim)`` to keys and values already projected, ``(B, Hkv, Lk, D)``: the output
+        and, with ``return_weights``, the weights (else ``None``)."""
+        head_dim, value_head_dim = self._built_dims()
+        q = _split_heads(self.q_proj(query), self.num_heads, head_dim)  # (B, H, Lq, Dk)
         dropout = self.dropout if training else 0.0
         result = _attention(
             q, k, v, mask, causal=causal, scale=None, dropout=dropout, return_weights=return_weights,
@@ -296,10 +316,9 @@ class MultiHeadAttention(keras.layers.Layer):
         )  # fmt: skip
         out, weights = result if return_weights else (result, None)
         batch, lq = ops.shape(query)[0], ops.shape(query)[1]
-        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, lq, self.num_heads * self._value_head_dim))
+        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, lq, self.num_heads * value_head_dim))
         # out: (B, Lq, H*Dv)
-        out = self.out_proj(out)  # (B, Lq, E)
-        return (out, weights) if return_weights else out
+        return self.out_proj(out), weights  # (B, Lq, E)
 
     def compute_mask(self, inputs: Tensor, previous_mask: Tensor | None = None) -> Tensor | None:
         # Output position i belongs to query i: the query's padding mask carries on, never an attention mask.

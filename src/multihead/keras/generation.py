@@ -293,18 +293,23 @@ class _VariableSteps(Steps):
             self.slots[shapes] = (tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), state), {})
         self.current = self.slots[shapes]
 
+    def _loaded(self) -> tuple[State, dict[tuple[bool, bool], Callable[..., Tensor]]]:
+        if self.current is None:
+            raise RuntimeError("no state loaded")
+        return self.current
+
     @property
     def state(self) -> State:
         import tensorflow as tf
 
-        return tf.nest.map_structure(lambda variable: variable.value(), self.current[0])
+        return tf.nest.map_structure(lambda variable: variable.value(), self._loaded()[0])
 
     def __call__(
         self, token: Tensor, position: Tensor, rows: Tensor | None, source_rows: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:
         import tensorflow as tf
 
-        variables, programs = self.current
+        variables, programs = self._loaded()
         gathers = (rows is not None, source_rows is not None)
         if gathers not in programs:
 
@@ -340,6 +345,8 @@ class _DonatedSteps(Steps):
 
     @property
     def state(self) -> State:
+        if self._state is None:
+            raise RuntimeError("no state loaded")
         return self._state
 
     def __call__(
@@ -413,13 +420,13 @@ class CompiledDecoding:
         self._pending, self._pending_sources = None, False
         return Scores(log_probs, best, self._live)
 
-    def argmax(self, scores: Scores) -> np.ndarray:
-        if scores.best is None:
-            return np.asarray(ops.convert_to_numpy(scores.log_probs))[scores.live].argmax(axis=-1)
-        return np.asarray(ops.convert_to_numpy(scores.best))[scores.live].astype(np.int64)
+    def argmax(self, log_probs: Scores) -> np.ndarray:
+        if log_probs.best is None:
+            return np.asarray(ops.convert_to_numpy(log_probs.log_probs))[log_probs.live].argmax(axis=-1)
+        return np.asarray(ops.convert_to_numpy(log_probs.best))[log_probs.live].astype(np.int64)
 
-    def top_k(self, scores: Scores, totals: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._choices.top_k(scores.rows(), totals, beam, count)
+    def top_k(self, log_probs: Scores, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._choices.top_k(log_probs.rows(), scores, beam, count)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from keras import KerasTensor, backend, ops
+from keras import KerasTensor, backend, layers, ops
 
 from multihead.masks import causal_diagonal
 
@@ -133,8 +133,8 @@ class _KerasOps:
 OPS = _KerasOps()
 
 
-class NamedTensorArguments:
-    """A mixin for Keras layers. Keras refuses a positional argument that is not a tensor (a list, a number) with a
+class NamedTensorArguments(layers.Layer):
+    """A base of Keras layers. Keras refuses a positional argument that is not a tensor (a list, a number) with a
     message that names no argument; this names it first. ``None`` and tuples of tensors pass on to ``call``."""
 
     tensor_arguments: tuple[str, ...] = ("x",)

@@ -14,7 +14,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -132,7 +132,7 @@ class _Block(NamedTensorArguments, layers.Layer):
     ) -> None:
         super().__init__(**kwargs)
         check_flag("norm_first", norm_first)
-        self.sizes = dict(
+        self.sizes: dict[str, Any] = dict(
             d_model=d_model,
             num_heads=num_heads,
             d_ff=d_ff,
@@ -193,7 +193,7 @@ class EncoderLayer(_Block):
         """``mask``: the key padding as ``(B, 1, 1, L)``."""
 
         def attend(h: Tensor) -> Tensor:
-            return self.self_attn._attend(h, h, h, mask=mask, self_attention=True, training=training)
+            return self.self_attn._attend(h, h, h, mask=mask, self_attention=True, training=bool(training))[0]
 
         x = self.residual(x, self.norm1, attend, training)
         return self.residual(x, self.norm2, lambda h: self.feed_forward._forward(h, training), training)
@@ -245,10 +245,11 @@ class DecoderLayer(_Block):
             self, x, memory, tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask, self_cache=self_cache,
             cross_cache=cross_cache, return_weights=return_weights, cache_type=KVCache, ops=OPS,
         )  # fmt: skip
-        return self._forward(
+        out, weights = self._forward(
             x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), self_cache, cross_cache,
             return_weights, training,
         )  # fmt: skip
+        return out if weights is None else (out, weights)
 
     def _forward(
         self,
@@ -260,31 +261,30 @@ class DecoderLayer(_Block):
         cross_cache: StepCache | None,
         return_weights: bool,
         training: bool | None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Masks as ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and
-        ``memory`` may be ``None`` once ``cross_cache`` holds its projection."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """The output, and with ``return_weights`` the cross-attention weights (else ``None``). Masks as
+        ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and ``memory`` may
+        be ``None`` once ``cross_cache`` holds its projection."""
 
         def self_attention(h: Tensor) -> Tensor:
             return self.self_attn._attend(
-                h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True, training=training
-            )
+                h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True, training=bool(training)
+            )[0]
 
-        cross_weights = []
+        cross_weights: list[Tensor | None] = []
 
         def cross_attention(h: Tensor) -> Tensor:
-            out = self.cross_attn._attend(
+            out, weights = self.cross_attn._attend(
                 h, memory, memory, mask=memory_mask, return_weights=return_weights, cache=cross_cache,
-                self_attention=False, training=training,
+                self_attention=False, training=bool(training),
             )  # fmt: skip
-            if return_weights:
-                cross_weights.append(out[1])
-                return out[0]
+            cross_weights.append(weights)
             return out
 
         x = self.residual(x, self.norm1, self_attention, training)
         x = self.residual(x, self.norm2, cross_attention, training)
         x = self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, training), training)
-        return (x, cross_weights[0]) if return_weights else x
+        return x, cross_weights[0]
 
     def state_children(self) -> dict[str, layers.Layer]:
         return {
@@ -315,7 +315,7 @@ class _Stack(NamedTensorArguments, layers.Layer):
     ) -> None:
         super().__init__(**kwargs)
         check_non_negative_int("num_layers", num_layers)
-        self.sizes = dict(
+        self.sizes: dict[str, Any] = dict(
             num_layers=num_layers, d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
             activation=activation, norm_first=norm_first,
         )  # fmt: skip
@@ -365,7 +365,7 @@ class Decoder(_Stack):
 
     layer_type = DecoderLayer
 
-    def build(self, x_shape: Shape, memory_shape: Shape | None = None) -> None:
+    def build(self, x_shape: Shape, memory_shape: Shape | None = None, *_: Shape) -> None:
         super().build(x_shape)
 
     def call(
@@ -383,10 +383,11 @@ class Decoder(_Stack):
             self.blocks, x, memory, width=self.sizes["d_model"], tgt_key_mask=tgt_key_mask,
             memory_key_mask=memory_key_mask, cache=cache, return_weights=return_weights, ops=OPS,
         )  # fmt: skip
-        return self._forward(
+        out, weights = self._forward(
             x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), cache, return_weights,
             training,
         )  # fmt: skip
+        return (out, weights) if return_weights else out
 
     def _forward(
         self,
@@ -397,10 +398,11 @@ class Decoder(_Stack):
         cache: DecoderCaches | None,
         return_weights: bool,
         training: bool | None,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The output, and with ``return_weights`` each layer's cross-attention weights (else none)."""
         cross_weights = []
         for index, block in enumerate(self.blocks):
-            x = block._forward(
+            x, weights = block._forward(
                 x,
                 memory,
                 tgt_mask,
@@ -410,11 +412,9 @@ class Decoder(_Stack):
                 return_weights,
                 training,
             )
-            if return_weights:
-                x, weights = x
+            if weights is not None:
                 cross_weights.append(weights)
-        x = self.finish(x)
-        return (x, cross_weights) if return_weights else x
+        return self.finish(x), cross_weights
 
 
 @register
@@ -451,6 +451,7 @@ class Transformer(NamedTensorArguments, keras.Model):
     """
 
     tensor_arguments = ("src", "tgt")
+    built: bool
 
     def __init__(
         self,
@@ -567,22 +568,11 @@ class Transformer(NamedTensorArguments, keras.Model):
         )  # fmt: skip
         if tgt_key_mask is None and cache is None:
             tgt_key_mask = self._key_mask(tgt, None)
-        return self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training)
-
-    def _decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor | None,
-        memory_key_mask: Tensor | None,
-        tgt_key_mask: Tensor | None,
-        cache: DecoderCaches | None,
-        return_weights: bool,
-        training: bool | None,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        hidden = self._decode_hidden(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training)
-        if return_weights:
-            return self.output_proj(hidden[0]), hidden[1]
-        return self.output_proj(hidden)  # (B, Lt, V)
+        hidden, weights = self._decode_hidden(
+            tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training
+        )
+        logits = self.output_proj(hidden)  # (B, Lt, V)
+        return (logits, weights) if return_weights else logits
 
     def _decode_hidden(
         self,
@@ -593,9 +583,10 @@ class Transformer(NamedTensorArguments, keras.Model):
         cache: DecoderCaches | None,
         return_weights: bool,
         training: bool | None,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    ) -> tuple[Tensor, list[Tensor]]:
         """The decoder's output ``(B, Lt, E)`` before the output projection, over any
-        :class:`~multihead.cache.DecoderCaches` (``memory`` may be ``None`` once it holds the memory's projection)."""
+        :class:`~multihead.cache.DecoderCaches` (``memory`` may be ``None`` once it holds the memory's projection),
+        and with ``return_weights`` each layer's cross-attention weights (else none)."""
         offset = 0 if cache is None else cache.length
         return self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset, training),
@@ -621,7 +612,10 @@ class Transformer(NamedTensorArguments, keras.Model):
         checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask, training)
-        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, False, training)
+        hidden, _ = self._decode_hidden(
+            tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, False, training
+        )
+        return self.output_proj(hidden)  # (B, Lt, V)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(self.config.num_decoder_layers, KVCache, capacity)
@@ -635,7 +629,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         self,
         src: Tensor,
         *,
-        max_len: int | Sequence[int],
+        max_len: decoding.Limit,
         bos_id: int,
         eos_id: int,
         src_key_mask: Tensor | None = None,
@@ -680,6 +674,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         if compiled is None:
             compiled = keras.backend.backend() in COMPILED_BACKENDS
         self.build()  # the decoding steps call the layers' unchecked paths, which need their weights
+        session: decoding.Session
         if compiled:
             session = CompiledDecoding(self, src, src_key_mask, use_cache, longest)
         else:
@@ -727,14 +722,14 @@ class DecoderSteps:
     ) -> Tensor:
         """As :meth:`multihead.decoding.Steps.step`; ``written (N|1, L)``: the keys each row attends of those the
         self-attention caches give (default: all)."""
-        hidden = self.model._decode_hidden(tokens, None, memory_key_mask, written, cache, False, False)  # (N, 1, E)
+        hidden, _ = self.model._decode_hidden(tokens, None, memory_key_mask, written, cache, False, False)  # (N, 1, E)
         return self.log_probs(hidden[:, 0])
 
     def recompute(
         self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None, position: Tensor | int | None = None
     ) -> Tensor:
         """:class:`~multihead.decoding.Steps`' ``recompute``; at ``position`` of ``prefix`` (default: its last)."""
-        hidden = self.model._decode_hidden(prefix, memory, memory_key_mask, None, None, False, False)  # (N, t, E)
+        hidden, _ = self.model._decode_hidden(prefix, memory, memory_key_mask, None, None, False, False)  # (N, t, E)
         position = ops.shape(prefix)[1] - 1 if position is None else position
         return self.log_probs(ops.take(hidden, position, axis=1))
 

@@ -67,15 +67,16 @@ class Affine(NamedTuple):
     @classmethod
     def of(cls, *linears: nn.Module) -> Affine:
         """``linears``, which read the same input, as one: their outputs side by side."""
-        if not all(isinstance(linear, nn.Linear) for linear in linears):  # e.g. dynamically quantized to int8
+        plain = [linear for linear in linears if isinstance(linear, nn.Linear)]
+        if len(plain) < len(linears):  # e.g. dynamically quantized to int8
             return cls(None, None, linears)
-        weight = torch.cat([linear.weight for linear in linears]).t().contiguous()  # (in, sum of out)
-        bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
-        return cls(weight, bias)
+        weight = torch.cat(tuple(linear.weight for linear in plain)).t().contiguous()  # (in, sum of out)
+        biases = tuple(linear.bias for linear in plain if linear.bias is not None)
+        return cls(weight, torch.cat(biases) if biases else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x (N, in)`` → ``(N, out)``."""
-        if self.modules:
+        if self.weight is None:
             return torch.cat([module(x) for module in self.modules], dim=-1)
         return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
@@ -189,6 +190,8 @@ class KVCache(KVCacheBase):
     _moves_rows = True
 
     def _move_rows(self, targets: np.ndarray, sources: np.ndarray) -> None:
+        if self._keys is None or self._values is None:
+            return
         device = self._keys.device
         targets_t, sources_t = torch.from_numpy(targets).to(device), torch.from_numpy(sources).to(device)
         for buffer in (self._keys, self._values):
@@ -214,7 +217,7 @@ def _sequence_masks(
     )  # fmt: skip
     if mask is None and not (causal and not prefix_causal):
         return None, prefix_causal
-    masks = []
+    masks: list[torch.Tensor | None] = []
     for b, (q_pos, k_pos) in enumerate(positions):
         mask_b = None
         if mask is not None:
@@ -350,11 +353,11 @@ class MultiHeadAttention(nn.Module):
             return self._attend_packed(
                 query, call.key, call.value, mask=call.mask, key_mask=key_mask, query_mask=query_mask, causal=causal
             )
-        result = self._attend(
+        out, weights = self._attend(
             query, call.key, call.value, mask=call.padded_mask(), causal=causal, return_weights=return_weights,
             cache=cache, self_attention=call.self_attention,
         )  # fmt: skip
-        return call.finish(result, return_weights)
+        return call.finish(out, weights)
 
     def _attend(
         self,
@@ -367,29 +370,27 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
         cache: StepCache | None = None,
         self_attention: bool,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` on checked arguments: ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding
-        already in it; ``self_attention`` says whether a cache appends ``key`` or holds the memory (``key`` and
-        ``value`` may then be ``None``). A decoding step (one query per row, a cache, no gradients) projects with the
-        weights laid out for it."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` on checked arguments: the output and, with ``return_weights``, the weights (else
+        ``None``). ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding already in it; ``self_attention``
+        says whether a cache appends ``key`` or holds the memory (``key`` and ``value`` may then be ``None``). A
+        decoding step (one query per row, a cache, no gradients) projects with the weights laid out for it."""
         batch, lq, _ = query.shape
-        step = cache is not None and not return_weights and is_step(query)
-        if step:
+        if cache is not None and not return_weights and is_step(query):
             q, k, v = self._project_step(query, key, value, cache, self_attention)
-        else:
-            q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-            k, v = attended(cache, self_attention, lambda: self._project_keys_values(key, value))
-        dropout = self.dropout if self.training else 0.0
-        result = _attention(
-            q, k, v, mask, causal=causal, scale=None, dropout=dropout, return_weights=return_weights,
-            implementation=self.implementation,
+            out, _ = _attention(
+                q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
+                return_weights=False, implementation=self.implementation,
+            )  # fmt: skip  # (N, H, 1, Dv)
+            return self._layouts["out"]()(out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
+        q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
+        k, v = attended(cache, self_attention, lambda: self._project_given(key, value))
+        out, weights = _attention(
+            q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
+            return_weights=return_weights, implementation=self.implementation,
         )  # fmt: skip
-        out, weights = result if return_weights else (result, None)
-        if step:  # (N, H, 1, Dv) -> (N, H*Dv) -> (N, 1, E)
-            return self._layouts["out"]()(out.reshape(batch, -1)).unsqueeze(1)
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
-        out = self.out_proj(out)  # (B, Lq, E)
-        return (out, weights) if return_weights else out
+        return self.out_proj(out), weights  # (B, Lq, E)
 
     def _project_step(
         self,
@@ -405,7 +406,7 @@ class MultiHeadAttention(nn.Module):
         x = query.reshape(rows, -1)  # (N, qdim)
         if not self_attention:
             q = self._layouts["q"]()(x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
-            return (q, *attended(cache, False, lambda: self._project_keys_values(key, value)))
+            return (q, *attended(cache, False, lambda: self._project_given(key, value)))
         projected = self._layouts["qkv"]()(x)  # (N, H*Dk + Hkv*(Dk + Dv))
         q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
         k, v = projected[:, queries:].split(
@@ -414,6 +415,12 @@ class MultiHeadAttention(nn.Module):
         k = k.view(rows, self.num_kv_heads, 1, self.head_dim)  # (N, Hkv, 1, Dk)
         v = v.view(rows, self.num_kv_heads, 1, self.value_head_dim)  # (N, Hkv, 1, Dv)
         return (q, *cache.append(k, v))
+
+    def _project_given(self, key: torch.Tensor | None, value: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_project_keys_values` of a call that brings them (not a cross-attention step over cached memory)."""
+        if key is None or value is None:
+            raise ValueError("no keys and values to attend: give them, or a cache that holds the memory's projection")
+        return self._project_keys_values(key, value)
 
     def _project_keys_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``key (B, Lk, kdim)``, ``value (B, Lk, vdim)`` → keys ``(B, Hkv, Lk, Dk)``, values ``(B, Hkv, Lk, Dv)``."""

@@ -107,15 +107,16 @@ def _attention(
     dropout: float,
     return_weights: bool,
     implementation: str,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attention` on arguments already checked."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`attention` on arguments already checked: the output and, with ``return_weights``, the weights (else
+    ``None``)."""
     explicit = return_weights or implementation == "explicit"
     if implementation == "auto" and sdpa.small_inference(q, k, v, dropout):
         explicit = True
     if not explicit:
-        return _fused(q, k, v, mask, causal, scale, dropout)
+        return _fused(q, k, v, mask, causal, scale, dropout), None
     out, weights = _explicit(q, k, v, mask, causal, scale, dropout)
-    return (out, weights) if return_weights else out
+    return out, weights if return_weights else None
 
 
 def attention(
@@ -163,10 +164,11 @@ def attention(
         q, k, v, mask, OPS, causal=causal, scale=scale, dropout=dropout, return_weights=return_weights,
         implementation=implementation, implementations=IMPLEMENTATIONS,
     )  # fmt: skip
-    return _attention(
+    out, weights = _attention(
         q, k, v, mask, causal=causal, scale=scale, dropout=dropout, return_weights=return_weights,
         implementation=implementation,
     )  # fmt: skip
+    return (out, weights) if weights is not None else out
 
 
 def _packed_attention(
@@ -189,10 +191,11 @@ def _packed_attention(
     ):
         if not len(q_b):
             continue
-        mask = None if masks is None or masks[index] is None else masks[index][None]  # (1, H|1, n|1, m|1)
+        mask = None if masks is None else masks[index]
+        mask = None if mask is None else mask[None]  # (1, H|1, n|1, m|1)
         # (n, H, D) -> (1, H, n, D)
         q_b, k_b, v_b = (x.transpose(0, 1)[None] for x in (q_b, k_b, v_b))
-        out = _attention(
+        out, _ = _attention(
             q_b, k_b, v_b, mask, causal=causal, scale=scale, dropout=dropout, return_weights=False,
             implementation=implementation,
         )  # fmt: skip  # (1, H, n, Dv)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -40,6 +41,10 @@ JOIN_AFTER = 3
 """The most steps sentences wait to join while others decode (see :class:`Stream`)."""
 
 
+Owner = TypeVar("Owner")
+"""What a sentence's caller names it by (returned with its translation)."""
+
+
 def _pow2(size: int) -> int:
     return 1 << max(0, size - 1).bit_length()
 
@@ -50,21 +55,21 @@ class _Buffers:
     the rows in use, the ``columns`` they use, and each row's position (``length``)."""
 
     def __init__(self, layers: int) -> None:
-        self.buffer: torch.Tensor | None = None
+        self.buffer = torch.zeros(0, 0, 0, 0, 0)  # none yet (see fit)
         self.rows = 0
         self.columns = slice(0, 0)
-        self.length: torch.Tensor | None = None  # (N,)
+        self.length = torch.zeros(0, dtype=torch.long)  # (N,)
         self.layers = [_Layer(self, 2 * index) for index in range(layers)]
 
     def fit(self, rows: int, columns: int, like: torch.Tensor) -> None:
         """A buffer of at least ``rows`` rows and ``columns`` columns (powers of two), for keys and values shaped
         like ``like`` ``(n, H, l, D)``, keeping what it held; zeros elsewhere (a masked column is never NaN)."""
-        held = self.buffer.shape[1:4] if self.buffer is not None else (0, 0, 0)
+        held = self.buffer.shape[1:4]
         if rows <= held[0] and columns <= held[2]:
             return
         size = (max(held[0], _pow2(rows)), max(held[2], _pow2(columns)))
         grown = like.new_zeros((2 * len(self.layers), size[0], like.shape[1], size[1], like.shape[3]))
-        if self.buffer is not None:
+        if self.buffer.numel():
             grown[:, : held[0], :, : held[2]] = self.buffer
         self.buffer = grown
 
@@ -137,14 +142,14 @@ class _Caches:
 
 
 @dataclass
-class _Sentence:
-    owner: object  # what :meth:`Stream.step` returns with the translation
+class _Sentence(Generic[Owner]):
+    owner: Owner  # what :meth:`Stream.step` returns with the translation
     limit: int  # the most tokens it may take
     generator: np.random.Generator | None  # its draws, when sampling
     tokens: list[int] = field(default_factory=list)
 
 
-class Stream:
+class Stream(Generic[Owner]):
     """Sentences (token ids) translated by ``model`` as ``search`` says (greedy or sampling: one row a sentence), at
     most ``rows`` at a time: :meth:`add` queues one, :meth:`step` lets those waiting join and decodes one token of
     each. Those waiting join once they are a quarter of the rows decoding, or have waited :data:`JOIN_AFTER` steps, or
@@ -162,8 +167,8 @@ class Stream:
         self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
         self.cache = _Caches(self.own, self.memory)
         self.steps = model.decoder_steps()
-        self.sentences: list[_Sentence] = []  # row i's
-        self.waiting: deque[tuple[Sequence[int], object, int, int]] = deque()  # ids, owner, limit, key
+        self.sentences: list[_Sentence[Owner]] = []  # row i's
+        self.waiting: deque[tuple[Sequence[int], Owner, int, int]] = deque()  # ids, owner, limit, key
         self.tokens = np.zeros(0, dtype=np.int64)  # (N,) each row's last token
         self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of its first token
         self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
@@ -174,20 +179,20 @@ class Stream:
         """Sentences in the stream or waiting to join."""
         return len(self.sentences) + len(self.waiting)
 
-    def add(self, ids: Sequence[int], owner: object, *, limit: int, key: int = 0) -> None:
+    def add(self, ids: Sequence[int], owner: Owner, *, limit: int, key: int = 0) -> None:
         """Queue source ``ids`` (at most the model's ``max_len``, not empty), translated into at most ``limit`` tokens
         (and the search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
         ``generate`` call would)."""
         self.waiting.append((ids, owner, int(self.search.limit(limit, 1)[0]), key))
 
-    def clear(self) -> list[object]:
+    def clear(self) -> list[Owner]:
         """Drop every sentence; their owners."""
         owners = [sentence.owner for sentence in self.sentences] + [owner for _, owner, _, _ in self.waiting]
         self.sentences, self.waiting = [], deque()
         self._keep(np.zeros(0, dtype=np.int64))
         return owners
 
-    def step(self) -> list[tuple[object, list[int]]]:
+    def step(self) -> list[tuple[Owner, list[int]]]:
         """Let those waiting join (as many as there is room for), decode one token of every sentence; the sentences
         that ended, as (owner, tokens up to EOS or the limit)."""
         with torch.inference_mode():
@@ -272,7 +277,8 @@ class Stream:
         self.length += 1
         if self.search.strategy == "greedy":
             return self.steps.argmax(log_probs)
-        return sample(self.steps, log_probs, [sentence.generator for sentence in self.sentences], self.search)
+        generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]
+        return sample(self.steps, log_probs, generators, self.search)  # every sentence has one when sampling
 
     def _leave(self, ended: Sequence[int]) -> None:
         """Rows ``ended`` leave; the last rows take their places."""

@@ -42,8 +42,8 @@ class _TorchOps:
     def device(self, x: torch.Tensor) -> torch.device:
         return x.device
 
-    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return x.reshape(shape)
+    def reshape(self, x: torch.Tensor, shape: tuple[int | None, ...]) -> torch.Tensor:
+        return x.reshape(tuple(-1 if size is None else size for size in shape))  # None: as many as there are
 
     def value_range(self, x: torch.Tensor) -> tuple[int, int] | None:
         if not x.numel():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -47,6 +47,8 @@ class PositionalEncoding(nn.Module):
 
     ``offset`` shifts the positions (the first new token's position when decoding with a cache).
     """
+
+    table: torch.Tensor  # (max_len, E), a buffer
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0) -> None:
         super().__init__()
@@ -138,7 +140,7 @@ class EncoderLayer(_Block):
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """``mask``: the key padding as ``(B, 1, 1, L)``."""
-        x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True))
+        x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True)[0])
         return self.residual(x, self.norm2, self.feed_forward._forward)
 
 
@@ -176,10 +178,11 @@ class DecoderLayer(_Block):
             cross_cache=cross_cache, return_weights=return_weights, cache_type=KVCache, ops=OPS,
             parameter=self.self_attn.q_proj.weight,
         )  # fmt: skip
-        return self._forward(
+        out, weights = self._forward(
             x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), self_cache, cross_cache,
             return_weights,
         )  # fmt: skip
+        return (out, weights) if weights is not None else out
 
     def _forward(
         self,
@@ -190,19 +193,18 @@ class DecoderLayer(_Block):
         self_cache: StepCache | None,
         cross_cache: StepCache | None,
         return_weights: bool,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Masks as ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and
-        ``memory`` may be ``None`` once ``cross_cache`` holds its projection."""
-        cross_weights = []
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output, and with ``return_weights`` the cross-attention weights (else ``None``). Masks as
+        ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and ``memory`` may
+        be ``None`` once ``cross_cache`` holds its projection."""
+        cross_weights: list[torch.Tensor | None] = []
 
         def cross(h: torch.Tensor) -> torch.Tensor:
-            out = self.cross_attn._attend(
+            out, weights = self.cross_attn._attend(
                 h, memory, memory, mask=memory_mask, return_weights=return_weights, cache=cross_cache,
                 self_attention=False,
             )  # fmt: skip
-            if return_weights:
-                cross_weights.append(out[1])
-                return out[0]
+            cross_weights.append(weights)
             return out
 
         x = self.residual(
@@ -210,11 +212,11 @@ class DecoderLayer(_Block):
             self.norm1,
             lambda h: self.self_attn._attend(
                 h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True
-            ),
+            )[0],
         )
         x = self.residual(x, self.norm2, cross)
         x = self.residual(x, self.norm3, self.feed_forward._forward)
-        return (x, cross_weights[0]) if return_weights else x
+        return x, cross_weights[0]
 
 
 class _Stack(nn.Module):
@@ -238,7 +240,7 @@ class _Stack(nn.Module):
         self.layers = nn.ModuleList(
             self.layer_type(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
         )
-        self.norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS) if norm_first else None
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS) if norm_first else None
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.norm is None else self.norm(x)
@@ -254,7 +256,7 @@ class Encoder(_Stack):
         return self._forward(x, key_layout(key_mask, OPS))
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        for layer in self.layers:
+        for layer in cast(Sequence[EncoderLayer], self.layers):
             x = layer._forward(x, mask)
         return self.finish(x)
 
@@ -276,12 +278,14 @@ class Decoder(_Stack):
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """``x (B, Lt, E)``; with ``return_weights`` also each layer's cross-attention weights ``(B, H, Lt, Ls)``."""
         checks.check_decoder_call(
-            self.layers, x, memory, width=self.d_model, tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask,
-            cache=cache, return_weights=return_weights, ops=OPS, parameter=next(self.parameters(), None),
+            list(self.layers), x, memory, width=self.d_model, tgt_key_mask=tgt_key_mask,
+            memory_key_mask=memory_key_mask, cache=cache, return_weights=return_weights, ops=OPS,
+            parameter=next(self.parameters(), None),
         )  # fmt: skip
-        return self._forward(
+        out, weights = self._forward(
             x, memory, key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS), cache, return_weights
         )
+        return (out, weights) if return_weights else out
 
     def _forward(
         self,
@@ -291,10 +295,11 @@ class Decoder(_Stack):
         memory_mask: torch.Tensor | None,
         cache: DecoderCaches | None,
         return_weights: bool,
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The output, and with ``return_weights`` each layer's cross-attention weights (else none)."""
         cross_weights = []
-        for index, layer in enumerate(self.layers):
-            x = layer._forward(
+        for index, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
+            x, weights = layer._forward(
                 x,
                 memory,
                 tgt_mask,
@@ -303,11 +308,9 @@ class Decoder(_Stack):
                 None if cache is None else cache.cross_attention[index],
                 return_weights,
             )
-            if return_weights:
-                x, weights = x
+            if weights is not None:
                 cross_weights.append(weights)
-        x = self.finish(x)
-        return (x, cross_weights) if return_weights else x
+        return self.finish(x), cross_weights
 
 
 class Transformer(nn.Module):
@@ -406,12 +409,13 @@ class Transformer(nn.Module):
         """
         checks.check_decode_call(
             tgt, memory, memory_key_mask=memory_key_mask, tgt_key_mask=tgt_key_mask, cache=cache,
-            return_weights=return_weights, config=self.config, layers=self.decoder.layers, ops=OPS,
+            return_weights=return_weights, config=self.config, layers=list(self.decoder.layers), ops=OPS,
             parameter=self.output_proj.weight,
         )  # fmt: skip
         if tgt_key_mask is None and cache is None:
             tgt_key_mask = self._key_mask(tgt, None)
-        return self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
+        logits, weights = self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
+        return (logits, weights) if return_weights else logits
 
     def _decode(
         self,
@@ -423,11 +427,13 @@ class Transformer(nn.Module):
         return_weights: bool = False,
         *,
         project: bool = True,
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """:meth:`decode` on checked arguments, over any :class:`~multihead.cache.DecoderCaches`, whose ``length`` may
-        be one position per row; ``memory`` may be ``None`` once the cache holds its projection."""
+        be one position per row; ``memory`` may be ``None`` once the cache holds its projection. The logits (with
+        ``project=False`` the decoder's output ``(B, Lt, E)``) and, with ``return_weights``, every layer's
+        cross-attention weights (else none)."""
         offset = 0 if cache is None else cache.length
-        hidden = self.decoder._forward(
+        hidden, weights = self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset),
             memory,
             key_layout(tgt_key_mask, OPS),
@@ -435,13 +441,11 @@ class Transformer(nn.Module):
             cache,
             return_weights,
         )
-        if return_weights:
-            return self.output_proj(hidden[0]), hidden[1]
         if not project:
-            return hidden  # (B, Lt, E)
-        if is_step(hidden):  # (N, 1, E) -> (N, 1, V), the projection laid out for the step
-            return self._output_layout()(hidden.reshape(hidden.shape[0], -1)).unsqueeze(1)
-        return self.output_proj(hidden)  # (B, Lt, V)
+            return hidden, weights  # (B, Lt, E)
+        if is_step(hidden) and not return_weights:  # (N, 1, E) -> (N, 1, V), the projection laid out for the step
+            return self._output_layout()(hidden.reshape(hidden.shape[0], -1)).unsqueeze(1), weights
+        return self.output_proj(hidden), weights  # (B, Lt, V)
 
     def forward(
         self,
@@ -463,7 +467,7 @@ class Transformer(nn.Module):
             check_flag("project", project)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask)
-        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, project=project)
+        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, project=project)[0]
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
@@ -476,7 +480,7 @@ class Transformer(nn.Module):
         self,
         src: torch.Tensor,
         *,
-        max_len: int | Sequence[int],
+        max_len: decoding.Limit,
         bos_id: int,
         eos_id: int,
         src_key_mask: torch.Tensor | None = None,
@@ -544,7 +548,8 @@ class DecoderSteps:
 
     def project_memory(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
-        return [layer.cross_attn._project_keys_values(memory, memory) for layer in self.model.decoder.layers]
+        layers = cast(Sequence[DecoderLayer], self.model.decoder.layers)
+        return [layer.cross_attn._project_keys_values(memory, memory) for layer in layers]
 
     def step(
         self,
@@ -558,13 +563,13 @@ class DecoderSteps:
         projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_mask (N|1, L)``: the keys each row
         attends of those the self-attention caches give (default: all)."""
         with weights_fixed_within(self):  # its layouts checked once per session
-            logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[:, -1]  # (N, V)
+            logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[0][:, -1]  # (N, V)
         return torch.log_softmax(logits.float(), dim=-1)
 
     def recompute(
         self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        logits = self.model._decode(prefix, memory, memory_key_mask, None, None)[:, -1]
+        logits = self.model._decode(prefix, memory, memory_key_mask, None, None)[0][:, -1]
         return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
 
     def take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
