@@ -3,17 +3,20 @@ Concurrent clients, every answer checked, then malformed requests mixed in, then
 nothing and talks to 127.0.0.1 only.
 
     .venv/bin/python benchmarks/serve_load.py RUN SRC [--clients 32] [--seconds 60] [--limit 1000] [--port 0] [--beam 1]
-        [--langs SRC TGT]
+        [--langs SRC TGT] [--give-up 3]
 
 The sentences are the first ``--limit`` lines of SRC less the blank ones. Baseline: ``multihead translate RUN --input``
 on all of them, timed, less the time the same command takes on one of them (loading the model); its lines are the
-expected translations. Then ``multihead serve RUN`` on a free loopback port and three phases of ``--seconds`` each,
+expected translations. Then ``multihead serve RUN`` on a free loopback port and four phases of ``--seconds`` each,
 each client a thread with one keep-alive connection that POSTs a random sentence (seeded per client) to /translate:
 
 * clean: every answer must be a 200 with the expected translation of the sentence sent (another is "wrong");
   sentences/s against the baseline's (target: 0.70 or more), p50 and p99 latency;
 * malformed: one request in ten is malformed (invalid JSON, ``q`` a number, no ``q``, ``q`` a list holding a number,
   ``q`` empty, a form body without ``target``) and must get a 4xx whose JSON body has an ``error`` string;
+* heavy: the clients as in the clean phase, beside one heavy client that posts one text of as many sentences as a
+  request may hold (1 MiB, one a line) and gives up after ``--give-up`` seconds (3), again and again: every answer
+  must be right, and the clients' p95 latency at most twice the clean phase's;
 * sigterm: SIGTERM to the server after a quarter of ``--seconds`` (2 s at least); each request must then be answered
   correctly or never reach the server: refused or reset before it is sent, or sent after the SIGTERM and reset unread
   (a TCP reset with no response: the server closed the connection without reading it). One in flight at the SIGTERM
@@ -55,6 +58,8 @@ TIMEOUT = 30.0  # seconds: every HTTP request
 START_TIMEOUT, EXIT_TIMEOUT, TRANSLATE_TIMEOUT = 120.0, 60.0, 3600.0
 JSON, FORM = "application/json", "application/x-www-form-urlencoded"
 TARGET_RATIO = 0.70
+HEAVY_P95 = 2.0  # the heavy phase's p95 latency over the clean phase's, at most
+BODY_LIMIT = 1 << 20  # what serve accepts
 
 
 class Failed(Exception):
@@ -312,6 +317,30 @@ def malformed_bodies(sentence: str, source: str, target: str) -> list[tuple[byte
     ]
 
 
+def heavy_body(sentences: list[str], source: str, target: str) -> tuple[bytes, int]:
+    """One request holding as many of ``sentences`` (over and over, one a line) as a body may; and their count."""
+    lines, size = [], 100
+    for sentence in itertools.cycle(sentences):
+        size += len(json.dumps(sentence))  # its characters as JSON escapes them; the newline's two for the quotes
+        if size > BODY_LIMIT:
+            break
+        lines.append(sentence)
+    return json.dumps({"q": "\n".join(lines), "source": source, "target": target}).encode(), len(lines)
+
+
+def heavy_client(port: int, body: bytes, give_up: float, phase: Phase) -> int:
+    """``body`` posted again and again until the phase ends, each time leaving ``give_up`` seconds later without
+    reading the answer (as a client whose timeout has passed); how many times."""
+    sent = 0
+    while time.monotonic() < phase.deadline and not phase.stop.is_set():
+        with socket.create_connection((HOST, port), timeout=TIMEOUT) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+                         % (HOST.encode(), JSON.encode(), len(body)) + body)  # fmt: skip
+            sent += 1
+            phase.stop.wait(min(give_up, max(0.0, phase.deadline - time.monotonic())))
+    return sent
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)] * 1000 if ordered else math.nan
@@ -362,12 +391,18 @@ def benchmark(args: argparse.Namespace, directory: Path) -> int:
             malformed_bodies(sentences[0], source, target),
         )
         results: dict[str, tuple[Tally, float]] = {}
-        for name in ("clean", "malformed"):
+        body, heavy_lines = heavy_body(sentences, source, target)
+        heavy = {"lines": heavy_lines, "sent": 0}
+        for name in ("clean", "malformed", "heavy"):
             if server.poll() is not None:
                 raise Failed(f"multihead serve exited with status {server.returncode} before the {name} phase")
             print(f"phase {name}: {args.clients} clients, {args.seconds:g} s ...", file=sys.stderr)
             phase = Phase(name, time.monotonic() + args.seconds, malformed=name == "malformed")
-            results[name] = run_phase(load, phase, args.clients)
+
+            def meanwhile(phase: Phase = phase) -> None:
+                heavy["sent"] = heavy_client(port, body, args.give_up, phase)
+
+            results[name] = run_phase(load, phase, args.clients, meanwhile if name == "heavy" else None)
         delay = max(args.seconds / 4, 2.0)
         print(f"phase sigterm: SIGTERM after {delay:g} s, up to {EXIT_TIMEOUT:.0f} s to exit ...", file=sys.stderr)
         phase = Phase("sigterm", time.monotonic() + delay + EXIT_TIMEOUT + 5)
@@ -380,7 +415,8 @@ def benchmark(args: argparse.Namespace, directory: Path) -> int:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(10)
-    return report(args, n, wall, load_seconds, raw_rate, baseline, f"{source} -> {target}", results, exit_result)
+    return report(args, n, wall, load_seconds, raw_rate, baseline, f"{source} -> {target}", results, exit_result,
+                  heavy)  # fmt: skip
 
 
 def report(
@@ -393,23 +429,27 @@ def report(
     pair: str,
     results: dict[str, tuple[Tally, float]],
     exit_result: dict[str, float | int | None],
+    heavy_sent: dict[str, int],
 ) -> int:
-    clean, malformed, sigterm = (results[name][0] for name in ("clean", "malformed", "sigterm"))
+    clean, malformed, heavy, sigterm = (results[name][0] for name in ("clean", "malformed", "heavy", "sigterm"))
     rates = {name: tally.ok / seconds for name, (tally, seconds) in results.items()}
     print(f"\nbaseline: multihead translate, {n} sentences in {wall:.2f} s, {load_seconds:.2f} s of it loading "
           f"(the time for 1 sentence): {raw_rate:.2f} sentences/s with loading, {baseline:.2f} without")  # fmt: skip
     print(f"server: multihead serve, {pair}, beam {args.beam}, {args.clients} clients\n")
     print(f"{'phase':10s} {'seconds':>8s} {'requests':>9s} {'ok':>7s} {'errors':>7s} {'wrong':>6s} "
-          f"{'sent/s':>7s} {'/ base':>7s} {'p50 ms':>8s} {'p99 ms':>8s}")  # fmt: skip
+          f"{'sent/s':>7s} {'/ base':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")  # fmt: skip
     for name, (tally, seconds) in results.items():
         print(f"{name:10s} {seconds:8.1f} {tally.requests:9d} {tally.ok:7d} {tally.errors:7d} {tally.wrong:6d} "
               f"{rates[name]:7.2f} {rates[name] / baseline:7.2f} {percentile(tally.latencies, 0.5):8.0f} "
-              f"{percentile(tally.latencies, 0.99):8.0f}")  # fmt: skip
+              f"{percentile(tally.latencies, 0.95):8.0f} {percentile(tally.latencies, 0.99):8.0f}")  # fmt: skip
     print(f"\nmalformed: {malformed.malformed} malformed requests, {malformed.not_refused} without a 4xx JSON error; "
           f"good requests at {rates['malformed'] / rates['clean'] if rates['clean'] else math.nan:.2f} times the "
           f"clean phase's rate, p50 and p99 at "
           f"{percentile(malformed.latencies, 0.5) / percentile(clean.latencies, 0.5):.2f} and "
           f"{percentile(malformed.latencies, 0.99) / percentile(clean.latencies, 0.99):.2f} times its")  # fmt: skip
+    heavy_p95 = percentile(heavy.latencies, 0.95) / percentile(clean.latencies, 0.95)
+    print(f"heavy: {heavy_sent['sent']} texts of {heavy_sent['lines']} sentences, each left after {args.give_up:g} s; "
+          f"the clients' p95 at {heavy_p95:.2f} times the clean phase's")  # fmt: skip
     status = exit_result["status"]
     exited = f"exit status {status} after {exit_result['seconds']:.2f} s" if status is not None else "no exit: killed"
     unanswered = sigterm.lost_in_flight + sigterm.lost_after
@@ -429,6 +469,9 @@ def report(
         ("malformed: errors = 0", malformed.errors, malformed.errors == 0),
         ("malformed: wrong = 0", malformed.wrong, malformed.wrong == 0),
         ("malformed: without a 4xx JSON error = 0", malformed.not_refused, malformed.not_refused == 0),
+        ("heavy: errors = 0", heavy.errors, heavy.errors == 0),
+        ("heavy: wrong = 0", heavy.wrong, heavy.wrong == 0),
+        (f"heavy: p95 / clean p95 <= {HEAVY_P95}", f"{heavy_p95:.2f}", heavy_p95 <= HEAVY_P95),
         ("sigterm: errors = 0", sigterm.errors, sigterm.errors == 0),
         ("sigterm: wrong = 0", sigterm.wrong, sigterm.wrong == 0),
         ("sigterm: unanswered = 0", unanswered, unanswered == 0),
@@ -452,9 +495,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=0, help="the server's loopback port (default: 0, a free one)")
     parser.add_argument("--beam", type=int, default=1, help="beam size of translate and serve (default: 1)")
     parser.add_argument("--langs", nargs=2, metavar=("SRC", "TGT"), help="serve's, for a run that records none")
+    parser.add_argument("--give-up", type=float, default=3.0, help="seconds the heavy client waits (default: 3)")
     args = parser.parse_args()
-    if args.clients < 1 or args.seconds <= 0 or args.limit < 1 or not 0 <= args.port < 65536:
-        parser.error("--clients and --limit must be 1 or more, --seconds above 0, --port 0 to 65535")
+    if args.clients < 1 or args.seconds <= 0 or args.limit < 1 or not 0 <= args.port < 65536 or args.give_up <= 0:
+        parser.error("--clients and --limit must be 1 or more, --seconds and --give-up above 0, --port 0 to 65535")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally that kills the server runs
     try:
         with tempfile.TemporaryDirectory(prefix="serve_load-") as directory:

@@ -5,6 +5,7 @@ rounds for beam search."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ import pytest
 
 from app.support import SAMPLES, VALID, CorpusRun, beam
 from multihead.app import serve
-from multihead.app.streaming import StreamingTranslator
+from multihead.app.streaming import SHARE, RoundTranslator, StreamingTranslator
 from multihead.app.tokenizers import BOS, EOS
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.torch import streaming
@@ -113,6 +114,51 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
     assert 8 in [sentence.owner for sentence in stream.sentences]
 
 
+def test_a_large_request_shares_the_batch_and_takes_it_all_alone(translator: Translator) -> None:
+    """Short requests added after a large one join at the next step; while they are being translated the large one
+    holds at most ``SHARE`` places more than they do; alone, it takes every place."""
+    streaming_translator = StreamingTranslator(translator, rows=64)
+    large, short = Future(), [Future() for _ in range(3)]
+    streaming_translator.add(SOURCES * 20, large)  # far more pieces than rows
+    for future, text in zip(short, SOURCES, strict=False):
+        streaming_translator.add([text], future)
+
+    def held() -> Counter:
+        stream = streaming_translator.stream
+        owners = [sentence.owner for sentence in stream.sentences] + [owner for _, owner, _, _ in stream.waiting]
+        return Counter(job.future for job, _ in owners)
+
+    streaming_translator.step()
+    assert held() == {large: 3 + SHARE, **{future: 1 for future in short}}
+    while not all(future.done() for future in short):
+        streaming_translator.step()
+    assert not large.done()
+    streaming_translator.step()
+    assert held() == {large: 64}
+    assert [future.result(timeout=0) for future in short] == [translator.translate([text]) for text in SOURCES[:3]]
+
+
+def test_a_cancelled_request_is_dropped_at_the_next_step(translator: Translator) -> None:
+    """Requests cancelled while decoding or waiting leave the stream (library ``Stream.drop``) at the next step; the
+    others get what ``translate`` gives them."""
+    streaming_translator = StreamingTranslator(translator, rows=8)
+    requests = [[text] * 3 for text in SOURCES[:8]]
+    futures = [Future() for _ in requests]
+    for texts, future in zip(requests, futures, strict=True):
+        streaming_translator.add(texts, future)
+    streaming_translator.step()
+    for future in futures[::2]:
+        assert future.cancel()
+    streaming_translator.step()
+    owners = [sentence.owner for sentence in streaming_translator.stream.sentences]
+    assert not any(job.future.cancelled() for job, _ in owners)
+    while len(streaming_translator):
+        streaming_translator.step()
+    assert all(future.cancelled() for future in futures[::2])
+    kept = range(1, len(requests), 2)
+    assert [futures[i].result(timeout=0) for i in kept] == [translator.translate(requests[i]) for i in kept]
+
+
 @pytest.mark.parametrize("failing_part", ["encoding", "decoding"])
 def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
     translator: Translator, monkeypatch: pytest.MonkeyPatch, failing_part: str
@@ -142,7 +188,7 @@ def test_the_worker_answers_every_request_with_its_own_translations(translator: 
     between them; a failing job answers its own request only; after close, what was queued is answered."""
     service = serve.Service(translator, ["de", "en"], search=beam(size), thread=False)
     batcher = service.batcher
-    assert (batcher.stream is not None) == (size == 1)
+    assert isinstance(batcher.engine.engine, StreamingTranslator if size == 1 else RoundTranslator)
     requests = [[f"{SAMPLES[i % 6]}\n\n{SAMPLES[(i + 1) % 6]}", " "] for i in range(10)]
     futures = []
     for index, texts in enumerate(requests):

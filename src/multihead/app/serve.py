@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +39,22 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from multihead.app.console import UserError, say
+from multihead.app.detect import LanguageIdentifier
 from multihead.app.languages import language_name, pair_text
-from multihead.app.streaming import StreamingTranslator
+from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, Translating, settle
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.app.view import attention_view, page
 from multihead.decoding import SearchOptions
 
 GATHER = 256
-"""The most texts one round of the worker translates together: more wait for the next round."""
-GATHER_WAIT = 0.005
-"""How long (seconds) the worker waits, after taking a request, for others to translate with it."""
+"""The most sentences the worker translates together (in one running batch, or one round of beam search)."""
+STALLED_AFTER = 60.0
+"""Seconds on one step or job after which ``/health`` reports the worker stalled."""
+WAKE = 0.5
+"""The longest an idle worker waits for a job at once: on the main thread, a signal another thread received is
+handled only when it wakes."""
+DRAIN = 30.0
+"""Seconds the server waits, once told to stop, for the requests in flight before it drops them."""
 BODY_LIMIT = 1 << 20
 """The largest request body accepted (bytes): LibreTranslate's clients send text, not files."""
 ADDRESSES = 4096
@@ -68,13 +74,15 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask (``-1``: no limit): characters per text, texts per request, requests per minute from
-    one address, alternatives; ``api_keys``: when given, ``/translate`` and ``/attention`` require one of them."""
+    one address, alternatives, seconds of translation (answered 503 when over); ``api_keys``: when given,
+    ``/translate`` and ``/attention`` require one of them."""
 
     char_limit: int = -1
     batch_limit: int = -1
     req_limit: int = -1
     alternatives_limit: int = 4
     api_keys: frozenset[str] | None = None
+    timeout: float = -1
 
 
 def read_api_keys(path: str) -> frozenset[str]:
@@ -93,123 +101,125 @@ def read_api_keys(path: str) -> frozenset[str]:
 
 
 class Batcher:
-    """Texts from concurrent requests, translated together; each request gets its own answers, in order. ``run``
-    jobs (the page's attention) take the worker alone. The worker is :meth:`work`: on a thread of its own, or, with
+    """Texts from concurrent requests, translated together by ``engine`` (a :class:`Translating`, which takes each
+    request's texts line by line); each request gets its own answers, in order. ``run`` jobs (the page's attention,
+    alternatives) take the worker alone. The worker is :meth:`work`: on a thread of its own, or, with
     ``thread=False``, on whichever thread calls it (``serve`` gives it the main thread: PyTorch's CPU threads wake
-    fastest for it). :meth:`close` lets it finish what was queued, then stop. The texts go to ``stream`` (a
-    :class:`LineStream`) when given, else to ``translate`` in rounds."""
+    fastest for it). :meth:`close` lets it finish what was queued, then stop.
+
+    A request that nobody waits for any more (its client left, or its ``timeout`` passed) is cancelled: the worker
+    drops it at its next step, with its sentences."""
 
     STOP = object()
 
-    def __init__(
-        self,
-        translate: Callable[[list[str]], list[str]],
-        *,
-        thread: bool = True,
-        stream: LineStream | None = None,
-    ) -> None:
-        self.translate, self.stream = translate, stream
+    def __init__(self, engine: Translating, *, thread: bool = True) -> None:
+        self.engine = engine
         self.jobs: queue.Queue[Any] = queue.Queue()
+        self.busy_since: float | None = None  # when the worker began the step or job it is on; None when idle
         self.thread = threading.Thread(target=self.work, name="translation worker", daemon=True) if thread else None
         if self.thread is not None:
             self.thread.start()
 
-    async def texts(self, texts: list[str]) -> list[str]:
-        return await self._submit(texts)
+    async def texts(self, texts: list[str], *, request: Request | None = None, timeout: float = -1) -> list[str]:
+        """``texts`` translated; an :class:`ApiError` when ``request``'s client leaves first (499) or ``timeout``
+        seconds (``-1``: no limit) pass first (503), and then the worker drops them."""
+        return await self._submit(texts, request, timeout)
 
-    async def run(self, call: Callable[[], Any]) -> Any:
-        return await self._submit(call)
+    async def run(self, call: Callable[[], Any], *, request: Request | None = None, timeout: float = -1) -> Any:
+        """``call()`` on the worker, alone; cancelled as :meth:`texts` is, unless it has begun."""
+        return await self._submit(call, request, timeout)
 
-    async def _submit(self, work: Any) -> Any:
+    async def _submit(self, work: Any, request: Request | None, timeout: float) -> Any:
         future: Future = Future()
         self.jobs.put((work, future))
-        return await asyncio.wrap_future(future)
+        answer = asyncio.wrap_future(future)
+        waits = [answer] if request is None else [answer, asyncio.ensure_future(_client_left(request))]
+        try:
+            done, _ = await asyncio.wait(
+                waits, timeout=None if timeout < 0 else timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:  # also when this request's task is cancelled (the server stopping)
+            for waiting in waits[1:]:
+                waiting.cancel()
+            future.cancel()  # nobody waits for it now: the worker drops it (done already: no effect)
+        if answer in done:
+            return answer.result()
+        if done:
+            raise ApiError(499, "Client closed request")  # nobody reads it
+        raise ApiError(503, f"Translation took longer than this server allows ({timeout:g} seconds): try shorter texts")
 
     def close(self) -> None:
         self.jobs.put(self.STOP)
         if self.thread is not None:
             self.thread.join()
 
-    def work(self) -> None:
-        """Take the jobs until :meth:`close`: the texts of every request waiting, or arriving within
-        :data:`GATHER_WAIT` of the first, translated in one call; or, with a stream, each request's texts added to it
-        as they come, between its steps."""
-        if self.stream is not None:
-            self._work_streaming(self.stream)
-            return
-        pending = None
-        while True:
-            job, pending = pending or self.jobs.get(), None
-            if job is self.STOP:
-                return
-            work, future = job
-            if callable(work):
-                try:
-                    future.set_result(work())
-                except Exception as error:  # the request's to answer; the worker goes on
-                    future.set_exception(error)
-                continue
-            gathered, count = [job], len(work)
-            deadline = time.monotonic() + GATHER_WAIT
-            while count < GATHER:
-                try:
-                    more = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if more is self.STOP or callable(more[0]):
-                    pending = more
-                    break
-                gathered.append(more)
-                count += len(more[0])
-            try:
-                results = self.translate([text for texts, _ in gathered for text in texts])
-            except Exception as error:
-                for _, future in gathered:
-                    future.set_exception(error)
-                continue
-            start = 0
-            for texts, future in gathered:
-                future.set_result(results[start : start + len(texts)])
-                start += len(texts)
+    def stalled(self) -> float | None:
+        """How long the worker has been on one step or job, when that is over :data:`STALLED_AFTER` seconds."""
+        since = self.busy_since
+        busy = None if since is None else time.monotonic() - since
+        return busy if busy is not None and busy > STALLED_AFTER else None
 
-    def _work_streaming(self, stream: LineStream) -> None:
-        stopping = False
-        while not stopping or len(stream):
+    def work(self) -> None:
+        """Take the jobs until :meth:`close`: each request's texts added to the engine as they come, between its
+        steps; a job that runs alone, when its turn comes."""
+        engine, stopping = self.engine, False
+        while not stopping or len(engine):
             while not stopping:  # what is queued; waiting for it only when nothing is being translated
                 try:
-                    job = self.jobs.get(block=not len(stream))
+                    job = self.jobs.get_nowait() if len(engine) else self.jobs.get(timeout=WAKE)
                 except queue.Empty:
-                    break
+                    if len(engine):
+                        break
+                    continue
                 if job is self.STOP:
                     stopping = True
                     break
                 work, future = job
+                if future.done():  # cancelled while it was queued
+                    continue
+                self.busy_since = time.monotonic()
                 try:
                     if callable(work):
-                        future.set_result(work())
+                        settle(future, work())
                     else:
-                        stream.add(work, future)
+                        engine.add(work, future)
                 except Exception as error:  # the request's to answer; the worker goes on
-                    future.set_exception(error)
-            if len(stream):
+                    settle(future, error=error)
+                self.busy_since = None
+            if len(engine):
+                self.busy_since = time.monotonic()
                 try:
-                    stream.step()
-                except Exception as error:  # every request in the stream gets it; the worker goes on
-                    stream.fail(error)
+                    engine.step()
+                except Exception as error:  # every request being translated gets it; the worker goes on
+                    engine.fail(error)
+                self.busy_since = None
 
 
-class LineStream(StreamingTranslator):
-    """Requests' texts translated as they come, line by line as :meth:`Service.translate_lines` translates them."""
+async def _client_left(request: Request) -> None:
+    """Returns when ``request``'s client disconnects (its body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
-    def __init__(self, translator: Translator, search: SearchOptions) -> None:
-        super().__init__(translator, rows=GATHER, search=search)
 
-    def add(
-        self, texts: Sequence[str], future: Future, finish: Callable[[list[str]], Any] = lambda translated: translated
-    ) -> None:
-        """As :meth:`StreamingTranslator.add`, each text translated line by line: ``finish`` gets whole texts."""
+class Lines:
+    """A :class:`Translating` whose requests' texts ``engine`` translates line by line, as ``translate`` translates
+    lines (a blank line stays blank)."""
+
+    def __init__(self, engine: Translating) -> None:
+        self.engine = engine
+
+    def __len__(self) -> int:
+        return len(self.engine)
+
+    def add(self, texts: Sequence[str], future: Future, finish: Finish = lambda translated: translated) -> None:
         lines, flat = split_lines(texts)
-        super().add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)))
+        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)))
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def fail(self, error: BaseException) -> None:
+        self.engine.fail(error)
 
 
 def split_lines(texts: Sequence[str]) -> tuple[list[list[str]], list[str]]:
@@ -257,13 +267,11 @@ class Service:
     ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.search = search
-        stream = LineStream(translator, search) if search.strategy != "beam" else None
-        self.batcher = Batcher(self.translate_lines, thread=thread, stream=stream)
-
-    def translate_lines(self, texts: list[str]) -> list[str]:
-        """Each text's lines translated (blank lines kept), all of them in one call."""
-        lines, flat = split_lines(texts)
-        return join_lines(texts, lines, self.translator.translate(flat, search=self.search))
+        self.identifier = LanguageIdentifier(langs)
+        engine = (RoundTranslator if search.strategy == "beam" else StreamingTranslator)(
+            translator, rows=GATHER, search=search
+        )
+        self.batcher = Batcher(Lines(engine), thread=thread)
 
     def hypotheses(self, texts: list[str], count: int) -> list[list[str]]:
         """Each text's ``count`` best translations from a beam search at least 2 and ``count`` wide, with the
@@ -293,8 +301,9 @@ class Service:
                 f"{language_name(source)} ({source})",
             )
 
-    async def translate_html(self, text: str) -> str:
-        """``text`` as HTML: its text nodes translated (outside ``script`` and ``style``), its tags as they were."""
+    async def translate_html(self, text: str, translate: Callable[[list[str]], Awaitable[list[str]]]) -> str:
+        """``text`` as HTML: its text nodes translated by ``translate`` (outside ``script`` and ``style``), its tags as
+        they were."""
         parts = re.split(r"(<!--.*?-->|<[^>]*>)", text, flags=re.DOTALL)
         nodes, skipping = [], None
         for index, part in enumerate(parts):
@@ -304,7 +313,7 @@ class Service:
                     skipping = None if tag[1] else tag[2].lower()
             elif part.strip() and skipping is None:
                 nodes.append(index)
-        translated = await self.batcher.texts([html.unescape(parts[i]).strip() for i in nodes])
+        translated = await translate([html.unescape(parts[i]).strip() for i in nodes])
         for index, translation in zip(nodes, translated, strict=True):
             part = parts[index]
             lead, trail = part[: len(part) - len(part.lstrip())], part[len(part.rstrip()) :]
@@ -392,33 +401,45 @@ class Endpoints:
             raise ApiError(400, f"Invalid request: missing {'source' if source is None else 'target'} parameter")
         alternatives = self.alternatives(arguments)
         texts = _texts(q, self.limits)
-        detected = source == "auto"
+        detected = [service.identifier.detect(text)[0] for text in texts] if source == "auto" else None
         service.check_pair(service.source if detected else source, target)
         text_format = _text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
             raise ApiError(400, f"{text_format} format is not supported")
         others: list[list[str]] = [[] for _ in texts]  # alternatives: none for HTML, as LibreTranslate
+
+        def translate(texts: list[str]) -> Awaitable[list[str]]:
+            return service.batcher.texts(texts, request=request, timeout=self.limits.timeout)
+
         if text_format == "html":
-            translated = [await service.translate_html(text) for text in texts]
+            translated = [await service.translate_html(text, translate) for text in texts]
         elif alternatives:
-            best = await service.batcher.run(lambda: service.hypotheses(texts, alternatives + 1))
+            best = await service.batcher.run(
+                lambda: service.hypotheses(texts, alternatives + 1), request=request, timeout=self.limits.timeout
+            )
             translated = [found[0] for found in best]
             others = [[other for other in dict.fromkeys(found[1:]) if other != found[0]] for found in best]
+        elif detected:  # a text already in the target language is kept as it is
+            kept = [found.language == service.target for found in detected]
+            done = iter(await translate([text for text, keep in zip(texts, kept, strict=True) if not keep]))
+            translated = [text if keep else next(done) for text, keep in zip(texts, kept, strict=True)]
         else:
-            translated = await service.batcher.texts(texts)
+            translated = await translate(texts)
         answer: dict[str, Any] = {"translatedText": translated if isinstance(q, list) else translated[0]}
         if detected:
-            language = {"confidence": 100.0, "language": service.source}
-            answer["detectedLanguage"] = [language] * len(texts) if isinstance(q, list) else language
+            languages = [found.as_json() for found in detected]
+            answer["detectedLanguage"] = languages if isinstance(q, list) else languages[0]
         if alternatives:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
         return JSONResponse(answer)
 
     def alternatives(self, arguments: dict[str, Any]) -> int:
         try:
-            count = max(0, int(arguments.get("alternatives", 0)))
+            count = int(arguments.get("alternatives", 0))
         except (TypeError, ValueError):
             raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
+        if count < 0:
+            raise ApiError(400, "Invalid request: alternatives parameter must be >= 0")
         if self.limits.alternatives_limit != -1 and count > self.limits.alternatives_limit:
             raise ApiError(400, f"Invalid request: alternatives parameter must be <= {self.limits.alternatives_limit}")
         return count
@@ -431,20 +452,29 @@ class Endpoints:
         if sentence is None:
             raise ApiError(400, "Invalid request: q holds no text")
         service = self.service
-        found = await service.batcher.run(lambda: service.translator.attention(sentence, search=service.search))
+        found = await service.batcher.run(
+            lambda: service.translator.attention(sentence, search=service.search),
+            request=request, timeout=self.limits.timeout,
+        )  # fmt: skip
         return JSONResponse(attention_view(found))
 
     async def detect(self, request: Request) -> JSONResponse:
         arguments = await _arguments(request)
         self.checked_access(arguments, request)
-        _texts(arguments.get("q"), self.limits)
-        return JSONResponse([{"confidence": 100.0, "language": self.service.source}])
+        texts = _texts(arguments.get("q"), self.limits)
+        return JSONResponse([found.as_json() for found in self.service.identifier.detect("\n".join(texts))])
 
     async def languages(self, request: Request) -> JSONResponse:
         return JSONResponse(self.service.languages())
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        """``{"status": "ok"}`` (LibreTranslate's answer) while the worker makes progress; 503 with how long it has
+        been on one step or job once that is over :data:`STALLED_AFTER` seconds."""
+        stalled = self.service.batcher.stalled()
+        if stalled is None:
+            return JSONResponse({"status": "ok"})
+        message = f"the translation worker has been on one step for {stalled:.0f} seconds"
+        return JSONResponse({"status": "stalled", "error": message}, status_code=503)
 
     async def settings(self, request: Request) -> JSONResponse:
         keys, service = self.limits.api_keys is not None, self.service
@@ -531,19 +561,27 @@ def serve(
     langs: Sequence[str] | None,
     limits: Limits,
 ) -> int:
-    """Serve ``run`` until SIGINT or SIGTERM: then requests in flight are answered, new ones refused, and it
-    returns 0."""
+    """Serve ``run`` until SIGINT or SIGTERM: then new requests are refused, those in flight answered within
+    :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. A run of a built-in task serves
+    its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
     import uvicorn
 
     sock = listening_socket(host, port)
     translator = Translator(run, checkpoint, device=device, quantize=quantize)
-    langs = langs or translator.langs
+    task = translator.checkpoint.options.get("task")
+    langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
     if not langs:
         sock.close()
         raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
     service = Service(translator, langs, search=search, thread=False)
     server = uvicorn.Server(
-        uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5)
+        uvicorn.Config(
+            create_app(service, limits),
+            log_level="warning",
+            lifespan="on",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=int(DRAIN),
+        )
     )
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -567,5 +605,5 @@ def serve(
     thread.start()
     service.batcher.work()
     thread.join()
-    say("stopped: every request received was answered", sys.stderr)
+    say("stopped", sys.stderr)
     return 0

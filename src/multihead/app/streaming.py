@@ -1,66 +1,211 @@
 """Texts translated as they come, for ``serve``: requests' texts cut into the pieces the model reads (as
-:meth:`Translator.translate` cuts them) and decoded by one :class:`multihead.torch.streaming.Stream` that sentences
-join and leave at every decoding step (continuous batching, greedy or sampling)."""
+:meth:`Translator.translate` cuts them), given out in turn (:class:`Requests`), and decoded by one
+:class:`multihead.torch.streaming.Stream` that sentences join and leave at every decoding step (continuous batching,
+greedy or sampling, :class:`StreamingTranslator`), or in rounds (beam search, :class:`RoundTranslator`).
+
+In turn: each place that frees up in the running batch goes to the next request with pieces left, so a large text
+shares the batch with the short requests that come after it instead of going before all of them; and while others
+are being translated, one request holds at most :data:`SHARE` more places than all of them together, so that it
+cannot swell the batch (and every step's time) far past what they need. Alone, a request takes every place. A
+request whose future is done before its answer (cancelled: its client left, or its time ran out) is dropped at the
+next step, its sentences with it.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from multihead.app.tokenizers import BOS, EOS
-from multihead.app.translate import TRANSLATION, Ids, Translator
+from multihead.app.translate import TRANSLATION, Ids, Translator, translate_ids
 from multihead.decoding import SearchOptions
 from multihead.torch.streaming import Stream
+
+SHARE = 8
+"""How many more places than all the other requests together one request may hold while they are being translated."""
+Finish = Callable[[list[str]], Any]
+"""What a request's translations become before they are its answer."""
+
+
+def _keep(translated: list[str]) -> Any:
+    return translated
+
+
+class Translating(Protocol):
+    """What ``serve``'s worker drives: requests' texts added as they come, translated a step at a time."""
+
+    def __len__(self) -> int:
+        """Pieces being translated or waiting for a place."""
+        ...
+
+    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
+        """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result once all have been translated."""
+        ...
+
+    def step(self) -> None:
+        """Drop the requests nobody waits for, then translate a step: answer the requests that are done."""
+        ...
+
+    def fail(self, error: BaseException) -> None:
+        """Drop every request, ``error`` their futures' exception."""
+        ...
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's texts: their pieces, those not yet given out (index, ids), the translations of those that have
+    ended (empty until then), how many have not, how many are being translated."""
+
+    pieces: list[list[Ids]]
+    pending: deque[tuple[int, Ids]]
+    outputs: list[Ids]
+    left: int
+    future: Future
+    finish: Finish = field(repr=False)
+    running: int = 0
+
+
+def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+    """``future``'s result (or ``error``), unless it is already done: cancelled while it was being translated."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:  # cancelled meanwhile: nobody reads it
+        pass
+
+
+class Requests:
+    """Requests' pieces (token ids), given out in turn: one piece of each request with pieces left, round and round,
+    each request holding at most :data:`SHARE` more than the others together while others are being translated."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator = translator
+        self.turns: deque[_Job] = deque()  # the requests with pieces not yet given out, in turn
+        self.live: list[_Job] = []  # every request not yet answered
+        self.waiting = 0  # pieces not yet given out
+        self.running = 0  # pieces given out, not yet ended
+
+    def __len__(self) -> int:
+        return self.waiting
+
+    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
+        pieces, flat = self.translator.pieces(texts)
+        if not flat:
+            settle(future, finish(self.translator.joined(pieces, [])))
+            return
+        job = _Job(pieces, deque(enumerate(flat)), [[] for _ in flat], len(flat), future, finish)
+        self.turns.append(job)
+        self.live.append(job)
+        self.waiting += len(flat)
+
+    def take(self, count: int) -> list[tuple[_Job, int, Ids]]:
+        """At most ``count`` pieces, in turn: (request, the piece's index in it, its ids)."""
+        taken: list[tuple[_Job, int, Ids]] = []
+        held_back: list[_Job] = []
+        while len(taken) < count and self.turns:
+            job = self.turns.popleft()
+            if len(self.live) > 1 and job.running >= self.running - job.running + SHARE:
+                held_back.append(job)  # its share taken: its turn comes again when the others hold more
+                continue
+            index, ids = job.pending.popleft()
+            taken.append((job, index, ids))
+            job.running += 1
+            self.running += 1
+            if job.pending:
+                self.turns.append(job)
+        self.turns.extendleft(reversed(held_back))
+        self.waiting -= len(taken)
+        return taken
+
+    def ended(self, job: _Job, index: int, tokens: Ids) -> None:
+        """Piece ``index`` of ``job`` translated as ``tokens``: the request answered once all of its pieces are."""
+        job.outputs[index] = tokens
+        job.left -= 1
+        job.running -= 1
+        self.running -= 1
+        if job.left == 0:
+            self.live.remove(job)
+            settle(job.future, job.finish(self.translator.joined(job.pieces, job.outputs)))
+
+    def drop_abandoned(self) -> set[_Job]:
+        """Forget the requests whose future is done before their answer (cancelled); those requests."""
+        gone = {job for job in self.live if job.future.done()}
+        if gone:
+            self.live = [job for job in self.live if job not in gone]
+            self.turns = deque(job for job in self.turns if job not in gone)
+            self.waiting = sum(len(job.pending) for job in self.turns)
+            self.running = sum(job.running for job in self.live)
+        return gone
+
+    def fail(self, error: BaseException) -> None:
+        for job in self.live:
+            settle(job.future, error=error)
+        self.turns, self.live, self.waiting, self.running = deque(), [], 0, 0
 
 
 class StreamingTranslator:
     """Texts translated as they come (:class:`~multihead.torch.streaming.Stream`), as :meth:`Translator.translate`
     translates them: each request's translations are its future's result once all of its pieces have ended. A
-    request's piece ``i`` is sampled with key ``i``, as ``translate`` samples that request's texts."""
+    request's piece ``i`` is sampled with key ``i``, as ``translate`` samples that request's texts. A
+    :class:`Translating`."""
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
-        self.translator = translator
+        self.translator, self.rows = translator, rows
+        self.requests = Requests(translator)
         self.stream: Stream[tuple[_Job, int]] = Stream(
             translator.generator, rows=rows, search=search, bos_id=BOS, eos_id=EOS
         )
 
     def __len__(self) -> int:
-        return len(self.stream)
+        return len(self.stream) + len(self.requests)
 
-    def add(
-        self, texts: Sequence[str], future: Future, finish: Callable[[list[str]], Any] = lambda translated: translated
-    ) -> None:
+    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
         """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result in :meth:`step` (at once, when they
         hold no piece to translate)."""
-        pieces, flat = self.translator.pieces(texts)
-        job = _Job(pieces, [[] for _ in flat], len(flat), future, finish)
-        if not flat:
-            future.set_result(finish(self.translator.joined(pieces, [])))
-        for index, ids in enumerate(flat):
-            self.stream.add(ids, (job, index), limit=self.translator.limit(len(ids)), key=index)
+        self.requests.add(texts, future, finish)
 
     def step(self) -> None:
+        gone = self.requests.drop_abandoned()
+        if gone:
+            self.stream.drop(lambda owner: owner[0] in gone)
+        for job, index, ids in self.requests.take(self.rows - len(self.stream)):
+            self.stream.add(ids, (job, index), limit=self.translator.limit(len(ids)), key=index)
         for (job, index), tokens in self.stream.step():
-            job.outputs[index] = tokens
-            job.left -= 1
-            if job.left == 0:
-                job.future.set_result(job.finish(self.translator.joined(job.pieces, job.outputs)))
+            self.requests.ended(job, index, tokens)
 
     def fail(self, error: BaseException) -> None:
-        """Drop every text being translated, ``error`` their futures' exception."""
-        for future in {id(job): job.future for job, _ in self.stream.clear()}.values():
-            future.set_exception(error)
+        self.stream.clear()
+        self.requests.fail(error)
 
 
-@dataclass
-class _Job:
-    """One request's texts: their pieces, the translations of those that have ended (empty until then), how many
-    have not."""
+class RoundTranslator:
+    """Texts translated in rounds (beam search, one batch of beams a round): each round takes at most ``rows``
+    pieces, in turn from every request, and translates them in the translator's token-bounded batches. A
+    :class:`Translating`."""
 
-    pieces: list[list[Ids]]
-    outputs: list[Ids]
-    left: int
-    future: Future
-    finish: Callable[[list[str]], Any]
+    def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
+        self.translator, self.rows = translator, rows
+        self.requests = Requests(translator)
+        self.generate, self.batch_tokens = translator.generate(search), translator.batch_size(search)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
+        self.requests.add(texts, future, finish)
+
+    def step(self) -> None:
+        self.requests.drop_abandoned()
+        taken = self.requests.take(self.rows)
+        sources = [ids for _, _, ids in taken]
+        outputs = translate_ids(self.generate, sources, limit=self.translator.limit, batch_tokens=self.batch_tokens)
+        for (job, index, _), tokens in zip(taken, outputs, strict=True):
+            self.requests.ended(job, index, tokens)
+
+    def fail(self, error: BaseException) -> None:
+        self.requests.fail(error)

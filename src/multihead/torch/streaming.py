@@ -23,7 +23,7 @@ cross-attention buffers hold, H key/value heads, D head dim, E d_model, n senten
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -190,6 +190,18 @@ class Stream(Generic[Owner]):
         owners = [sentence.owner for sentence in self.sentences] + [owner for _, owner, _, _ in self.waiting]
         self.sentences, self.waiting = [], deque()
         self._keep(np.zeros(0, dtype=np.int64))
+        return owners
+
+    def drop(self, dropped: Callable[[Owner], bool]) -> list[Owner]:
+        """Drop the sentences (decoding or waiting) whose owner ``dropped`` names, e.g. those nobody waits for any
+        more; their owners. The others decode on as before."""
+        waiting = [entry for entry in self.waiting if dropped(entry[1])]
+        if waiting:
+            self.waiting = deque(entry for entry in self.waiting if not dropped(entry[1]))
+        rows = [row for row, sentence in enumerate(self.sentences) if dropped(sentence.owner)]
+        owners = [self.sentences[row].owner for row in rows] + [owner for _, owner, _, _ in waiting]
+        with torch.inference_mode():
+            self._leave(rows)
         return owners
 
     def step(self) -> list[tuple[Owner, list[int]]]:
