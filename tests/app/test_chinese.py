@@ -132,3 +132,37 @@ def test_a_chinese_sentence_is_plotted_one_column_a_character_without_warnings(
     finally:
         plot._drawable.cache_clear()
     assert (tmp_path / "code-points.png").stat().st_size > 0
+
+
+def test_every_column_and_row_is_labelled_with_what_the_model_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Chinese sentence is one word to the word mark (no spaces): BPE keeps ``▁`` with its first character only where
+    it learned that merge, so a sentence beginning with a character that began no training sentence reads as a bare
+    ``▁`` first (a column that often takes much of a head's attention), and that column says ``▁``."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from multihead.app.translate import Translation
+
+    tokenizer = SubwordTokenizer.train([text for pair in PAIRS for text in pair], 200)
+    source, target = "今天狗跑。", "The dog runs today ."  # "今" began no training sentence; a space before "."
+    source_ids, target_ids = tokenizer.encode(source)[0], tokenizer.encode(target)[0]
+    assert tokenizer.pieces(source_ids)[:2] == ["▁", "今"]  # the bare mark the model reads
+    target_tokens = [*tokenizer.pieces(target_ids), "<eos>"]
+    uniform = np.full((2, len(target_tokens), len(source_ids)), 1 / len(source_ids))  # (H, Lt, Ls)
+    translation = Translation(
+        source, target, tokenizer.pieces(source_ids), target_tokens, tokenizer.word_starts(source_ids),
+        [*tokenizer.word_starts(target_ids), True], [uniform, uniform],
+    )  # fmt: skip
+    figures: list = []
+    monkeypatch.setattr(plot, "_save", lambda figure, path: figures.append(figure))
+    plot_cross_attention(translation, tmp_path / "marks.png")
+    try:
+        for axis in figures[0].axes:
+            columns = [label.get_text() for label in axis.get_xticklabels()]
+            rows = [label.get_text() for label in axis.get_yticklabels()]
+            assert columns == [plot.shown(word) for word in ["▁", "今", "天", "狗", "跑", "。"]]
+            assert rows == ["The", "dog", "runs", "today", "▁", ".", "⟨eos⟩"]
+    finally:
+        plt.close(figures[0])

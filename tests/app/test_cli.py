@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -10,10 +13,13 @@ from pathlib import Path
 import pytest
 
 import multihead.app.training as training
-from app.support import SMALL, Cli, assert_refused, no_evaluation, snapshot, write_corpus, write_lines
+from app.support import SMALL, SMALL_FLAGS, Cli, assert_refused, no_evaluation, snapshot, write_corpus, write_lines
 from multihead import __version__
-from multihead.app.cli import DEMO_EXAMPLES, main
+from multihead.app.cli import DEMO_EXAMPLES, DEMO_TIME, main
+from multihead.app.runs import latest_checkpoint
 from multihead.app.training import TrainOptions, train
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_trains_translates_and_plots(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,6 +84,44 @@ def test_demo_refuses_a_run_of_something_else(
     assert_refused(result, f"--out '{out}' holds a run of {held}, not the demo's dates; choose another --out")
     assert result.out == ""
     assert snapshot(out) == before
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+@pytest.mark.parametrize("command", ["demo", "train"])
+def test_ctrl_c_names_the_command_that_continues_and_it_says_it_resumes(
+    command: str, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the first step: the command line it names parses and continues the run (``demo`` resumes its run
+    by itself, and has no --resume), saying from which step."""
+    out = tmp_path / "run"
+    step = training.Training.step
+
+    def step_then_ctrl_c(self: training.Training) -> None:
+        step(self)
+        if self.step_count == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(training.Training, "step", step_then_ctrl_c)
+    flags = ["--task", "reverse", *SMALL_FLAGS, "--batch-size", "8"] if command == "train" else ["--no-progress"]
+    interrupted = cli(command, "--out", out, "--steps", "3", *flags)
+    assert interrupted.status == 130, interrupted.err
+    hint = re.search(r"^interrupted at step 1: checkpoint saved in \S+; to continue, run: (.+)$", interrupted.err, re.M)
+    assert hint, interrupted.err
+    words = shlex.split(hint.group(1))
+    assert words[:2] == ["multihead", command]
+    continued = cli(*words[1:])
+    assert continued.status == 0, continued.err
+    assert f"resuming {out} from step 1 of 3 (step-0000001)" in continued.out_lines
+    assert latest_checkpoint(out).name == "step-0000003"
+
+
+def test_the_demo_takes_as_long_as_its_help_and_both_readmes_say(cli: Callable[..., Cli]) -> None:
+    minutes = re.fullmatch(r"about (\d+) minutes on .+", DEMO_TIME)
+    assert minutes, DEMO_TIME
+    demo_help = cli("demo", "--help")
+    assert DEMO_TIME in " ".join(demo_help.out.split())
+    assert DEMO_TIME in " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"大约 {minutes.group(1)} 分钟" in (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
 
 
 def test_options_may_come_before_between_or_after_the_positional_arguments(

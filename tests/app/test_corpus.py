@@ -4,17 +4,23 @@ every bad corpus refused in one line, with status 2, before anything is written.
 from __future__ import annotations
 
 import gzip
+import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import multihead.app.corpus as corpus
 import multihead.app.training as training
-from app.support import PAIRS, TRAIN, VALID, Cli, assert_refused, snapshot, write_corpus, write_lines
+from app.support import PAIRS, SMALL, TRAIN, VALID, Cli, assert_refused, snapshot, write_corpus, write_lines
+from multihead.app.batching import CorpusBatches
 from multihead.app.console import UserError
 from multihead.app.corpus import read_lines, read_parallel
-from multihead.app.data import check_sides, load_corpus, survey
+from multihead.app.data import HELDOUT_SIZE, check_sides, is_heldout, load_corpus, survey
+from multihead.app.options import TrainOptions
+from multihead.app.runs import latest_checkpoint
+from multihead.app.tokenizers import EOS, PAD
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
@@ -104,14 +110,102 @@ def test_valid_names_the_validation_set(tmp_path: Path) -> None:
     assert corpus.valid == VALID
 
 
-def test_without_valid_a_tenth_is_held_out_and_never_trained_on(tmp_path: Path) -> None:
-    corpus = load_corpus(write_corpus(tmp_path, PAIRS))
+def numbered(count: int, start: int = 0) -> list[tuple[str, str]]:
+    """``count`` different sentence pairs, ``start`` the first one's number."""
+    return [(f"satz nummer {i} auf deutsch", f"sentence number {i} in english") for i in range(start, start + count)]
+
+
+@pytest.mark.parametrize("count", [150, 1234, 2000])
+def test_without_valid_a_tenth_is_held_out_and_never_trained_on(tmp_path: Path, count: int) -> None:
+    pairs = PAIRS if count == len(PAIRS) else numbered(count)
+    corpus = load_corpus(write_corpus(tmp_path, pairs))
     train = list(corpus.pairs())
-    assert corpus.valid
-    assert train
-    assert not {s for s, _ in corpus.valid} & {s for s, _ in train}
-    assert sorted(train + corpus.valid) == sorted(PAIRS)
-    assert 0.03 < len(corpus.valid) / len(PAIRS) < 0.2  # about a tenth
+    assert len(corpus.valid) == count // 10  # exactly a tenth (rounded down)
+    assert len(set(corpus.valid)) == len(corpus.valid)
+    assert corpus.valid == sorted(corpus.valid, key=pairs.index)  # in corpus order
+    assert not set(corpus.valid) & set(train)
+    assert sorted(train + corpus.valid) == sorted(pairs)
+
+
+def test_both_directions_of_a_corpus_hold_out_the_same_pairs(tmp_path: Path) -> None:
+    """An en→de run of a corpus validates on the pairs its de→en run validates on, never on its training pairs."""
+    pairs = numbered(2000)
+    swapped = [(target, source) for source, target in pairs]
+    forward = load_corpus(write_corpus(tmp_path / "forward", pairs))
+    de, en = write_corpus(tmp_path / "files", pairs)
+    backward = load_corpus([en, de])  # the files the other way round
+    tsv = write_lines(tmp_path / "backward.tsv", [f"{target}\t{source}" for source, target in pairs])
+    assert [(t, s) for s, t in forward.valid] == backward.valid == load_corpus([str(tsv)]).valid
+    assert set(backward.pairs()) == {(t, s) for s, t in forward.pairs()}
+    assert load_corpus(write_corpus(tmp_path / "swapped", swapped)).valid == backward.valid
+
+
+def test_every_copy_of_a_held_out_pair_is_left_out_of_training(tmp_path: Path) -> None:
+    pairs = numbered(300) * 2 + numbered(100, start=300)  # 700 lines: 400 different pairs, 300 of them twice
+    corpus = load_corpus(write_corpus(tmp_path, pairs))
+    train = list(corpus.pairs())
+    assert len(corpus.valid) == 70 == len(set(corpus.valid))  # a tenth of the lines, each pair once
+    assert not set(corpus.valid) & set(train)
+    assert len(train) == len(pairs) - sum(pairs.count(pair) for pair in corpus.valid)
+    assert set(train) | set(corpus.valid) == set(pairs)
+
+
+def test_a_small_corpus_holds_out_one_pair_and_a_large_one_a_thousand(tmp_path: Path) -> None:
+    assert len(load_corpus(write_corpus(tmp_path / "five", numbered(5))).valid) == 1
+    two = load_corpus(write_corpus(tmp_path / "two", numbered(1) * 5 + numbered(1, start=1) * 5))
+    assert len(two.valid) == 1
+    assert len(set(two.pairs())) == 1  # one pair is left to train on
+    large = load_corpus(write_corpus(tmp_path / "large", numbered(12_345)))
+    assert len(large.valid) == HELDOUT_SIZE == 1000
+    assert sum(1 for _ in large.pairs()) == 12_345 - 1000
+    with pytest.raises(UserError, match=r"need at least two different sentence pairs"):
+        load_corpus(write_corpus(tmp_path / "one", numbered(1) * 20))
+
+
+def test_no_held_out_pair_is_ever_in_a_training_batch(tmp_path: Path) -> None:
+    pairs = numbered(600)
+    options = TrainOptions(out=str(tmp_path / "run"), data=write_corpus(tmp_path, pairs), steps=1, tokenizer="word",
+                           batch_tokens=400, **SMALL)  # fmt: skip
+    run = training.Training(options)
+    run.build()
+    setup, batches = run.setup, run.batches
+    assert isinstance(batches, CorpusBatches)
+    heldout = set(setup.data.evaluation_pairs(None))
+    assert len(heldout) == 60
+    trained, step = [], 0
+    while batches.epoch_of(step) < 1:  # every batch of the first epoch
+        batch = batches.batch(step)
+        for src, tgt in zip(batch.src, batch.tgt_out, strict=True):
+            source = setup.source.decode(id for id in src.tolist() if id != PAD)
+            trained.append((source, setup.target.decode(id for id in tgt.tolist() if id not in (PAD, EOS))))
+        step += 1
+    run.lock.release()
+    assert len(trained) == 540 == len(set(trained))
+    assert not heldout & set(trained)
+    assert set(trained) | heldout == set(pairs)
+    record = run.setup.prepared.facts
+    assert record["heldout"] == "pairs"
+
+
+def test_a_run_made_before_the_rule_was_recorded_keeps_its_held_out_pairs(tmp_path: Path) -> None:
+    """Resuming a run made by a version that held out pairs by their source (and recorded no rule) goes on with
+    those: the new rule would move its validation pairs into training."""
+    pairs = numbered(400)
+    data = write_corpus(tmp_path, pairs)
+    options = TrainOptions(out=str(tmp_path / "run"), data=data, steps=1, tokenizer="word", batch_tokens=400, **SMALL)
+    training.train(options)
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    record = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8"))
+    assert record["data"].pop("heldout") == "pairs"
+    (checkpoint / "trainer.json").write_text(json.dumps(record), encoding="utf-8")
+    old = training.Training(replace(options, steps=2, resume=True))
+    old.build()
+    old.lock.release()
+    by_source = [pair for pair in pairs if is_heldout(pair[0])]
+    assert old.setup.data.evaluation_pairs(None) == by_source != load_corpus(data).valid
+    assert not set(by_source) & set(old.setup.data.pairs())
+    assert len(old.setup.prepared.encoded) == len(pairs) - len(by_source)  # its encoding made again, by that rule
+    assert "heldout" not in old.setup.prepared.facts  # and it stays a run of the old rule
 
 
 def _bad(tmp_path: Path, source: bytes, target: bytes, names: tuple[str, str] = ("a.de", "b.en")) -> list[Path]:

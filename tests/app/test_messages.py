@@ -389,7 +389,7 @@ USER_ERRORS = {  # case: what the one line must say
     "resume-damaged-optimizer": r"optimizer",
     "resume-other-task": r"--task copy would change the run, which has --task reverse",
     "data-is-a-directory": r"data|no such file",
-    "data-one-source": r"at least two different source lines",
+    "data-one-pair": r"at least two different sentence pairs",
 }
 
 
@@ -398,7 +398,7 @@ USER_ERRORS = {  # case: what the one line must say
 def test_cli_user_errors_are_one_line(
     case: str, short_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "one.tsv").write_text("a\tb\na\tc\n")
+    (tmp_path / "one.tsv").write_text("a\tb\na\tb\n")
     (tmp_path / "a-file").write_text("")
     steps = ["--steps", "1"]
     small = [*steps, "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--batch-size", "4"]
@@ -421,7 +421,7 @@ def test_cli_user_errors_are_one_line(
             *resume[:2], "copy", *resume[3:], "--out", str(damaged_run(short_run, tmp_path, undamaged)),
         ],
         "data-is-a-directory": lambda: ["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), *steps],
-        "data-one-source": lambda: ["train", "--data", str(tmp_path / "one.tsv"), "--out", str(tmp_path / "r"), *steps],
+        "data-one-pair": lambda: ["train", "--data", str(tmp_path / "one.tsv"), "--out", str(tmp_path / "r"), *steps],
     }[case]()  # fmt: skip
     assert_one_line_error(*run_main(args, capsys), USER_ERRORS[case])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -65,3 +66,49 @@ def test_translate_shows_a_progress_bar_on_a_terminal(
     assert "sentence" in result.err
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert "sentence" not in cli("translate", corpus_run.path, *SAMPLES).err
+
+
+def test_a_bare_word_mark_and_white_space_are_shown_never_an_empty_label() -> None:
+    pieces = ["▁", "今", "▁runs", "▁", ".", " ", "\u3000", "<eos>"]  # a subword mark alone, white space of a char run
+    labels = [word for word, _ in words(pieces, [True] * len(pieces))]
+    assert labels == ["▁", "今", "runs", "▁", ".", "␣", "U+3000", "⟨eos⟩"]
+    assert all(label.strip() for label in labels)
+
+
+def _legend_texts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, history: dict[str, Any]) -> list[list[str]]:
+    """The texts of every legend of the history figure, one list per legend."""
+    import matplotlib.pyplot as plt
+
+    import multihead.app.plot as plot
+
+    figures: list = []
+    monkeypatch.setattr(plot, "_save", lambda figure, path: figures.append(figure))
+    plot.plot_history(history, tmp_path / "history.png")
+    try:
+        legends = [axis.get_legend() for axis in figures[0].axes]
+        return [[text.get_text() for text in legend.get_texts()] for legend in legends if legend is not None]
+    finally:
+        plt.close(figures[0])
+
+
+@pytest.mark.parametrize(
+    ("metric", "smoothing", "training"),
+    [
+        ("bleu", 0.1, "training loss (label smoothing 0.1)"),
+        ("accuracy", 0.0, "training loss (no label smoothing)"),
+        ("bleu", None, "training loss (with the run's --label-smoothing)"),  # a history without it
+    ],
+)
+def test_the_history_legend_names_the_smoothing_and_every_series(
+    metric: str, smoothing: float | None, training: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    history: dict[str, Any] = {
+        "metric": metric,
+        "losses": [[1, 5.0], [2, 4.0], [3, 3.5]],
+        "evals": [{"step": 2, "valid_loss": 4.4, metric: 10.0}, {"step": 3, "valid_loss": 4.1, metric: 12.0},
+                  {"step": 3, "valid_loss": 4.0, metric: 13.0, "checkpoint": "average"}],
+    }  # fmt: skip
+    if smoothing is not None:
+        history["label_smoothing"] = smoothing
+    score = {"bleu": "validation BLEU", "accuracy": "held-out exact match"}[metric]
+    assert _legend_texts(monkeypatch, tmp_path, history) == [[training, "validation loss (no label smoothing)", score]]

@@ -128,6 +128,10 @@ CHANGES = {
     "--vocab-size": (["--vocab-size", "100"], ["--vocab-size 100", "--vocab-size 120"]),
     "--vocab-sample": (["--vocab-sample", "5"], ["--vocab-sample 5", "--vocab-sample 1000000"]),
     "--joint-vocab": (["--no-joint-vocab"], ["--no-joint-vocab would change the run, which has --joint-vocab:"]),
+    "--vocab-from": (
+        ["--vocab-from", "runs/other"],
+        ["--vocab-from runs/other would change the run, which has no --vocab-from:"],
+    ),
     "--d-model": (["--d-model", "32"], ["--d-model 32", "--d-model 16"]),
     "--heads": (["--heads", "4"], ["--heads 4", "--heads 2"]),
     "--layers": (["--layers", "2"], ["--layers 2", "--layers 1"]),
@@ -150,7 +154,8 @@ def test_help_says_what_resume_refuses_and_what_may_change() -> None:
         for flag in action.option_strings
         if flag.startswith("--") and flag not in ("--no-joint-vocab", "--no-compile")
     }
-    assert options == {*REFUSED, *MAY_CHANGE, "--out", "--resume", "--help", "--no-progress"}
+    per_process = {"--out", "--resume", "--help", "--no-progress", "--log-every", "--threads"}  # never saved
+    assert options == {*REFUSED, *MAY_CHANGE, *per_process}
 
 
 @pytest.mark.parametrize("flag", list(CHANGES))

@@ -54,7 +54,8 @@ def test_an_interrupted_latest_update_keeps_the_previous_latest_and_no_litter(
     monkeypatch.undo()
     assert latest_checkpoint(out) == latest
     assert (out / "latest").read_text().strip() == latest.name
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "history.json", "history.png", "latest"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "history.json", "history.png", "latest",
+                                                     "train.jsonl"]  # fmt: skip
 
 
 def test_an_interrupted_save_is_never_picked_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

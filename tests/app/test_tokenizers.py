@@ -14,7 +14,7 @@ import tokenizers
 import torch
 from hypothesis import strategies as st
 
-from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, write_corpus
+from app.support import SMALL, TRAIN, VALID, Cli, CorpusRun, assert_refused, snapshot, write_corpus
 from multihead.app.runs import latest_checkpoint
 from multihead.app.tokenizers import EOS, SubwordTokenizer, WordIds, load_tokenizers
 from multihead.app.tokenizers import SymbolTokenizer as Tokenizer
@@ -176,3 +176,67 @@ def test_word_by_word_encoding_only_for_the_rules_it_relies_on(awkward_tokenizer
     texts = ["Ein Hund", "Hund. Ein"]
     ids, _lengths = other.corpus_encoder()(texts)
     assert ids.tolist() == [i for one in other.encode_all(texts) for i in one]
+
+
+# --- another run's vocabulary -------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_a_run_takes_another_runs_vocabulary_with_vocab_from(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """The same tokenizer files, byte for byte, whatever the new run's corpus (here half of the other's, without
+    --valid), so that the two runs' models can be compared or ensembled; the run records where they came from."""
+    theirs = latest_checkpoint(corpus_run.path)
+    data, out = write_corpus(tmp_path / "corpus", TRAIN[::2]), tmp_path / "run"
+    small = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--no-progress"]
+    result = cli("train", "--data", *data, "--out", out, "--steps", "1", "--vocab-from", corpus_run.path, *small)
+    assert result.status == 0, result.err
+    assert "learning a" not in result.out
+    assert f"taking the subword vocabulary of {corpus_run.path} ({theirs.name})" in result.out
+    ours = latest_checkpoint(out)
+    for name in ("tokenizer.json", "subwords.json"):
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
+    (source, target), (their_source, _) = load_tokenizers(ours), load_tokenizers(theirs)
+    assert source is target  # joint, as theirs
+    ids, _ = source.encode(VALID[0][0])
+    assert source.pieces(ids) == their_source.pieces(their_source.encode(VALID[0][0])[0])
+    options = json.loads((ours / "trainer.json").read_text(encoding="utf-8"))["options"]
+    assert options["vocab_from"] == str(corpus_run.path)
+    assert (options["tokenizer"], options["vocab_size"], options["joint"]) == ("subword", 120, True)
+    resumed = cli("train", "--data", *data, "--out", out, "--resume", "--steps", "2", "--vocab-from", corpus_run.path,
+                  "--no-progress")  # fmt: skip
+    assert resumed.status == 0, resumed.err  # the same --vocab-from again: nothing changes
+
+
+@pytest.mark.parametrize(
+    ("given", "fragments"),
+    [
+        (["--vocab-from", "MISSING"], ["--vocab-from: ", "absent' does not exist"]),
+        (["--vocab-from", "EMPTY"], ["--vocab-from: ", "is not a multihead run"]),
+        (["--vocab-from", "RUN", "--tokenizer", "word"],
+         ["--tokenizer word conflicts with --vocab-from", "whose vocabulary has --tokenizer subword"]),
+        (["--vocab-from", "RUN", "--vocab-size", "100"],
+         ["--vocab-size 100 conflicts with --vocab-from", "whose vocabulary has --vocab-size 120"]),
+        (["--vocab-from", "RUN", "--no-joint-vocab"],
+         ["--no-joint-vocab conflicts with --vocab-from", "whose vocabulary has --joint-vocab"]),
+        (["--vocab-from", "RUN", "--vocab-sample", "50"], ["--vocab-sample 50", "with --vocab-from the run learns"]),
+        (["--resume", "--out", "RUN", "--vocab-from", "RUN"],
+         ["--vocab-from RUN would change the run, which has no --vocab-from"]),
+    ],
+    ids=["missing", "not-a-run", "tokenizer", "vocab-size", "joint", "vocab-sample", "resume"],
+)  # fmt: skip
+def test_a_bad_vocab_from_is_refused_in_one_line(
+    given: list[str], fragments: list[str], corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = corpus_run.copy(tmp_path / "other")
+    (tmp_path / "empty").mkdir()
+    before = snapshot(run)
+    paths = {"MISSING": str(tmp_path / "absent"), "EMPTY": str(tmp_path / "empty"), "RUN": str(run)}
+    data, valid = write_corpus(tmp_path / "corpus"), write_corpus(tmp_path / "corpus", VALID, "valid")
+    out = [] if "--out" in given else ["--out", str(tmp_path / "new")]
+    args = [paths.get(arg, arg) for arg in given]
+    result = cli("train", "--data", *data, "--valid", *valid, *out, *args, "--steps", "200", "--no-progress")
+    assert_refused(result, *[fragment.replace("RUN", str(run)) for fragment in fragments])
+    assert not (tmp_path / "new").exists()
+    assert snapshot(run) == before

@@ -31,7 +31,7 @@ from multihead.app.batching import CorpusBatches, join_batches, make_batch
 from multihead.app.console import UserError
 from multihead.app.encoded import EncodedCorpus
 from multihead.app.options import RunOptions
-from multihead.app.runs import latest_checkpoint
+from multihead.app.runs import latest_checkpoint, read_log
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import PAD
 from multihead.app.train_torch import TokenLoss, TorchTrainer
@@ -255,6 +255,7 @@ def test_the_defaults_for_data_are_the_recipe(tmp_path: Path, cli: Callable[...,
 def test_validation_loss_and_bleu_every_n_steps_into_the_history(corpus_run: CorpusRun) -> None:
     history = json.loads((corpus_run.path / "history.json").read_text(encoding="utf-8"))
     assert history["metric"] == "bleu"
+    assert history["label_smoothing"] == 0.1  # the corpus recipe's: history.png names it
     assert [step for step, _ in history["losses"]] == list(range(1, 121))
     steps = [evaluation for evaluation in history["evals"] if "checkpoint" not in evaluation]
     assert [evaluation["step"] for evaluation in steps] == [30, 60, 90, 120]  # --eval-every 30
@@ -540,3 +541,87 @@ def test_no_progress_bar_is_drawn_into_a_file(
     assert "step/s" not in err
     assert "\r" not in err
     assert "%|" not in err
+
+
+STEP_LINE = re.compile(
+    r"step (\d+)/(\d+): loss \d+\.\d{3}, lr \d\.\d\de-\d\d, \d+ tok/s, elapsed \d+:\d\d, left \d+:\d\d"
+)
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_without_a_terminal_a_line_every_n_steps_and_train_jsonl_appended_on_resume(
+    tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under nohup, Slurm or CI (stderr not a terminal: no bar) a plain line every --log-every steps on stdout, and
+    the same figures in RUN/train.jsonl with every evaluation; a resumed run appends to it, past a cut line."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    out = tmp_path / "run"
+    small = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--batch-size", "16"]
+    first = cli("train", "--task", "reverse", "--out", out, "--steps", "7", "--log-every", "3", "--eval-every", "4",
+                *small)  # fmt: skip
+    assert first.status == 0, first.err
+    lines = [line for line in first.out_lines if STEP_LINE.fullmatch(line)]
+    assert [STEP_LINE.fullmatch(line).groups() for line in lines] == [("3", "7"), ("6", "7")], first.out
+    assert "step 4: loss " in first.out  # the evaluation's line, as before
+    log = read_log(out)
+    assert [(entry["event"], entry["step"]) for entry in log] == [
+        ("start", 0), ("step", 3), ("evaluation", 4), ("step", 6), ("evaluation", 7),
+    ]  # fmt: skip
+    assert log[0]["resumed"] is False
+    for entry in log[1::2]:
+        assert {"loss", "lr", "tokens_per_s", "elapsed", "seconds"} <= set(entry), entry
+        assert min(entry["loss"], entry["lr"], entry["tokens_per_s"], entry["elapsed"]) > 0, entry
+    assert log[2]["accuracy"] == 0.0
+    assert "final" not in log[2]
+    assert log[4]["final"] is True
+    written = (out / "train.jsonl").read_bytes()
+    with (out / "train.jsonl").open("ab") as cut:  # a process killed in the middle of a line
+        cut.write(b'{"event": "step", "lo')
+
+    resumed = cli("train", "--out", out, "--resume", "--steps", "9", "--log-every", "3")
+    assert resumed.status == 0, resumed.err
+    assert f"resuming {out} from step 7 of 9 (step-0000007)" in resumed.out_lines
+    assert [STEP_LINE.fullmatch(line).groups() for line in resumed.out_lines if STEP_LINE.fullmatch(line)] == [
+        ("9", "9")
+    ]
+    assert (out / "train.jsonl").read_bytes().startswith(written)
+    log = read_log(out)
+    assert [(entry["event"], entry["step"]) for entry in log[5:]] == [
+        ("start", 7), ("evaluation", 8), ("step", 9), ("evaluation", 9),
+    ]  # fmt: skip
+    assert log[5]["resumed"] is True
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+def test_a_progress_bar_leaves_the_log_lines_to_train_jsonl(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar says it
+    train(tiny(tmp_path / "run", progress=True, log_every=2))
+    assert not [line for line in capsys.readouterr().out.splitlines() if STEP_LINE.fullmatch(line)]
+    assert [entry["step"] for entry in read_log(tmp_path / "run") if entry["event"] == "step"] == [2, 4, 6]
+
+
+def test_minutes_bound_the_whole_run_the_final_evaluation_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--minutes`` stops training early enough for the final evaluation (here 1000 held-out examples, 5 s), whose
+    length is foreseen from the evaluations on the way (50 examples each); the data's reading counts too."""
+
+    counts: list[int | None] = []
+
+    def slow_evaluation(self: Training, count: int | None) -> dict:
+        counts.append(count)
+        time.sleep(0.005 * len(self.setup.data.evaluation_pairs(count)))
+        return no_evaluation(self, count)
+
+    monkeypatch.setattr(Training, "evaluate", slow_evaluation)
+    minutes = 0.2  # 12 s
+    options = tiny(tmp_path / "run", steps=None, minutes=minutes, eval_every=5, eval_examples=50, checkpoint_every=5)
+    began = time.monotonic()
+    result = train(options)
+    took = time.monotonic() - began
+    assert result.step > 0
+    assert not result.interrupted
+    assert (counts[0], counts[-1]) == (50, None)  # evaluations on the way, then the final one on every example
+    assert took < 60 * minutes + 2.0, took  # a margin for a step, a checkpoint or a sleep longer than measured

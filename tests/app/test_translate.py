@@ -18,7 +18,8 @@ from sacrebleu.metrics import BLEU
 import multihead.app.translate as translate_module
 from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, write_lines
 from multihead.app.cli import main
-from multihead.app.translate import Translator
+from multihead.app.tokenizers import EOS
+from multihead.app.translate import Translator, translate_ids
 
 SOURCES = [source for source, _ in VALID]
 REFERENCES = [target for _, target in VALID]
@@ -284,7 +285,9 @@ def test_blank_input_lines_give_blank_lines(corpus_run: CorpusRun, tmp_path: Pat
     """A blank line in, a blank line out: the translations stay aligned with the input, a final blank line too."""
     path = write_lines(tmp_path / "in.txt", [SAMPLES[0], SAMPLES[1], "  ", SAMPLES[2], ""])
     result = cli("translate", corpus_run.path, "--input", path, "--output", tmp_path / "out.txt")
-    assert (result.status, result.err) == (0, "")
+    assert result.status == 0, result.err
+    assert len(result.err_lines) == 1, result.err  # the speed, and nothing else
+    assert result.err_lines[0].startswith("translated 5 sentences in "), result.err
     written = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
     translations = corpus_run.translations
     assert written == [translations[0], translations[1], "", translations[2], "", ""]
@@ -317,7 +320,8 @@ def test_a_line_longer_than_the_model_reads_is_translated_in_pieces(
     assert len(result.out_lines) == 3
     assert [result.out_lines[0], result.out_lines[2]] == [corpus_run.translations[0], corpus_run.translations[2]]
     assert result.out_lines[1] == " ".join([corpus_run.translations[1]] * 60)  # sentence by sentence
-    assert len(result.err_lines) == 1, result.err
+    assert len(result.err_lines) == 2, result.err  # the warning, then the speed
+    assert result.err_lines[1].startswith("translated 3 sentences in "), result.err
     assert re.fullmatch(
         r"warning: --input line 2 is longer than this model reads \(\d+ subword tokens, at most 256\): translated "
         r"in 60 pieces split at sentence ends",
@@ -366,6 +370,53 @@ def test_evaluate_json_names_the_checkpoint_of_a_task_run_as_latest(tmp_path: Pa
     refused = cli("translate", out, "abc", "--checkpoint", "best")
     assert_refused(refused, "has no best checkpoint", "--checkpoint latest")
     assert json.loads((out / "history.json").read_text(encoding="utf-8"))["metric"] == "accuracy"
+
+
+def test_a_task_run_is_named_by_its_task_not_sent_to_langs(
+    task_run: Path, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A built-in task translates no language, and train refuses --langs for one: evaluate (and translate on a
+    terminal) name the task instead of suggesting train --langs."""
+    src = write_lines(tmp_path / "src.txt", ["abc"])
+    result = cli("evaluate", task_run, src, src)
+    assert result.status == 0, result.err
+    assert "languages: built-in task reverse (no languages)" in result.out_lines
+    assert "--langs" not in result.out + result.err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    shown = cli("translate", task_run, "abc")
+    assert shown.status == 0, shown.err
+    assert "built-in task reverse (no languages), checkpoint step-0000004" in shown.err
+    assert "--langs" not in shown.err
+
+
+def test_translating_a_file_ends_with_its_speed_as_evaluate_gives_it(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sentences/s and tokens/s (the target tokens generated, EOS included) on stderr after a file or a pipe, not
+    after texts given as arguments; evaluate says the same on stdout."""
+    speed = r"in \d+\.\d s \(\d+\.\d sentences/s, (\d+) tokens/s\)"
+    path = write_lines(tmp_path / "in.de", SOURCES)
+    result = cli("translate", corpus_run.path, "--input", path, "--beam", "2")
+    assert result.status == 0, result.err
+    assert re.fullmatch(rf"translated {len(SOURCES)} sentences {speed}, beam 2", result.err_lines[-1]), result.err
+    assert int(re.search(speed, result.err_lines[-1])[1]) > 0
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes()), encoding="utf-8"))
+    piped = cli("translate", corpus_run.path)
+    assert re.fullmatch(rf"translated {len(SOURCES)} sentences {speed}, beam 1", piped.err_lines[-1]), piped.err
+    assert cli("translate", corpus_run.path, *SAMPLES).err == ""
+    evaluated = cli("evaluate", corpus_run.path, path, path)
+    assert any(re.fullmatch(rf"{len(SOURCES)} sentences {speed}, beam 1", line) for line in evaluated.out_lines)
+    generated: list[list[int]] = []
+
+    def spy(*args: object, **kwargs: object) -> list[list[int]]:
+        generated.extend(translate_ids(*args, **kwargs))
+        return generated
+
+    monkeypatch.setattr(translate_module, "translate_ids", spy)
+    translator = Translator(corpus_run.path)
+    translator.translate(SOURCES)
+    assert all(tokens[-1] == EOS for tokens in generated)
+    assert translator.tokens == sum(map(len, generated))
 
 
 def test_an_empty_input_file(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:

@@ -1,4 +1,4 @@
-"""The ``multihead`` command line: train, translate, evaluate, export, serve, demo, bench.
+"""The ``multihead`` command line: train, translate, evaluate, score, average, export, serve, demo, bench.
 
 User errors (unknown task, an unreadable corpus, an unusable output directory, a run that is not ours or is
 damaged beyond recovery, a file the system refuses to read or write) are one line on stderr with exit status 2,
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -38,16 +39,24 @@ from multihead.app.languages import BLEU_TOKENIZERS, bleu_tokenize_choice, bleu_
 
 if TYPE_CHECKING:
     from multihead.app.training import Result
+    from multihead.app.translate import Translator
 
 DEMO_EXAMPLES = ("21 November 2026", "the 4th of July 1976", "Tue Mar 9 2021")
+DEMO_STEPS = 1500
+DEMO_TIME = "about 2 minutes on 2 CPU cores of an AMD EPYC"
+"""How long ``make demo`` takes from scratch (``DEMO_STEPS`` steps, their evaluations, the final one, the examples and
+the plot), as measured on this project's machine: ``demo --help`` says it, README.md quotes it word for word and
+README.zh-CN.md its minutes (a test checks both)."""
 
 
 # --- train ------------------------------------------------------------------------------------------------
 
 
-def _report(result: Result, out: str) -> int:
+def _report(result: Result, out: str, again: Sequence[str]) -> int:
+    """Say how training ended; ``again``: the command line that continues the run (it is named when interrupted)."""
     if result.interrupted:
-        say(f"interrupted at step {result.step}: checkpoint saved in {out}; continue with --resume", sys.stderr)
+        say(f"interrupted at step {result.step}: checkpoint saved in {out}; to continue, run: {shlex.join(again)}",
+            sys.stderr)  # fmt: skip
         return EXIT_INTERRUPTED
     if result.summary is not None:
         say(result.summary)
@@ -55,11 +64,11 @@ def _report(result: Result, out: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from multihead.app.options import train_options
+    from multihead.app.options import continuing_command, train_options
     from multihead.app.training import train
 
     result = train(train_options(args))
-    return _report(result, args.out) if is_main_rank() else 0
+    return _report(result, args.out, continuing_command(args)) if is_main_rank() else 0
 
 
 # --- translate, evaluate ----------------------------------------------------------------------------------
@@ -125,8 +134,13 @@ def _translation_input(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return lines, [f"{name} {number}" for number in range(1, len(lines) + 1)]
 
 
+def _languages(translator: Translator) -> str:
+    """What the run translates, as ``translate`` and ``evaluate`` say it: its languages, or its built-in task."""
+    return pair_text(translator.langs, task=translator.checkpoint.options.get("task"))
+
+
 def _translate(args: argparse.Namespace) -> int:
-    from multihead.app.options import search_options
+    from multihead.app.options import search_options, search_text
 
     search = search_options(args)
     texts, names = _translation_input(args)
@@ -134,13 +148,26 @@ def _translate(args: argparse.Namespace) -> int:
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value and not any(text.strip() for text in texts):
             raise UserError(f"{flag}: nothing to show, the input holds no text")
-    from multihead.app.translate import Translator
+    from multihead.app.translate import Translator, speed_text
 
     translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
     if sys.stderr.isatty():
-        say(f"{pair_text(translator.langs)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
-    translations = translator.translate(texts, search=search, names=names, progress=sys.stderr.isatty())
-    _write_output(args.output, translations)
+        say(f"{_languages(translator)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
+    begin = time.perf_counter()
+    if args.n_best is None:
+        lines = translator.translate(texts, search=search, names=names, progress=sys.stderr.isatty())
+    else:
+        found = translator.scored_hypotheses(texts, search, names=names, progress=sys.stderr.isatty())
+        lines = [
+            f"{number}\t{'' if score is None else f'{score:.4f}'}\t{text}"
+            for number, hypotheses in enumerate(found, start=1)
+            for score, text in hypotheses
+        ]
+    seconds = time.perf_counter() - begin
+    _write_output(args.output, lines)
+    if texts and not args.text:  # a batch job: a file or a pipe
+        done = speed_text(len(texts), "sentence", translator.tokens, seconds)
+        say(f"translated {done}, {search_text(search)}", sys.stderr)
     if args.html:
         from multihead.app.view import attention_view, write_page
 
@@ -172,7 +199,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.corpus import read_lines
     from multihead.app.evaluate import score
     from multihead.app.options import search_options, search_text
-    from multihead.app.translate import Translator
+    from multihead.app.translate import Translator, speed_text
 
     search = search_options(args)
     _check_targets({"SRC": args.src, "REF": args.ref}, output=args.output)
@@ -200,14 +227,52 @@ def _evaluate(args: argparse.Namespace) -> int:
     scores = score(hypotheses, references, tokenize=args.bleu_tokenize or bleu_tokenizer(langs[1] if langs else None))
     print(f"BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")
     print(f"chrF {scores['chrf']:.2f} ({scores['signature']['chrf']})")
-    print(f"languages: {pair_text(translator.langs)}")
-    rate = f"{len(sources) / seconds:.1f} sentences/s"
-    print(f"{plural(len(sources), 'sentence')} in {seconds:.1f} s ({rate}), {search_text(search)}")
+    print(f"languages: {_languages(translator)}")
+    print(f"{speed_text(len(sources), 'sentence', translator.tokens, seconds)}, {search_text(search)}")
     summary = {
         **scores, "sentences": len(sources), "seconds": round(seconds, 3), "beam": search.beam_size,
         "checkpoint": translator.checkpoint.path.name, "langs": translator.langs,
     }  # fmt: skip
     print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from multihead.app.corpus import read_lines, read_stdin_lines
+    from multihead.app.translate import Translator, speed_text
+
+    if args.src == "-" and args.hyp == "-":
+        raise UserError("SRC and HYP cannot both be - (standard input): give one of them as a file")
+    _check_targets({"SRC": args.src, "HYP": args.hyp}, output=args.output)
+    sources, translations = (
+        read_stdin_lines(name) if path == "-" else read_lines(path, name)
+        for name, path in (("SRC", args.src), ("HYP", args.hyp))
+    )
+    while sources and translations and not sources[-1].strip() and not translations[-1].strip():
+        sources, translations = sources[:-1], translations[:-1]  # no pair: a blank line at the end of both files
+    if len(sources) != len(translations):
+        raise UserError(
+            f"SRC {args.src!r} has {plural(len(sources), 'line')} but HYP {args.hyp!r} has {len(translations)}; "
+            "they must be line-aligned"
+        )
+    translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
+    begin = time.perf_counter()
+    scored = translator.score(
+        sources, translations, names=[f"line {i + 1}" for i in range(len(sources))], progress=sys.stderr.isatty()
+    )
+    seconds = time.perf_counter() - begin
+    _write_output(args.output, [f"{item.log_prob:.4f}\t{item.tokens}\t{item.mean:.4f}" for item in scored])
+    say(f"scored {speed_text(len(sources), 'sentence pair', translator.tokens, seconds)}", sys.stderr)
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from multihead.app.runs import averaged_checkpoints, save_average_run
+
+    run, out = Path(args.run), Path(args.out)
+    kept = averaged_checkpoints(run, last=args.last, names=args.checkpoints)
+    save_average_run(run, kept, out)
+    say(f"wrote {out}: the average of {', '.join(path.name for path in kept)} of {run} (translate with it as a run)")
     return 0
 
 
@@ -231,7 +296,10 @@ def _demo(args: argparse.Namespace) -> int:
     options = TrainOptions(
         out=args.out, task="dates", steps=args.steps, resume=existing, progress=not args.no_progress, device=args.device
     )
-    status = _report(train(options), args.out)
+    again = ["multihead", "demo", "--out", args.out]  # it resumes its run by itself: the same command, no --resume
+    again += [*(["--steps", str(args.steps)] if args.steps != DEMO_STEPS else []),
+              *(["--device", args.device] if args.device else [])]  # fmt: skip
+    status = _report(train(options), args.out, again)
     if status:
         return status
     translator = Translator(args.out, device=args.device)
@@ -263,7 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
     keys = read_api_keys(args.api_keys) if args.api_keys else None
     limits = Limits(
         char_limit=args.char_limit, batch_limit=args.batch_limit, req_limit=args.req_limit,
-        alternatives_limit=args.alternatives_limit, api_keys=keys,
+        alternatives_limit=args.alternatives_limit, api_keys=keys, timeout=args.timeout,
     )  # fmt: skip
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
@@ -311,27 +379,39 @@ def _add_checkpoint_option(command: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _add_decoding_options(command: argparse.ArgumentParser) -> None:
-    """What ``translate``, ``evaluate`` and ``serve`` share: the checkpoint and the search."""
-    from multihead.app.options import BY_NAME, add_search_arguments
+def _add_model_options(command: argparse.ArgumentParser) -> None:
+    """What the commands that run a trained model share: where (``--device``, ``--threads``, both ``train``'s own
+    option), which checkpoint, and in what precision."""
+    from multihead.app.options import BY_NAME
 
     BY_NAME["device"].add_to(command)
+    BY_NAME["threads"].add_to(command)
     _add_checkpoint_option(command)
     command.add_argument(
         "--quantize", choices=("int8",),
         help="compute the linear layers in int8 (PyTorch's dynamic quantization; the CPU only): faster, BLEU within "
         "a few tenths (default: float32)",
     )  # fmt: skip
+
+
+def _add_decoding_options(command: argparse.ArgumentParser) -> None:
+    """What ``translate``, ``evaluate`` and ``serve`` share: the model's options and the search."""
+    from multihead.app.options import add_search_arguments
+
+    _add_model_options(command)
     add_search_arguments(command)
 
 
 def _add_translate(commands: argparse._SubParsersAction) -> None:
+    from multihead.app.options import limit
+
     translate = _command(
         commands, "translate", _translate, help="translate texts or a file with a trained run",
         description="Translate each TEXT, or each line of --input FILE or of standard input (piped, when no TEXT is "
         "given), in order: one translation per line, a blank line for a blank line. A line longer than the model reads "
-        "is translated in pieces split at sentence ends, with a warning. Options may come before, between or after "
-        "the run and the texts.",
+        "is translated in pieces split at sentence ends, with a warning. Translating a file or standard input ends "
+        "with the speed on stderr (sentences/s, and target tokens/s: those generated, EOS included). Options may come "
+        "before, between or after the run and the texts.",
     )  # fmt: skip
     translate.add_argument("run", help=RUN_HELP)
     translate.add_argument("text", nargs="*", help="texts to translate")
@@ -341,6 +421,14 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
     translate.add_argument(
         "--html", metavar="FILE",
         help="write every text's cross-attention as one standalone page (choose layer and head, point at a word)",
+    )  # fmt: skip
+    translate.add_argument(
+        "--n-best", type=limit(1), metavar="N",
+        help="the N best translations of each input, best first, from a beam at least N wide (--beam N or more: "
+        "a narrower one is refused): N lines per input, each NUMBER<TAB>SCORE<TAB>TRANSLATION, NUMBER the input's "
+        "(from 1), SCORE what ranks it, its log-probability (natural log, EOS included) / length^--length-penalty "
+        "(--length-penalty 0: the log-probability, as multihead score gives it); a blank input gives one line with "
+        "no score and no translation",
     )  # fmt: skip
     _add_decoding_options(translate)
 
@@ -364,18 +452,58 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     _add_decoding_options(evaluate)
 
 
+def _add_score(commands: argparse._SubParsersAction) -> None:
+    score = _command(
+        commands, "score", _score, help="the model's log-probability of given translations (for filtering, reranking)",
+        description="Score each translation of HYP as a translation of the same line of SRC (line-aligned; blank lines "
+        "at the end of both files are not pairs; one of them may be - for standard input): the model reads the "
+        "source and BOS + the translation's tokens (teacher forcing, in batches of similar length) and predicts the "
+        "translation's tokens + EOS. One line per pair, tab-separated: the log-probability of the translation (natural "
+        "log, summed over its tokens, EOS included), its tokens (EOS included), and the log-probability per token. A "
+        "side longer than the model reads is cut to what it reads (the tokens say how much was scored), a blank source "
+        "scores nan, each with a warning. Ends with the speed on stderr.",
+    )  # fmt: skip
+    score.add_argument("run", help=RUN_HELP)
+    score.add_argument("src", help="source sentences, one per line (plain or .gz; - for stdin)")
+    score.add_argument("hyp", help="their translations, line-aligned with SRC (plain or .gz; - for stdin)")
+    score.add_argument("--output", metavar="FILE", help="write the scores here (default: stdout)")
+    _add_model_options(score)
+
+
+def _add_average(commands: argparse._SubParsersAction) -> None:
+    from multihead.app.options import limit
+
+    average = _command(
+        commands, "average", _average, help="average checkpoints of a run into a new run directory",
+        description="Average the weights of checkpoints of RUN (the --last N newest, or those --checkpoints names), as "
+        "the paper does with its last checkpoints, into OUT, a new run directory that translate, evaluate, score, "
+        "serve and export read as any run: its one checkpoint, checkpoints/average (which OUT/latest names), has the "
+        "newest chosen checkpoint's config, tokenizers and training record (plus what was averaged) and no optimizer "
+        "state, so training does not resume from it. OUT appears whole or not at all; an existing OUT is refused, "
+        "never overwritten.",
+    )  # fmt: skip
+    average.add_argument("run", help=RUN_HELP)
+    chosen = average.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--last", type=limit(1), metavar="N", help="the N newest step checkpoints the run keeps (2 or "
+                        "more)")  # fmt: skip
+    chosen.add_argument(
+        "--checkpoints", nargs="+", metavar="NAME", help="these step checkpoints: step-N (or N), two or more"
+    )
+    average.add_argument("--out", required=True, help="the new run directory to write (it must not exist)")
+
+
 def _add_demo(commands: argparse._SubParsersAction) -> None:
     from multihead.app.options import BY_NAME, limit
 
     demo = _command(
         commands, "demo", _demo,
         help="train the dates task, translate three examples and plot the attention (make demo)",
-        description="Train a small Transformer to write dates as YYYY-MM-DD (about 15 minutes on 2 CPU cores; run "
-        "again, it resumes), translate three dates and draw the cross-attention of every layer and head into "
-        "OUT/attention.png.",
+        description=f"Train a small Transformer to write dates as YYYY-MM-DD ({DEMO_TIME}), translate three dates "
+        "and draw the cross-attention of every layer and head into OUT/attention.png. Ctrl-C saves a checkpoint; "
+        "the same command run again resumes the run in --out (no --resume needed), and says from which step.",
     )  # fmt: skip
     demo.add_argument("--out", default="runs/dates", help="run directory (resumed when it holds the demo's run)")
-    demo.add_argument("--steps", type=limit(1), default=1500, help="training steps")
+    demo.add_argument("--steps", type=limit(1), default=DEMO_STEPS, help="training steps")
     BY_NAME["device"].add_to(demo)
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -400,14 +528,17 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.options import BY_NAME, limit
+    from multihead.app.options import BY_NAME, limit, seconds_limit
 
     serve = _command(
         commands, "serve", _serve, help="serve a run over LibreTranslate's HTTP API, with an attention page at /",
         description="Serve the run over LibreTranslate's HTTP API (POST /translate, GET /languages, POST /detect, "
         "GET /health, GET /frontend/settings), so that LibreTranslate's clients work unchanged, and a page at / that "
-        "translates and shows the cross-attention. Concurrent requests are translated together. SIGINT or SIGTERM "
-        "answers the requests in flight, refuses new ones and exits 0. Needs the serve extra: pip install "
+        "translates and shows the cross-attention. Concurrent requests are translated together, a large text sharing "
+        "the running batch with the short requests that come after it; the work of a client that disconnects is "
+        "dropped. GET /health answers 503 when the translation worker has been stuck on one step for a minute. "
+        "SIGINT or SIGTERM refuses new requests, answers those in flight (dropping them after 30 seconds) and "
+        "exits 0. Needs the serve extra: pip install "
         "'multihead[serve]'. See docs/serving.md.",
     )  # fmt: skip
     serve.add_argument("run", help=RUN_HELP)
@@ -424,6 +555,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="alternative translations a request may ask for (-1: no limit; each widens the beam to one more)",
     )  # fmt: skip
     serve.add_argument("--api-keys", metavar="FILE", help="require one of the keys in FILE (one a line)")
+    serve.add_argument(
+        "--timeout", type=seconds_limit, default=-1, metavar="SECONDS",
+        help="answer a request that takes longer with an error (503) and drop its work (-1: no limit; the work of a "
+        "client that disconnects is dropped either way)",
+    )  # fmt: skip
     _add_decoding_options(serve)
 
 
@@ -446,7 +582,10 @@ def _parsers() -> tuple[OneLineErrorParser, dict[str, OneLineErrorParser]]:
     )
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
-    for add in (_add_train, _add_translate, _add_evaluate, _add_export, _add_serve, _add_demo, _add_bench):
+    for add in (
+        _add_train, _add_translate, _add_evaluate, _add_score, _add_average, _add_export, _add_serve, _add_demo,
+        _add_bench,
+    ):  # fmt: skip
         add(commands)
     return parser, commands.choices
 
@@ -472,6 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_USAGE
     try:
+        if getattr(args, "threads", None) is not None:  # every command that runs a model has --threads
+            from multihead.app.devices import use_threads
+
+            use_threads(args.threads)
         status = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
         return status

@@ -3,16 +3,23 @@
 
 A built-in task has a fixed held-out split that never overlaps training: an example belongs to it when a hash of
 its key (the date, the number, the string) falls in a fixed tenth. A corpus is validated on ``--valid`` when given,
-else on the sentences whose source hashes into that same tenth (at most ``HELDOUT_SIZE`` of them).
+else on a held-out tenth of its own pairs (rule ``"pairs"``): of its ``n`` sentence pairs, the ``⌊n/10⌋`` (at least
+one, at most ``HELDOUT_SIZE``) different pairs whose :func:`pair_key` is smallest, found in one pass that keeps the
+``HELDOUT_SIZE`` smallest keys in a bounded heap. The key hashes both sides whichever is the source, so the runs of
+both directions of a corpus hold out the same pairs; training skips every copy of a held-out pair, and no other.
+Runs record the rule (``"heldout"`` in their data facts); a run made before it was recorded resumes under the rule
+it was made with (``"sources"``: every pair whose source's CRC-32 falls in a tenth is skipped, at most
+``HELDOUT_SIZE`` of them validate), so that resuming never moves validation pairs into training.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,7 +32,7 @@ from multihead.app.encoded import EncodedCorpus, encode_pairs
 from multihead.app.evaluate import exact_match, score
 from multihead.app.generated import GENERATORS, TASKS
 from multihead.app.languages import bleu_tokenizer, file_language, from_file_names
-from multihead.app.runs import Checkpoint, encoded_corpus
+from multihead.app.runs import Checkpoint, RunError, encoded_corpus, open_checkpoint
 from multihead.app.tokenizers import Tokenizer
 from multihead.app.tokenizers import digest as tokenizers_digest
 
@@ -33,13 +40,17 @@ if TYPE_CHECKING:
     from multihead.app.options import RunOptions, TrainOptions
 
 HELDOUT_SIZE = 1000
+HELDOUT_RULE = "pairs"
+"""How a new run holds out the validation pairs of a corpus given without ``--valid`` (see the module's text)."""
+OLD_HELDOUT_RULE = "sources"
+"""How runs made before the rule was recorded held them out: by source, ``is_heldout(source)``."""
 SIDE_SAMPLE = 200
 """Validation sentences (and ten times as many training ones) whose words tell which way round a corpus reads."""
 CORPUS_MAX_LEN = 256
 """The positions of a corpus run's model: pairs longer than this are left out of training."""
 __all__ = [
-    "CORPUS_MAX_LEN", "HELDOUT_SIZE", "Corpus", "Prepared", "Survey", "Task", "TrainingData", "load_corpus",
-    "load_task", "survey",
+    "CORPUS_MAX_LEN", "HELDOUT_RULE", "HELDOUT_SIZE", "Corpus", "Prepared", "Survey", "Task", "TrainingData",
+    "heldout_rule", "load_corpus", "load_task", "pair_key", "survey", "vocabulary_from",
 ]  # fmt: skip
 
 
@@ -117,7 +128,24 @@ class TrainingData(Protocol):
 
 
 def is_heldout(key: str) -> bool:
+    """Whether a task's example of this key is held out (and, in runs made before rules were recorded, a corpus's
+    pair of this source)."""
     return zlib.crc32(key.encode("utf-8")) % 10 == 0
+
+
+def pair_key(pair: Pair) -> int:
+    """A 64-bit hash of a sentence pair that is the same whichever side is the source: the CRC-32 of both sides in
+    sorted order (no line holds a line feed), then their Adler-32 (ties of two different pairs all but impossible).
+    Twice as fast as a cryptographic hash, which a held-out split does not need."""
+    first, second = pair if pair[0] <= pair[1] else (pair[1], pair[0])
+    text = f"{first}\n{second}".encode()
+    return zlib.crc32(text) << 32 | zlib.adler32(text)
+
+
+def heldout_rule(facts: dict[str, Any]) -> str:
+    """The rule by which a corpus run (its trainer's data ``facts``) holds out its validation pairs: the one it
+    records (``None`` with ``--valid``), else the rule of the versions that recorded none."""
+    return (facts["heldout"] or HELDOUT_RULE) if "heldout" in facts else OLD_HELDOUT_RULE
 
 
 @dataclass
@@ -209,8 +237,9 @@ class Corpus:
     """A parallel corpus (a :class:`TrainingData`): its files, read line by line when its training pairs are wanted
     (:meth:`pairs`), and its validation pairs, in memory; judged by validation BLEU, trained in batches of at most
     ``--batch-tokens`` tokens of its pairs encoded once. ``holdout`` says which pairs of ``data`` are held out for
-    validation: none (``--valid`` given), those whose source hashes into the held-out tenth (``"hash"``), or, in a
-    corpus too small for that, those whose source is the last line's (``"last"``, that source in ``last_source``)."""
+    validation: none (``--valid`` given), every copy of the ``valid`` pairs (``"pairs"``, the rule of new runs), or,
+    in runs made before it, those whose source hashes into the held-out tenth (``"hash"``) or, in a corpus too small
+    for that, those whose source is the last line's (``"last"``, that source in ``last_source``)."""
 
     name: str
     data: list[str]
@@ -223,16 +252,18 @@ class Corpus:
     metric = "bleu"
     keeps_best = True
 
-    def _held_out(self, source: str) -> bool:
-        if self.holdout == "hash":
-            return is_heldout(source)
-        return self.holdout == "last" and source == self.last_source
-
     def pairs(self) -> Iterator[Pair]:
         """The training pairs, in file order, read as they are wanted."""
-        for pair in iter_parallel(self.data, "--data"):
-            if not self._held_out(pair[0]):
-                yield pair
+        pairs = iter_parallel(self.data, "--data")
+        if self.holdout == "pairs":
+            heldout = set(self.valid)
+            yield from (pair for pair in pairs if pair not in heldout)
+        elif self.holdout == "hash":
+            yield from (pair for pair in pairs if not is_heldout(pair[0]))
+        elif self.holdout == "last":
+            yield from (pair for pair in pairs if pair[0] != self.last_source)
+        else:
+            yield from pairs
 
     def defaults(self) -> dict[str, Any]:
         return {}
@@ -256,12 +287,13 @@ class Corpus:
         return CORPUS_MAX_LEN
 
     def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
-        train = fingerprint(self.data)
-        key = _cache_key(train, source, target)
+        train, heldout = fingerprint(self.data), None if self.valid_files else HELDOUT_RULE
+        key = _cache_key(train, source, target, heldout)
         encoded, cached = _shared_encoding(out, key, lambda: self._encode(source, target, self.surveyed, progress))
         facts = {
             "train": train,
             "valid": fingerprint(self.valid_files) if self.valid_files else None,
+            "heldout": heldout,
             "longest_target": int(encoded.targets.lengths.max()),
         }
         return Prepared(encoded, key, cached, facts)
@@ -280,7 +312,8 @@ class Corpus:
         _check_same_files("--data", options.data, facts.get("train"))
         _check_same_files("--valid", options.valid, facts.get("valid"))
         source, target = checkpoint.source, checkpoint.target
-        cache_key = _cache_key(facts["train"], source, target)
+        heldout = None if facts.get("valid") is not None else heldout_rule(facts)
+        cache_key = _cache_key(facts["train"], source, target, heldout)
         progress = options.progress
         encoded, cached = _shared_encoding(out, cache_key, lambda: self._encode(source, target, None, progress))
         return Prepared(encoded, cache_key, cached, dict(facts))
@@ -324,9 +357,11 @@ class Corpus:
         )
 
 
-def _cache_key(train: Any, source: Tokenizer, target: Tokenizer) -> dict[str, Any]:
-    """What a corpus's ids are made from: its files' fingerprints, the tokenizers, the length limit."""
-    return {"train": train, "tokenizers": tokenizers_digest(source, target), "max_len": CORPUS_MAX_LEN}
+def _cache_key(train: Any, source: Tokenizer, target: Tokenizer, heldout: str | None) -> dict[str, Any]:
+    """What a corpus's ids are made from: its files' fingerprints, the tokenizers, the length limit, and the rule
+    that held out its validation pairs (where they are its own)."""
+    key = {"train": train, "tokenizers": tokenizers_digest(source, target), "max_len": CORPUS_MAX_LEN}
+    return key if heldout is None else {**key, "heldout": heldout}
 
 
 def _shared_encoding(out: Path, key: dict[str, Any], encode: Callable[[], EncodedCorpus]) -> tuple[EncodedCorpus, bool]:
@@ -420,13 +455,55 @@ def _check_same_files(flag: str, paths: Sequence[str] | None, recorded: list[dic
         )
 
 
-def load_corpus(data: Sequence[str], valid: Sequence[str] | None = None) -> Corpus:
+def load_corpus(data: Sequence[str], valid: Sequence[str] | None = None, rule: str = HELDOUT_RULE) -> Corpus:
     """The corpus in ``data`` (a TSV file or two line-aligned files), validated on ``valid`` or a held-out tenth (read
-    in one pass over ``data``; only the held-out pairs are kept)."""
+    in one pass over ``data``; only the held-out pairs are kept) as ``rule`` holds it out (the module's text)."""
     name = " ".join(data)
     if valid:
         iter_parallel(data, "--data").close()  # its files checked now; its lines are read when wanted
         return Corpus(name, list(data), read_parallel(valid, "--valid"), None, valid_files=list(valid))
+    if rule == OLD_HELDOUT_RULE:
+        return _held_out_by_source(name, data)
+    if rule != HELDOUT_RULE:
+        raise UserError(
+            f"--data: the run holds out its validation pairs by a rule this version does not know, {rule!r}"
+        )
+    return Corpus(name, list(data), _held_out_pairs(name, data), "pairs")
+
+
+def _held_out_pairs(name: str, data: Sequence[str]) -> list[Pair]:
+    """The ``⌊n/10⌋`` (at least one, at most ``HELDOUT_SIZE``) different pairs of the ``n`` of ``data`` whose
+    :func:`pair_key` is smallest, in file order (each at its first line); one pair fewer where that would be every
+    different pair, so that one is left to train on."""
+    heap: list[tuple[int, int, Pair]] = []  # (-key, line, pair): the HELDOUT_SIZE smallest keys, the largest on top
+    kept: set[int] = set()  # their keys
+    count, largest, above = 0, -1, 1 << 64  # above: no key from here on is kept (the heap's largest, once full)
+    for count, pair in enumerate(iter_parallel(data, "--data"), start=1):
+        key = pair_key(pair)
+        if key > largest:
+            largest = key
+        if key >= above or key in kept:  # not among the smallest, or a copy of a pair kept
+            continue
+        if len(heap) == HELDOUT_SIZE:
+            kept.discard(-heapq.heapreplace(heap, (-key, count, pair))[0])
+        else:
+            heapq.heappush(heap, (-key, count, pair))
+        kept.add(key)
+        if len(heap) == HELDOUT_SIZE:
+            above = -heap[0][0]
+    if not count:
+        raise UserError(f"--data: {' and '.join(repr(path) for path in data)} hold no sentence pairs")
+    ranked = sorted((-negative, line, pair) for negative, line, pair in heap)
+    size = min(max(1, count // 10), len(ranked))
+    if ranked[size - 1][0] == largest:  # every different pair
+        size -= 1
+    if not size:
+        raise UserError(f"--data: {name}: need at least two different sentence pairs, so that some can be held out")
+    return [pair for _, _, pair in sorted(ranked[:size], key=lambda entry: entry[1])]
+
+
+def _held_out_by_source(name: str, data: Sequence[str]) -> Corpus:
+    """The corpus held out as runs made before the rule was recorded hold it out (``OLD_HELDOUT_RULE``)."""
     heldout: list[Pair] = []
     trained, last = False, None
     for source, target in iter_parallel(data, "--data"):
@@ -446,6 +523,43 @@ def load_corpus(data: Sequence[str], valid: Sequence[str] | None = None) -> Corp
     if next(corpus.pairs(), None) is None:
         raise UserError(f"--data: {name}: need at least two different source lines, so that some can be held out")
     return corpus
+
+
+VOCABULARY = ("tokenizer", "vocab_size", "joint")
+"""The options that say how a run's vocabulary was made, which ``--vocab-from`` takes from the other run."""
+
+
+def vocabulary_from(options: TrainOptions) -> tuple[TrainOptions, Tokenizer, Tokenizer]:
+    """``--vocab-from RUN``: the tokenizers of the run in ``RUN`` (every checkpoint of a run has the same; those of
+    its newest intact one), and ``options`` with that run's ``VOCABULARY`` options; refused in one line where ``RUN``
+    is no run, or where an option given conflicts with them."""
+    from multihead.app.options import BY_NAME
+
+    if options.vocab_from is None:
+        raise TypeError("vocabulary_from needs options with a vocab_from")
+    run = options.vocab_from
+    try:
+        checkpoint, _ = open_checkpoint(
+            Path(run), "latest", lambda found: None, doing="--vocab-from: the vocabulary of"
+        )
+    except RunError as error:
+        raise UserError(f"--vocab-from: {error}") from None
+    theirs: dict[str, Any] = {name: checkpoint.options.get(name) for name in VOCABULARY}
+    for name, value in theirs.items():
+        given = getattr(options, name)
+        if given is not None and given != value:
+            described = BY_NAME[name]
+            raise UserError(
+                f"{described.typed(given)} conflicts with --vocab-from {run}, whose vocabulary has "
+                f"{described.typed(value)}: drop {described.typed(given)}"
+            )
+    if options.vocab_sample is not None:
+        raise UserError(
+            f"--vocab-sample {options.vocab_sample} chooses the sentence pairs a vocabulary is learned from, and with "
+            "--vocab-from the run learns none: drop --vocab-sample"
+        )
+    say(f"taking the {theirs['tokenizer']} vocabulary of {run} ({checkpoint.path.name})")
+    return replace(options, **theirs), checkpoint.source, checkpoint.target
 
 
 # --- what looks like a mistake ------------------------------------------------------------------------------

@@ -73,6 +73,18 @@ def resolve_precision(name: str, device: str) -> Precision:
     return Precision(name, "bfloat16" if name == "bf16" else "float16", name == "fp16")
 
 
+def use_threads(count: int) -> None:
+    """Compute with ``count`` CPU threads (``--threads``): PyTorch's intra-op threads, which run the work of each
+    operation (its inter-op pool only runs ``torch.jit`` forks, which nothing here makes, and can be set only once a
+    process), and TensorFlow's two pools (``TF_NUM_INTRAOP_THREADS``, ``TF_NUM_INTEROP_THREADS``) where TensorFlow
+    has not been imported yet (it reads them once). JAX's threads cannot be set."""
+    import torch
+
+    torch.set_num_threads(count)
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ[name] = str(count)
+
+
 def keep_frameworks_off_gpus() -> None:
     """Hide the GPUs from every framework imported after this (``--device cpu`` for Keras, whose backends place
     their work themselves): TensorFlow's and PyTorch's CUDA see no device, JAX runs on its CPU platform."""

@@ -54,8 +54,11 @@ def from_file_names(paths: Sequence[str]) -> list[str] | None:
     return [source, target] if rest[0] == rest[1] else None
 
 
-def pair_text(langs: Sequence[str] | None) -> str:
-    """``de → en`` (German to English), or that the run does not say."""
+def pair_text(langs: Sequence[str] | None, *, task: str | None = None) -> str:
+    """``de → en`` (German to English); for a run of a built-in ``task``, which translates no language, the task;
+    else that the run does not say (``train --langs`` names them, for a corpus)."""
+    if task is not None and not langs:
+        return f"built-in task {task} (no languages)"
     if not langs:
         return "languages not recorded (train --langs SRC TGT)"
     return f"{langs[0]} → {langs[1]} ({language_name(langs[0])} to {language_name(langs[1])})"

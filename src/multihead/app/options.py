@@ -167,6 +167,14 @@ def _temperature(text: str) -> float:
     return value
 
 
+def seconds_limit(text: str) -> float:
+    """An argparse type: ``-1`` (no limit) or a number of seconds above 0."""
+    value = _number(text)
+    if value != -1 and not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be -1 (no limit) or a number of seconds above 0, received {text}")
+    return value
+
+
 SEARCH_OPTIONS = (
     ("beam_size", "--beam", beam_size, "K", f"beam size, 1 to {MAX_BEAM} (1: greedy)"),
     ("length_penalty", "--length-penalty", length_penalty, "LP", "beam search ranks hypotheses by log-probability / "
@@ -206,9 +214,18 @@ def search_text(search: SearchOptions) -> str:
 
 def search_options(args: argparse.Namespace) -> SearchOptions:
     """The search the command line asks for; a combination that makes none (sampling with a beam, a temperature
-    without sampling) refused in one line naming the flags."""
+    without sampling, ``translate --n-best N`` with a narrower beam) refused in one line naming the flags."""
+    values = {name: getattr(args, name) for name in SEARCH_FLAGS}
+    n_best = getattr(args, "n_best", None)  # translate's --n-best
+    if n_best is not None:
+        if n_best > values["beam_size"]:
+            raise UserError(
+                f"--n-best {n_best} lists the best of a beam search at least as wide: add --beam {n_best} (or more); "
+                f"received --beam {values['beam_size']}"
+            )
+        values["n_best"] = n_best
     try:
-        return SearchOptions(**{name: getattr(args, name) for name in SEARCH_FLAGS})
+        return SearchOptions(**values)
     except ValueError as error:
         message = str(error)
         for name, flag in SEARCH_FLAGS.items():
@@ -220,6 +237,15 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
 
 TASK, CORPUS, CORPUS_GPU = "task", "corpus", "corpus-gpu"
 AS_CORPUS = object()  # an option's GPU default when it is the corpus recipe's
+LOG_EVERY = 100
+"""``--log-every``'s default, fairseq's ``--log-interval`` (OpenNMT's ``report_every`` is 50): on a CPU a line every
+few seconds for a built-in task, every few minutes for the corpus recipe (twice between its evaluations)."""
+THREADS_HELP = (
+    "CPU threads the process computes with (PyTorch's torch.set_num_threads; for --framework keras TensorFlow's "
+    "pools too, JAX's cannot be set); fewer than the cores leaves them to other work (default: PyTorch's, one a "
+    "core)"
+)
+"""What ``--threads`` does, on every command that runs a model (see :func:`multihead.app.devices.use_threads`)."""
 
 
 @dataclass(frozen=True)
@@ -273,7 +299,9 @@ class Option:
 
     def typed(self, value: Any) -> str:
         """The option as the user types it: ``--d-model 64``, ``--joint-vocab``, ``--no-joint-vocab``,
-        ``--langs de en``."""
+        ``--langs de en``; ``no --vocab-from`` when not given."""
+        if value is None:
+            return f"no {self.flag}"
         if isinstance(value, bool):
             return self.flag if value else f"--no-{self.flag[2:]}"
         if isinstance(value, (list, tuple)):
@@ -398,7 +426,11 @@ class TrainOptions:
     )
     minutes: float | None = option(
         "--minutes",
-        "stop after this much training time (with --steps: whichever comes first)",
+        "the most wall-clock time this command takes, in minutes (a fraction too: 0.5 is 30 s), counted from its "
+        "start: reading the data, training, evaluations, checkpoints and the final evaluation (and averaging); "
+        "training stops early enough for the final evaluation to fit, as long as the last evaluation took per "
+        "held-out example (until one is timed, a tenth of the time is kept for it); with --steps: whichever comes "
+        "first",
         POSITIVE_NUMBER,
         recipe=False,
         resumable=True,
@@ -437,6 +469,14 @@ class TrainOptions:
         False,
         True,
         argparse=dict(action=argparse.BooleanOptionalAction),
+    )
+    vocab_from: str | None = option(
+        "--vocab-from",
+        "take the vocabulary (the tokenizers) of the run in RUN, so that runs can be compared or ensembled; its "
+        "--tokenizer, --vocab-size and --joint-vocab come with it (default: learn one from the data)",
+        TEXT,
+        recipe=False,
+        argparse=dict(metavar="RUN"),
     )
     batch_size: int | None = option("--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True)
     batch_tokens: int | None = option(
@@ -504,6 +544,25 @@ class TrainOptions:
     seed: int | None = option(
         "--seed", "random seed of the initial weights, dropout and the order of the batches", COUNT, 0, 0
     )
+    log_every: int = option(
+        "--log-every",
+        "every N steps, a line of progress (step, loss, learning rate, tokens/s, time elapsed and left) on stdout "
+        "where no progress bar is drawn (stderr not a terminal: nohup, Slurm, CI; or --no-progress), and the same "
+        "figures as a line of OUT/train.jsonl (default: %(default)s)",
+        POSITIVE,
+        recipe=False,
+        saved=False,
+        argparse=dict(default=LOG_EVERY, metavar="N"),
+        default=LOG_EVERY,
+    )
+    threads: int | None = option(
+        "--threads",
+        THREADS_HELP,
+        POSITIVE,
+        recipe=False,
+        saved=False,
+        argparse=dict(metavar="N"),
+    )
     progress: bool = option(
         "--no-progress",
         "no progress bar",
@@ -525,7 +584,7 @@ class TrainOptions:
             raise UserError("--valid goes with --data (a built-in task has its own held-out set)")
         if self.langs is not None and self.data is None:
             raise UserError("--langs goes with --data (a built-in task translates no language)")
-        for described in SAVED:
+        for described in OPTIONS:
             value = getattr(self, described.name)
             if value is not None:
                 described.kind.check(described.flag, value)
@@ -584,6 +643,7 @@ class RunOptions:
     vocab_size: int | None
     vocab_sample: int | None
     joint: bool
+    vocab_from: str | None
     batch_size: int | None
     batch_tokens: int | None
     accumulate: int
@@ -652,3 +712,13 @@ def resume_epilog() -> str:
 def train_options(args: argparse.Namespace) -> TrainOptions:
     """The :class:`TrainOptions` a parsed ``train`` command line gives."""
     return TrainOptions(**{option.name: getattr(args, option.name) for option in OPTIONS})
+
+
+def continuing_command(args: argparse.Namespace) -> list[str]:
+    """The command line that continues the run ``train`` was given as ``args``: ``--resume`` in its ``--out``, with
+    its corpus again (a corpus run reads it again)."""
+    command = ["multihead", "train", BY_NAME["resume"].flag, BY_NAME["out"].flag, args.out]
+    for name in ("data", "valid"):
+        if getattr(args, name, None):
+            command += [BY_NAME[name].flag, *getattr(args, name)]
+    return command

@@ -1,7 +1,11 @@
 """Pictures of a run: every decoder layer's cross-attention (one heatmap per head), and its history.
 
 Subwords are merged back into words on the attention maps: a source word's column is the sum of its subwords'
-columns (the attention it receives), a target word's row the mean of its subwords' rows (each row sums to 1).
+columns (the attention it receives), a target word's row the mean of its subwords' rows (each row sums to 1). Every
+row and column is labelled with what the model read: a bare word mark as ``▁``, a space as ``␣``.
+
+The history shows the training loss (label-smoothed when the run smooths: the legend says by how much where the
+history records ``label_smoothing``), the validation loss (never smoothed) and the validation metric, in one legend.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from multihead.files import atomic_write, check_file_target
 __all__ = ["plot_cross_attention", "plot_history", "words"]
 
 SHOWN = {" ": "␣", "<eos>": "⟨eos⟩"}
+METRICS = {"bleu": "validation BLEU", "accuracy": "held-out exact match"}
+"""The history's ``metric`` as the plot names it."""
 CJK_FONT_FILES = r"CJK|wqy|DroidSansFallback"
 """File names of the fonts with Chinese characters that Debian packages (fonts-noto-cjk, fonts-wqy-*)."""
 
@@ -62,17 +68,28 @@ def shown(text: str) -> str:
     return "".join(c if c.isspace() or _drawable(c) else f"U+{ord(c):04X}" for c in text)
 
 
+def _read(piece: str) -> str:
+    """A token as its word shows it: the subword mark removed, ``<eos>`` and white space made visible (``␣``, others
+    as code points)."""
+    if piece in SHOWN:
+        return SHOWN[piece]
+    return "".join(SHOWN.get(c, f"U+{ord(c):04X}") if c.isspace() or not c.isprintable() else c
+                   for c in piece.replace("▁", ""))  # fmt: skip
+
+
 def words(pieces: Sequence[str], starts: Sequence[bool]) -> list[tuple[str, list[int]]]:
-    """Group token positions into words: ``[(word, [positions])]``, subword marks removed."""
+    """Group token positions into words: ``[(word, [positions])]``, subword marks removed, every word visible text.
+    A word that is only the word mark ``▁`` shows it (the model read it, often attending much to it): BPE leaves the
+    mark alone before a character it learned no merge with, such as the first of a Chinese sentence (no spaces)."""
     groups: list[tuple[str, list[int]]] = []
     for position, (piece, start) in enumerate(zip(pieces, starts, strict=True)):
-        text = SHOWN.get(piece, piece.replace("▁", ""))
+        text = _read(piece)
         if start or not groups:
             groups.append((text, [position]))
         else:
             word, positions = groups[-1]
             groups[-1] = (word + text, [*positions, position])
-    return groups
+    return [(word or "".join(pieces[p] for p in positions), positions) for word, positions in groups]
 
 
 def merge_words(weights: np.ndarray, rows: list[list[int]], columns: list[list[int]]) -> np.ndarray:
@@ -111,25 +128,38 @@ def plot_cross_attention(translation: Translation, path: str | Path) -> Path:
     return path
 
 
+def _training_loss(smoothing: float | None) -> str:
+    """The training loss's name: its label smoothing (``None``: a history that does not record it)."""
+    if smoothing is None:
+        return "training loss (with the run's --label-smoothing)"
+    return f"training loss (label smoothing {smoothing:g})" if smoothing else "training loss (no label smoothing)"
+
+
 def plot_history(history: dict[str, Any], path: str | Path) -> Path:
-    """Training loss (and validation loss) and the validation metric over steps."""
+    """Training loss (and validation loss) and the validation metric over steps, all named in one legend."""
     path = Path(path)
     plt = _pyplot()
     metric = history.get("metric", "bleu")
     figure, loss_axis = plt.subplots(figsize=(7, 4))
     steps, losses = zip(*history["losses"], strict=True) if history["losses"] else ((), ())
-    loss_axis.plot(steps, losses, color="tab:blue", linewidth=0.6, alpha=0.6, label="training loss")
+    loss_axis.plot(steps, losses, color="tab:blue", linewidth=0.6, alpha=0.6,
+                   label=_training_loss(history.get("label_smoothing")))  # fmt: skip
     evals = [e for e in history["evals"] if "checkpoint" not in e]
     if any("valid_loss" in e for e in evals):
         loss_axis.plot([e["step"] for e in evals], [e["valid_loss"] for e in evals], "o-", color="tab:purple",
-                       markersize=3, label="validation loss")  # fmt: skip
+                       markersize=3, label="validation loss (no label smoothing)")  # fmt: skip
     loss_axis.set_xlabel("step")
     loss_axis.set_ylabel("loss per target token")
-    loss_axis.legend(loc="upper left", fontsize=8)
+    handles, labels = loss_axis.get_legend_handles_labels()
+    legend_axis = loss_axis
     if evals:
-        score_axis = loss_axis.twinx()
-        score_axis.plot([e["step"] for e in evals], [e[metric] for e in evals], "s-", color="tab:red", markersize=3)
-        score_axis.set_ylabel({"bleu": "validation BLEU", "accuracy": "held-out exact match"}[metric], color="tab:red")
+        legend_axis = loss_axis.twinx()  # the metric's axis, drawn over the losses': the one legend goes on it
+        name = METRICS[metric]
+        (line,) = legend_axis.plot([e["step"] for e in evals], [e[metric] for e in evals], "s-", color="tab:red",
+                                   markersize=3, label=name)  # fmt: skip
+        legend_axis.set_ylabel(name, color="tab:red")
+        handles, labels = [*handles, line], [*labels, name]
+    legend_axis.legend(handles, labels, loc="upper left", fontsize=8)
     figure.tight_layout()
     _save(figure, path)
     return path

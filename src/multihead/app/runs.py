@@ -4,6 +4,10 @@
       latest                       the name of the newest complete checkpoint
       best                         the checkpoint with the best validation BLEU (corpus runs)
       history.json, history.png    loss and validation scores over the run
+      train.jsonl                  the training log, appended to by every process that trains the run: one JSON
+                                   object a line, "event" "start" (step, resumed), "step" (every --log-every steps:
+                                   loss, lr, tokens_per_s, elapsed, seconds) or "evaluation" (step, seconds and the
+                                   evaluation's scores); see append_log
       attention.png                the cross-attention of the demo's first example (multihead demo)
       .lock                        while a process trains the run: its process id (see RunLock)
       checkpoints/step-0000500/    config.json, model.safetensors, optimizer.safetensors, trainer.json,
@@ -30,7 +34,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
@@ -43,7 +47,7 @@ from multihead.app.console import UserError, warn
 from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import TransformerConfig
-from multihead.files import atomic_write, atomic_write_text, write_directory
+from multihead.files import atomic_write, atomic_write_text, fsync_directory, umask_mode, write_directory
 from multihead.io import FRAMEWORKS, read_config, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
@@ -51,6 +55,7 @@ CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optim
 TOKENIZER = "tokenizer.json"
 REQUIRED = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, TRAINER)  # what a step checkpoint holds, at least
 HISTORY, HISTORY_PLOT, ATTENTION_PLOT = "history.json", "history.png", "attention.png"
+TRAIN_LOG = "train.jsonl"
 LOCK = ".lock"
 ENCODED = "encoded"  # the encoded training corpus (multihead.app.encoded)
 FORMAT = 2  # of trainer.json
@@ -236,15 +241,83 @@ def save_average(out: Path, count: int, tokenizers: tuple[Tokenizer, Tokenizer])
     kept = _step_checkpoints(out)[-count:]
     if len(kept) < 2:
         return None
+    return save_checkpoint(out, AVERAGE, _average_writers(kept), tokenizers=tokenizers)
+
+
+def _average_writers(
+    kept: Sequence[Path], trainer: dict[str, Any] | None = None
+) -> dict[str, Callable[[Path], object]]:
+    """What an average checkpoint of ``kept`` holds: the mean of their weights, tensor by tensor, the newest one's
+    config, and its ``trainer.json`` (or ``trainer``)."""
     stacks = [read_weights(path / WEIGHTS) for path in kept]
     averaged = {name: np.mean([s[name] for s in stacks], axis=0).astype(stacks[-1][name].dtype) for name in stacks[-1]}
 
     def copied(name: str) -> Callable[[Path], object]:
         return lambda path: path.write_bytes((kept[-1] / name).read_bytes())
 
-    writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER)}
+    writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER) if trainer is None else write_json(trainer)}
     writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
-    return save_checkpoint(out, AVERAGE, writers, tokenizers=tokenizers)
+    return writers
+
+
+def averaged_checkpoints(run: Path, *, last: int | None = None, names: Sequence[str] | None = None) -> list[Path]:
+    """The step checkpoints of ``run`` that ``multihead average`` averages, oldest first: the ``last`` newest, or
+    those ``names`` names (``step-N`` or ``N``); at least two, each once. Refused in one line otherwise."""
+    check_run(run)
+    kept = _step_checkpoints(run)
+    listed = ", ".join(path.name for path in kept) or "none"
+    if last is not None:
+        if last < 2:
+            raise RunError(f"--last {last} averages nothing: give 2 or more")
+        if last > len(kept):
+            raise RunError(f"--last {last}: {str(run)!r} keeps {len(kept)} step checkpoint(s) ({listed})")
+        return kept[-last:]
+    chosen: list[Path] = []
+    for name in names or ():
+        digits = name.removeprefix("step-")
+        if not digits.isdigit():
+            raise RunError(f"--checkpoints takes step-N names, received {name!r} ({str(run)!r} keeps: {listed})")
+        path = _named_checkpoint(run, digits)
+        if path in chosen:
+            raise RunError(f"--checkpoints names {path.name} twice")
+        chosen.append(path)
+    if len(chosen) < 2:
+        raise RunError(f"--checkpoints needs two or more checkpoints to average ({str(run)!r} keeps: {listed})")
+    return sorted(chosen)
+
+
+def save_average_run(run: Path, kept: Sequence[Path], out: Path) -> Path:
+    """Write a new run directory ``out`` whose one checkpoint, ``checkpoints/average`` (which ``latest`` names), is
+    the average of the checkpoints ``kept`` of ``run``, with the newest one's config and tokenizers, and its
+    ``trainer.json`` plus what was averaged (``averaged``); no optimizer state (nothing to resume). Every checkpoint
+    is read and checked first (one model, intact files); ``out`` must not exist, and appears whole or not at all."""
+    if out.exists() or out.is_symlink():
+        raise RunError(f"--out {str(out)!r} exists: average writes a new run directory; choose another or remove it")
+    checkpoints = [read_checkpoint(path) for path in kept]
+    newest = checkpoints[-1]
+    for checkpoint in checkpoints[:-1]:
+        if checkpoint.config != newest.config:
+            raise RunError(
+                f"{checkpoint.path.name} and {newest.path.name} of {str(run)!r} are different models (their "
+                f"{CONFIG} differ): they cannot be averaged"
+            )
+    averaged = {"run": str(run.resolve()), "checkpoints": [path.name for path in kept]}
+    try:
+        writers = _average_writers(kept, {**newest.trainer, "averaged": averaged})
+    except ValueError as error:  # a weights file that is not one
+        raise RunError(str(error)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_checkpoint(staging, AVERAGE, writers, tokenizers=(newest.source, newest.target))
+        point(staging, LATEST, AVERAGE)
+        fsync_directory(staging)
+        os.chmod(staging, umask_mode(directory=True))
+        os.rename(staging, out)  # refused if another process made a run there meanwhile
+        fsync_directory(out.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
 
 
 def point(out: Path, pointer: str, name: str) -> None:
@@ -278,6 +351,40 @@ def save_encoded_corpus(out: Path, corpus: EncodedCorpus, key: dict[str, Any]) -
 
 def write_history(out: Path, history: dict[str, Any]) -> None:
     atomic_write(out / HISTORY, lambda tmp: write_json(history)(Path(tmp)))
+
+
+def append_log(out: Path, entry: dict[str, Any]) -> None:
+    """Append ``entry`` to the run's ``train.jsonl`` as one line, in one write to the end of the file (several
+    processes appending never interleave within a line), which goes to the system before this returns. A process
+    killed meanwhile leaves at most a partial last line: the next append starts on a line of its own, and
+    :func:`read_log` skips it."""
+    line = json.dumps(entry, sort_keys=True).encode("utf-8") + b"\n"
+    handle = os.open(out / TRAIN_LOG, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # read: its last byte
+    try:
+        end = os.fstat(handle).st_size
+        if end and os.pread(handle, 1, end - 1) != b"\n":  # a partial line, left by a killed process
+            line = b"\n" + line
+        os.write(handle, line)
+    finally:
+        os.close(handle)
+
+
+def read_log(out: Path) -> list[dict[str, Any]]:
+    """The entries of the run's ``train.jsonl``, in order; lines that are not a whole JSON object (a line cut short
+    by a killed process) are skipped. Empty when the run has no log."""
+    try:
+        lines = (out / TRAIN_LOG).read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
 
 
 def history_plot(out: Path) -> Path:
@@ -434,9 +541,8 @@ def open_checkpoint(
     if which == LATEST or default:
         candidates = _step_checkpoints(out)[::-1]
         named = _pointed_at(out, LATEST)
-        if named is not None and named in candidates:  # normally the newest; first either way
-            candidates.remove(named)
-            candidates.insert(0, named)
+        if named is not None:  # normally the newest step checkpoint (an average, in a run `multihead average` made)
+            candidates = [named, *(path for path in candidates if path != named)]
         if which == BEST:  # the default: best first, then the newest intact one
             best = _named_checkpoint(out, BEST)
             candidates = [best, *(path for path in candidates if path != best)]

@@ -85,14 +85,17 @@ def _one_thread_per_operation() -> None:
     TensorFlow's default gives every core an operation and every operation every core, so a step of many small
     operations (a built-in task's: a few dozen short sentences at d_model 128) oversubscribes the cores; a corpus
     step's large products want every core each, so corpora keep the default (docs/performance.md has the figures).
-    Thread pools are fixed once TensorFlow has run an operation in the process; then this changes nothing.
+    Thread pools are fixed once TensorFlow has run an operation in the process; then this changes nothing. ``--threads
+    N`` (:func:`multihead.app.devices.use_threads`) makes the inter-op threads N instead of the cores.
     """
     if keras.backend.backend() != "tensorflow":
         return
     import tensorflow as tf
 
     try:
-        tf.config.threading.set_inter_op_parallelism_threads(os.cpu_count() or 1)
+        tf.config.threading.set_inter_op_parallelism_threads(
+            int(os.environ.get("TF_NUM_INTEROP_THREADS") or os.cpu_count() or 1)
+        )
         tf.config.threading.set_intra_op_parallelism_threads(1)
     except RuntimeError:  # the pools are in use already
         pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import math
 import os
 import signal
@@ -22,6 +23,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,8 +40,16 @@ from multihead.app.console import (
     warn,
     world_size,
 )
-from multihead.app.data import Prepared, TrainingData, load_corpus, load_task
-from multihead.app.devices import keep_frameworks_off_gpus, resolve_device
+from multihead.app.data import (
+    HELDOUT_RULE,
+    Prepared,
+    TrainingData,
+    heldout_rule,
+    load_corpus,
+    load_task,
+    vocabulary_from,
+)
+from multihead.app.devices import keep_frameworks_off_gpus, resolve_device, use_threads
 from multihead.app.memory import release_freed_memory
 from multihead.app.options import (
     DATA,
@@ -59,6 +69,7 @@ from multihead.app.runs import (
     Checkpoint,
     RunError,
     RunLock,
+    append_log,
     check_writable,
     checkpoint_name,
     has_checkpoints,
@@ -134,9 +145,9 @@ def _config(options: RunOptions, source: Tokenizer, target: Tokenizer, max_len: 
         raise UserError(in_flags(str(error))) from None
 
 
-def _load_data(options: TrainOptions, saved: dict[str, Any] | None) -> TrainingData:
+def _load_data(options: TrainOptions, saved: dict[str, Any] | None, heldout: str = HELDOUT_RULE) -> TrainingData:
     if options.data is not None:
-        return load_corpus(options.data, options.valid)
+        return load_corpus(options.data, options.valid, heldout)
     name = options.task or (saved["task"] if saved else "dates")
     return load_task(name)
 
@@ -164,17 +175,23 @@ def _tokenizers(resolved: RunOptions, pairs: Sequence[tuple[str, str]]) -> tuple
 
 
 def new_setup(options: TrainOptions, out: Path) -> Setup:
-    """The setup of a fresh run: data read, tokenizers learned, model sized, training data made ready."""
+    """The setup of a fresh run: data read, tokenizers learned (or another run's taken), model sized, training data
+    made ready."""
+    borrowed = vocabulary_from(options) if options.vocab_from is not None else None
+    options = options if borrowed is None else borrowed[0]
     data = _load_data(options, None)
     recipe = data.recipe
     if f"{recipe}-gpu" in RECIPES and resolve_device(options.device or "auto").startswith("cuda"):
         recipe += "-gpu"  # the recipe sized for a GPU
     resolved = _resolve(options, recipe, None, data)
     _check_vocab_size(options, resolved)
-    pairs = data.vocabulary_pairs(resolved, options.progress)
-    source, target = _tokenizers(resolved, pairs)
-    del pairs  # the sample's texts
-    release_freed_memory()  # theirs and the BPE trainer's
+    if borrowed is None:
+        pairs = data.vocabulary_pairs(resolved, options.progress)
+        source, target = _tokenizers(resolved, pairs)
+        del pairs  # the sample's texts
+        release_freed_memory()  # theirs and the BPE trainer's
+    else:
+        source, target = borrowed[1:]
     config = _config(resolved, source, target, data.positions(source, target))
     return Setup(resolved, data, source, target, config, data.prepare(out, source, target, options.progress))
 
@@ -206,7 +223,7 @@ def resumed_setup(options: TrainOptions, checkpoint: Checkpoint, out: Path) -> S
         raise UserError(f"--task {options.task} would change the run: {run} trained on --data {corpus}")
     elif options.data is None:
         raise UserError(f"{run} trained on --data {corpus}; give --data again (the same corpus) to continue training")
-    data = _load_data(options, saved)
+    data = _load_data(options, saved, heldout_rule(checkpoint.trainer["data"]))  # the run's held-out pairs
     resolved = _resolve(options, saved_recipe(saved), saved)
     given = data.recorded(options)
     resolved = replace(resolved, data=given["data"], valid=given["valid"])  # the same files, maybe by other paths
@@ -346,6 +363,67 @@ class Result:
     model: Any = None  # the trained model (this rank's copy under torchrun)
 
 
+def clock(seconds: float) -> str:
+    """A duration as a clock shows it: ``M:SS``, from an hour ``H:MM:SS``."""
+    hours, rest = divmod(max(0, int(seconds)), 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training stands, as the progress bar (:meth:`postfix`), the log lines without one (:meth:`line`) and
+    ``train.jsonl`` (:meth:`entry`) say it: each says it from these figures, and only these say it."""
+
+    step: int
+    steps: int | None  # the run's total, when --steps bounds it
+    loss: float  # the bar: the newest step's; a log line: the mean of the steps since the previous line
+    lr: float
+    rate: float  # target tokens per second; the bar: since this process began training; a log line: of its steps
+    elapsed: float  # wall-clock seconds since this process began the run (as --minutes counts them)
+    seconds: float  # the run's training seconds, every process's together (history.json's)
+    left: float | None  # wall-clock seconds until the run ends, when known
+    timed: bool  # whether --minutes bounds the run
+    skipped: int | None = None  # steps fp16's loss scaler skipped
+
+    def postfix(self) -> dict[str, str]:
+        """The bar's figures after its own (step, elapsed, and its estimate of the time left by steps)."""
+        postfix = {"loss": f"{self.loss:.3f}", "tok/s": f"{self.rate:.0f}"}
+        if self.skipped:
+            postfix["skipped"] = str(self.skipped)
+        if self.timed and self.left is not None:
+            postfix["left"] = clock(self.left)
+        return postfix
+
+    def line(self) -> str:
+        """A line of the log: ``step 200/1500: loss 2.345, lr 1.00e-03, 2012 tok/s, elapsed 0:42, left 4:51``."""
+        figures = [
+            f"loss {self.loss:.3f}",
+            f"lr {self.lr:.2e}",
+            f"{self.rate:.0f} tok/s",
+            f"elapsed {clock(self.elapsed)}",
+        ]
+        if self.skipped:
+            figures.append(f"{self.skipped} skipped")
+        if self.left is not None:
+            figures.append(f"left {clock(self.left)}")
+        total = "" if self.steps is None else f"/{self.steps}"
+        return f"step {self.step}{total}: {', '.join(figures)}"
+
+    def entry(self) -> dict[str, Any]:
+        """The figures as a line of ``train.jsonl``."""
+        entry = {
+            "event": "step", "step": self.step, "loss": self.loss, "lr": self.lr, "tokens_per_s": round(self.rate, 1),
+            "elapsed": round(self.elapsed, 1), "seconds": round(self.seconds, 1),
+        }  # fmt: skip
+        if self.skipped:
+            entry["skipped"] = self.skipped
+        return entry
+
+
+UNMEASURED_SHARE = 0.1
+"""The share of ``--minutes`` kept for the final evaluation while no evaluation has been timed."""
+
+
 def _holds_a_run(out: Path) -> RunError:
     return RunError(f"{str(out)!r} already holds a run; pass --resume to continue it, or choose another --out")
 
@@ -360,6 +438,11 @@ class Training:
         self.world = world_size()
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches")
         self._upcoming: Future | None = None
+        self.began = time.monotonic()  # --minutes counts from here: reading the data is part of the run's time
+        # The durations measured last (seconds), which say how long the work before a deadline will take.
+        self._step_seconds, self._save_seconds, self.lr = 0.0, 0.0, 0.0  # self.lr: the last step's learning rate
+        self._evaluation_seconds: float | None = None  # per held-out example, once an evaluation has been timed
+        self._started, self._first_step = self.began, 0  # when and at which step this process's training began
 
     # build ---------------------------------------------------------------------------------------------
 
@@ -413,6 +496,9 @@ class Training:
         self.step_count = record["step"]
         self.history = {key: record[key] for key in ("losses", "evals")}
         self.seconds, self.tokens = record.get("seconds", 0.0), record.get("tokens", 0)
+        steps = self.setup.options.steps
+        left = "" if steps is None else f" of {steps}" + (": no step left to train" if self.step_count >= steps else "")
+        say(f"resuming {self.out} from step {self.step_count}{left} ({checkpoint.path.name})")
 
     def _save_encoding(self) -> None:
         """Write the run's encoded corpus when it was encoded here (rank 0, the run's lock held), and train from the
@@ -474,7 +560,7 @@ class Training:
     def step(self) -> None:
         o = self.setup.options
         batches, tokens = self._next_batches()
-        lr = learning_rate(self.step_count + 1, peak=o.lr, warmup=o.warmup)
+        self.lr = lr = learning_rate(self.step_count + 1, peak=o.lr, warmup=o.warmup)
         loss = self.trainer.train_step(batches, lr, tokens)
         self.step_count += 1
         self.tokens += tokens
@@ -517,11 +603,27 @@ class Training:
     def metric(self) -> str:
         return self.setup.data.metric
 
-    def record(self, evaluation: dict[str, Any]) -> bool:
-        """Keep an evaluation in the history; whether it is the best so far."""
+    def record(self, evaluation: dict[str, Any], final: bool = False) -> bool:
+        """Keep an evaluation in the history and the log; whether it is the best so far."""
         best = max((e[self.metric] for e in self.history["evals"] if self.metric in e), default=-math.inf)
-        self.history["evals"].append({"step": self.step_count, "seconds": round(self.seconds, 1), **evaluation})
+        self.history["evals"].append(self.log_evaluation(evaluation, final))
         return evaluation[self.metric] > best
+
+    def log_evaluation(self, evaluation: dict[str, Any], final: bool) -> dict[str, Any]:
+        """Append an evaluation of this step to ``train.jsonl``, marked ``final`` when it is one of the run's last
+        (rank 0 only); the evaluation as the history keeps it."""
+        entry = {"step": self.step_count, "seconds": round(self.seconds, 1), **evaluation}
+        if is_main_rank():
+            append_log(self.out, {"event": "evaluation", **entry, **({"final": True} if final else {})})
+        return entry
+
+    def timed_evaluation(self, count: int | None) -> dict[str, Any]:
+        """:meth:`evaluate`, its time per held-out example measured for the deadline of ``--minutes``."""
+        began = time.monotonic()
+        evaluation = self.evaluate(count)
+        examples = max(1, len(self.setup.data.evaluation_pairs(count)))
+        self._evaluation_seconds = (time.monotonic() - began) / examples
+        return evaluation
 
     # save ----------------------------------------------------------------------------------------------
 
@@ -530,6 +632,7 @@ class Training:
         if not is_main_rank():
             return
 
+        began = time.monotonic()
         self.losses_read()
 
         def record(optimizer: dict[str, Any]) -> dict[str, Any]:
@@ -546,6 +649,7 @@ class Training:
             tokenizers=(self.setup.source, self.setup.target), keep=self.setup.options.keep,
         )  # fmt: skip
         self.write_history()
+        self._save_seconds = time.monotonic() - began
 
     def process_facts(self) -> dict[str, Any]:
         """How this run is trained: the framework's facts (device, precision...) and the world size."""
@@ -555,7 +659,7 @@ class Training:
         self.losses_read()
         history = {
             "metric": self.metric, **self.history, "seconds": round(self.seconds, 1), "tokens": self.tokens,
-            "device": self.process_facts()["device"],
+            "device": self.process_facts()["device"], "label_smoothing": self.setup.options.label_smoothing,
         }  # fmt: skip
         write_history(self.out, history)
         try:
@@ -569,13 +673,19 @@ class Training:
 
     def run(self) -> Result:
         o = self.setup.options
-        deadline = None if o.minutes is None else time.monotonic() + 60 * o.minutes
+        deadline = None if o.minutes is None else self.began + 60 * o.minutes
         bar = progress_bar(o.steps, self.step_count, self.options.progress)
         self._stale = 0
-        started, tokens_before, first_step = time.monotonic(), self.tokens, self.step_count
+        self._started, self._first_step = time.monotonic(), self.step_count
+        tokens_before = self.tokens
+        logged = (self.step_count, self.tokens, self.seconds)  # where the log's last line left the run
+        if is_main_rank():
+            began = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            append_log(self.out, {"event": "start", "step": self.step_count, "resumed": self.options.resume,
+                                  "time": began})  # fmt: skip
         with Interrupt() as interrupt:
             while o.steps is None or self.step_count < o.steps:
-                out_of_time = deadline is not None and time.monotonic() >= deadline
+                out_of_time = deadline is not None and time.monotonic() + self._time_needed(o.minutes) >= deadline
                 early = bool(o.patience) and self._stale >= o.patience
                 # Ranks agree on stopping at the same steps (every step alone; with several, every READ_EVERY).
                 due = self.world == 1 or self.step_count % READ_EVERY == 0
@@ -585,36 +695,87 @@ class Training:
                     break
                 tick = time.monotonic()
                 self.step()
-                self.seconds += time.monotonic() - tick
-                if o.compile and self.step_count == first_step + 1:
-                    bar.write(f"--compile: the first step took {time.monotonic() - tick:.1f} s (compiling it)")
+                self._step_seconds = time.monotonic() - tick
+                self.seconds += self._step_seconds
+                if o.compile and self.step_count == self._first_step + 1:
+                    bar.write(f"--compile: the first step took {self._step_seconds:.1f} s (compiling it)")
                 bar.update(1)
                 if self.step_count % READ_EVERY == 0 or self.step_count == o.steps:
-                    rate = (self.tokens - tokens_before) / (time.monotonic() - started)
-                    bar.set_postfix(self._postfix(rate, deadline), refresh=False)  # drawn by bar.update, at most
-                self._evaluate_and_save(bar)  # every mininterval
+                    rate = (self.tokens - tokens_before) / (time.monotonic() - self._started)
+                    progress = self._progress(self.losses_read(), rate, deadline)
+                    bar.set_postfix(progress.postfix(), refresh=False)  # drawn by bar.update, at most every mininterval
+                if self.step_count % self.options.log_every == 0 and is_main_rank():
+                    logged = self._log_progress(logged, deadline, printed=bool(bar.disable))
+                self._evaluate_and_save(bar)
         bar.close()
         latest = latest_checkpoint(self.out)
         if latest is None or latest.name != checkpoint_name(self.step_count):
             self.save()
         return self.finish(interrupt.requested)
 
-    def _postfix(self, rate: float, deadline: float | None) -> dict[str, str]:
-        """The progress bar's loss (read from the device here), tokens/s and time left."""
-        postfix = {"loss": f"{self.losses_read():.3f}", "tok/s": f"{rate:.0f}"}
+    def _progress(self, loss: float, rate: float, deadline: float | None) -> Progress:
+        """Where the run stands, with this ``loss`` and ``rate``; the time left is the deadline's, or that of the steps
+        left at this process's pace so far, whichever is sooner."""
+        o, now = self.setup.options, time.monotonic()
+        lefts = [] if deadline is None else [deadline - now]
+        done = self.step_count - self._first_step
+        if o.steps is not None and done:
+            lefts.append((o.steps - self.step_count) * (now - self._started) / done)
         skipped = self.trainer.facts().get("skipped_steps")  # by fp16's loss scaler
-        if skipped:
-            postfix["skipped"] = str(skipped)
-        if deadline is not None:
-            left = max(0, int(deadline - time.monotonic()))
-            postfix["left"] = f"{left // 60}:{left % 60:02d}"
-        return postfix
+        return Progress(
+            self.step_count, o.steps, loss, self.lr, rate, now - self.began, self.seconds, min(lefts, default=None),
+            timed=deadline is not None, skipped=skipped,
+        )  # fmt: skip
+
+    def _log_progress(
+        self, logged: tuple[int, int, float], deadline: float | None, printed: bool
+    ) -> tuple[int, int, float]:
+        """Log the steps since ``logged`` (the step, tokens and training seconds of the last line): their mean loss
+        and tokens per second of training into ``train.jsonl``, and as a line on stdout when ``printed`` (no progress
+        bar is drawn). Where this line leaves the run."""
+        step, tokens, seconds = logged
+        self.losses_read()
+        losses = list(itertools.takewhile(lambda entry: entry[0] > step, reversed(self.history["losses"])))
+        trained = self.seconds - seconds
+        rate = (self.tokens - tokens) / trained if trained > 0 else 0.0
+        progress = self._progress(sum(loss for _, loss in losses) / max(1, len(losses)), rate, deadline)
+        if printed:
+            say(progress.line())
+        append_log(self.out, progress.entry())
+        return self.step_count, self.tokens, self.seconds
+
+    def _time_needed(self, minutes: float | None) -> float:
+        """The seconds the run needs to end after one more step (with several ranks, the ``READ_EVERY`` steps until
+        they next agree): those steps, the evaluation and checkpoint they are due to make, then the final evaluations
+        and checkpoints, each as long as the last one measured (an evaluation by its held-out examples). Until an
+        evaluation has been timed, a share of ``minutes`` (``UNMEASURED_SHARE``) is kept for the final ones. Rank 0
+        evaluates and saves, and knows how long they take; the other ranks stop when it does."""
+        if not is_main_rank():
+            return 0.0
+        o = self.setup.options
+        ahead = range(self.step_count + 1, self.step_count + (1 if self.world == 1 else READ_EVERY) + 1)
+        needed = len(ahead) * self._step_seconds
+        if any(step % o.eval_every == 0 for step in ahead):
+            needed += self._evaluation_time(o.eval_examples)
+        if any(step % o.checkpoint_every == 0 for step in ahead):
+            needed += self._save_seconds
+        # What finish() does: a task's evaluation on every held-out example; a corpus's of the last step, and of
+        # the average of the last checkpoints, which it saves.
+        final = [None] if not self.setup.data.keeps_best else [o.eval_examples] * (2 if o.average else 1)
+        needed += (1 + bool(o.average)) * self._save_seconds
+        if self._evaluation_seconds is None:
+            return needed + UNMEASURED_SHARE * 60 * (minutes or 0)
+        return needed + sum(self._evaluation_time(count) for count in final)
+
+    def _evaluation_time(self, count: int | None) -> float:
+        """How long an evaluation on ``count`` held-out examples takes, at the pace last measured (0 before)."""
+        return (self._evaluation_seconds or 0.0) * len(self.setup.data.evaluation_pairs(count))
 
     def _evaluate_and_save(self, bar: Any) -> None:
         """Evaluate (rank 0) and checkpoint when this step is due to; ``best`` follows an improving corpus run."""
         o, saved = self.setup.options, False
         if is_main_rank() and self.step_count % o.eval_every == 0:
-            evaluation = self.evaluate(o.eval_examples)
+            evaluation = self.timed_evaluation(o.eval_examples)
             improved = self.record(evaluation)
             self._stale = 0 if improved else self._stale + 1
             bar.write(self.setup.data.describe(self.step_count, self.losses_read(), evaluation))
@@ -626,8 +787,8 @@ class Training:
             self.save()
 
     def consider(self, evaluation: dict[str, Any], checkpoint: str) -> None:
-        """Record an evaluation of ``checkpoint``; ``best`` names it when it is the best so far."""
-        if self.record(evaluation):
+        """Record a final evaluation of ``checkpoint``; ``best`` names it when it is the best so far."""
+        if self.record(evaluation, final=True):
             point(self.out, BEST, checkpoint)
 
     def finish(self, interrupted: bool) -> Result:
@@ -642,6 +803,7 @@ class Training:
         data, o, metric = self.setup.data, self.setup.options, self.metric
         if not data.keeps_best:
             result.evaluation = self.evaluate(None)
+            self.log_evaluation(result.evaluation, final=True)
             result.summary = data.summary(result.evaluation, None)
             return result
         if not self.history["evals"] or self.history["evals"][-1]["step"] != self.step_count:
@@ -662,6 +824,8 @@ class Training:
 
 def train(options: TrainOptions) -> Result:
     """Train as ``options`` say: build, step until done, save; the final evaluation in the result."""
+    if options.threads is not None:
+        use_threads(options.threads)
     training = Training(options)
     try:
         training.build()

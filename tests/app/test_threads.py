@@ -1,0 +1,73 @@
+"""``--threads N`` on every command that runs a model: the process computes with N threads; a bad N is refused in
+one line."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.support import SMALL_FLAGS, Cli, assert_refused, write_lines
+
+COMMANDS = ["train", "translate", "evaluate", "score", "serve"]
+
+
+@pytest.fixture
+def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The threads as the tests have them (one) before and after; TensorFlow's settings left as they were."""
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def arguments(command: str, run: Path, tmp_path: Path) -> list[object]:
+    tmp_path.mkdir(exist_ok=True)
+    texts = write_lines(tmp_path / "texts.txt", ["abc", "hello"])
+    return {
+        "train": ["train", "--task", "copy", "--steps", "1", "--batch-size", "4", "--eval-examples", "2", "--out",
+                  tmp_path / "new", *SMALL_FLAGS],
+        "translate": ["translate", run, "abc"],
+        "evaluate": ["evaluate", run, texts, texts],
+        "score": ["score", run, texts, texts],
+        "serve": ["serve", run, "--port", "0"],
+    }[command]  # fmt: skip
+
+
+@pytest.mark.usefixtures("threads")
+@pytest.mark.parametrize("command", COMMANDS)
+def test_threads_sets_the_threads_the_command_computes_with(
+    command: str, task_run: Path, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+    if command == "serve":
+        if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+            pytest.skip("needs the serve extra")
+        import multihead.app.serve
+
+        monkeypatch.setattr(multihead.app.serve, "serve", lambda *args, **kwargs: seen.append(torch.get_num_threads()))
+    result = cli(*arguments(command, task_run, tmp_path), "--threads", "2")
+    assert result.status in (0, None), result.err
+    assert torch.get_num_threads() == 2
+    if command == "serve":
+        assert seen == [2]  # before it serves
+    without = cli(*arguments(command, task_run, tmp_path / "again"), "--threads", "1")
+    assert without.status in (0, None), without.err
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.usefixtures("threads")
+@pytest.mark.parametrize("value", ["0", "-1", "x", "1.5"])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_thread_count_is_refused_in_one_line(
+    command: str, value: str, task_run: Path, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    result = cli(*arguments(command, task_run, tmp_path), f"--threads={value}")
+    assert_refused(result, "argument --threads: must be a positive whole number", value)
+    assert torch.get_num_threads() == 1
+    assert not (tmp_path / "new").exists()
