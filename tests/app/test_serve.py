@@ -306,6 +306,8 @@ def test_a_request_over_the_time_limit_is_answered_503_and_its_work_dropped(
 ) -> None:
     service = Service(translator, ["de", "en"], search=beam(size))
     engine = service.batcher.engine
+    step = engine.engine.step
+    monkeypatch.setattr(engine.engine, "step", lambda: (time.sleep(0.05), step()))  # the large text takes > 1.5 s
     with serving(create_app(service, Limits(timeout=0.5))) as url:
         start = time.monotonic()
         status, answer = request(url, "/translate", {"q": HEAVY, "source": "de", "target": "en"})

@@ -56,16 +56,22 @@ class Translating(Protocol):
 
 @dataclass(eq=False)
 class _Job:
-    """One request's texts: their pieces, those not yet given out (index, ids), the translations of those that have
-    ended (empty until then), how many have not, how many are being translated."""
+    """One request: its texts not yet cut into pieces (``uncut``, with their places), each text's pieces as far as
+    they are cut, the pieces cut and not yet given out (index among the request's pieces, ids), the translations of
+    those that have ended, how many are being translated. Texts are cut as their pieces are wanted, so that a large
+    request costs the worker no long pause when it comes."""
 
-    pieces: list[list[Ids]]
-    pending: deque[tuple[int, Ids]]
-    outputs: list[Ids]
-    left: int
+    uncut: deque[tuple[int, str]]
     future: Future
     finish: Finish = field(repr=False)
+    pieces: list[list[Ids]] = field(default_factory=list)
+    pending: deque[tuple[int, Ids]] = field(default_factory=deque)
+    outputs: list[Ids] = field(default_factory=list)
     running: int = 0
+
+    @property
+    def done(self) -> bool:
+        return not (self.uncut or self.pending or self.running)
 
 
 def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -87,21 +93,32 @@ class Requests:
         self.translator = translator
         self.turns: deque[_Job] = deque()  # the requests with pieces not yet given out, in turn
         self.live: list[_Job] = []  # every request not yet answered
-        self.waiting = 0  # pieces not yet given out
+        self.waiting = 0  # pieces not yet given out, a text not yet cut counting as one
         self.running = 0  # pieces given out, not yet ended
 
     def __len__(self) -> int:
         return self.waiting
 
     def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
-        pieces, flat = self.translator.pieces(texts)
-        if not flat:
-            settle(future, finish(self.translator.joined(pieces, [])))
-            return
-        job = _Job(pieces, deque(enumerate(flat)), [[] for _ in flat], len(flat), future, finish)
-        self.turns.append(job)
-        self.live.append(job)
-        self.waiting += len(flat)
+        job = _Job(deque(enumerate(texts)), future, finish)
+        self.waiting += len(texts)
+        self._cut(job)  # its first piece, or the answer of blank texts
+        if job.pending:
+            self.turns.append(job)
+            self.live.append(job)
+
+    def _cut(self, job: _Job) -> None:
+        """Cut ``job``'s texts until one of their pieces is pending, or none is left: then, if nothing of it is being
+        translated, answer it."""
+        while job.uncut and not job.pending:
+            index, text = job.uncut.popleft()
+            (pieces,), _ = self.translator.pieces([text], [f"text {index + 1}"])
+            job.pending.extend(enumerate(pieces, start=len(job.outputs)))
+            job.outputs += [[] for _ in pieces]
+            job.pieces.append(pieces)
+            self.waiting += len(pieces) - 1
+        if job.done:
+            settle(job.future, job.finish(self.translator.joined(job.pieces, job.outputs)))
 
     def take(self, count: int) -> list[tuple[_Job, int, Ids]]:
         """At most ``count`` pieces, in turn: (request, the piece's index in it, its ids)."""
@@ -116,19 +133,19 @@ class Requests:
             taken.append((job, index, ids))
             job.running += 1
             self.running += 1
+            self.waiting -= 1
+            self._cut(job)
             if job.pending:
                 self.turns.append(job)
         self.turns.extendleft(reversed(held_back))
-        self.waiting -= len(taken)
         return taken
 
     def ended(self, job: _Job, index: int, tokens: Ids) -> None:
         """Piece ``index`` of ``job`` translated as ``tokens``: the request answered once all of its pieces are."""
         job.outputs[index] = tokens
-        job.left -= 1
         job.running -= 1
         self.running -= 1
-        if job.left == 0:
+        if job.done:
             self.live.remove(job)
             settle(job.future, job.finish(self.translator.joined(job.pieces, job.outputs)))
 
@@ -138,7 +155,7 @@ class Requests:
         if gone:
             self.live = [job for job in self.live if job not in gone]
             self.turns = deque(job for job in self.turns if job not in gone)
-            self.waiting = sum(len(job.pending) for job in self.turns)
+            self.waiting = sum(len(job.pending) + len(job.uncut) for job in self.turns)
             self.running = sum(job.running for job in self.live)
         return gone
 
