@@ -12,16 +12,20 @@ import torch
 
 import multihead.app.training as training
 from app.support import CORPUS_FLAGS, SAMPLES, SMALL, TINY, VALID, Cli, CorpusRun, no_evaluation, write_corpus
+from multihead.app import devices
 from multihead.app.cli import main
 from multihead.app.training import TrainOptions, train
 
 
 @pytest.fixture(scope="package", autouse=True)
 def _one_thread() -> Iterator[None]:
-    """One thread: the models here are tiny, and on a shared 2-core machine a second thread mostly waits."""
+    """One thread: the models here are tiny, and on a shared 2-core machine a second thread mostly waits. The command
+    line, run in this process, keeps it unless a test gives ``--threads`` (its default is tested on its own)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(devices, "default_threads", lambda: None)
+        yield
     torch.set_num_threads(threads)
 
 

@@ -1,5 +1,5 @@
 """``--threads N`` on every command that runs a model: the process computes with N threads; a bad N is refused in
-one line."""
+one line; without it, the cores other processes leave free."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from app.support import SMALL_FLAGS, Cli, assert_refused, write_lines
+from multihead.app import devices
+
+DEFAULT = devices.default_threads  # the tests' package patches it away: these tests put it back
 
 COMMANDS = ["train", "translate", "evaluate", "score", "serve"]
 
@@ -71,3 +74,43 @@ def test_a_bad_thread_count_is_refused_in_one_line(
     assert_refused(result, "argument --threads: must be a positive whole number", value)
     assert torch.get_num_threads() == 1
     assert not (tmp_path / "new").exists()
+
+
+def busy(monkeypatch: pytest.MonkeyPatch, cores_taken: float) -> None:
+    """A 2-core machine whose other processes take ``cores_taken`` cores while the default watches."""
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    times = iter([(1000, 5000), (1000 + round(100 * cores_taken), 5200)])  # (busy, all) ticks of both cores
+    monkeypatch.setattr(devices, "_cpu_times", lambda: next(times))
+
+
+@pytest.mark.parametrize(("cores_taken", "free"), [(0.0, 2), (0.05, 2), (0.4, 2), (0.6, 1), (1.0, 1), (2.0, 1)])
+def test_the_default_is_the_cores_others_leave_free(
+    cores_taken: float, free: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(devices.time, "sleep", lambda seconds: None)
+    busy(monkeypatch, cores_taken)
+    assert DEFAULT() == free
+
+
+def test_the_default_leaves_omp_num_threads_and_unknown_machines_to_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert DEFAULT() is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(devices, "_cpu_times", lambda: None)
+    assert DEFAULT() is None
+
+
+@pytest.mark.usefixtures("threads")
+@pytest.mark.parametrize(("cores_taken", "free"), [(0.0, 2), (1.0, 1)])
+def test_a_command_without_threads_takes_the_free_cores(
+    cores_taken: float, free: int, task_run: Path, tmp_path: Path, cli: Callable[..., Cli],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(devices, "default_threads", DEFAULT)
+    busy(monkeypatch, cores_taken)
+    result = cli(*arguments("translate", task_run, tmp_path))
+    assert result.status == 0, result.err
+    assert torch.get_num_threads() == free

@@ -611,10 +611,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_USAGE
     try:
-        if getattr(args, "threads", None) is not None:  # every command that runs a model has --threads
-            from multihead.app.devices import use_threads
+        if hasattr(args, "threads"):  # every command that runs a model has --threads
+            from multihead.app.devices import default_threads, use_threads
 
-            use_threads(args.threads)
+            threads = args.threads or default_threads()
+            if threads is not None:
+                use_threads(threads)
         status = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
         return status

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import time
 from dataclasses import dataclass
 
 from multihead.app.console import UserError
@@ -71,6 +72,43 @@ def resolve_precision(name: str, device: str) -> Precision:
     if name == "fp32":
         return Precision("fp32", None, False)
     return Precision(name, "bfloat16" if name == "bf16" else "float16", name == "fp16")
+
+
+BUSY_SAMPLE = 0.1
+"""Seconds over which ``--threads``' default watches how busy the machine's cores are."""
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """The machine's CPU time so far, busy and in all (clock ticks, every core: ``/proc/stat``); ``None`` where there
+    is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            ticks = [int(value) for value in stat.readline().split()[1:9]]  # user nice system idle iowait irq ...
+    except (OSError, ValueError):
+        return None
+    idle = sum(ticks[3:5])  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def free_cores(sample: float = BUSY_SAMPLE) -> int | None:
+    """How many of this process's cores the other processes leave free, watched for ``sample`` seconds (a core
+    counts as taken from half its time up); ``None`` where the machine cannot say."""
+    before = _cpu_times()
+    time.sleep(sample)
+    after = _cpu_times()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    taken = (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(usable, round(usable - taken)))
+
+
+def default_threads() -> int | None:
+    """``--threads``' default: the cores other processes leave free when the command starts (:func:`free_cores`);
+    ``None`` (PyTorch's own choice) where ``OMP_NUM_THREADS`` says how many, or the machine cannot tell."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return free_cores()
 
 
 def use_threads(count: int) -> None:

@@ -242,8 +242,8 @@ LOG_EVERY = 100
 few seconds for a built-in task, every few minutes for the corpus recipe (twice between its evaluations)."""
 THREADS_HELP = (
     "CPU threads the process computes with (PyTorch's torch.set_num_threads; for --framework keras TensorFlow's "
-    "pools too, JAX's cannot be set); fewer than the cores leaves them to other work (default: PyTorch's, one a "
-    "core)"
+    "pools too, JAX's cannot be set); fewer than the cores leaves them to other work (default: the cores other "
+    "processes leave free when the command starts, at least 1; with OMP_NUM_THREADS set, PyTorch's choice)"
 )
 """What ``--threads`` does, on every command that runs a model (see :func:`multihead.app.devices.use_threads`)."""
 
