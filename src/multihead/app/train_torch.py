@@ -201,20 +201,14 @@ class TorchTrainer:
             self.optimizer.step()
             return
         self.scaler.unscale_(self.optimizer)
+        parameters = list(self.model.parameters())
+        grads = [grad for grad in (parameter.grad for parameter in parameters) if grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)  # on the device: nothing waits for it
         if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        scale = self._scale().clone()
+            torch.nn.utils.clip_grads_with_norm_(parameters, self.clip, norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.skipped += self._scale() < scale  # the scale drops exactly when a step had inf or NaN
-
-    def _scale(self) -> torch.Tensor:
-        """The loss scaler's scale, as a tensor: reading it as a number would wait for the device (``GradScaler``
-        has no public way to keep it there)."""
-        assert self.scaler is not None
-        scale = self.scaler._get_scale_async()
-        assert scale is not None, "the scaler makes its scale at its first scale()"
-        return scale
+        self.skipped += ~torch.isfinite(norm)  # the scaler skips exactly the steps whose gradients hold inf or NaN
 
     def loss_sum(self, batch: Batch) -> float:
         self.model.eval()
