@@ -17,7 +17,9 @@ from multihead.validation import (
     resolve_head_dim,
 )
 
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITION_LAYOUTS = ("interleaved", "halves")
+"""How the sinusoidal table lays out its sines and cosines (see :mod:`multihead.positional`)."""
 LAYER_NORM_EPS = 1e-5
 """The LayerNorms' epsilon in both front ends (PyTorch's default), so that both compute the same function."""
 
@@ -30,6 +32,15 @@ class TransformerConfig:
     sequences with it (else with ``eos_id``). ``max_len``: the longest sequence the positional table covers.
     ``tie_embeddings``: one vocabulary for source and target, whose embedding matrix is also the output
     projection's weight (as in the paper); needs ``src_vocab == tgt_vocab``.
+
+    Options for models trained elsewhere (Marian/OPUS-MT sets them all; the defaults are the paper's):
+    ``activation`` ``"silu"`` (Marian's "swish"); ``positions``: the sinusoidal table's layout, ``"interleaved"``
+    (the paper's sin, cos, sin, ...) or ``"halves"`` (all sines, then all cosines); ``scale_embeddings``: multiply
+    embeddings by ``sqrt(d_model)``; ``tie_output``: the target embedding is also the output projection's weight
+    while the source has its own (two vocabularies); ``decoder_start_id``: the token every target sequence starts
+    with, when it is ``pad_id`` (Marian starts from its pad): the default target key mask then keeps the first
+    position; ``banned_ids``: tokens generation never chooses (their log-probabilities are ``-inf`` at every step).
+    The output projection always has a bias (Marian's ``final_logits_bias``).
     """
 
     src_vocab: int
@@ -45,6 +56,11 @@ class TransformerConfig:
     max_len: int = 512
     pad_id: int | None = None
     tie_embeddings: bool = False
+    positions: str = "interleaved"
+    scale_embeddings: bool = True
+    tie_output: bool = False
+    decoder_start_id: int | None = None
+    banned_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "max_len"):
@@ -63,6 +79,12 @@ class TransformerConfig:
             )
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, received {self.activation!r}")
+        if self.positions not in POSITION_LAYOUTS:
+            raise ValueError(f"`positions` must be one of {POSITION_LAYOUTS}, received {self.positions!r}")
+        check_flag("scale_embeddings", self.scale_embeddings)
+        check_flag("tie_output", self.tie_output)
+        if self.tie_output and self.tie_embeddings:
+            raise ValueError("`tie_output` ties the target side only, `tie_embeddings` all three matrices: set one")
         if self.pad_id is not None:
             check_non_negative_int("pad_id", self.pad_id)
             if self.pad_id >= min(self.src_vocab, self.tgt_vocab):
@@ -70,6 +92,23 @@ class TransformerConfig:
                     f"`pad_id` must be a token of both vocabularies (< {min(self.src_vocab, self.tgt_vocab)}), "
                     f"received {self.pad_id}"
                 )
+        if self.decoder_start_id is not None:
+            check_non_negative_int("decoder_start_id", self.decoder_start_id)
+            if self.decoder_start_id >= self.tgt_vocab:
+                raise ValueError(
+                    f"`decoder_start_id` must be a target token (< {self.tgt_vocab}), received {self.decoder_start_id}"
+                )
+        if isinstance(self.banned_ids, str) or not isinstance(self.banned_ids, list | tuple):
+            raise TypeError(f"`banned_ids` must be a list of token ids, received {self.banned_ids!r}")
+        for token in self.banned_ids:
+            check_non_negative_int("banned_ids", token)
+            if token >= self.tgt_vocab:
+                raise ValueError(f"`banned_ids` must be target tokens (< {self.tgt_vocab}), received {token}")
+        object.__setattr__(self, "banned_ids", tuple(self.banned_ids))  # JSON gives a list
+
+    def target_key_mask_keeps_start(self) -> bool:
+        """Whether the default target key mask keeps the first position though it holds ``pad_id``."""
+        return self.decoder_start_id is not None and self.decoder_start_id == self.pad_id
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

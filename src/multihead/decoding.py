@@ -34,6 +34,9 @@ A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptio
   ``beam_size``) and stops the sentence when the last of them ranks at least as high as any continuation could: the
   same rule, which keeping one is.
 
+A model whose config has ``banned_ids`` gives those tokens the log-probability ``-inf`` at every step (after the
+softmax, as Hugging Face's ``bad_words_ids`` does): no search chooses them.
+
 ``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
 searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
 longest limit: each row ends at its first EOS or at its limit, and positions after that hold ``pad_id``.
@@ -301,6 +304,16 @@ def n_best_search(
         session, batch, n=search.n_best, beam_size=search.beam_size, max_len=search.limit(max_len, batch),
         bos_id=bos_id, eos_id=eos_id, length_penalty=search.length_penalty,
     )  # fmt: skip
+
+
+def banned_row(config: TransformerConfig) -> np.ndarray | None:
+    """What a step adds to its log-probabilities ``(N, V)``: ``(V,)`` float32, ``-inf`` at the config's
+    ``banned_ids`` and 0 elsewhere; ``None`` when it bans none."""
+    if not config.banned_ids:
+        return None
+    row = np.zeros(config.tgt_vocab, np.float32)
+    row[list(config.banned_ids)] = -np.inf
+    return row
 
 
 def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -> int:

@@ -71,6 +71,10 @@ class MaskOps(Protocol):
         """The bottom-right causal mask ``(lq, lk)``, on ``like``'s device."""
         ...
 
+    def first_position(self, like: Tensor) -> Tensor:
+        """``(1, L)`` bool, ``True`` at the first position only, for ``like (B, L)``."""
+        ...
+
 
 def restrict(mask: Tensor | None, allowed: Tensor | None, ops: MaskOps) -> Tensor | None:
     """``mask`` AND the boolean ``allowed``; either may be ``None``, and shapes broadcast."""
@@ -116,6 +120,15 @@ def padding_from_tokens(tokens: Tensor, key_mask: Tensor | None, pad_id: int | N
     if key_mask is None and pad_id is not None:
         return ops.not_equal(tokens, pad_id)
     return key_mask
+
+
+def target_padding_from_tokens(tokens: Tensor, key_mask: Tensor | None, config: Any, ops: MaskOps) -> Tensor | None:
+    """:func:`padding_from_tokens` for target tokens of a model whose ``config`` (a ``TransformerConfig``) may start
+    its targets from the pad token (``decoder_start_id == pad_id``, as Marian): that first position is kept."""
+    mask = padding_from_tokens(tokens, key_mask, config.pad_id, ops)
+    if key_mask is None and mask is not None and config.target_key_mask_keeps_start():
+        mask = ops.logical_or(mask, ops.first_position(tokens))  # (B, Lt)
+    return mask
 
 
 def for_kernel(

@@ -1,6 +1,7 @@
 """Tokenizers: characters and words for the built-in tasks, learned subwords for real corpora.
 
-Ids 0-3 are the specials of every tokenizer: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``.
+A tokenizer's :class:`Specials` say which ids pad, start the decoder, end and stand for unknown pieces. Ids 0-3 are
+those of every tokenizer trained here: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``.
 
 - ``char`` and ``word`` (whitespace) keep the vocabulary seen in training, saved as our own JSON.
 - ``subword``: byte-pair encoding learned with Hugging Face ``tokenizers`` (NFKC, words marked by ``▁`` and
@@ -20,6 +21,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,13 +32,27 @@ SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 KINDS = ("char", "word", "subword")
 MANIFEST = "tokenizer.json"
 
-__all__ = ["BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "SubwordTokenizer", "SymbolTokenizer", "Tokenizer"]
+__all__ = [
+    "BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "Specials", "SubwordTokenizer", "SymbolTokenizer", "Tokenizer",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The special ids of a vocabulary: ``pad`` fills batches, ``bos`` starts every target sequence (the decoder's
+    first input; Marian's is its pad), ``eos`` ends a sentence, ``unk`` reads a piece the vocabulary lacks."""
+
+    pad: int = PAD
+    bos: int = BOS
+    eos: int = EOS
+    unk: int = UNK
 
 
 class Tokenizer(Protocol):
     """What training, translation and the plots need of a tokenizer."""
 
     kind: str
+    specials: Specials
 
     def __len__(self) -> int: ...
 
@@ -69,6 +85,8 @@ class Tokenizer(Protocol):
 
 class SymbolTokenizer:
     """Every character (``char``) or every whitespace-separated word (``word``) is a symbol of the vocabulary."""
+
+    specials = Specials()
 
     def __init__(self, kind: str, symbols: Iterable[str]) -> None:
         if kind not in ("char", "word"):
@@ -153,6 +171,7 @@ class SubwordTokenizer:
     spaces and punctuation delimit, and each character of a script written without spaces."""
 
     kind = "subword"
+    specials = Specials()
     MARK = "▁"  # begins every word
 
     def __init__(self, model: Any) -> None:

@@ -129,6 +129,9 @@ class _KerasOps:
     def causal(self, lq: int, lk: int, like: Tensor) -> Tensor:
         return causal_window(lq, lk)
 
+    def first_position(self, like: Tensor) -> Tensor:
+        return ops.expand_dims(ops.equal(ops.arange(ops.shape(like)[1]), 0), 0)  # (1, L)
+
 
 OPS = _KerasOps()
 

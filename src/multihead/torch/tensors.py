@@ -86,5 +86,8 @@ class _TorchOps:
     def causal(self, lq: int, lk: int, like: torch.Tensor) -> torch.Tensor:
         return causal_tril(lq, lk, like.device)
 
+    def first_position(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.arange(like.shape[1], device=like.device)[None] == 0  # (1, L)
+
 
 OPS = _TorchOps()

@@ -24,11 +24,15 @@ from torch import nn
 from multihead import checks, decoding
 from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
-from multihead.masks import key_layout, padding_from_tokens
+from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention, StepLayout, is_step, weights_fixed_within
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
+
+ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+}  # fmt: skip
 
 __all__ = [
     "Decoder",
@@ -45,17 +49,18 @@ __all__ = [
 class PositionalEncoding(nn.Module):
     """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout.
 
-    ``offset`` shifts the positions (the first new token's position when decoding with a cache).
+    ``offset`` shifts the positions (the first new token's position when decoding with a cache). ``layout``:
+    ``"interleaved"`` (the paper's) or ``"halves"`` (Marian's; see :mod:`multihead.positional`).
     """
 
     table: torch.Tensor  # (max_len, E), a buffer
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0, layout: str = "interleaved") -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-        table = torch.from_numpy(sinusoidal_positions(max_len, d_model)).float()
+        table = torch.from_numpy(sinusoidal_positions(max_len, d_model, layout)).float()
         self.register_buffer("table", table, persistent=False)  # derived, so never saved
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -96,7 +101,7 @@ class FeedForward(nn.Module):
         return second(self.dropout(hidden) if self.training else hidden).unsqueeze(1)  # (N, 1, E)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.relu(hidden) if self.activation == "relu" else F.gelu(hidden)
+        return ACTIVATION_FUNCTIONS[self.activation](hidden)
 
 
 class _Block(nn.Module):
@@ -319,7 +324,9 @@ class Transformer(nn.Module):
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
     self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
     a mask is not given, it is ``tokens != pad_id``. With ``tie_embeddings`` (one vocabulary for both sides), the
-    source embedding, the target embedding and the output projection share one matrix, as in the paper.
+    source embedding, the target embedding and the output projection share one matrix, as in the paper; with
+    ``tie_output`` the target embedding and the output projection do. The options for models trained elsewhere
+    (``positions``, ``scale_embeddings``, ``decoder_start_id``, ``banned_ids``) are :class:`TransformerConfig`'s.
 
     Example:
         >>> model = Transformer(20, 20, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
@@ -347,16 +354,22 @@ class Transformer(nn.Module):
         max_len: int = 512,
         pad_id: int | None = None,
         tie_embeddings: bool = False,
+        positions: str = "interleaved",
+        scale_embeddings: bool = True,
+        tie_output: bool = False,
+        decoder_start_id: int | None = None,
+        banned_ids: Sequence[int] = (),
     ) -> None:
         super().__init__()
         config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
-            activation, norm_first, max_len, pad_id, tie_embeddings,
+            activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
+            decoder_start_id, tuple(banned_ids),
         )  # fmt: skip
         self.config = config
         self.src_embed = nn.Embedding(src_vocab, d_model)
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
-        self.positional = PositionalEncoding(d_model, max_len, dropout)
+        self.positional = PositionalEncoding(d_model, max_len, dropout, positions)
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack)
         self.decoder = Decoder(num_decoder_layers, *stack)
@@ -367,7 +380,8 @@ class Transformer(nn.Module):
             nn.init.normal_(embedding.weight, std=d_model**-0.5)
         if tie_embeddings:
             self.tgt_embed.weight = self.src_embed.weight
-            self.output_proj.weight = self.src_embed.weight
+        if tie_embeddings or tie_output:
+            self.output_proj.weight = self.tgt_embed.weight
             nn.init.zeros_(self.output_proj.bias)
         self._output_layout = StepLayout(self, "output_proj")  # laid out for decoding steps
 
@@ -380,8 +394,14 @@ class Transformer(nn.Module):
     def _key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
+    def _target_key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
+        return target_padding_from_tokens(tokens, key_mask, self.config, OPS)
+
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
-        return self.positional._forward(embedding(tokens) * math.sqrt(self.config.d_model), offset)  # (B, L, E)
+        embedded = embedding(tokens)  # (B, L, E)
+        if self.config.scale_embeddings:
+            embedded = embedded * math.sqrt(self.config.d_model)
+        return self.positional._forward(embedded, offset)  # (B, L, E)
 
     def encode(self, src: torch.Tensor, *, src_key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
@@ -413,7 +433,7 @@ class Transformer(nn.Module):
             parameter=self.output_proj.weight,
         )  # fmt: skip
         if tgt_key_mask is None and cache is None:
-            tgt_key_mask = self._key_mask(tgt, None)
+            tgt_key_mask = self._target_key_mask(tgt, None)
         logits, weights = self._decode(tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights)
         return (logits, weights) if return_weights else logits
 
@@ -467,7 +487,8 @@ class Transformer(nn.Module):
             check_flag("project", project)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask)
-        return self._decode(tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, project=project)[0]
+        tgt_key_mask = self._target_key_mask(tgt, tgt_key_mask)
+        return self._decode(tgt, memory, src_key_mask, tgt_key_mask, None, project=project)[0]
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
@@ -537,6 +558,13 @@ class DecoderSteps:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.device = model.src_embed.weight.device
+        banned = decoding.banned_row(model.config)
+        self.banned = None if banned is None else torch.from_numpy(banned).to(self.device)  # (V,)
+
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``(N, V)`` in float32 of ``logits (N, V)``, the banned tokens' ``-inf``."""
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        return log_probs if self.banned is None else log_probs + self.banned
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
@@ -564,13 +592,13 @@ class DecoderSteps:
         attends of those the self-attention caches give (default: all)."""
         with weights_fixed_within(self):  # its layouts checked once per session
             logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[0][:, -1]  # (N, V)
-        return torch.log_softmax(logits.float(), dim=-1)
+        return self._log_probs(logits)
 
     def recompute(
         self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        logits = self.model._decode(prefix, memory, memory_key_mask, None, None)[0][:, -1]
-        return torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        logits = self.model._decode(prefix, memory, memory_key_mask, None, None)[0][:, -1]  # (N, V)
+        return self._log_probs(logits)
 
     def take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
         return x.index_select(0, torch.from_numpy(rows).to(x.device))
