@@ -41,7 +41,9 @@ def main() -> None:
             if translator.device.type == "cuda":
                 torch.cuda.synchronize(translator.device)
             begin = time.perf_counter()
-            found = translate_ids(generate, ids, limit=translator.limit, batch_tokens=batch_tokens // beam)
+            found = translate_ids(
+                generate, ids, limit=translator.limit, specials=translator.specials, batch_tokens=batch_tokens // beam
+            )
             seconds[beam] = min(seconds[beam], time.perf_counter() - begin)  # generate returns host arrays: synced
             outputs = [translator.target.decode(tokens) for tokens in found]
             bleu[beam] = sacrebleu.metrics.BLEU().corpus_score(outputs, [references]).score

@@ -25,7 +25,6 @@ import torch
 
 from multihead.app.corpus import read_lines
 from multihead.app.export import export, vocabulary
-from multihead.app.tokenizers import EOS, PAD
 from multihead.app.translate import BATCH_TOKENS, Generate, Translator, translate_ids
 from multihead.decoding import SearchOptions
 
@@ -53,12 +52,12 @@ def main() -> None:
         def generate(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
             # CTranslate2 takes one limit a batch: the longest, each row cut at its own afterwards (translate_ids).
             # Greedy rows come out as with their own limit; a beam search may differ where a limit binds.
-            batch = [[names[index] for index in row if index != PAD] for row in src]
+            batch = [[names[index] for index in row if index != translator.specials.pad] for row in src]
             max_len = int(limits.max())
             results = engine.translate_batch(
                 batch, beam_size=beam, length_penalty=args.length_penalty, max_decoding_length=max_len
             )
-            out = np.full((len(src), max_len + 1), EOS, dtype=np.int64)  # (B, T): each row ends in EOS
+            out = np.full((len(src), max_len + 1), translator.specials.eos, dtype=np.int64)  # (B, T): ends in EOS
             for row, result in enumerate(results):
                 tokens = [target_ids[piece] for piece in result.hypotheses[0]]
                 out[row, : len(tokens)] = tokens
@@ -82,7 +81,10 @@ def main() -> None:
         for _ in range(2):  # interleaved: every configuration once, then again
             for name, (generate, beam) in runs.items():
                 begin = time.perf_counter()
-                found = translate_ids(generate, ids, limit=translator.limit, batch_tokens=BATCH_TOKENS // beam)
+                found = translate_ids(
+                    generate, ids, limit=translator.limit, specials=translator.specials,
+                    batch_tokens=BATCH_TOKENS // beam,
+                )  # fmt: skip
                 seconds[name] = min(seconds[name], time.perf_counter() - begin)
                 outputs[name] = [translator.target.decode(tokens) for tokens in found]
     for name in runs:

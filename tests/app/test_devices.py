@@ -35,6 +35,7 @@ from multihead.app.console import UserError
 from multihead.app.devices import resolve_device, resolve_precision
 from multihead.app.options import RECIPES
 from multihead.app.runs import latest_checkpoint
+from multihead.app.tokenizers import Specials
 from multihead.app.train_torch import TokenLoss
 from multihead.app.training import Training, TrainOptions, new_setup, train
 from multihead.app.translate import Translator
@@ -54,7 +55,7 @@ def cuda_machine(monkeypatch: pytest.MonkeyPatch, count: int, *, bf16: bool = Tr
 
 
 def batch() -> object:
-    return make_batch([[4, 5, 6, 7, 8], [9, 10], [4, 11, 6]], [[5, 6, 7], [8], [9, 10, 11, 4]])
+    return make_batch([[4, 5, 6, 7, 8], [9, 10], [4, 11, 6]], [[5, 6, 7], [8], [9, 10, 11, 4]], Specials())
 
 
 # --- choosing the device and the precision -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from multihead.app.batching import CorpusBatches
 from multihead.app.data import load_corpus, survey
 from multihead.app.encoded import EncodedCorpus, encode_pairs, read_cache, write_cache
 from multihead.app.runs import ENCODED
-from multihead.app.tokenizers import SubwordTokenizer, WordIds, build_tokenizers
+from multihead.app.tokenizers import Specials, SubwordTokenizer, WordIds, build_tokenizers
 from multihead.app.training import Training, TrainOptions, train
 
 
@@ -52,8 +52,8 @@ def test_the_cache_gives_back_what_was_written_mapped_and_checked(
             np.testing.assert_array_equal(getattr(getattr(cached, side), array), getattr(getattr(corpus, side), array))
     # The same batches from the cache as from the corpus encoded in memory.
     for step in (0, 5, 40):
-        for a, b in zip(CorpusBatches(cached, 200, 3).batch(step).as_arrays(),
-                        CorpusBatches(corpus, 200, 3).batch(step).as_arrays(), strict=True):  # fmt: skip
+        for a, b in zip(CorpusBatches(cached, Specials(), 200, 3).batch(step).as_arrays(),
+                        CorpusBatches(corpus, Specials(), 200, 3).batch(step).as_arrays(), strict=True):  # fmt: skip
             np.testing.assert_array_equal(a, b)
     assert capsys.readouterr().err == ""
     # Made from something else: not used, and said.

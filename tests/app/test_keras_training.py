@@ -137,15 +137,18 @@ def test_each_step_reports_its_own_loss(tmp_path: Path) -> None:
     far (Keras' loss tracker accumulates across calls unless it is reset)."""
     from multihead.app.batching import make_batch
     from multihead.app.options import recipe_options
+    from multihead.app.tokenizers import PAD, Specials
     from multihead.app.train_keras import KerasTrainer, token_loss
     from multihead.config import TransformerConfig
 
     config = TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 16, 0, False)
     options = dict(seed=0, lr=1e-2, clip=0.0, label_smoothing=0.0, precision="fp32", tokenizer="char")
-    trainer = KerasTrainer(config, recipe_options("task", **options), None)
+    trainer = KerasTrainer(config, recipe_options("task", **options), None, Specials())
     rng = np.random.default_rng(0)
     for length in (5, 7, 6):
-        batch = make_batch(rng.integers(4, 12, (3, length)).tolist(), rng.integers(4, 12, (3, length - 2)).tolist())
+        batch = make_batch(
+            rng.integers(4, 12, (3, length)).tolist(), rng.integers(4, 12, (3, length - 2)).tolist(), Specials()
+        )
         logits = trainer.model((batch.src.astype("int32"), batch.tgt_in.astype("int32")), training=False)
-        expected = float(keras.ops.convert_to_numpy(token_loss(0.0)(batch.tgt_out, logits)))
+        expected = float(keras.ops.convert_to_numpy(token_loss(0.0, PAD)(batch.tgt_out, logits)))
         assert trainer.train_step([batch], 1e-2, batch.target_tokens) == pytest.approx(expected, rel=1e-5)

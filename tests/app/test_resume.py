@@ -132,6 +132,7 @@ CHANGES = {
         ["--vocab-from", "runs/other"],
         ["--vocab-from runs/other would change the run, which has no --vocab-from:"],
     ),
+    "--init": (["--init", "runs/other"], ["--init runs/other would change the run, which has no --init:"]),
     "--d-model": (["--d-model", "32"], ["--d-model 32", "--d-model 16"]),
     "--heads": (["--heads", "4"], ["--heads 4", "--heads 2"]),
     "--layers": (["--layers", "2"], ["--layers 2", "--layers 1"]),

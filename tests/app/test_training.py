@@ -33,7 +33,7 @@ from multihead.app.encoded import EncodedCorpus
 from multihead.app.options import RunOptions
 from multihead.app.runs import latest_checkpoint, read_log
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import PAD
+from multihead.app.tokenizers import PAD, Specials
 from multihead.app.train_torch import TokenLoss, TorchTrainer
 from multihead.app.training import RECIPES, Training, TrainOptions, train
 from multihead.app.translate import Translator
@@ -87,7 +87,7 @@ def test_every_pair_is_trained_on_once_per_epoch_in_a_new_order() -> None:
     sources = [list(range(4, 4 + rng.integers(1, 30))) for _ in range(300)]
     targets = [list(range(4, 4 + rng.integers(1, 30))) for _ in range(300)]
     corpus = EncodedCorpus.of(sources, targets)
-    batches = CorpusBatches(corpus, 200, seed=0)
+    batches = CorpusBatches(corpus, Specials(), 200, seed=0)
     epochs, step = [], 0
     for _ in range(2):
         epoch = []
@@ -98,7 +98,7 @@ def test_every_pair_is_trained_on_once_per_epoch_in_a_new_order() -> None:
     for epoch in epochs:
         assert sorted(i for rows in epoch for i in rows) == list(range(300))
     assert epochs[0] != epochs[1]
-    again = CorpusBatches(corpus, 200, seed=0)  # what a resumed run replays
+    again = CorpusBatches(corpus, Specials(), 200, seed=0)  # what a resumed run replays
     assert [again.rows(s) for s in range(step - 1, -1, -1)][::-1] == [rows for epoch in epochs for rows in epoch]
 
 
@@ -230,7 +230,7 @@ def test_the_defaults_for_data_are_the_recipe(tmp_path: Path, cli: Callable[...,
     """``multihead train --data SRC TGT --valid SRC TGT --out RUN --minutes 30`` and nothing else."""
     built: list[tuple[Any, dict[str, Any]]] = []
 
-    def capture(framework: str, config: Any, options: RunOptions, checkpoint: Any) -> None:
+    def capture(framework: str, config: Any, options: RunOptions, checkpoint: Any, *rest: Any) -> None:
         built.append((config, options))
         raise KeyboardInterrupt  # stop before training
 
@@ -489,8 +489,8 @@ def test_two_accumulated_batches_equal_one_batch_of_both() -> None:
     padding masked), in float64. (Not the updated weights: Adam divides a gradient by its own size, so the keys'
     biases, whose exact gradient is zero, move by the sign of rounding noise.)"""
     rng = np.random.default_rng(0)
-    first = make_batch(rng.integers(4, 12, (3, 5)).tolist(), rng.integers(4, 12, (3, 4)).tolist())
-    second = make_batch(rng.integers(4, 12, (2, 8)).tolist(), rng.integers(4, 12, (2, 7)).tolist())
+    first = make_batch(rng.integers(4, 12, (3, 5)).tolist(), rng.integers(4, 12, (3, 4)).tolist(), Specials())
+    second = make_batch(rng.integers(4, 12, (2, 8)).tolist(), rng.integers(4, 12, (2, 7)).tolist(), Specials())
     both = join_batches([first, second])
     torch.set_default_dtype(torch.float64)
     try:

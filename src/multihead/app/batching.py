@@ -19,23 +19,25 @@ from typing import Protocol
 import numpy as np
 
 from multihead.app.encoded import EncodedCorpus
-from multihead.app.tokenizers import BOS, EOS, PAD
+from multihead.app.tokenizers import Specials
 
 Ids = list[int]
 
 
 @dataclass
 class Batch:
-    """``src (B, Ls)``, ``tgt_in (B, Lt)`` = BOS + target, ``tgt_out (B, Lt)`` = target + EOS, padded with PAD."""
+    """``src (B, Ls)``, ``tgt_in (B, Lt)`` = BOS + target, ``tgt_out (B, Lt)`` = target + EOS, padded with ``pad``
+    (the ids of the target tokenizer's :class:`Specials`; the source pads with the same id)."""
 
     src: np.ndarray
     tgt_in: np.ndarray
     tgt_out: np.ndarray
+    pad: int
 
     @property
     def target_tokens(self) -> int:
         """The tokens the loss is taken over (not padding)."""
-        return int((self.tgt_out != PAD).sum())
+        return int((self.tgt_out != self.pad).sum())
 
     def as_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.src, self.tgt_in, self.tgt_out
@@ -55,13 +57,15 @@ def join_batches(batches: Sequence[Batch]) -> Batch:
     """``batches`` as one, every array padded to the longest."""
     if len(batches) == 1:
         return batches[0]
+    pad = batches[0].pad
     arrays = []
     for parts in zip(*(batch.as_arrays() for batch in batches), strict=True):
         width = max(part.shape[1] for part in parts)
         arrays.append(
-            np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=PAD) for p in parts])
+            np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=pad) for p in parts])
         )
-    return Batch(*arrays)
+    src, tgt_in, tgt_out = arrays
+    return Batch(src, tgt_in, tgt_out, pad)
 
 
 def round_up(length: int, multiple: int) -> int:
@@ -69,20 +73,24 @@ def round_up(length: int, multiple: int) -> int:
 
 
 def make_batch(
-    sources: Sequence[Sequence[int] | np.ndarray], targets: Sequence[Sequence[int] | np.ndarray], pad_to: int = 1
+    sources: Sequence[Sequence[int] | np.ndarray],
+    targets: Sequence[Sequence[int] | np.ndarray],
+    specials: Specials,
+    pad_to: int = 1,
 ) -> Batch:
-    """Padded arrays of ``sources`` and ``targets`` (lists or arrays of ids); lengths rounded up to a multiple of
-    ``pad_to`` (fewer distinct shapes, for frameworks that compile one program per shape)."""
+    """Padded arrays of ``sources`` and ``targets`` (lists or arrays of ids) with the target tokenizer's ``specials``;
+    lengths rounded up to a multiple of ``pad_to`` (fewer distinct shapes, for frameworks that compile one program
+    per shape)."""
     length_src = round_up(max(map(len, sources)), pad_to)
     length_tgt = round_up(max(map(len, targets)) + 1, pad_to)
-    src = np.full((len(sources), length_src), PAD, dtype=np.int64)
-    tgt_in = np.full((len(targets), length_tgt), PAD, dtype=np.int64)
-    tgt_out = np.full_like(tgt_in, PAD)
+    src = np.full((len(sources), length_src), specials.pad, dtype=np.int64)
+    tgt_in = np.full((len(targets), length_tgt), specials.pad, dtype=np.int64)
+    tgt_out = np.full_like(tgt_in, specials.pad)
     for row, (s, t) in enumerate(zip(sources, targets, strict=True)):
         src[row, : len(s)] = s
-        tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = BOS, t
-        tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, EOS
-    return Batch(src, tgt_in, tgt_out)
+        tgt_in[row, 0], tgt_in[row, 1 : len(t) + 1] = specials.bos, t
+        tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, specials.eos
+    return Batch(src, tgt_in, tgt_out, specials.pad)
 
 
 def pair_lengths(source_lengths: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
@@ -109,8 +117,8 @@ class CorpusBatches:
     """The training batches of an encoded corpus, step by step over shuffled, length-bucketed epochs. An epoch is
     held as arrays (the corpus's order, each batch's start and end in it), never as lists of indices."""
 
-    def __init__(self, corpus: EncodedCorpus, max_tokens: int, seed: int, pad_to: int = 1) -> None:
-        self.corpus = corpus
+    def __init__(self, corpus: EncodedCorpus, specials: Specials, max_tokens: int, seed: int, pad_to: int = 1) -> None:
+        self.corpus, self.specials = corpus, specials
         self.lengths = pair_lengths(corpus.sources.lengths, corpus.targets.lengths)  # (n,)
         self.max_tokens, self.seed, self.pad_to = max_tokens, seed, pad_to
         self._epoch, self._first_step = -1, 0
@@ -142,7 +150,7 @@ class CorpusBatches:
     def batch(self, step: int) -> Batch:
         rows = self.rows(step)
         sources, targets = self.corpus.sources, self.corpus.targets
-        return make_batch([sources[i] for i in rows], [targets[i] for i in rows], self.pad_to)
+        return make_batch([sources[i] for i in rows], [targets[i] for i in rows], self.specials, self.pad_to)
 
     def target_tokens(self, step: int) -> int:
         """The target tokens of the batch at ``step`` (with their EOS), without building it."""
@@ -150,7 +158,7 @@ class CorpusBatches:
 
 
 def evaluation_batches(
-    sources: Sequence[Ids], targets: Sequence[Ids], max_tokens: int, pad_to: int = 1
+    sources: Sequence[Ids], targets: Sequence[Ids], specials: Specials, max_tokens: int, pad_to: int = 1
 ) -> Iterator[tuple[Ids, Batch]]:
     """The whole of a validation set in length-sorted batches, with each batch's row indices."""
     lengths = pair_lengths(np.array([len(s) for s in sources]), np.array([len(t) for t in targets]))
@@ -158,4 +166,4 @@ def evaluation_batches(
     cuts = length_cuts(lengths, order, max_tokens)
     for start, end in itertools.pairwise(cuts):
         rows = order[start:end].tolist()
-        yield rows, make_batch([sources[i] for i in rows], [targets[i] for i in rows], pad_to)
+        yield rows, make_batch([sources[i] for i in rows], [targets[i] for i in rows], specials, pad_to)

@@ -118,8 +118,8 @@ class TrainingData(Protocol):
         model's validation loss on them, where it is wanted), with its :attr:`metric` and ``examples``."""
         ...
 
-    def describe(self, step: int, loss: float, evaluation: dict[str, Any]) -> str:
-        """An evaluation as a line of the training log."""
+    def describe(self, step: int, loss: float | None, evaluation: dict[str, Any]) -> str:
+        """An evaluation as a line of the training log (``loss`` ``None``: before the first step)."""
         ...
 
     def summary(self, evaluation: dict[str, Any], checkpoint: str | None) -> str:
@@ -205,8 +205,9 @@ class Task:
     ) -> dict[str, Any]:
         return {"accuracy": exact_match(translations, [t for _, t in pairs]), "examples": len(pairs)}
 
-    def describe(self, step: int, loss: float, evaluation: dict[str, Any]) -> str:
-        return f"step {step}: loss {loss:.4f}, held-out exact match {evaluation['accuracy']:.3f}"
+    def describe(self, step: int, loss: float | None, evaluation: dict[str, Any]) -> str:
+        trained = "before training" if loss is None else f"loss {loss:.4f}"
+        return f"step {step}: {trained}, held-out exact match {evaluation['accuracy']:.3f}"
 
     def summary(self, evaluation: dict[str, Any], checkpoint: str | None) -> str:
         return f"accuracy: {evaluation['accuracy']:.3f} (exact match on {evaluation['examples']} held-out examples)"
@@ -226,7 +227,7 @@ class TaskBatches:
     def batch(self, index: int) -> Batch:
         pairs = self.task.batch(self.seed, index, self.size)
         sources, targets = self.source.encode_all([s for s, _ in pairs]), self.target.encode_all([t for _, t in pairs])
-        return make_batch(sources, targets, self.pad_to)
+        return make_batch(sources, targets, self.target.specials, self.pad_to)
 
     def target_tokens(self, index: int) -> int:
         return self.batch(index).target_tokens
@@ -332,7 +333,7 @@ class Corpus:
                 pad_to: int) -> Batches:  # fmt: skip
         if prepared.encoded is None or options.batch_tokens is None:
             raise TypeError("a corpus's batches need its encoded pairs and a number of tokens a batch")
-        return CorpusBatches(prepared.encoded, options.batch_tokens, options.seed, pad_to)
+        return CorpusBatches(prepared.encoded, target.specials, options.batch_tokens, options.seed, pad_to)
 
     def evaluation_pairs(self, count: int | None) -> list[Pair]:
         return self.valid[:count]
@@ -343,9 +344,10 @@ class Corpus:
         scores = score(translations, [t for _, t in pairs], tokenize=bleu_tokenizer(langs[1] if langs else None))
         return {"valid_loss": loss(), **scores, "examples": len(pairs)}
 
-    def describe(self, step: int, loss: float, evaluation: dict[str, Any]) -> str:
+    def describe(self, step: int, loss: float | None, evaluation: dict[str, Any]) -> str:
+        trained = "before training" if loss is None else f"loss {loss:.3f}"
         return (
-            f"step {step}: loss {loss:.3f}, validation loss {evaluation['valid_loss']:.3f}, "
+            f"step {step}: {trained}, validation loss {evaluation['valid_loss']:.3f}, "
             f"BLEU {evaluation['bleu']:.2f}, chrF {evaluation['chrf']:.2f}"
         )
 
@@ -533,33 +535,72 @@ def vocabulary_from(options: TrainOptions) -> tuple[TrainOptions, Tokenizer, Tok
     """``--vocab-from RUN``: the tokenizers of the run in ``RUN`` (every checkpoint of a run has the same; those of
     its newest intact one), and ``options`` with that run's ``VOCABULARY`` options; refused in one line where ``RUN``
     is no run, or where an option given conflicts with them."""
-    from multihead.app.options import BY_NAME
-
     if options.vocab_from is None:
         raise TypeError("vocabulary_from needs options with a vocab_from")
-    run = options.vocab_from
-    try:
-        checkpoint, _ = open_checkpoint(
-            Path(run), "latest", lambda found: None, doing="--vocab-from: the vocabulary of"
-        )
-    except RunError as error:
-        raise UserError(f"--vocab-from: {error}") from None
+    checkpoint = _other_run(options.vocab_from, "--vocab-from", "latest", "--vocab-from: the vocabulary of")
     theirs: dict[str, Any] = {name: checkpoint.options.get(name) for name in VOCABULARY}
+    options = _taken(options, theirs, f"--vocab-from {options.vocab_from}, whose vocabulary has")
+    say(f"taking the {theirs['tokenizer']} vocabulary of {options.vocab_from} ({checkpoint.path.name})")
+    return options, checkpoint.source, checkpoint.target
+
+
+SHAPE = ("d_model", "num_heads", "layers", "d_ff")
+"""The options that size a run's model, which ``--init`` takes from the other run's."""
+
+
+def initial_run(options: TrainOptions) -> tuple[TrainOptions, Checkpoint]:
+    """``--init RUN``: the checkpoint of the run in ``RUN`` that fine-tuning starts from (the one ``translate`` takes:
+    best, else the newest intact), and ``options`` with its vocabulary and model's options (``VOCABULARY``,
+    ``SHAPE``); refused in one line where ``RUN`` is no run, or where an option given conflicts with them."""
+    if options.init is None:
+        raise TypeError("initial_run needs options with an init")
+    if options.vocab_from is not None:
+        raise UserError(f"--init {options.init} brings its vocabulary: drop --vocab-from {options.vocab_from}")
+    checkpoint = _other_run(options.init, "--init", None, "--init: starting from")
+    config = checkpoint.config
+    theirs: dict[str, Any] = {name: checkpoint.options.get(name) for name in VOCABULARY}
+    theirs.update(d_model=config.d_model, num_heads=config.num_heads, d_ff=config.d_ff)
+    layers = {config.num_encoder_layers, config.num_decoder_layers}
+    if len(layers) > 1 and options.layers is not None:
+        raise UserError(
+            f"--layers {options.layers} conflicts with --init {options.init}, whose model has "
+            f"{config.num_encoder_layers} encoder and {config.num_decoder_layers} decoder layers: drop --layers"
+        )
+    theirs["layers"] = config.num_encoder_layers  # the model itself comes from the run's config
+    options = _taken(options, theirs, f"--init {options.init}, whose model has")
+    say(f"starting from {options.init} ({checkpoint.path.name}, step {checkpoint.step}): its {theirs['tokenizer']} "
+        f"vocabulary and model (d_model {config.d_model}, {config.num_encoder_layers}+{config.num_decoder_layers} "
+        "layers)")  # fmt: skip
+    return options, checkpoint
+
+
+def _other_run(run: str, flag: str, which: str | None, doing: str) -> Checkpoint:
+    """The checkpoint ``which`` of the run in ``run``, which ``flag`` names; refused in one line where it is none."""
+    try:
+        checkpoint, _ = open_checkpoint(Path(run), which, lambda found: None, doing=doing)
+    except RunError as error:
+        raise UserError(f"{flag}: {error}") from None
+    return checkpoint
+
+
+def _taken(options: TrainOptions, theirs: dict[str, Any], whose: str) -> TrainOptions:
+    """``options`` with ``theirs`` (another run's values), refused in one line where a given option differs (``whose``
+    names the run: "--init RUN, whose model has"), or where ``--vocab-sample`` would learn a vocabulary."""
+    from multihead.app.options import BY_NAME
+
     for name, value in theirs.items():
         given = getattr(options, name)
         if given is not None and given != value:
             described = BY_NAME[name]
-            raise UserError(
-                f"{described.typed(given)} conflicts with --vocab-from {run}, whose vocabulary has "
-                f"{described.typed(value)}: drop {described.typed(given)}"
-            )
+            mine = described.typed(given)
+            raise UserError(f"{mine} conflicts with {whose} {described.typed(value)}: drop {mine}")
     if options.vocab_sample is not None:
+        flag = whose.split(",")[0]
         raise UserError(
             f"--vocab-sample {options.vocab_sample} chooses the sentence pairs a vocabulary is learned from, and with "
-            "--vocab-from the run learns none: drop --vocab-sample"
+            f"{flag} the run learns none: drop --vocab-sample"
         )
-    say(f"taking the {theirs['tokenizer']} vocabulary of {run} ({checkpoint.path.name})")
-    return replace(options, **theirs), checkpoint.source, checkpoint.target
+    return replace(options, **theirs)
 
 
 # --- what looks like a mistake ------------------------------------------------------------------------------

@@ -236,6 +236,8 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
 # --- the table ----------------------------------------------------------------------------------------------
 
 TASK, CORPUS, CORPUS_GPU = "task", "corpus", "corpus-gpu"
+FINE_TUNING: dict[str, Any] = {"lr": 1e-4, "warmup": 100}
+"""What ``train --init`` changes in the recipe: a model that already translates takes smaller steps, sooner."""
 AS_CORPUS = object()  # an option's GPU default when it is the corpus recipe's
 LOG_EVERY = 100
 """``--log-every``'s default, fairseq's ``--log-interval`` (OpenNMT's ``report_every`` is 50): on a CPU a line every
@@ -478,6 +480,17 @@ class TrainOptions:
         recipe=False,
         argparse=dict(metavar="RUN"),
     )
+    init: str | None = option(
+        "--init",
+        "start from the weights of the run in RUN, trained here or imported (multihead import): fine-tuning. Its "
+        "checkpoint is the one translate takes (best, else latest); its vocabulary and model come with it "
+        "(--tokenizer, --vocab-size, --joint-vocab, --d-model, --heads, --layers, --d-ff: given, they must agree), "
+        f"the run is evaluated before its first step, and --lr defaults to {FINE_TUNING['lr']:g} and --warmup to "
+        f"{FINE_TUNING['warmup']} (default: start from random weights)",
+        TEXT,
+        recipe=False,
+        argparse=dict(metavar="RUN"),
+    )
     batch_size: int | None = option("--batch-size", "sentences per batch, tasks", POSITIVE, 64, None, resumable=True)
     batch_tokens: int | None = option(
         "--batch-tokens",
@@ -644,6 +657,7 @@ class RunOptions:
     vocab_sample: int | None
     joint: bool
     vocab_from: str | None
+    init: str | None
     batch_size: int | None
     batch_tokens: int | None
     accumulate: int

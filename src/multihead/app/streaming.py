@@ -19,7 +19,6 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from multihead.app.tokenizers import BOS, EOS
 from multihead.app.translate import TRANSLATION, Ids, Translator, translate_ids
 from multihead.decoding import SearchOptions
 from multihead.torch.streaming import Stream
@@ -175,8 +174,9 @@ class StreamingTranslator:
         self.translator, self.rows = translator, rows
         self.requests = Requests(translator)
         self.stream: Stream[tuple[_Job, int]] = Stream(
-            translator.generator, rows=rows, search=search, bos_id=BOS, eos_id=EOS
-        )
+            translator.generator, rows=rows, search=search, bos_id=translator.specials.bos,
+            eos_id=translator.specials.eos,
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.stream) + len(self.requests)
@@ -220,7 +220,10 @@ class RoundTranslator:
         self.requests.drop_abandoned()
         taken = self.requests.take(self.rows)
         sources = [ids for _, _, ids in taken]
-        outputs = translate_ids(self.generate, sources, limit=self.translator.limit, batch_tokens=self.batch_tokens)
+        outputs = translate_ids(
+            self.generate, sources, limit=self.translator.limit, specials=self.translator.specials,
+            batch_tokens=self.batch_tokens,
+        )  # fmt: skip
         for (job, index, _), tokens in zip(taken, outputs, strict=True):
             self.requests.ended(job, index, tokens)
 

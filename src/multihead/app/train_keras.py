@@ -32,21 +32,21 @@ from keras import ops
 from multihead.app.batching import Batch, join_batches
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
-from multihead.app.tokenizers import BOS, EOS, PAD
+from multihead.app.tokenizers import Specials
 from multihead.config import TransformerConfig
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.keras import Transformer
 
 
-def token_loss(label_smoothing: float) -> Any:
-    """Mean per target token of the (label-smoothed) cross-entropy, padding excluded."""
+def token_loss(label_smoothing: float, pad: int) -> Any:
+    """Mean per target token of the (label-smoothed) cross-entropy, padding (``pad``) excluded."""
 
     def loss(targets: Any, logits: Any) -> Any:
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B, Lt, V)
         targets = ops.cast(targets, "int32")
         picked = ops.take_along_axis(log_probs, ops.expand_dims(targets, -1), axis=-1)[..., 0]  # (B, Lt)
         per_token = -(1.0 - label_smoothing) * picked - label_smoothing * ops.mean(log_probs, axis=-1)
-        real = ops.cast(ops.not_equal(targets, PAD), "float32")
+        real = ops.cast(ops.not_equal(targets, pad), "float32")
         return ops.sum(per_token * real) / ops.maximum(ops.sum(real), 1.0)
 
     return loss
@@ -76,7 +76,10 @@ def fill_rows(batch: Batch, rows: int) -> Batch:
     missing = rows - len(batch.src)
     if missing <= 0:
         return batch
-    return Batch(*(np.concatenate([a, np.full((missing, a.shape[1]), PAD, a.dtype)]) for a in batch.as_arrays()))
+    src, tgt_in, tgt_out = (
+        np.concatenate([a, np.full((missing, a.shape[1]), batch.pad, a.dtype)]) for a in batch.as_arrays()
+    )
+    return Batch(src, tgt_in, tgt_out, batch.pad)
 
 
 def _one_thread_per_operation() -> None:
@@ -128,7 +131,16 @@ def _data_parallel() -> int:
 class KerasTrainer:
     framework = "keras"
 
-    def __init__(self, config: TransformerConfig, options: RunOptions, checkpoint: Checkpoint | None) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        options: RunOptions,
+        checkpoint: Checkpoint | None,
+        specials: Specials,
+        *,
+        weights: Path | None = None,
+    ) -> None:
+        self.specials = specials
         self.backend, self.device = keras.backend.backend(), keras_device()
         self.prefetch = False
         self.devices = _data_parallel()
@@ -141,6 +153,8 @@ class KerasTrainer:
         if checkpoint is not None:
             load_weights(self.model, checkpoint.path / WEIGHTS)
             self._restore_optimizer(checkpoint)
+        elif weights is not None:
+            load_weights(self.model, weights)
 
     def configure(self, options: RunOptions) -> None:
         """(Re)compile with the options that may change on resume (gradient clipping, label smoothing)."""
@@ -154,7 +168,8 @@ class KerasTrainer:
         if previous is not None:  # keep the moments and the step count through a recompile
             for mine, theirs in zip(self.optimizer.variables, previous.variables, strict=True):
                 mine.assign(theirs)
-        self.model.compile(optimizer=self.optimizer, loss=token_loss(options.label_smoothing))
+        pad = self.specials.pad
+        self.model.compile(optimizer=self.optimizer, loss=token_loss(options.label_smoothing, pad))
         self.fixed_shapes = keras.backend.backend() == "jax"
         self.traced_step = _traced_step(self.model) if keras.backend.backend() == "tensorflow" else None
 
@@ -182,10 +197,12 @@ class KerasTrainer:
         logits = self.model((batch.src.astype("int32"), batch.tgt_in.astype("int32")), training=False)
         log_probs = np.asarray(ops.convert_to_numpy(ops.log_softmax(ops.cast(logits, "float32"), axis=-1)))
         picked = np.take_along_axis(log_probs, batch.tgt_out[..., None], axis=-1)[..., 0]  # (B, Lt)
-        return float(-(picked * (batch.tgt_out != PAD)).sum())
+        return float(-(picked * (batch.tgt_out != batch.pad)).sum())
 
     def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
-        return self.model.generate(src.astype("int32"), max_len=limits, bos_id=BOS, eos_id=EOS)
+        return self.model.generate(
+            src.astype("int32"), max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
+        )
 
     def agree(self, flag: bool) -> bool:
         return flag

@@ -40,7 +40,7 @@ from multihead.app.devices import resolve_device, resolve_precision
 from multihead.app.memory import keep_freed_memory
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
-from multihead.app.tokenizers import BOS, EOS, PAD
+from multihead.app.tokenizers import Specials
 from multihead.config import TransformerConfig
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.torch import Transformer
@@ -51,36 +51,43 @@ SLICE_ELEMENTS = 1 << 22
 
 class TokenLoss(nn.Module):
     """What DistributedDataParallel and ``torch.compile`` wrap: a batch's summed (label-smoothed) cross-entropy over
-    its target tokens, through the model's unchecked teacher-forced path; :class:`ProjectedLoss` where gradients are
-    taken (not under ``torch.compile``, which sees the whole logits)."""
+    its target tokens (padding, the model's ``pad_id``, excluded), through the model's unchecked teacher-forced path;
+    :class:`ProjectedLoss` where gradients are taken (not under ``torch.compile``, which sees the whole logits)."""
 
     def __init__(self, model: Transformer, *, sliced: bool = True) -> None:
         super().__init__()
         self.model, self.sliced = model, sliced
+        self.pad = model.config.pad_id if model.config.pad_id is not None else -100  # -100: no target is padding
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, smoothing: float) -> torch.Tensor:
         if self.sliced and torch.is_grad_enabled():
             hidden = self.model(src, tgt_in, project=False, check=False)  # (B, Lt, E)
             projection = self.model.output_proj
             return ProjectedLoss.apply(hidden.flatten(0, 1), projection.weight, projection.bias, tgt_out.flatten(),
-                                       smoothing)  # fmt: skip
+                                       smoothing, self.pad)  # fmt: skip
         logits = self.model(src, tgt_in, check=False)  # (B, Lt, V)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # autocast's half precision: float32
         return F.cross_entropy(
-            logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum", label_smoothing=smoothing
+            logits.flatten(0, 1), tgt_out.flatten(), ignore_index=self.pad, reduction="sum", label_smoothing=smoothing
         )
 
 
 class ProjectedLoss(torch.autograd.Function):
-    """``F.cross_entropy(hidden @ weight.T + bias, target, ignore_index=PAD, reduction="sum", label_smoothing=s)``,
+    """``F.cross_entropy(hidden @ weight.T + bias, target, ignore_index=pad, reduction="sum", label_smoothing=s)``,
     computed a slice of rows at a time, with its gradients (log-probabilities in float32 at least, as ``TokenLoss``;
     under autocast the projection computes in ``hidden``'s dtype, as ``nn.Linear`` would). A row's loss is
     ``-(1 - s) log p[target] - (s / V) Σ log p``; its gradient with respect to the logits is ``p - (1 - s) onehot -
-    s / V``, zero for PAD targets."""
+    s / V``, zero for ``pad`` targets."""
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor, s: float
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        target: torch.Tensor,
+        s: float,
+        pad: int,
     ) -> torch.Tensor:
         rows, vocab, dtype = hidden.shape[0], weight.shape[0], hidden.dtype  # hidden (N, E), weight (V, E)
         exact = torch.promote_types(dtype, torch.float32)  # what the log-probabilities take
@@ -93,7 +100,7 @@ class ProjectedLoss(torch.autograd.Function):
             for start in range(0, rows, step):
                 part, wanted = hidden[start : start + step], target[start : start + step, None]  # (n, E), (n, 1)
                 log_probs = torch.addmm(cast_bias, part, cast_weight.t()).to(exact).log_softmax(-1)  # (n, V)
-                kept = (wanted != PAD).to(exact)  # (n, 1)
+                kept = (wanted != pad).to(exact)  # (n, 1)
                 picked = log_probs.gather(1, wanted)
                 total += (kept * ((s - 1.0) * picked - (s / vocab) * log_probs.sum(1, keepdim=True))).sum()
                 grad = log_probs.exp_().sub_(s / vocab)  # (n, V): the probabilities' buffer
@@ -108,14 +115,23 @@ class ProjectedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        return grad_hidden * grad_total, grad_weight * grad_total, grad_bias * grad_total, None, None
+        return grad_hidden * grad_total, grad_weight * grad_total, grad_bias * grad_total, None, None, None
 
 
 class TorchTrainer:
     framework = "torch"
 
-    def __init__(self, config: TransformerConfig, options: RunOptions, checkpoint: Checkpoint | None) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        options: RunOptions,
+        checkpoint: Checkpoint | None,
+        specials: Specials,
+        *,
+        weights: Path | None = None,
+    ) -> None:
         keep_freed_memory()
+        self.specials = specials
         self.rank, self.world = rank(), world_size()
         self.device = torch.device(resolve_device(options.device or "auto"))
         self.prefetch = self.device.type == "cuda"  # batches built on a thread while the GPU computes
@@ -127,8 +143,9 @@ class TorchTrainer:
                 torch.set_num_threads(max(1, torch.get_num_threads() // self.world))
         torch.manual_seed(options.seed)
         self.model = Transformer.from_config(config)  # initialised on the CPU: the same weights on any device
-        if checkpoint is not None:
-            load_weights(self.model, checkpoint.path / WEIGHTS)
+        start = checkpoint.path / WEIGHTS if checkpoint is not None else weights
+        if start is not None:
+            load_weights(self.model, start)
         self.model.to(self.device).train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=options.lr, betas=(0.9, 0.98), eps=1e-9)
         self.configure(options)
@@ -220,7 +237,9 @@ class TorchTrainer:
 
     def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
         self.model.eval()
-        out = self.model.generate(torch.from_numpy(src).to(self.device), max_len=limits, bos_id=BOS, eos_id=EOS)
+        out = self.model.generate(
+            torch.from_numpy(src).to(self.device), max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
+        )
         self.model.train()
         return out.cpu().numpy()
 

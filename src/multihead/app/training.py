@@ -41,10 +41,12 @@ from multihead.app.console import (
     world_size,
 )
 from multihead.app.data import (
+    CORPUS_MAX_LEN,
     HELDOUT_RULE,
     Prepared,
     TrainingData,
     heldout_rule,
+    initial_run,
     load_corpus,
     load_task,
     vocabulary_from,
@@ -53,6 +55,7 @@ from multihead.app.devices import keep_frameworks_off_gpus, resolve_device, use_
 from multihead.app.memory import release_freed_memory
 from multihead.app.options import (
     DATA,
+    FINE_TUNING,
     FLAGS,
     RECIPES,
     RESUMABLE,
@@ -85,7 +88,7 @@ from multihead.app.runs import (
     write_history,
 )
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import PAD, Tokenizer, build_tokenizers
+from multihead.app.tokenizers import PAD, Specials, Tokenizer, build_tokenizers
 from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
 
@@ -99,7 +102,8 @@ waits for the host only then."""
 
 @dataclass
 class Setup:
-    """A run's data, tokenizers, model configuration, resolved options, and its training data made ready."""
+    """A run's data, tokenizers, model configuration, resolved options, and its training data made ready;
+    ``initial``: the checkpoint a new run starts from (``--init``)."""
 
     options: RunOptions
     data: TrainingData
@@ -107,6 +111,7 @@ class Setup:
     target: Tokenizer
     config: TransformerConfig
     prepared: Prepared
+    initial: Checkpoint | None = None
 
 
 def _resolve(
@@ -114,7 +119,7 @@ def _resolve(
 ) -> RunOptions:
     """The options in force: what the data records of itself, those given, else the run's (on resume; not this
     machine's choices), else the data's own defaults, else the recipe's."""
-    base = {**RECIPES[recipe], **(data.defaults() if data is not None else {})}
+    base = {**RECIPES[recipe], **(FINE_TUNING if options.init else {}), **(data.defaults() if data is not None else {})}
     resolved: dict[str, Any] = {}
     for described in SAVED:  # a run saved before an option existed takes the recipe's value for it
         given, name = getattr(options, described.name), described.name
@@ -175,9 +180,13 @@ def _tokenizers(resolved: RunOptions, pairs: Sequence[tuple[str, str]]) -> tuple
 
 
 def new_setup(options: TrainOptions, out: Path) -> Setup:
-    """The setup of a fresh run: data read, tokenizers learned (or another run's taken), model sized, training data
-    made ready."""
+    """The setup of a fresh run: data read, tokenizers learned (or another run's taken), model sized (or, with
+    ``--init``, another run's taken whole), training data made ready."""
+    initial = None
     borrowed = vocabulary_from(options) if options.vocab_from is not None else None
+    if options.init is not None:
+        options, initial = initial_run(options)
+        borrowed = options, initial.source, initial.target
     options = options if borrowed is None else borrowed[0]
     data = _load_data(options, None)
     recipe = data.recipe
@@ -192,8 +201,18 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
         release_freed_memory()  # theirs and the BPE trainer's
     else:
         source, target = borrowed[1:]
-    config = _config(resolved, source, target, data.positions(source, target))
-    return Setup(resolved, data, source, target, config, data.prepare(out, source, target, options.progress))
+    positions = data.positions(source, target)
+    if initial is None:
+        config = _config(resolved, source, target, positions)
+    else:
+        config = replace(initial.config, dropout=resolved.dropout)
+        if config.max_len < positions:
+            raise UserError(
+                f"--init {options.init}: its model reads at most {config.max_len} tokens, and this data needs "
+                f"{positions} (a corpus's pairs of up to {CORPUS_MAX_LEN} tokens, or twice a task's longest example)"
+            )
+    prepared = data.prepare(out, source, target, options.progress)
+    return Setup(resolved, data, source, target, config, prepared, initial)
 
 
 def _refuse_changes(options: TrainOptions, saved: dict[str, Any]) -> None:
@@ -317,16 +336,23 @@ def check_device(framework: str, device: str) -> None:
 
 
 def make_trainer(
-    framework: str, setup_config: TransformerConfig, options: RunOptions, checkpoint: Checkpoint | None
+    framework: str,
+    setup_config: TransformerConfig,
+    options: RunOptions,
+    checkpoint: Checkpoint | None,
+    specials: Specials,
+    weights: Path | None = None,
 ) -> Trainer:
-    """The framework's trainer; :meth:`Training.build` has checked the device (and imported Keras) before."""
+    """The framework's trainer, resuming from ``checkpoint`` or starting from ``weights`` (``--init``) or at random,
+    with the target tokenizer's ``specials``; :meth:`Training.build` has checked the device (and imported Keras)
+    before."""
     if framework == "keras":
         from multihead.app.train_keras import KerasTrainer
 
-        return KerasTrainer(setup_config, options, checkpoint)
+        return KerasTrainer(setup_config, options, checkpoint, specials, weights=weights)
     from multihead.app.train_torch import TorchTrainer
 
-    return TorchTrainer(setup_config, options, checkpoint)
+    return TorchTrainer(setup_config, options, checkpoint, specials, weights=weights)
 
 
 # --- the scaffold -----------------------------------------------------------------------------------------
@@ -485,7 +511,7 @@ class Training:
             # The run's own framework and options (the device: this machine's, never the run's); a different
             # --framework is refused by resumed_setup, as a change of the run (not as a damaged checkpoint).
             saved = _resolve(nothing_given, saved_recipe(found.options), found.options)
-            return make_trainer(found.trainer["framework"], found.config, saved, found)
+            return make_trainer(found.trainer["framework"], found.config, saved, found, found.target.specials)
 
         checkpoint, self.trainer = open_checkpoint(self.out, "latest", load, doing="resuming from")
         self.setup = resumed_setup(self.options, checkpoint, self.out)
@@ -532,7 +558,9 @@ class Training:
                 raise _holds_a_run(self.out)
         self._save_encoding()
         o = self.setup.options
-        self.trainer = make_trainer(o.framework, self.setup.config, o, None)
+        initial = self.setup.initial
+        weights = None if initial is None else initial.path / WEIGHTS
+        self.trainer = make_trainer(o.framework, self.setup.config, o, None, self.setup.target.specials, weights)
         self.step_count, self.history, self.seconds, self.tokens = 0, {"losses": [], "evals": []}, 0.0, 0
 
     # step ----------------------------------------------------------------------------------------------
@@ -583,7 +611,8 @@ class Training:
         longest = setup.prepared.facts["longest_target"]
         limit = lambda length: length_limit(length, longest, setup.config.max_len)  # noqa: E731
         generate = lambda src, limits, _: self.trainer.generate(src, limits)  # noqa: E731 (greedy: no sentence keys)
-        return [setup.target.decode(out) for out in translate_ids(generate, ids, limit=limit)]
+        found = translate_ids(generate, ids, limit=limit, specials=setup.target.specials)
+        return [setup.target.decode(out) for out in found]
 
     def evaluate(self, count: int | None) -> dict[str, Any]:
         """The data's evaluation (exact match for a task; validation loss, BLEU and chrF for a corpus), greedy, on the
@@ -594,7 +623,8 @@ class Training:
         def loss() -> float:
             sources = setup.source.encode_all([s for s, _ in pairs])
             targets = setup.target.encode_all([t for _, t in pairs])
-            summed = sum(self.trainer.loss_sum(batch) for _, batch in evaluation_batches(sources, targets, 4096))
+            batches = evaluation_batches(sources, targets, setup.target.specials, 4096)
+            summed = sum(self.trainer.loss_sum(batch) for _, batch in batches)
             return summed / sum(len(t) + 1 for t in targets)
 
         return setup.data.scores(self._translate([s for s, _ in pairs]), pairs, loss, setup.options.langs)
@@ -683,6 +713,8 @@ class Training:
             began = datetime.now(timezone.utc).isoformat(timespec="seconds")
             append_log(self.out, {"event": "start", "step": self.step_count, "resumed": self.options.resume,
                                   "time": began})  # fmt: skip
+        if self.setup.initial is not None and self.step_count == 0:
+            self._evaluate_and_save(bar)  # the curve starts at the score of the model fine-tuning starts from
         with Interrupt() as interrupt:
             while o.steps is None or self.step_count < o.steps:
                 out_of_time = deadline is not None and time.monotonic() + self._time_needed(o.minutes) >= deadline
@@ -778,7 +810,8 @@ class Training:
             evaluation = self.timed_evaluation(o.eval_examples)
             improved = self.record(evaluation)
             self._stale = 0 if improved else self._stale + 1
-            bar.write(self.setup.data.describe(self.step_count, self.losses_read(), evaluation))
+            loss = self.losses_read() if self.history["losses"] else None
+            bar.write(self.setup.data.describe(self.step_count, loss, evaluation))
             if improved and self.setup.data.keeps_best:
                 self.save()
                 saved = True

@@ -21,7 +21,7 @@ import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.tokenizers import BOS, EOS, PAD
+from multihead.app.tokenizers import Specials
 from multihead.decoding import SearchOptions, generate, n_best_search
 
 Ids = list[int]
@@ -91,13 +91,14 @@ def in_batches(
     sources: Sequence[Ids],
     *,
     limit: Callable[[int], int],
+    pad: int,
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
 ) -> list[Row]:
     """``run(src, limits, indices)`` over token-id sequences in batches of similar length: ``src (B, Ls)`` a batch
-    padded, ``limits (B,)`` the length limit of each row (``limit`` of its source's length: never of the batch's),
-    ``indices (B,)`` their places in ``sources``, and ``run`` gives one result per row; the results come back in
-    input order."""
+    padded with ``pad``, ``limits (B,)`` the length limit of each row (``limit`` of its source's length: never of
+    the batch's), ``indices (B,)`` their places in ``sources``, and ``run`` gives one result per row; the results
+    come back in input order."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: dict[int, Row] = {}
     bar = progress_bar(len(sources), enabled=progress, unit="sentence")
@@ -108,7 +109,7 @@ def in_batches(
             stop += 1
         rows = order[start:stop]
         longest = len(sources[rows[-1]])
-        src = np.full((len(rows), longest), PAD, dtype=np.int64)  # (B, Ls)
+        src = np.full((len(rows), longest), pad, dtype=np.int64)  # (B, Ls)
         for row, index in enumerate(rows):
             src[row, : len(sources[index])] = sources[index]
         limits = np.array([limit(len(sources[index])) for index in rows], dtype=np.int64)  # (B,)
@@ -120,10 +121,10 @@ def in_batches(
     return [results[index] for index in range(len(sources))]
 
 
-def until_eos(tokens: np.ndarray, limit: int) -> Ids:
-    """``tokens`` up to their first EOS, included, and at most ``limit`` of them."""
+def until_eos(tokens: np.ndarray, limit: int, eos: int) -> Ids:
+    """``tokens`` up to their first ``eos``, included, and at most ``limit`` of them."""
     ids = tokens[:limit].tolist()
-    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
 def translate_ids(
@@ -131,18 +132,19 @@ def translate_ids(
     sources: Sequence[Ids],
     *,
     limit: Callable[[int], int],
+    specials: Specials,
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
 ) -> list[Ids]:
-    """Translate token-id sequences in batches of similar length (:func:`in_batches`) with ``generate``, which gives
-    ``(B, T)`` tokens a batch; the results come back in input order, each cut at its first EOS (included) or its
-    length limit."""
+    """Translate token-id sequences in batches of similar length (:func:`in_batches`, padded with ``specials.pad``)
+    with ``generate``, which gives ``(B, T)`` tokens a batch; the results come back in input order, each cut at its
+    first EOS (included) or its length limit."""
 
     def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[Ids]:
         out = generate(src, limits, indices)
-        return [until_eos(tokens, limit) for tokens, limit in zip(out, limits, strict=True)]
+        return [until_eos(tokens, limit, specials.eos) for tokens, limit in zip(out, limits, strict=True)]
 
-    return in_batches(run, sources, limit=limit, batch_tokens=batch_tokens, progress=progress)
+    return in_batches(run, sources, limit=limit, pad=specials.pad, batch_tokens=batch_tokens, progress=progress)
 
 
 class Translator:
@@ -178,6 +180,7 @@ class Translator:
                     self.model, {torch.nn.Linear}, dtype=torch.qint8
                 )
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
+        self.specials: Specials = self.target.specials
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
         self.langs: list[str] | None = self.checkpoint.options.get("langs")  # [source, target], when recorded
         self.batch_tokens = CUDA_BATCH_TOKENS if self.device.type == "cuda" else BATCH_TOKENS
@@ -242,8 +245,9 @@ class Translator:
                 session = self.generator.decoding_session(
                     torch.from_numpy(src).to(self.device), max_len=int(limits.max())
                 )
-                return generate(session, len(src), search, max_len=limits, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                                keys=indices)  # fmt: skip
+                specials = self.specials
+                return generate(session, len(src), search, max_len=limits, bos_id=specials.bos, eos_id=specials.eos,
+                                pad_id=specials.pad, keys=indices)  # fmt: skip
 
         return run
 
@@ -261,8 +265,9 @@ class Translator:
         same whatever batches they fall in."""
         pieces, flat = self.pieces(texts, names)
         outputs = translate_ids(
-            self.generate(search), flat, limit=self.limit, batch_tokens=self.batch_size(search), progress=progress
-        )
+            self.generate(search), flat, limit=self.limit, specials=self.specials,
+            batch_tokens=self.batch_size(search), progress=progress,
+        )  # fmt: skip
         self.tokens += sum(map(len, outputs))
         return self.joined(pieces, outputs)
 
@@ -298,12 +303,16 @@ class Translator:
                 session = self.generator.decoding_session(
                     torch.from_numpy(src).to(self.device), max_len=int(limits.max())
                 )
-                found = n_best_search(session, len(src), search, max_len=limits, bos_id=BOS, eos_id=EOS)
+                found = n_best_search(
+                    session, len(src), search, max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
+                )
             # The model's log-probabilities are finite: every sentence has `n_best` hypotheses.
             return [[(score, tokens.tolist()) for score, tokens in best] for best in found]
 
         pieces, flat = self.pieces(texts, names)
-        batches = in_batches(run, flat, limit=self.limit, batch_tokens=self.batch_size(search), progress=progress)
+        batches = in_batches(
+            run, flat, limit=self.limit, pad=self.specials.pad, batch_tokens=self.batch_size(search), progress=progress
+        )
         self.tokens += sum(len(tokens) for best in batches for _, tokens in best)
         outputs = iter(batches)
         results: list[list[tuple[float | None, str]]] = []
@@ -332,7 +341,7 @@ class Translator:
         batches (:func:`in_batches`). A source or translation longer than the model reads is cut to what it reads
         (only what was read is scored: see the count), with one warning naming the lines as ``names`` say; a blank
         source, which the model never reads, scores ``nan``, with one warning."""
-        torch = self.torch
+        torch, specials = self.torch, self.specials
         names = names or [f"pair {i + 1}" for i in range(len(sources))]
         max_len = self.checkpoint.config.max_len
         blank, cut = [], []
@@ -346,8 +355,8 @@ class Translator:
                 blank.append(name)
             if len(ids) > max_len or len(tokens) >= max_len:
                 cut.append(name)
-            source_ids.append(ids[:max_len] or [PAD])  # a blank source is scored as nan below
-            target_ids.append([*tokens, EOS][:max_len])  # predicted: the translation and EOS
+            source_ids.append(ids[:max_len] or [specials.pad])  # a blank source is scored as nan below
+            target_ids.append([*tokens, specials.eos][:max_len])  # predicted: the translation and EOS
         for what, listed, how in (
             (f"longer than this model reads (at most {max_len} tokens a side)", cut, "cut to what it reads"),
             ("blank: the model reads no empty source", blank, "scored nan"),
@@ -359,20 +368,22 @@ class Translator:
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[Scored]:
             rows = [target_ids[index] for index in indices]
             longest = max(map(len, rows))
-            tgt_in = np.full((len(rows), longest), PAD, dtype=np.int64)  # (B, Lt): BOS + translation
-            tgt_out = np.full((len(rows), longest), PAD, dtype=np.int64)  # (B, Lt): translation + EOS
+            tgt_in = np.full((len(rows), longest), specials.pad, dtype=np.int64)  # (B, Lt): BOS + translation
+            tgt_out = np.full((len(rows), longest), specials.pad, dtype=np.int64)  # (B, Lt): translation + EOS
             for row, tokens in enumerate(rows):
-                tgt_in[row, 0], tgt_in[row, 1 : len(tokens)] = BOS, tokens[:-1]
+                tgt_in[row, 0], tgt_in[row, 1 : len(tokens)] = specials.bos, tokens[:-1]
                 tgt_out[row, : len(tokens)] = tokens
             with torch.inference_mode():
                 out = torch.from_numpy(tgt_out).to(self.device)
                 logits = self.generator(torch.from_numpy(src).to(self.device), torch.from_numpy(tgt_in).to(self.device))
                 logits = logits.float()  # (B, Lt, V)
                 picked = logits.gather(-1, out.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, Lt)
-                totals = picked.masked_fill(out == PAD, 0.0).sum(dim=1).double().cpu().numpy()  # (B,)
+                totals = picked.masked_fill(out == specials.pad, 0.0).sum(dim=1).double().cpu().numpy()  # (B,)
             return [Scored(float(total), len(tokens)) for total, tokens in zip(totals, rows, strict=True)]
 
-        scored = in_batches(run, source_ids, limit=self.limit, batch_tokens=self.batch_tokens, progress=progress)
+        scored = in_batches(
+            run, source_ids, limit=self.limit, pad=specials.pad, batch_tokens=self.batch_tokens, progress=progress
+        )
         self.tokens += sum(item.tokens for item in scored)
         blanks = {index for index, source in enumerate(sources) if not source.strip()}
         return [Scored(math.nan, item.tokens) if index in blanks else item for index, item in enumerate(scored)]
@@ -386,11 +397,11 @@ class Translator:
                 f"the text to plot is longer than this model reads: {len(ids)} {self._unit()}, at most "
                 f"{self.checkpoint.config.max_len}"
             )
-        (out,) = translate_ids(self.generate(search), [ids], limit=self.limit)
+        (out,) = translate_ids(self.generate(search), [ids], limit=self.limit, specials=self.specials)
         src = torch.tensor([ids], device=self.device)
         with torch.no_grad():
             memory = self.model.encode(src)
-            tgt = torch.tensor([[BOS, *out[:-1]]], device=self.device)
+            tgt = torch.tensor([[self.specials.bos, *out[:-1]]], device=self.device)
             _, weights = self.model.decode(tgt, memory, return_weights=True)
         return Translation(
             source=text,
