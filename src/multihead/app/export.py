@@ -3,8 +3,11 @@
 The model is described with ``ctranslate2.specs.TransformerSpec`` and our weights are put in its places: each
 self-attention's query, key and value projections fused into one matrix (the cross-attention's key and value into
 another), post-norm (``pre_norm=False``) unless the run is pre-norm, our own sinusoid table as the position
-encodings (CTranslate2's built-in one lays sines and cosines out differently), embeddings scaled by ``sqrt(d_model)``.
-Source sentences carry no BOS or EOS; the decoder starts from ``<bos>``. ``ctranslate2`` is the ``export`` extra.
+encodings (CTranslate2's built-in one lays sines and cosines out differently), embeddings scaled by ``sqrt(d_model)``
+unless the model says not to. The decoder starts from the target tokenizer's start token (``<bos>``; an imported
+Marian model's ``<pad>``); a token the model never generates (``banned_ids``) gets an output bias of ``BANNED``, so
+CTranslate2 never chooses it either. Sentences trained here carry no BOS or EOS; an imported Marian model's sources
+end with ``</s>``. ``ctranslate2`` is the ``export`` extra.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 
 from multihead.app.console import UserError
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.tokenizers import BOS, EOS, SPECIALS, UNK, SubwordTokenizer, Tokenizer, subword_file
+from multihead.app.tokenizers import SubwordTokenizer, Tokenizer, subword_file
 from multihead.config import LAYER_NORM_EPS
 from multihead.files import write_directory
 from multihead.io import read_weights
@@ -27,6 +30,8 @@ FORMATS = ("ctranslate2",)
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 README = "README.md"
 MAX_POSITIONS = 1024
+BANNED = -1e4
+"""The output bias of a token that is never generated: its probability is 0 in float32 and float16 alike."""
 
 
 def _ctranslate2() -> Any:
@@ -64,12 +69,15 @@ def _attention(spec: Any, weights: dict[str, np.ndarray], name: str, *, self_att
     _linear(spec.linear[-1], weights, f"{name}.out_proj")
 
 
-def _stack(spec: Any, weights: dict[str, np.ndarray], stack: str, embedding: str, table: np.ndarray) -> None:
-    """An encoder or decoder: embeddings, positions, layers (their LayerNorms in our order: after self-attention,
-    then cross-attention in a decoder, then the feed-forward block) and a pre-norm stack's final LayerNorm."""
+def _stack(
+    spec: Any, weights: dict[str, np.ndarray], stack: str, embedding: str, table: np.ndarray, *, scale: bool
+) -> None:
+    """An encoder or decoder: embeddings (scaled when ``scale``), positions, layers (their LayerNorms in our order:
+    after self-attention, then cross-attention in a decoder, then the feed-forward block) and a pre-norm stack's final
+    LayerNorm."""
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings  # the encoder's: a list
     embeddings.weight = weights[f"{embedding}.weight"]
-    spec.scale_embeddings = True
+    spec.scale_embeddings = scale
     spec.position_encodings.encodings = table
     for index, layer in enumerate(spec.layer):
         name = f"{stack}.layers.{index}"
@@ -91,19 +99,28 @@ def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
     from ctranslate2.specs import common_spec, transformer_spec
 
     config = checkpoint.config
-    activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+    activations = {
+        "relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU, "silu": common_spec.Activation.SWISH,
+    }  # fmt: skip
     spec = transformer_spec.TransformerSpec.from_config(
         (config.num_encoder_layers, config.num_decoder_layers), config.num_heads, pre_norm=config.norm_first,
         activation=activations[config.activation],
     )  # fmt: skip
     # CTranslate2 reads up to 1024 source tokens and writes up to 256 by default: the sinusoids go on that far (the
     # model trained on at most max_len positions, as `multihead translate` keeps to).
-    table = sinusoidal_positions(max(config.max_len, MAX_POSITIONS), config.d_model).astype(np.float32)
-    _stack(spec.encoder, weights, "encoder", "src_embed", table)
-    _stack(spec.decoder, weights, "decoder", "tgt_embed", table)
+    table = sinusoidal_positions(max(config.max_len, MAX_POSITIONS), config.d_model, config.positions)
+    table = table.astype(np.float32)
+    _stack(spec.encoder, weights, "encoder", "src_embed", table, scale=config.scale_embeddings)
+    _stack(spec.decoder, weights, "decoder", "tgt_embed", table, scale=config.scale_embeddings)
     _linear(spec.decoder.projection, weights, "output_proj")
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (SPECIALS[i] for i in (UNK, BOS, EOS))
-    spec.config.decoder_start_token = SPECIALS[BOS]
+    if config.banned_ids:
+        spec.decoder.projection.bias = spec.decoder.projection.bias.copy()
+        spec.decoder.projection.bias[list(config.banned_ids)] = BANNED
+    specials, target = checkpoint.target.specials, checkpoint.target
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = target.pieces(
+        [specials.unk, specials.bos, specials.eos]
+    )
+    spec.config.decoder_start_token = target.pieces([specials.bos])[0]
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.register_source_vocabulary(vocabulary(checkpoint.source))
     spec.register_target_vocabulary(vocabulary(checkpoint.target))

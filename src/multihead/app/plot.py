@@ -23,7 +23,7 @@ from multihead.files import atomic_write, check_file_target
 
 __all__ = ["plot_cross_attention", "plot_history", "words"]
 
-SHOWN = {" ": "␣", "<eos>": "⟨eos⟩"}
+SHOWN = {" ": "␣", "<eos>": "⟨eos⟩", "</s>": "⟨eos⟩"}  # </s>: a Marian (OPUS-MT) vocabulary's EOS
 METRICS = {"bleu": "validation BLEU", "accuracy": "held-out exact match"}
 """The history's ``metric`` as the plot names it."""
 CJK_FONT_FILES = r"CJK|wqy|DroidSansFallback"

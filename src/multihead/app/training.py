@@ -182,11 +182,12 @@ def _tokenizers(resolved: RunOptions, pairs: Sequence[tuple[str, str]]) -> tuple
 def new_setup(options: TrainOptions, out: Path) -> Setup:
     """The setup of a fresh run: data read, tokenizers learned (or another run's taken), model sized (or, with
     ``--init``, another run's taken whole), training data made ready."""
-    initial = None
-    borrowed = vocabulary_from(options) if options.vocab_from is not None else None
+    initial, borrowed = None, None
     if options.init is not None:
         options, initial = initial_run(options)
         borrowed = options, initial.source, initial.target
+    elif options.vocab_from is not None:
+        borrowed = vocabulary_from(options)
     options = options if borrowed is None else borrowed[0]
     data = _load_data(options, None)
     recipe = data.recipe
@@ -595,13 +596,14 @@ class Training:
         self.history["losses"].append([self.step_count, loss])  # a tensor on the device until read
 
     def losses_read(self) -> float:
-        """Read the losses still held as tensors (a GPU waits here, not at every step); the newest loss."""
+        """Read the losses still held as tensors (a GPU waits here, not at every step); the newest loss (nan before the
+        first step)."""
         losses = self.history["losses"]
         for entry in reversed(losses):
             if isinstance(entry[1], float):
                 break
             entry[1] = float(entry[1])
-        return losses[-1][1]
+        return losses[-1][1] if losses else math.nan
 
     # evaluate ------------------------------------------------------------------------------------------
 
