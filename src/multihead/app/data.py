@@ -539,7 +539,7 @@ def vocabulary_from(options: TrainOptions) -> tuple[TrainOptions, Tokenizer, Tok
         raise TypeError("vocabulary_from needs options with a vocab_from")
     checkpoint = _other_run(options.vocab_from, "--vocab-from", "latest", "--vocab-from: the vocabulary of")
     theirs: dict[str, Any] = {name: checkpoint.options.get(name) for name in VOCABULARY}
-    options = _taken(options, theirs, f"--vocab-from {options.vocab_from}, whose vocabulary has")
+    options = _taken(options, theirs, "--vocab-from", f"--vocab-from {options.vocab_from}, whose vocabulary has")
     say(f"taking the {theirs['tokenizer']} vocabulary of {options.vocab_from} ({checkpoint.path.name})")
     return options, checkpoint.source, checkpoint.target
 
@@ -567,7 +567,7 @@ def initial_run(options: TrainOptions) -> tuple[TrainOptions, Checkpoint]:
             f"{config.num_encoder_layers} encoder and {config.num_decoder_layers} decoder layers: drop --layers"
         )
     theirs["layers"] = config.num_encoder_layers  # the model itself comes from the run's config
-    options = _taken(options, theirs, f"--init {options.init}, whose model has")
+    options = _taken(options, theirs, "--init", f"--init {options.init}, whose model has")
     say(f"starting from {options.init} ({checkpoint.path.name}, step {checkpoint.step}): its {theirs['tokenizer']} "
         f"vocabulary and model (d_model {config.d_model}, {config.num_encoder_layers}+{config.num_decoder_layers} "
         "layers)")  # fmt: skip
@@ -583,9 +583,10 @@ def _other_run(run: str, flag: str, which: str | None, doing: str) -> Checkpoint
     return checkpoint
 
 
-def _taken(options: TrainOptions, theirs: dict[str, Any], whose: str) -> TrainOptions:
-    """``options`` with ``theirs`` (another run's values), refused in one line where a given option differs (``whose``
-    names the run: "--init RUN, whose model has"), or where ``--vocab-sample`` would learn a vocabulary."""
+def _taken(options: TrainOptions, theirs: dict[str, Any], flag: str, whose: str) -> TrainOptions:
+    """``options`` with ``theirs`` (the values of the run ``flag`` names), refused in one line where a given option
+    differs (``whose`` names the run: "--init RUN, whose model has"), or where ``--vocab-sample`` would learn a
+    vocabulary."""
     from multihead.app.options import BY_NAME
 
     for name, value in theirs.items():
@@ -595,7 +596,6 @@ def _taken(options: TrainOptions, theirs: dict[str, Any], whose: str) -> TrainOp
             mine = described.typed(given)
             raise UserError(f"{mine} conflicts with {whose} {described.typed(value)}: drop {mine}")
     if options.vocab_sample is not None:
-        flag = whose.split(",")[0]
         raise UserError(
             f"--vocab-sample {options.vocab_sample} chooses the sentence pairs a vocabulary is learned from, and with "
             f"{flag} the run learns none: drop --vocab-sample"

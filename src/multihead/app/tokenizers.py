@@ -7,9 +7,13 @@ those of every tokenizer trained here: ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>`
 - ``subword``: byte-pair encoding learned with Hugging Face ``tokenizers`` (NFKC, words marked by ``▁`` and
   punctuation split off, which is lossless: decoding gives back the text, spaces and all). It is saved in that
   library's own ``tokenizer.json`` format. For a corpus the default is one joint vocabulary for both languages.
+- ``sentencepiece``: a model trained elsewhere, as Hugging Face's Marian (OPUS-MT) checkpoints hold it: a SentencePiece
+  model (``source.spm``, ``target.spm``) and a vocabulary of its pieces (``vocab.json``), which gives the same ids as
+  Transformers' ``MarianTokenizer``. Its specials are the vocabulary's own (Marian's: ``</s>`` 0, ``<unk>`` 1, ``<pad>``
+  last).
 
 A run keeps its tokenizers in every checkpoint: ``tokenizer.json`` names them (``{"source": ..., "target": ...}``),
-and each subword vocabulary is a file of its own beside it.
+and each subword vocabulary, SentencePiece model and vocabulary of its pieces is a file of its own beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +37,8 @@ KINDS = ("char", "word", "subword")
 MANIFEST = "tokenizer.json"
 
 __all__ = [
-    "BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "Specials", "SubwordTokenizer", "SymbolTokenizer", "Tokenizer",
+    "BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "SentencePieceTokenizer", "Specials", "SubwordTokenizer",
+    "SymbolTokenizer", "Tokenizer",
 ]  # fmt: skip
 
 
@@ -57,7 +62,8 @@ class Tokenizer(Protocol):
     def __len__(self) -> int: ...
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
-        """Ids of ``text`` (no BOS/EOS) and the pieces that were not in the vocabulary (read as ``<unk>``)."""
+        """Ids of ``text`` (no BOS; no EOS but where the model's source ends with one, as Marian's does) and the
+        pieces that were not in the vocabulary (read as ``<unk>``)."""
         ...
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
@@ -377,6 +383,203 @@ def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
 
 
+class SentencePieceTokenizer:
+    """A SentencePiece model and a vocabulary of its pieces, as a Hugging Face Marian (OPUS-MT) checkpoint holds them:
+    the same ids as Transformers' ``MarianTokenizer`` gives, and its decoded text.
+
+    A text is cut where a special's own text (``</s>``, ``<unk>``, ``<pad>``) stands in it; each other part loses a
+    language code that opens it (``>>fr<<``, one piece of its own) and SentencePiece cuts the rest. Pieces the
+    vocabulary lacks read as ``specials.unk``. The source side of a Marian model ends every text with ``specials.eos``
+    (``append_eos``); its target side does not, as the batches add it.
+    """
+
+    kind = "sentencepiece"
+    MARK = "▁"  # begins every word
+
+    def __init__(self, model: bytes, vocabulary: dict[str, int], *, append_eos: bool, specials: Specials) -> None:
+        self.processor = sentencepiece_processor(model)
+        self.symbols = vocabulary_symbols(vocabulary)
+        outside = [value for value in astuple(specials) if not 0 <= value < len(self.symbols)]
+        if outside:
+            raise ValueError(f"the specials {specials} must be ids of the vocabulary (0 to {len(self.symbols) - 1})")
+        self.model, self.append_eos, self.specials = bytes(model), append_eos, specials
+        self.vocabulary = dict(vocabulary)
+        self.piece_ids = [  # SentencePiece's id -> ours
+            self.vocabulary.get(self.processor.id_to_piece(index), specials.unk)
+            for index in range(self.processor.get_piece_size())
+        ]
+        self.skipped = set(astuple(specials))  # what decoding leaves out
+        special_texts = sorted({self.symbols[index] for index in self.skipped}, key=len, reverse=True)
+        self.special_texts = set(special_texts)
+        self.special_split = re.compile("(" + "|".join(map(re.escape, special_texts)) + ")")
+
+    @classmethod
+    def from_files(
+        cls, model: Path, vocabulary: Path, *, append_eos: bool, specials: Specials
+    ) -> SentencePieceTokenizer:
+        """The tokenizer of a SentencePiece model file (``source.spm``) and a JSON vocabulary of its pieces
+        (``vocab.json``); ``ValueError`` naming a file that is missing or damaged."""
+        try:
+            model_bytes = model.read_bytes()
+            sentencepiece_processor(model_bytes)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{str(model)!r} is damaged: {error}") from None
+        try:
+            pieces = json.loads(vocabulary.read_text(encoding="utf-8"))
+            vocabulary_symbols(pieces)
+        except (OSError, UnicodeDecodeError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"{str(vocabulary)!r} is damaged: {error}") from None
+        try:
+            return cls(model_bytes, pieces, append_eos=append_eos, specials=specials)
+        except ValueError as error:  # the specials are not all ids of the vocabulary
+            raise ValueError(f"{str(vocabulary)!r} does not fit: {error}") from None
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def _parts(self, text: str) -> list[tuple[str, bool]]:
+        """``text`` cut as ``MarianTokenizer`` cuts it: ``(piece, True)`` for a special's text and a language code,
+        each a piece of its own, ``(part, False)`` for what SentencePiece cuts."""
+        if not text.startswith(">>") and self.special_split.search(text) is None:
+            return [(text, False)]
+        parts = []
+        for part in self.special_split.split(text):
+            if part in self.special_texts:
+                parts.append((part, True))
+            elif part:
+                if part.startswith(">>") and (end := part.find("<<")) != -1:
+                    parts.append((part[: end + 2], True))
+                    part = part[end + 2 :]
+                parts.append((part, False))
+        return parts
+
+    def _pieces(self, text: str) -> list[str]:
+        return [
+            piece
+            for part, whole in self._parts(text)
+            for piece in ([part] if whole else self.processor.encode(part, out_type=str))
+        ]
+
+    def _ended(self, ids: list[int]) -> list[int]:
+        return [*ids, self.specials.eos] if self.append_eos else ids
+
+    def encode(self, text: str) -> tuple[list[int], list[str]]:
+        pieces = self._pieces(text)
+        ids = [self.vocabulary.get(piece, self.specials.unk) for piece in pieces]
+        return self._ended(ids), [piece for piece in pieces if piece not in self.vocabulary]
+
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        """SentencePiece cuts all the texts at once, into its own ids, which become ours; a part holding what it does
+        not know is cut again into pieces, as the vocabulary may have one for it."""
+        layouts = [self._parts(text) for text in texts]
+        cut = iter(self.processor.encode([part for layout in layouts for part, whole in layout if not whole]))
+        unknown, unk = self.processor.unk_id(), self.specials.unk
+        encoded = []
+        for layout in layouts:
+            ids: list[int] = []
+            for part, whole in layout:
+                if whole:
+                    ids.append(self.vocabulary.get(part, unk))
+                    continue
+                numbers = next(cut)
+                if unknown in numbers:
+                    pieces = self.processor.encode(part, out_type=str)
+                    ids += [self.vocabulary.get(piece, unk) for piece in pieces]
+                else:
+                    ids += map(self.piece_ids.__getitem__, numbers)
+            encoded.append(self._ended(ids))
+        return encoded
+
+    def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
+        return text_by_text(self)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """As ``MarianTokenizer.decode(ids, skip_special_tokens=True)`` with this side's SentencePiece model, which
+        joins the pieces (a language code stays as it reads); the text loses its outer spaces. (For a shared vocabulary
+        Transformers 5 takes the source's model, which reads the same unless the two models' rules differ.)"""
+        kept = []
+        for index in ids:
+            if index == self.specials.eos:
+                break
+            if index not in self.skipped and 0 <= index < len(self.symbols):
+                kept.append(self.symbols[index])
+        return self.processor.decode_pieces(kept).replace(self.MARK, " ").strip()
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.symbols[index] for index in ids]
+
+    def word_starts(self, ids: Sequence[int]) -> list[bool]:
+        """A token starts a word when it carries the word mark, is a special or is a language code."""
+        return [
+            piece.startswith(self.MARK) or index in self.skipped or (piece.startswith(">>") and piece.endswith("<<"))
+            for index, piece in zip(ids, self.pieces(ids), strict=True)
+        ]
+
+
+def sentencepiece_processor(model: bytes) -> Any:
+    """A ``sentencepiece.SentencePieceProcessor`` of a model file's bytes; ``ValueError`` for what is not one."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(model)
+    except RuntimeError as error:
+        raise ValueError(f"not a SentencePiece model ({str(error).splitlines()[0]})") from None
+    return processor
+
+
+def vocabulary_symbols(vocabulary: Any) -> list[str]:
+    """The pieces of a vocabulary (piece -> id) in the order of their ids, which must be 0 to its size - 1, each
+    given once (as Marian's are)."""
+    if not isinstance(vocabulary, dict) or not vocabulary:
+        raise ValueError("a vocabulary must be a non-empty JSON object of pieces and their ids")
+    wrong = [
+        (piece, index)
+        for piece, index in vocabulary.items()
+        if not isinstance(piece, str) or not piece or type(index) is not int
+    ]
+    if wrong:
+        raise ValueError(f"a vocabulary must give each piece (a non-empty string) an integer id, received {wrong[:5]}")
+    ids = sorted(vocabulary.values())
+    if ids != list(range(len(ids))):
+        repeated = sorted(index for index, count in Counter(ids).items() if count > 1)
+        found = f"{repeated[:5]} more than once" if repeated else f"ids from {ids[0]} to {ids[-1]}"
+        raise ValueError(f"a vocabulary's ids must be 0 to {len(ids) - 1}, each given once, received {found}")
+    return sorted(vocabulary, key=vocabulary.__getitem__)
+
+
+def sentencepiece_files(side: str, tokenizer: SentencePieceTokenizer, other: Tokenizer) -> tuple[str, str]:
+    """The files of one side's SentencePiece model and vocabulary in a checkpoint: one file for what both sides
+    share."""
+    if not isinstance(other, SentencePieceTokenizer):
+        return f"{side}.spm", f"vocab.{side}.json"
+    model = "sentencepiece.spm" if other.model == tokenizer.model else f"{side}.spm"
+    vocabulary = "vocab.json" if other.symbols == tokenizer.symbols else f"vocab.{side}.json"
+    return model, vocabulary
+
+
+def sentencepiece_entry(entry: dict[str, Any], directory: Path, side: str) -> SentencePieceTokenizer:
+    """The tokenizer the manifest in ``directory`` describes for ``side``; ``ValueError`` naming the damaged file."""
+    names = [entry.get("model"), entry.get("vocabulary")]
+    specials = entry.get("specials")
+    if (
+        set(entry) != {"kind", "model", "vocabulary", "append_eos", "specials"}
+        or not all(isinstance(name, str) and name and Path(name).name == name for name in names)
+        or not isinstance(entry["append_eos"], bool)
+        or not isinstance(specials, dict)
+        or set(specials) != {"pad", "bos", "eos", "unk"}
+        or not all(type(value) is int for value in specials.values())
+    ):
+        raise ValueError(
+            f"{str(directory / MANIFEST)!r} is damaged: its {side} must name a SentencePiece model and vocabulary "
+            "beside it, say whether to append EOS and give the ids of pad, bos, eos and unk"
+        )
+    return SentencePieceTokenizer.from_files(
+        directory / entry["model"], directory / entry["vocabulary"], append_eos=entry["append_eos"],
+        specials=Specials(**specials),
+    )  # fmt: skip
+
+
 def build_tokenizers(
     kind: str, sources: Sequence[str], targets: Sequence[str], *, vocab_size: int, joint: bool
 ) -> tuple[Tokenizer, Tokenizer]:
@@ -408,11 +611,16 @@ def _described(tokenizer: Tokenizer) -> str:
         return tokenizer.to_json()
     if isinstance(tokenizer, SymbolTokenizer):
         return json.dumps(tokenizer.to_dict())
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        model = hashlib.sha256(tokenizer.model).hexdigest()
+        rules = {"append_eos": tokenizer.append_eos, "specials": asdict(tokenizer.specials)}
+        return json.dumps({"kind": tokenizer.kind, "model": model, "symbols": tokenizer.symbols, **rules})
     raise TypeError(f"no description of a {type(tokenizer).__name__}")
 
 
 def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> list[str]:
-    """Write the manifest and any subword vocabulary into ``directory``; return the file names written."""
+    """Write the manifest and any subword vocabulary, SentencePiece model and vocabulary of its pieces into
+    ``directory``; return the file names written."""
     joint = source is target
     manifest: dict[str, Any] = {}
     written = [MANIFEST]
@@ -423,6 +631,17 @@ def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> li
             if name not in written:
                 (directory / name).write_text(tokenizer.to_json(), encoding="utf-8")
                 written.append(name)
+        elif isinstance(tokenizer, SentencePieceTokenizer):
+            model, vocabulary = sentencepiece_files(side, tokenizer, target if side == "source" else source)
+            manifest[side] = {
+                "kind": tokenizer.kind, "model": model, "vocabulary": vocabulary, "append_eos": tokenizer.append_eos,
+                "specials": asdict(tokenizer.specials),
+            }  # fmt: skip
+            pieces = json.dumps(tokenizer.vocabulary, ensure_ascii=False).encode("utf-8")
+            for name, content in ((model, tokenizer.model), (vocabulary, pieces)):
+                if name not in written:
+                    (directory / name).write_bytes(content)
+                    written.append(name)
         elif isinstance(tokenizer, SymbolTokenizer):
             manifest[side] = tokenizer.to_dict()
         else:
@@ -455,6 +674,8 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
                 except (OSError, UnicodeDecodeError, ValueError) as error:
                     raise ValueError(f"{str(directory / name)!r} is damaged: {error}") from None
             sides[side] = loaded[name]
+        elif isinstance(entry, dict) and entry.get("kind") == "sentencepiece":
+            sides[side] = sentencepiece_entry(entry, directory, side)
         else:
             try:
                 sides[side] = SymbolTokenizer.from_dict(entry)
@@ -464,7 +685,7 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
     if manifest.get("joint") is True and source is not target:
         # One object for a joint vocabulary, as it was trained: `source is target` is what ties the embeddings and
         # what the next save writes as "joint".
-        if not isinstance(source, SymbolTokenizer) or source.to_dict() != getattr(target, "to_dict", dict)():
+        if _described(source) != _described(target):
             raise ValueError(f"{str(path)!r} is damaged: it says joint, but its source and target vocabularies differ")
         target = source
     return source, target
