@@ -152,7 +152,7 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
         if different:
             raise ValueError(
                 f"tensors {[names[0], *different]} in {str(path)!r} differ, but the model ties them into one weight "
-                "(tie_embeddings): the file is not of this model"
+                "(tie_embeddings or tie_output): the file is not of this model"
             )
     adapter.assign(tensors)
 

@@ -14,7 +14,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -28,9 +28,14 @@ from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, con
 from multihead.keras.attention import KVCache, MultiHeadAttention
 from multihead.keras.generation import COMPILED_BACKENDS, CompiledDecoding
 from multihead.keras.tensors import OPS, NamedTensorArguments, Tensor
-from multihead.masks import key_layout, padding_from_tokens
+from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
+
+# approximate=False: the exact erf GELU, as torch.nn.functional.gelu computes it
+ACTIVATION_FUNCTIONS: dict[str, str | Callable[[Tensor], Tensor]] = {
+    "relu": "relu", "gelu": lambda h: keras.activations.gelu(h, approximate=False), "silu": keras.activations.silu,
+}  # fmt: skip
 
 __all__ = [
     "Decoder",
@@ -55,15 +60,21 @@ def _build(layer: layers.Layer, *shapes: Shape) -> None:
 
 @register
 class PositionalEncoding(NamedTensorArguments, layers.Layer):
-    """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout."""
+    """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout.
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0, **kwargs: Any) -> None:
+    ``layout``: ``"interleaved"`` (the paper's) or ``"halves"`` (Marian's; see :mod:`multihead.positional`).
+    """
+
+    def __init__(
+        self, d_model: int, max_len: int = 512, dropout: float = 0.0, layout: str = "interleaved", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
         self.rate = check_dropout("dropout", dropout)
         self.dropout = layers.Dropout(self.rate)
-        self.table = sinusoidal_positions(max_len, d_model).astype("float32")  # derived, so never saved
+        self.table = sinusoidal_positions(max_len, d_model, layout).astype("float32")  # derived, so never saved
+        self.layout = layout
 
     def call(self, x: Tensor, offset: int = 0, training: bool | None = None) -> Tensor:
         checks.check_positional_call(x, offset, self.d_model, self.max_len, OPS)
@@ -77,7 +88,8 @@ class PositionalEncoding(NamedTensorArguments, layers.Layer):
         return self.dropout(x + ops.cast(positions, x.dtype), training=training)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate}
+        config = {"d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate, "layout": self.layout}
+        return {**super().get_config(), **config}
 
 
 @register
@@ -90,9 +102,7 @@ class FeedForward(NamedTensorArguments, layers.Layer):
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, received {activation!r}")
         self.d_model, self.d_ff = check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff)
         self.rate, self.activation = check_dropout("dropout", dropout), activation
-        # approximate=False: the exact erf GELU, as torch.nn.functional.gelu computes it
-        act = "relu" if activation == "relu" else lambda h: keras.activations.gelu(h, approximate=False)
-        self.linear1 = layers.Dense(d_ff, activation=act, name="linear1")
+        self.linear1 = layers.Dense(d_ff, activation=ACTIVATION_FUNCTIONS[activation], name="linear1")
         self.linear2 = layers.Dense(d_model, name="linear2")
         self.dropout = layers.Dropout(self.rate)
 
@@ -419,8 +429,9 @@ class Decoder(_Stack):
 
 @register
 class TiedProjection(layers.Layer):
-    """The output projection of a model with tied embeddings: ``x @ Eᵀ + bias``, with ``E`` an ``Embedding``'s
-    matrix ``(V, E)``, as the paper shares it. Its weight is that embedding's, stored under this layer's name too."""
+    """The output projection of a model with tied embeddings (``tie_embeddings`` or ``tie_output``):
+    ``x @ Eᵀ + bias``, with ``E`` an ``Embedding``'s matrix ``(V, E)``, as the paper shares it. Its weight is that
+    embedding's, stored under this layer's name too."""
 
     def __init__(self, embedding: layers.Embedding, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -447,7 +458,9 @@ class Transformer(NamedTensorArguments, keras.Model):
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
     self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
     a mask is not given, it is ``tokens != pad_id``. With ``tie_embeddings`` (one vocabulary for both sides), the
-    source embedding, the target embedding and the output projection share one matrix, as in the paper.
+    source embedding, the target embedding and the output projection share one matrix, as in the paper; with
+    ``tie_output`` the target embedding and the output projection do. The options for models trained elsewhere
+    (``positions``, ``scale_embeddings``, ``decoder_start_id``, ``banned_ids``) are :class:`TransformerConfig`'s.
     """
 
     tensor_arguments = ("src", "tgt")
@@ -469,25 +482,33 @@ class Transformer(NamedTensorArguments, keras.Model):
         max_len: int = 512,
         pad_id: int | None = None,
         tie_embeddings: bool = False,
+        positions: str = "interleaved",
+        scale_embeddings: bool = True,
+        tie_output: bool = False,
+        decoder_start_id: int | None = None,
+        banned_ids: Sequence[int] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
-            activation, norm_first, max_len, pad_id, tie_embeddings,
+            activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
+            decoder_start_id, tuple(banned_ids),
         )  # fmt: skip
         # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
         embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
         self.src_embed = layers.Embedding(src_vocab, d_model, embeddings_initializer=embedding_init, name="src_embed")
         if tie_embeddings:
             self.tgt_embed = self.src_embed
-            self.output_proj = TiedProjection(self.src_embed, name="output_proj")
         else:
             self.tgt_embed = layers.Embedding(
                 tgt_vocab, d_model, embeddings_initializer=embedding_init, name="tgt_embed"
             )
+        if tie_embeddings or tie_output:
+            self.output_proj = TiedProjection(self.tgt_embed, name="output_proj")
+        else:
             self.output_proj = layers.Dense(tgt_vocab, name="output_proj")
-        self.positional = PositionalEncoding(d_model, max_len, dropout, name="positional")
+        self.positional = PositionalEncoding(d_model, max_len, dropout, positions, name="positional")
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")
         self.decoder = Decoder(num_decoder_layers, *stack, name="decoder")
@@ -532,10 +553,16 @@ class Transformer(NamedTensorArguments, keras.Model):
     def _key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:
         return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
+    def _target_key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:
+        return target_padding_from_tokens(tokens, key_mask, self.config, OPS)
+
     def _embed(
         self, embedding: layers.Embedding, tokens: Tensor, offset: int | Tensor, training: bool | None
     ) -> Tensor:
-        return self.positional._forward(embedding(tokens) * math.sqrt(self.config.d_model), offset, training)
+        embedded = embedding(tokens)  # (B, L, E)
+        if self.config.scale_embeddings:
+            embedded = embedded * math.sqrt(self.config.d_model)
+        return self.positional._forward(embedded, offset, training)  # (B, L, E)
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None, training: bool | None = None) -> Tensor:
         """``src (B, Ls)`` token ids → memory ``(B, Ls, E)``."""
@@ -567,7 +594,7 @@ class Transformer(NamedTensorArguments, keras.Model):
             return_weights=return_weights, config=self.config, layers=self.decoder.blocks, ops=OPS,
         )  # fmt: skip
         if tgt_key_mask is None and cache is None:
-            tgt_key_mask = self._key_mask(tgt, None)
+            tgt_key_mask = self._target_key_mask(tgt, None)
         hidden, weights = self._decode_hidden(
             tgt, memory, memory_key_mask, tgt_key_mask, cache, return_weights, training
         )
@@ -612,9 +639,8 @@ class Transformer(NamedTensorArguments, keras.Model):
         checks.check_model_call(src, tgt, src_key_mask, tgt_key_mask, self.config, OPS)
         src_key_mask = self._key_mask(src, src_key_mask)
         memory = self._encode(src, src_key_mask, training)
-        hidden, _ = self._decode_hidden(
-            tgt, memory, src_key_mask, self._key_mask(tgt, tgt_key_mask), None, False, training
-        )
+        tgt_key_mask = self._target_key_mask(tgt, tgt_key_mask)
+        hidden, _ = self._decode_hidden(tgt, memory, src_key_mask, tgt_key_mask, None, False, training)
         return self.output_proj(hidden)  # (B, Lt, V)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
@@ -699,6 +725,8 @@ class DecoderSteps:
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
+        banned = decoding.banned_row(model.config)
+        self.banned = None if banned is None else ops.convert_to_tensor(banned)  # (V,)
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """``src (N, Ls)`` encoded: the memory ``(N, Ls, E)`` and its key mask ``(N, Ls)`` (from the config's
@@ -734,8 +762,9 @@ class DecoderSteps:
         return self.log_probs(ops.take(hidden, position, axis=1))
 
     def log_probs(self, hidden: Tensor) -> Tensor:
-        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32."""
-        return ops.log_softmax(ops.cast(self.model.output_proj(hidden), "float32"), axis=-1)
+        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32, the banned tokens' ``-inf``."""
+        log_probs = ops.log_softmax(ops.cast(self.model.output_proj(hidden), "float32"), axis=-1)
+        return log_probs if self.banned is None else log_probs + self.banned
 
     def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
