@@ -1,4 +1,4 @@
-"""The ``multihead`` command line: train, translate, evaluate, score, average, export, serve, demo, bench.
+"""The ``multihead`` command line: train, translate, evaluate, score, average, export, import, serve, demo, bench.
 
 User errors (unknown task, an unreadable corpus, an unusable output directory, a run that is not ours or is
 damaged beyond recovery, a file the system refuses to read or write) are one line on stderr with exit status 2,
@@ -276,6 +276,32 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    from multihead.app.pretrained import import_pretrained
+
+    imported = import_pretrained(args.source, Path(args.run), langs=args.langs)
+    config, source, target = imported.config, imported.source, imported.target
+    print(f"imported {imported.source_name} into {imported.run}")
+    print(
+        f"  model: Marian Transformer, {config.num_encoder_layers} encoder and {config.num_decoder_layers} decoder "
+        f"layers, d_model {config.d_model}, {config.num_heads} heads, feed-forward {config.d_ff} "
+        f"({config.activation}), {_count(imported.parameters)} parameters, at most {config.max_len} tokens a side"
+    )  # fmt: skip
+    if config.tie_embeddings:
+        print(f"  vocabulary: {len(source)} SentencePiece pieces, one for both sides")
+    else:
+        print(f"  vocabularies: source {len(source)}, target {len(target)} SentencePiece pieces")
+    langs = pair_text(imported.langs) if imported.langs else "not recorded (import again with --langs SRC TGT)"
+    print(f"  languages: {langs}")
+    print(f"translate with: {shlex.join(['multihead', 'translate', str(imported.run)])} TEXT...")
+    return 0
+
+
+def _count(number: int) -> str:
+    """``74.4M``, or ``12,345`` below a million."""
+    return f"{number / 1e6:.1f}M" if number >= 1_000_000 else f"{number:,}"
+
+
 # --- demo, bench ------------------------------------------------------------------------------------------
 
 
@@ -492,6 +518,30 @@ def _add_average(commands: argparse._SubParsersAction) -> None:
     average.add_argument("--out", required=True, help="the new run directory to write (it must not exist)")
 
 
+def _add_import(commands: argparse._SubParsersAction) -> None:
+    from multihead.app.options import BY_NAME
+
+    command = _command(
+        commands, "import", _import,
+        help="make a run of a Hugging Face Marian model (OPUS-MT's Helsinki-NLP/opus-mt-*)",
+        description="Write RUN, a new run directory that translate, evaluate, score, serve and export read as any "
+        "run, from SOURCE: a directory holding a Hugging Face Marian checkpoint as save_pretrained writes it "
+        "(config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json...), or a Hub name "
+        "such as Helsinki-NLP/opus-mt-de-en, downloaded with huggingface_hub (or found in its cache). The model "
+        "computes what Transformers' MarianMTModel computes; a model with anything multihead cannot compute "
+        "exactly (pre-norm layers, learned positions, another activation...) is refused, naming the setting. RUN "
+        "appears whole or not at all; an existing RUN is refused, never overwritten.",
+    )  # fmt: skip
+    command.add_argument("source", help="a Marian checkpoint's directory, or a Hugging Face Hub name")
+    command.add_argument("run", help="the run directory to write (it must not exist)")
+    langs = BY_NAME["langs"]
+    command.add_argument(
+        langs.flag, dest=langs.name, type=langs.kind.parse, **langs.argparse,
+        help="the languages the model translates, ISO 639-1 codes (default: read from the model's name, such as "
+        "opus-mt-de-en, or from its tokenizer's settings; else none recorded)",
+    )  # fmt: skip
+
+
 def _add_demo(commands: argparse._SubParsersAction) -> None:
     from multihead.app.options import BY_NAME, limit
 
@@ -583,8 +633,8 @@ def _parsers() -> tuple[OneLineErrorParser, dict[str, OneLineErrorParser]]:
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     for add in (
-        _add_train, _add_translate, _add_evaluate, _add_score, _add_average, _add_export, _add_serve, _add_demo,
-        _add_bench,
+        _add_train, _add_translate, _add_evaluate, _add_score, _add_average, _add_export, _add_import, _add_serve,
+        _add_demo, _add_bench,
     ):  # fmt: skip
         add(commands)
     return parser, commands.choices

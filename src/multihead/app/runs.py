@@ -11,8 +11,12 @@
       attention.png                the cross-attention of the demo's first example (multihead demo)
       .lock                        while a process trains the run: its process id (see RunLock)
       checkpoints/step-0000500/    config.json, model.safetensors, optimizer.safetensors, trainer.json,
-                                   tokenizer.json (+ subwords.json for a subword vocabulary)
+                                   tokenizer.json (+ subwords.json for a subword vocabulary; an imported model's
+                                   SentencePiece models and vocabularies)
       checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
+
+A run that ``multihead import`` wrote holds one checkpoint, ``step-0000000``, without optimizer state: the model
+trained elsewhere, its tokenizers, and in ``trainer.json`` where it came from (``imported``).
 
 A checkpoint is written into a hidden temporary directory, every file flushed to disk, then renamed into place in
 one step (swapped in one step with an earlier checkpoint of the same name); only then does ``latest`` (itself
@@ -43,12 +47,13 @@ from typing import Any, TypeVar
 import numpy as np
 import safetensors.numpy
 
+from multihead import __version__
 from multihead.app.console import UserError, warn
 from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
-from multihead.app.tokenizers import PAD, Tokenizer, load_tokenizers, save_tokenizers
+from multihead.app.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import TransformerConfig
 from multihead.files import atomic_write, atomic_write_text, fsync_directory, umask_mode, write_directory
-from multihead.io import FRAMEWORKS, read_config, read_weights
+from multihead.io import FRAMEWORKS, METADATA, read_config, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
 CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"
@@ -60,6 +65,7 @@ LOCK = ".lock"
 ENCODED = "encoded"  # the encoded training corpus (multihead.app.encoded)
 FORMAT = 2  # of trainer.json
 STEP_NAME = re.compile(r"step-(\d{7,})")
+WEIGHTS_METADATA = {**METADATA, "version": __version__}  # as multihead.io.save_weights writes it
 
 Loaded = TypeVar("Loaded")
 
@@ -291,8 +297,7 @@ def save_average_run(run: Path, kept: Sequence[Path], out: Path) -> Path:
     the average of the checkpoints ``kept`` of ``run``, with the newest one's config and tokenizers, and its
     ``trainer.json`` plus what was averaged (``averaged``); no optimizer state (nothing to resume). Every checkpoint
     is read and checked first (one model, intact files); ``out`` must not exist, and appears whole or not at all."""
-    if out.exists() or out.is_symlink():
-        raise RunError(f"--out {str(out)!r} exists: average writes a new run directory; choose another or remove it")
+    check_new_run(out, "--out", "average")
     checkpoints = [read_checkpoint(path) for path in kept]
     newest = checkpoints[-1]
     for checkpoint in checkpoints[:-1]:
@@ -306,14 +311,58 @@ def save_average_run(run: Path, kept: Sequence[Path], out: Path) -> Path:
         writers = _average_writers(kept, {**newest.trainer, "averaged": averaged})
     except ValueError as error:  # a weights file that is not one
         raise RunError(str(error)) from None
+
+    def fill(staging: Path) -> None:
+        save_checkpoint(staging, AVERAGE, writers, tokenizers=(newest.source, newest.target))
+        point(staging, LATEST, AVERAGE)
+
+    return _new_run(out, fill)
+
+
+def save_imported_run(
+    out: Path,
+    *,
+    config: TransformerConfig,
+    weights: Mapping[str, np.ndarray],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    options: dict[str, Any],
+    record: dict[str, Any],
+) -> Path:
+    """Write a new run directory ``out`` for a model trained elsewhere (``multihead import``): its one checkpoint,
+    ``step-0000000`` (which ``latest`` names), holds ``config``, ``weights`` (by our names, stored as float32),
+    ``tokenizers`` and a ``trainer.json`` of step 0 with ``options`` (``task``, ``data``, ``tokenizer``, ``langs``...),
+    no history, and ``record`` as ``imported`` (where the model came from, its own config); no optimizer state
+    (nothing to resume). ``out`` must not exist, and appears whole or not at all."""
+    check_new_run(out, "RUN", "import")
+    tensors = {name: np.asarray(array, dtype=np.float32) for name, array in weights.items()}
+    trainer = trainer_record(
+        framework="torch", process={}, step=0, options=options, optimizer={}, data={}, seconds=0.0, tokens=0,
+        history={"losses": [], "evals": []},
+    )  # fmt: skip
+    writers = {
+        CONFIG: lambda path: path.write_text(config.to_json() + "\n", encoding="utf-8"),
+        WEIGHTS: lambda path: safetensors.numpy.save_file(tensors, str(path), metadata=WEIGHTS_METADATA),
+        TRAINER: write_json({**trainer, "imported": record}),
+    }
+    return _new_run(out, lambda staging: save_checkpoint(staging, checkpoint_name(0), writers, tokenizers=tokenizers))
+
+
+def check_new_run(out: Path, name: str, command: str) -> None:
+    """``out`` (given as ``name``) does not exist, as a run that ``command`` writes must not."""
+    if out.exists() or out.is_symlink():
+        raise RunError(f"{name} {str(out)!r} exists: {command} writes a new run directory; choose another or remove it")
+
+
+def _new_run(out: Path, fill: Callable[[Path], object]) -> Path:
+    """Make the run directory ``out``, which ``fill`` writes: in a hidden sibling directory, renamed into place when
+    whole (refused if another process made a run there meanwhile)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        save_checkpoint(staging, AVERAGE, writers, tokenizers=(newest.source, newest.target))
-        point(staging, LATEST, AVERAGE)
+        fill(staging)
         fsync_directory(staging)
         os.chmod(staging, umask_mode(directory=True))
-        os.rename(staging, out)  # refused if another process made a run there meanwhile
+        os.rename(staging, out)
         fsync_directory(out.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -483,17 +532,23 @@ def read_checkpoint(path: Path) -> Checkpoint:
                 f"{str(_vocabulary_file(path, side))!r} does not fit {str(path / CONFIG)!r}: "
                 f"{symbols} symbols for the model's {name}={vocabulary}"
             )
-    if config.pad_id != PAD:
-        raise RunError(f"{str(path / CONFIG)!r} has pad_id={config.pad_id}, the tokenizers pad with {PAD}")
+    pads = sorted({source.specials.pad, target.specials.pad})
+    if pads != [config.pad_id]:
+        raise RunError(
+            f"{str(path / CONFIG)!r} has pad_id={config.pad_id}, the tokenizers pad with {' and '.join(map(str, pads))}"
+        )
     return Checkpoint(path, config, source, target, trainer)
 
 
 def _vocabulary_file(path: Path, side: str) -> Path:
-    """The file that holds a side's vocabulary: its subword file, else the tokenizer manifest itself."""
+    """The file that holds a side's vocabulary: its subword file or SentencePiece vocabulary, else the tokenizer
+    manifest itself."""
     try:
         entry = json.loads((path / TOKENIZER).read_text(encoding="utf-8"))[side]
         if entry.get("kind") == "subword" and isinstance(entry.get("file"), str):
             return path / entry["file"]
+        if entry.get("kind") == "sentencepiece" and isinstance(entry.get("vocabulary"), str):
+            return path / entry["vocabulary"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return path / TOKENIZER

@@ -1,0 +1,585 @@
+"""Models trained elsewhere, imported as runs: Hugging Face Marian checkpoints (OPUS-MT's ``Helsinki-NLP/opus-mt-*``).
+
+``multihead import SOURCE RUN`` reads a checkpoint as Transformers' ``save_pretrained`` writes it, from a directory
+or, given a Hub name, from the Hugging Face Hub (``huggingface_hub.snapshot_download``, which reuses the local
+Hugging Face cache), and writes a run directory whose one checkpoint, ``step-0000000``, ``translate``, ``evaluate``,
+``score``, ``serve`` and ``export`` read as any run's. It computes what Transformers' ``MarianMTModel`` computes:
+
+- ``config.json``: the sizes; ``activation_function`` ``swish`` (our ``silu``), ``relu`` or ``gelu``;
+  ``scale_embedding``; ``share_encoder_decoder_embeddings`` (one vocabulary, one embedding matrix, which is also the
+  output layer's: our ``tie_embeddings``) or two vocabularies (the target embedding is the output layer's when
+  ``tie_word_embeddings``: our ``tie_output``); ``pad_token_id``, ``decoder_start_token_id`` (Marian starts the
+  decoder from its pad), ``eos_token_id``; ``max_position_embeddings`` (the longest sequence); ``dropout``. Keys
+  absent take ``MarianConfig``'s defaults, as Transformers does.
+- ``generation_config.json`` (else the generation keys of ``config.json``): ``bad_words_ids`` of single tokens (OPUS-MT
+  bans its pad) become the tokens generation never chooses (``banned_ids``).
+- the weights, ``model.safetensors`` (read without unpickling anything) or else ``pytorch_model.bin`` (read with
+  ``torch.load(weights_only=True)``, which unpickles tensors only), stored as float32 under our names. Tied matrices
+  that the file leaves out are filled from their tie; a missing ``final_logits_bias`` is zeros, as Transformers
+  makes it; stored sinusoidal position tables are checked, not kept (they are computed).
+- the tokenizer: ``source.spm`` and ``target.spm`` with ``vocab.json`` (and ``target_vocab.json`` when
+  ``tokenizer_config.json`` says ``separate_vocabs``), which give the ids ``MarianTokenizer`` gives; the source side
+  ends every text with EOS, as ``MarianTokenizer`` does.
+
+Whatever the model computes that multihead cannot compute exactly is refused in one line naming the key and its value
+(pre-norm layers, a LayerNorm after the embeddings or after the last layer, learned positions, other activations,
+different sizes for the encoder and the decoder, an output layer of its own beside a shared vocabulary, bans of
+token sequences, a forced first token, weights with no place in our model...), and nothing is written. Keys that
+change nothing the model computes (the Hub's bookkeeping, training-only dropouts, the default search) are not read;
+keys this module does not know are named in a warning. Search options ``multihead``'s search does not apply
+(``no_repeat_ngram_size``, ``repetition_penalty``, ``min_length``...) are named in a warning too.
+
+Generation then differs from Transformers' ``generate`` in two places only: Transformers forces EOS at its
+``max_length`` (``forced_eos_token_id``) where multihead stops without one, and, where ``renormalize_logits`` is set
+(as in OPUS-MT's generation configs), it renormalizes the log-probabilities after banning the pad, which shifts beam
+scores by ``log(1 - p(pad))``: nothing, for a model that never learnt to write its pad.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from multihead.app.console import UserError, warn
+from multihead.app.languages import CODE, NAMES
+from multihead.app.runs import check_new_run, save_imported_run
+from multihead.app.tokenizers import SentencePieceTokenizer, Specials, Tokenizer
+from multihead.config import TransformerConfig
+from multihead.positional import sinusoidal_positions
+
+CONFIG, GENERATION, TOKENIZER_CONFIG = "config.json", "generation_config.json", "tokenizer_config.json"
+SAFETENSORS, PICKLED = "model.safetensors", "pytorch_model.bin"
+SOURCE_SPM, TARGET_SPM, VOCABULARY, TARGET_VOCABULARY = "source.spm", "target.spm", "vocab.json", "target_vocab.json"
+FILES = (CONFIG, GENERATION, TOKENIZER_CONFIG, SOURCE_SPM, TARGET_SPM, VOCABULARY, TARGET_VOCABULARY)
+"""What a Hub download fetches besides the weights (one weights file: the safetensors one where the model has it)."""
+HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+EXAMPLE = "Helsinki-NLP/opus-mt-de-en"
+NAMED_PAIR = re.compile(r"(?P<opus>opus-mt-(?:tc-(?:big-)?)?)?(?<![^-_])(?P<source>[a-z]{2,3})[-_](?:to[-_])?"
+                        r"(?P<target>[a-z]{2,3})$")  # fmt: skip
+"""The language pair at the end of a model's name: ``opus-mt-de-en``, ``opus-mt-tc-big-en-fr``, ``marian-en-to-fr``."""
+
+ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
+"""Marian's activations and ours (Transformers' ``gelu`` is the exact erf GELU, as ours is)."""
+DEFAULTS = {
+    "activation_function": "gelu", "scale_embedding": False, "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True, "dropout": 0.1, "decoder_vocab_size": None,
+}  # fmt: skip
+"""Transformers' ``MarianConfig`` defaults of the keys an older ``config.json`` may lack."""
+REQUIRED = (
+    "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size", "max_position_embeddings", "pad_token_id",
+    "decoder_start_token_id", "eos_token_id",
+)  # fmt: skip
+FIXED = {
+    "is_encoder_decoder": (True, "an encoder-decoder"),
+    "is_decoder": (False, "an encoder-decoder"),
+    "normalize_before": (False, "post-norm layers, a LayerNorm after each residual sum"),
+    "encoder_normalize_before": (False, "post-norm layers, a LayerNorm after each residual sum"),
+    "decoder_normalize_before": (False, "post-norm layers, a LayerNorm after each residual sum"),
+    "normalize_embedding": (False, "no LayerNorm on the embeddings"),
+    "layernorm_embedding": (False, "no LayerNorm on the embeddings"),
+    "add_final_layer_norm": (False, "no LayerNorm after the last layer"),
+    "static_position_embeddings": (True, "the sinusoidal position table"),
+    "add_bias_logits": (False, "Marian's output layer"),
+    "pruned_heads": ({}, "every attention head"),
+}
+"""Keys of ``config.json`` whose value must be the one given, which is what multihead computes."""
+SAME = (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim"),
+        ("encoder_layers", "num_hidden_layers"))  # fmt: skip
+"""Pairs of keys multihead has one value for."""
+UNREAD = {
+    "_name_or_path", "_num_labels", "architectures", "transformers_version", "torch_dtype", "dtype", "id2label",
+    "label2id", "num_labels", "problem_type", "classif_dropout", "classifier_dropout", "init_std",
+    "gradient_checkpointing", "use_cache", "encoder_layerdrop", "decoder_layerdrop", "attention_dropout",
+    "activation_dropout", "bos_token_id", "unk_token_id", "sep_token_id", "tokenizer_class", "prefix",
+    "task_specific_params", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
+    "use_bfloat16", "chunk_size_feed_forward", "tie_encoder_decoder", "finetuning_task", "extra_pos_embeddings",
+    "add_cross_attention", "cross_attention_hidden_size", "tf_legacy_loss", "_from_model_config",
+}  # fmt: skip
+"""Keys that change nothing the model computes: bookkeeping, training-only settings (layer drop, the dropouts of
+attention and activations), the positions' offset of learned embeddings (Marian's are sinusoidal)."""
+SEARCH = {
+    "max_length", "max_new_tokens", "num_beams", "do_sample", "early_stopping", "length_penalty", "temperature",
+    "top_k", "top_p", "typical_p", "num_return_sequences", "output_scores", "return_dict_in_generate",
+    "renormalize_logits", "forced_eos_token_id", "remove_invalid_values", "num_beam_groups", "diversity_penalty",
+    "cache_implementation", "return_legacy_cache",
+}  # fmt: skip
+"""Generation keys that say how to search, which ``translate``'s own options say (``--beam``, ``--length-penalty``,
+sampling), and what to return: not read (``forced_eos_token_id`` and ``renormalize_logits``: see above)."""
+HEURISTICS = {
+    "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "min_length": 0, "min_new_tokens": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "sequence_bias": None, "exponential_decay_length_penalty": None,
+}  # fmt: skip
+"""Generation heuristics multihead's search does not apply, and the values that turn them off."""
+USED_GENERATION = {"bad_words_ids", "decoder_start_token_id", "pad_token_id", "eos_token_id", "forced_bos_token_id"}
+ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
+POSITIONS_TOLERANCE = 1e-4  # float32 tables computed in other ways differ by ~1e-7; learned ones by far more
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What ``multihead import`` wrote: the run, its model and tokenizers, and the languages it recorded."""
+
+    run: Path
+    source_name: str
+    config: TransformerConfig
+    source: Tokenizer
+    target: Tokenizer
+    langs: list[str] | None
+    parameters: int
+
+
+def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | None = None) -> Imported:
+    """Import the Marian checkpoint ``source_name`` (a directory, or a Hub name such as ``Helsinki-NLP/opus-mt-de-en``)
+    as the new run directory ``run``; ``langs`` (``[source, target]``) is recorded, by default read from the model's
+    name. A :class:`UserError` in one line, nothing written, for what cannot be imported."""
+    check_new_run(run, "RUN", "import")  # before a download
+    directory = checkpoint_directory(source_name)
+    files = CheckpointFiles(directory, source_name)
+    hf = files.json(CONFIG)
+    generation = files.json(GENERATION) if (directory / GENERATION).is_file() else None
+    config, ids = transformer_config(hf, generation, files)
+    weights = marian_weights(files.tensors(), config, files)
+    source, target = marian_tokenizers(files, config, ids)
+    langs = list(langs) if langs is not None else default_langs(source_name, directory, hf, files.tokenizer_config())
+    for note in files.notes:
+        warn(note)
+    record = {"source": source_name, "config": hf, "generation_config": generation, "weights": files.weights_name}
+    options = {"task": None, "data": None, "tokenizer": SentencePieceTokenizer.kind, "langs": langs,
+               "imported": source_name}  # fmt: skip
+    save_imported_run(run, config=config, weights=weights, tokenizers=(source, target), options=options, record=record)
+    parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
+    return Imported(run, source_name, config, source, target, langs, parameters)
+
+
+# --- where the checkpoint is ------------------------------------------------------------------------------
+
+
+def checkpoint_directory(source_name: str) -> Path:
+    """The directory holding the checkpoint ``source_name`` names: itself, or a Hub model's files downloaded into the
+    Hugging Face cache (or found there)."""
+    path = Path(source_name)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UserError(f"SOURCE {source_name!r} is a file: give the directory that holds the model's {CONFIG}")
+    if not HUB_NAME.match(source_name):
+        raise UserError(f"SOURCE {source_name!r} is not a directory, nor a Hugging Face Hub name such as {EXAMPLE}")
+    return _download(source_name)
+
+
+def _download(name: str) -> Path:
+    """The Hub model ``name``'s files (its weights in one format), downloaded or from the local cache."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import (
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+        )
+    except ImportError:
+        raise UserError(
+            f"SOURCE {name!r} is not a directory; to download it from the Hugging Face Hub, install huggingface_hub "
+            "(pip install 'multihead[app]'), or import a directory that holds the model"
+        ) from None
+    instead = (f"download it on a machine with network (hf download {name} --local-dir DIR), copy DIR here and run "
+               "multihead import DIR RUN")  # fmt: skip
+    try:
+        directory = Path(snapshot_download(name, allow_patterns=[*FILES, SAFETENSORS]))
+        if not (directory / SAFETENSORS).is_file():  # an older model: its weights pickled only
+            directory = Path(snapshot_download(name, allow_patterns=[*FILES, PICKLED]))
+    except GatedRepoError:
+        raise UserError(
+            f"{name} on the Hugging Face Hub is gated: accept its terms there and log in (hf auth login)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"the Hugging Face Hub has no model {name} (or it is private: log in with hf auth login); check the name, "
+            f"such as {EXAMPLE}"
+        ) from None
+    except LocalEntryNotFoundError:
+        raise UserError(f"cannot download {name}: the Hugging Face Hub cannot be reached from here (no network, or "
+                        f"HF_HUB_OFFLINE is set) and it is not in the local cache; {instead}") from None  # fmt: skip
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"cannot download {name} from the Hugging Face Hub ({reason}); {instead}") from None
+    return directory
+
+
+class CheckpointFiles:
+    """The files of the checkpoint in ``directory``, read and checked, each refusal naming the file."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory, self.name = directory, name
+        self.weights_name = ""
+        self.stored: dict[str, str] = {}  # a weight's name less "model." -> as the file names it
+        self.notes: list[str] = []  # warnings, given once everything is checked (a refusal is one line)
+
+    def where(self, file: str) -> str:
+        return f"{file} of {self.name}"
+
+    def refuse(self, file: str, problem: str) -> UserError:
+        return UserError(f"{self.where(file)} {problem}")
+
+    def json(self, file: str) -> dict[str, Any]:
+        path = self.directory / file
+        if not path.is_file():
+            raise UserError(
+                f"{self.name!r} holds no {file}: it is not a Hugging Face Marian checkpoint (as save_pretrained writes "
+                f"one, or a Hub name such as {EXAMPLE})"
+            )
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise self.refuse(file, f"is not readable JSON ({error})") from None
+        if not isinstance(values, dict):
+            raise self.refuse(file, f"is a JSON {type(values).__name__}, not an object")
+        return values
+
+    def tokenizer_config(self) -> dict[str, Any]:
+        return self.json(TOKENIZER_CONFIG) if (self.directory / TOKENIZER_CONFIG).is_file() else {}
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The weights as float32 NumPy arrays, by Marian's names less the ``model.`` prefix."""
+        found = {name for name in (SAFETENSORS, PICKLED) if (self.directory / name).is_file()}
+        if not found:
+            sharded = [name for name in (f"{SAFETENSORS}.index.json", f"{PICKLED}.index.json")
+                       if (self.directory / name).is_file()]  # fmt: skip
+            what = f"weights in shards ({sharded[0]}), which import does not read" if sharded else "no weights"
+            raise UserError(f"{self.name!r} holds {what}: it needs {SAFETENSORS} or {PICKLED}")
+        self.weights_name = SAFETENSORS if SAFETENSORS in found else PICKLED
+        read = self._safetensors if self.weights_name == SAFETENSORS else self._pickled
+        tensors = read(self.directory / self.weights_name)
+        arrays = {}
+        for name, array in tensors.items():
+            if array.dtype.kind != "f":
+                raise self.refuse(self.weights_name, f"stores {name!r} as {array.dtype}, not as floating point")
+            arrays[name.removeprefix("model.")] = np.ascontiguousarray(array, dtype=np.float32)
+            self.stored[name.removeprefix("model.")] = name
+        return arrays
+
+    def _safetensors(self, path: Path) -> dict[str, np.ndarray]:
+        import safetensors
+        import safetensors.numpy
+
+        try:
+            return safetensors.numpy.load_file(path)
+        except (safetensors.SafetensorError, ValueError, TypeError, OSError) as error:
+            raise self.refuse(path.name, f"is not a readable safetensors file ({error})") from None
+
+    def _pickled(self, path: Path) -> dict[str, np.ndarray]:
+        try:
+            import torch
+        except ImportError:
+            raise self.refuse(path.name, f"is PyTorch's format, which needs PyTorch (or give {SAFETENSORS})") from None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch.load raises whatever unpickling met
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise self.refuse(path.name, f"is not a readable PyTorch weights file ({reason})") from None
+        if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+            raise self.refuse(path.name, "is not a state dict of tensors")
+        return {
+            name: tensor.numpy() if not tensor.is_floating_point() else tensor.detach().float().numpy()
+            for name, tensor in state.items()
+        }
+
+
+# --- the model ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarianIds:
+    """The ids the model itself fixes: its pad, the token its decoder starts from, its end of sentence."""
+
+    pad: int
+    start: int
+    eos: int
+
+
+def transformer_config(
+    hf: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles
+) -> tuple[TransformerConfig, MarianIds]:
+    """Our config of the Marian model ``config.json`` (``hf``) and ``generation_config.json`` describe, every value
+    we cannot represent refused; and the ids the model fixes."""
+    if hf.get("model_type") != "marian":
+        raise files.refuse(CONFIG, f"has model_type={hf.get('model_type')!r}: multihead imports Marian models only "
+                           "(model_type 'marian', as OPUS-MT's)")  # fmt: skip
+    for key, (expected, meaning) in FIXED.items():
+        if key in hf and hf[key] != expected:
+            raise files.refuse(CONFIG, f"has {key}={hf[key]!r}: multihead imports Marian models with {key}="
+                               f"{expected!r} only ({meaning})")  # fmt: skip
+    values = {**DEFAULTS, **hf}
+    missing = [key for key in REQUIRED if key not in values]
+    if missing:
+        raise files.refuse(CONFIG, f"lacks {missing}")
+    eos = values["eos_token_id"]
+    values["eos_token_id"] = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos  # one EOS, listed
+    for key in REQUIRED:
+        _check_int(files, CONFIG, key, values[key], minimum=0)
+    for first, second in SAME:
+        if second in values and values[first] != values[second]:
+            raise files.refuse(CONFIG, f"has {first}={values[first]!r} and {second}={values[second]!r}: multihead's "
+                               "Transformer has one value for both")  # fmt: skip
+    for key in ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings"):
+        if not isinstance(values[key], bool):
+            raise files.refuse(CONFIG, f"has {key}={values[key]!r}, not true or false")
+    activation = values["activation_function"]
+    if activation not in ACTIVATIONS:
+        raise files.refuse(CONFIG, f"has activation_function={activation!r}: multihead computes swish (SiLU), relu "
+                           "and gelu (the exact erf GELU) only")  # fmt: skip
+    shared, tied = values["share_encoder_decoder_embeddings"], values["tie_word_embeddings"]
+    if shared and not tied:
+        raise files.refuse(CONFIG, "has tie_word_embeddings=False with share_encoder_decoder_embeddings=True: "
+                           "multihead ties one vocabulary's output layer to its embeddings")  # fmt: skip
+    vocab, decoder_vocab = values["vocab_size"], values["decoder_vocab_size"]
+    if decoder_vocab is not None:
+        _check_int(files, CONFIG, "decoder_vocab_size", decoder_vocab, minimum=1)
+        if shared and decoder_vocab != vocab:
+            raise files.refuse(CONFIG, f"has decoder_vocab_size={decoder_vocab} and vocab_size={vocab}, but "
+                               "share_encoder_decoder_embeddings=True gives both sides one vocabulary")  # fmt: skip
+    ids = MarianIds(values["pad_token_id"], values["decoder_start_token_id"], values["eos_token_id"])
+    banned = _generation(values, generation, files)
+    try:
+        config = TransformerConfig(
+            src_vocab=vocab, tgt_vocab=vocab if shared or decoder_vocab is None else decoder_vocab,
+            d_model=values["d_model"], num_heads=values["encoder_attention_heads"],
+            num_encoder_layers=values["encoder_layers"], num_decoder_layers=values["decoder_layers"],
+            d_ff=values["encoder_ffn_dim"], dropout=values["dropout"], activation=ACTIVATIONS[activation],
+            max_len=values["max_position_embeddings"], pad_id=ids.pad, tie_embeddings=shared, positions="halves",
+            scale_embeddings=values["scale_embedding"], tie_output=not shared and tied, decoder_start_id=ids.start,
+            banned_ids=tuple(banned),
+        )  # fmt: skip
+    except (TypeError, ValueError) as error:
+        raise files.refuse(CONFIG, f"describes no model multihead can build: {error}") from None
+    return config, ids
+
+
+def _generation(values: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles) -> list[int]:
+    """The tokens the generation config (``config.json``'s generation keys without one) bans; its ids must agree with
+    the model's."""
+    file = GENERATION if generation is not None else CONFIG
+    settings = generation if generation is not None else values
+    for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
+        if key in settings and settings[key] not in (values[key], [values[key]]):
+            raise files.refuse(GENERATION, f"has {key}={settings[key]!r} but {CONFIG} {values[key]!r}: which one "
+                               "the model was trained with is unknown")  # fmt: skip
+    if settings.get("forced_bos_token_id") is not None:
+        raise files.refuse(file, f"has forced_bos_token_id={settings['forced_bos_token_id']!r}: multihead's "
+                           "search forces no first token")  # fmt: skip
+    bad = settings.get("bad_words_ids") or []
+    if not isinstance(bad, list) or not all(isinstance(words, list) and len(words) == 1 for words in bad):
+        raise files.refuse(file, f"has bad_words_ids={bad!r}: multihead bans single tokens only ([[id], ...])")
+    banned = [words[0] for words in bad]
+    for token in banned:
+        _check_int(files, file, "bad_words_ids", token, minimum=0)
+    applied = [f"{key}={settings[key]!r}" for key, off in HEURISTICS.items()
+               if settings.get(key) not in (off, None, [], {})]  # fmt: skip
+    if applied:
+        files.notes.append(f"{files.where(file)} sets {', '.join(applied)}, which multihead's search does not apply: "
+                           "its translations may differ from Transformers' generate")  # fmt: skip
+    generic = UNREAD | SEARCH | set(HEURISTICS) | USED_GENERATION
+    if generation is not None:
+        _warn_unknown(files, GENERATION, set(generation) - generic)
+    _warn_unknown(files, CONFIG, set(values) - generic - set(DEFAULTS) - set(REQUIRED) - set(FIXED)
+                  - {"model_type", "num_hidden_layers"})  # fmt: skip
+    return banned
+
+
+def _check_int(files: CheckpointFiles, file: str, key: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive whole number" if minimum else "a whole number, 0 or more"
+        raise files.refuse(file, f"has {key}={value!r}, not {kind}")
+
+
+def _warn_unknown(files: CheckpointFiles, file: str, keys: set[str]) -> None:
+    if keys:
+        files.notes.append(
+            f"{files.where(file)} has keys multihead does not know, left unread: {sorted(keys)} (if "
+            "they change what the model computes, its translations will differ from Transformers')"
+        )
+
+
+def _layer_names(config: TransformerConfig) -> dict[str, str]:
+    """Our name of every layer weight -> Marian's (less ``model.``)."""
+    attention = {f"self_attn.{part}": f"self_attn.{part}" for part in ATTENTION}
+    parts = {
+        "encoder": {**attention, "norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
+        "decoder": {**attention, **{f"cross_attn.{part}": f"encoder_attn.{part}" for part in ATTENTION},
+                    "norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm", "norm3": "final_layer_norm"},
+    }  # fmt: skip
+    names = {}
+    for stack, count in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+        layer_parts = {**parts[stack], "feed_forward.linear1": "fc1", "feed_forward.linear2": "fc2"}
+        for index in range(count):
+            for ours, theirs in layer_parts.items():
+                for leaf in ("weight", "bias"):
+                    names[f"{stack}.layers.{index}.{ours}.{leaf}"] = f"{stack}.layers.{index}.{theirs}.{leaf}"
+    return names
+
+
+def _shape(name: str, config: TransformerConfig) -> tuple[int, ...]:
+    """The shape of our layer weight ``name``."""
+    d, ff = config.d_model, config.d_ff
+    if ".linear1." in name:
+        return (ff, d) if name.endswith("weight") else (ff,)
+    if ".linear2." in name:
+        return (d, ff) if name.endswith("weight") else (d,)
+    if "_proj." in name:
+        return (d, d) if name.endswith("weight") else (d,)
+    return (d,)  # a LayerNorm's
+
+
+def marian_weights(
+    tensors: dict[str, np.ndarray], config: TransformerConfig, files: CheckpointFiles
+) -> dict[str, np.ndarray]:
+    """The weights by our names (each tied matrix one array under each of its names, as ``multihead.io`` saves them),
+    every Marian weight placed, checked against the config."""
+    file = files.weights_name
+    tensors = dict(tensors)
+
+    def shown(name: str) -> str:
+        """``name`` as the file has it, or as ``MarianMTModel`` would save it."""
+        return files.stored.get(name, name if name in ("lm_head.weight", "final_logits_bias") else f"model.{name}")
+
+    def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise files.refuse(file, f"lacks the weight {shown(name)!r}")
+        array = tensors.pop(name)
+        if array.shape != shape:
+            raise files.refuse(file, f"has {shown(name)!r} of shape {array.shape}, where {CONFIG} makes it {shape}")
+        return array
+
+    def tie(names: Sequence[str], shape: tuple[int, ...]) -> np.ndarray:
+        """One matrix stored under any of ``names`` (tied copies left out or equal)."""
+        present = [name for name in names if name in tensors] or [names[0]]  # none: the first is missing
+        arrays = [take(name, shape) for name in present]
+        differing = [name for name, array in zip(present, arrays, strict=True) if not np.array_equal(array, arrays[0])]
+        if differing:
+            raise files.refuse(file, f"has {shown(present[0])!r} and {shown(differing[0])!r}, which the model ties, "
+                               "different")  # fmt: skip
+        return arrays[0]
+
+    d = config.d_model
+    weights = {ours: take(theirs, _shape(ours, config)) for ours, theirs in _layer_names(config).items()}
+    source_shape, target_shape = (config.src_vocab, d), (config.tgt_vocab, d)
+    if config.tie_embeddings:
+        shared = tie(["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"],
+                     source_shape)  # fmt: skip
+        source, target, output = shared, shared, shared
+    else:
+        source = take("encoder.embed_tokens.weight", source_shape)
+        if config.tie_output:
+            target = output = tie(["decoder.embed_tokens.weight", "lm_head.weight"], target_shape)
+        else:
+            target, output = take("decoder.embed_tokens.weight", target_shape), take("lm_head.weight", target_shape)
+    tensors.setdefault("final_logits_bias", np.zeros((1, config.tgt_vocab), np.float32))  # as Transformers makes it
+    bias = take("final_logits_bias", (1, config.tgt_vocab))
+    for stack in ("encoder", "decoder"):
+        _check_positions(tensors.pop(f"{stack}.embed_positions.weight", None), stack, config, files)
+    if tensors:
+        unplaced = sorted(map(shown, tensors))
+        raise files.refuse(file, f"holds weights multihead's Transformer has no place for: {unplaced[:4]} (a "
+                           "variant of Marian it cannot import)")  # fmt: skip
+    return {
+        "src_embed.weight": source, "tgt_embed.weight": target, **weights, "output_proj.weight": output,
+        "output_proj.bias": bias[0],
+    }  # fmt: skip
+
+
+def _check_positions(table: np.ndarray | None, stack: str, config: TransformerConfig, files: CheckpointFiles) -> None:
+    """A stored position table must be the sinusoidal one that multihead computes."""
+    if table is None:
+        return
+    name = f"model.{stack}.embed_positions.weight"
+    expected = sinusoidal_positions(config.max_len, config.d_model, "halves")
+    if table.shape != expected.shape:
+        raise files.refuse(files.weights_name, f"has {name!r} of shape {table.shape}, where {CONFIG} makes it "
+                           f"{expected.shape}")  # fmt: skip
+    error = float(np.max(np.abs(table - expected)))
+    if error > POSITIONS_TOLERANCE:
+        raise files.refuse(files.weights_name, f"has {name!r} {error:.3g} away from the sinusoidal table: learned "
+                           "positions, which multihead does not import")  # fmt: skip
+
+
+# --- the tokenizers and the languages ---------------------------------------------------------------------
+
+
+def _token_text(value: Any, default: str) -> str:
+    """A special token's text in ``tokenizer_config.json``: a string, or an added token's ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else default
+
+
+def marian_tokenizers(
+    files: CheckpointFiles, config: TransformerConfig, ids: MarianIds
+) -> tuple[SentencePieceTokenizer, SentencePieceTokenizer]:
+    """The source and target tokenizers, whose specials are the model's (checked against each vocabulary)."""
+    settings = files.tokenizer_config()
+    separate = settings.get("separate_vocabs", False)
+    if not isinstance(separate, bool):
+        raise files.refuse(TOKENIZER_CONFIG, f"has separate_vocabs={separate!r}, not true or false")
+    texts = {
+        "eos": _token_text(settings.get("eos_token"), "</s>"), "unk": _token_text(settings.get("unk_token"), "<unk>"),
+        "pad": _token_text(settings.get("pad_token"), "<pad>"),
+    }  # fmt: skip
+    sides = {
+        "source": (SOURCE_SPM, VOCABULARY, config.src_vocab, True),
+        "target": (TARGET_SPM, TARGET_VOCABULARY if separate else VOCABULARY, config.tgt_vocab, False),
+    }
+    made = []
+    for side, (model, vocabulary, size, append_eos) in sides.items():
+        for file in (model, vocabulary):
+            if not (files.directory / file).is_file():
+                raise UserError(f"{files.name!r} holds no {file}, the {side} side of its tokenizer")
+        pieces = files.json(vocabulary)
+        for special, model_id in (("eos", ids.eos), ("pad", ids.pad)):
+            if pieces.get(texts[special]) != model_id:
+                raise files.refuse(vocabulary, f"gives {texts[special]!r} the id {pieces.get(texts[special])!r}, but "
+                                   f"{CONFIG} {model_id}: the tokenizer does not fit the model")  # fmt: skip
+        unk = pieces.get(texts["unk"])
+        if isinstance(unk, bool) or not isinstance(unk, int):
+            raise files.refuse(vocabulary, f"has no {texts['unk']!r}, which reads the pieces it lacks")
+        specials = Specials(pad=ids.pad, bos=ids.start, eos=ids.eos, unk=unk)
+        try:
+            tokenizer = SentencePieceTokenizer.from_files(
+                files.directory / model, files.directory / vocabulary, append_eos=append_eos, specials=specials
+            )
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        if len(tokenizer) != size:
+            raise files.refuse(vocabulary, f"has {len(tokenizer)} pieces, the model's {side} vocabulary {size}")
+        made.append(tokenizer)
+    return made[0], made[1]
+
+
+def default_langs(
+    source_name: str, directory: Path, hf: dict[str, Any], tokenizer_config: dict[str, Any]
+) -> list[str] | None:
+    """``[source, target]`` from the model's name, given or as ``config.json`` recorded it: OPUS-MT's
+    ``opus-mt-de-en`` (de, en), or a name ending in two common languages (``...-en-fr``, ``...-en-to-fr``); else
+    ``tokenizer_config.json``'s ``source_lang`` and ``target_lang``; ``None`` where none names two language codes."""
+    for name in (source_name, directory.name, hf.get("_name_or_path")):
+        if not isinstance(name, str):
+            continue
+        found = NAMED_PAIR.search(name.rstrip("/").rsplit("/", 1)[-1])
+        if found is not None:
+            pair = [found["source"], found["target"]]
+            if _codes(pair) and (found["opus"] or all(code in NAMES for code in pair)):
+                return pair
+    pair = [tokenizer_config.get("source_lang"), tokenizer_config.get("target_lang")]
+    return pair if _codes(pair) else None
+
+
+def _codes(pair: Sequence[Any]) -> bool:
+    """Two different language codes."""
+    return all(isinstance(code, str) and CODE.match(code) for code in pair) and pair[0] != pair[1]

@@ -1,0 +1,490 @@
+"""``multihead import SOURCE RUN``: a Hugging Face Marian checkpoint (OPUS-MT's layout) as a run that computes what
+Transformers' ``MarianMTModel`` computes: the same logits, the same greedy and beam tokens, the same translations
+through ``translate``; what multihead cannot compute exactly refused in one line, nothing written.
+
+The checkpoints are made here, offline: SentencePiece models trained on the made-up German and English of
+``support.py``, a vocabulary laid out as OPUS-MT's (``</s>`` 0, ``<unk>`` 1, the pieces, ``<pad>`` last), a
+``MarianTokenizer`` and a tiny ``MarianMTModel`` (swish, scaled embeddings, sinusoidal positions, the decoder starting
+from the pad, the pad banned from generation), trained for a few steps so that its translations end, then given a
+random ``final_logits_bias``, all saved with ``save_pretrained``: one with a shared vocabulary, one with a vocabulary
+a side.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+
+from app.support import PAIRS, SUBJECTS, VERBS, Cli, assert_refused, subprocess_env, write_lines
+from multihead.app.pretrained import import_pretrained
+from multihead.io import load_weights, read_config, read_weights
+from multihead.torch import Transformer
+
+pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+EOS, UNK = 0, 1  # OPUS-MT's
+SIZES = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+             encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64)  # fmt: skip
+TRAINING_STEPS = 60
+GENERATE = 40  # the longest generation compared (HF's max_length: the decoder start too)
+KINDS = pytest.mark.parametrize("kind", ["shared", "separate"])
+
+
+@dataclass
+class Marian:
+    """A saved Marian checkpoint, its model and tokenizer loaded by Transformers, and the run imported from it."""
+
+    directory: Path
+    model: object  # transformers.MarianMTModel
+    tokenizer: object  # transformers.MarianTokenizer
+    run: Path
+    pad: int
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run / "checkpoints" / "step-0000000"
+
+    def ours(self) -> Transformer:
+        model = Transformer.from_config(read_config(self.checkpoint / "config.json")).eval()
+        load_weights(model, self.checkpoint / "model.safetensors")
+        return model
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True)
+        return batch["input_ids"], batch["attention_mask"]
+
+
+def _pieces(lines: list[str], size: int, path: Path) -> list[str]:
+    """Train a BPE SentencePiece model of about ``size`` pieces on ``lines`` into ``path``: its pieces but the
+    specials, in order."""
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=size, model_type="bpe", eos_id=EOS,
+        unk_id=UNK, bos_id=-1, pad_id=-1, eos_piece="</s>", hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    path.write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    return [processor.id_to_piece(index) for index in range(2, processor.get_piece_size())]
+
+
+def _vocabulary(pieces: list[str], pad_at: int | None = None) -> dict[str, int]:
+    """OPUS-MT's layout: ``</s>``, ``<unk>``, the pieces, ``<pad>`` last (or at ``pad_at``)."""
+    symbols = ["</s>", "<unk>", *dict.fromkeys(pieces)]
+    symbols.insert(len(symbols) if pad_at is None else pad_at, "<pad>")
+    return {symbol: index for index, symbol in enumerate(symbols)}
+
+
+def make_checkpoint(directory: Path, *, shared: bool) -> Path:
+    """A Marian checkpoint as ``save_pretrained`` writes it, into ``directory``."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    spm = directory.parent / f"{directory.name}-spm"
+    spm.mkdir(parents=True)
+    source = _pieces([de for de, _ in PAIRS], 90, spm / "source.spm")
+    target = _pieces([en for _, en in PAIRS], 70, spm / "target.spm")
+    if shared:
+        vocabularies = [_vocabulary(source + target)]
+    else:
+        # One pad id for both sides (multihead pads both with the config's pad_id): the target's last id, which the
+        # longer source vocabulary also gives <pad>.
+        target_vocabulary = _vocabulary(target)
+        vocabularies = [_vocabulary(source, pad_at=len(target_vocabulary) - 1), target_vocabulary]
+    for vocabulary, name in zip(vocabularies, ("vocab.json", "target_vocab.json"), strict=False):
+        (spm / name).write_text(json.dumps(vocabulary), encoding="utf-8")
+    pad = vocabularies[-1]["<pad>"]
+    tokenizer = MarianTokenizer(
+        str(spm / "source.spm"), str(spm / "target.spm"), str(spm / "vocab.json"),
+        target_vocab_file=None if shared else str(spm / "target_vocab.json"), separate_vocabs=not shared,
+        **({} if shared else {"source_lang": "de", "target_lang": "en"}),
+    )  # fmt: skip
+    config = MarianConfig(
+        **SIZES, vocab_size=len(vocabularies[0]), decoder_vocab_size=len(vocabularies[-1]),
+        activation_function="swish", scale_embedding=True, pad_token_id=pad, decoder_start_token_id=pad,
+        eos_token_id=EOS, forced_eos_token_id=EOS, share_encoder_decoder_embeddings=shared,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MarianMTModel(config)
+    model.generation_config.bad_words_ids = [[pad]]  # as OPUS-MT's generation configs ban the pad
+    # A few steps of training, so that its translations end, at various lengths (a random model's repeat a token).
+    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == pad] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(TRAINING_STEPS):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.3)  # a bias the import must carry
+        model.final_logits_bias[0, EOS] = 0.0
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Marian]:
+    """Both checkpoints, loaded by Transformers, and imported (the shared one under an OPUS-MT name, which gives its
+    languages; the other has them in its tokenizer's settings)."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    root = tmp_path_factory.mktemp("marian")
+    made = {}
+    with warnings.catch_warnings():  # MarianTokenizer recommends Moses' punctuation normalizer, which it goes without
+        warnings.filterwarnings("ignore", "Recommended: pip install sacremoses", UserWarning)
+        for kind, name in (("shared", "opus-mt-de-en"), ("separate", "separate")):
+            directory = make_checkpoint(root / kind / name, shared=kind == "shared")
+            run = root / kind / "run"
+            import_pretrained(str(directory), run)
+            tokenizer = MarianTokenizer.from_pretrained(directory)
+            model = MarianMTModel.from_pretrained(directory).eval()
+            made[kind] = Marian(directory, model, tokenizer, run, model.config.pad_token_id)
+    return made
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+    """Made-up German of the training words, a few of them unknown to the vocabulary."""
+    rng = random.Random(seed)
+    words = [word for subject, _ in SUBJECTS for word in subject.split()] + [verb for verb, _ in VERBS]
+    words += ["Zebra", "quakt", "Qualle"]
+    return [" ".join(rng.choices(words, k=rng.randint(1, 9))) + rng.choice(["", ".", "!"]) for _ in range(count)]
+
+
+def generated(tokens: torch.Tensor, eos: int = EOS) -> list[list[int]]:
+    """Each row's tokens up to its first EOS (included)."""
+    rows = []
+    for row in tokens.tolist():
+        rows.append(row[: row.index(eos) + 1] if eos in row else row)
+    return rows
+
+
+def _edit(file: str, **changes: object) -> Callable[[Path], None]:
+    def edit(directory: Path) -> None:
+        values = json.loads((directory / file).read_text())
+        (directory / file).write_text(json.dumps({**values, **changes}))
+
+    return edit
+
+
+def _tensors(change: Callable[[dict[str, np.ndarray]], None]) -> Callable[[Path], None]:
+    def edit(directory: Path) -> None:
+        tensors = safetensors.numpy.load_file(directory / "model.safetensors")
+        change(tensors)
+        safetensors.numpy.save_file(tensors, directory / "model.safetensors")
+
+    return edit
+
+
+def _swap_specials(directory: Path) -> None:
+    vocabulary = json.loads((directory / "vocab.json").read_text())
+    vocabulary["</s>"], vocabulary["<pad>"] = vocabulary["<pad>"], vocabulary["</s>"]
+    (directory / "vocab.json").write_text(json.dumps(vocabulary))
+
+
+RNG = np.random.default_rng(0)
+
+# --- the model ----------------------------------------------------------------------------------------------
+
+
+@KINDS
+def test_logits_equal_transformers(marian: dict[str, Marian], kind: str) -> None:
+    """Decoder inputs start with the pad (Marian's decoder start); sources and targets padded at their ends."""
+    checkpoint = marian[kind]
+    ours = checkpoint.ours()
+    src, mask = checkpoint.encode(sentences(4, seed=1))
+    generator = torch.Generator().manual_seed(0)
+    tgt = torch.randint(2, ours.config.tgt_vocab - 1, (4, 7), generator=generator)
+    tgt[:, 0] = checkpoint.pad
+    with torch.no_grad():
+        expected = checkpoint.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        got = ours(src, tgt)
+    assert got.shape == expected.shape
+    assert float((got - expected).abs().max()) <= 1e-4
+
+
+def test_an_output_layer_of_its_own_imports(marian: dict[str, Marian], tmp_path: Path) -> None:
+    """Two vocabularies and ``tie_word_embeddings=False``: the output layer is not the target embedding."""
+    from transformers import MarianMTModel
+
+    directory = shutil.copytree(marian["separate"].directory, tmp_path / "separate")
+    _edit("config.json", tie_word_embeddings=False)(directory)
+    tensors = safetensors.numpy.load_file(directory / "model.safetensors")
+    assert "lm_head.weight" not in tensors  # tied, so left out
+    embedding = tensors["model.decoder.embed_tokens.weight"]
+    tensors["lm_head.weight"] = embedding + RNG.normal(size=embedding.shape).astype("f4")
+    safetensors.numpy.save_file(tensors, directory / "model.safetensors")
+    import_pretrained(str(directory), tmp_path / "run")
+    checkpoint = Marian(directory, MarianMTModel.from_pretrained(directory).eval(), marian["separate"].tokenizer,
+                        tmp_path / "run", marian["separate"].pad)  # fmt: skip
+    ours = checkpoint.ours()
+    assert not ours.config.tie_output
+    assert not ours.config.tie_embeddings
+    src, mask = checkpoint.encode(sentences(3, seed=5))
+    tgt = torch.full((3, 1), checkpoint.pad)
+    with torch.no_grad():
+        expected = checkpoint.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        assert float((ours(src, tgt) - expected).abs().max()) <= 1e-4
+
+
+@pytest.mark.keras
+@KINDS
+def test_keras_logits_equal_transformers(marian: dict[str, Marian], kind: str) -> None:
+    from keras_helpers import numpy, tensor
+    from multihead.keras import Transformer as KerasTransformer
+
+    checkpoint = marian[kind]
+    model = KerasTransformer.from_config(read_config(checkpoint.checkpoint / "config.json"))
+    load_weights(model, checkpoint.checkpoint / "model.safetensors")
+    src, mask = checkpoint.encode(sentences(4, seed=2))
+    tgt = torch.randint(2, model.config.tgt_vocab - 1, (4, 6), generator=torch.Generator().manual_seed(1))
+    tgt[:, 0] = checkpoint.pad
+    with torch.no_grad():
+        expected = checkpoint.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits.numpy()
+    got = numpy(model(tensor(src.numpy().astype("int32")), tensor(tgt.numpy().astype("int32"))))
+    assert float(np.abs(got - expected).max()) <= 1e-4
+
+
+@KINDS
+def test_greedy_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> None:
+    """Transformers forces EOS as the last token at ``max_length`` (``forced_eos_token_id``), where our search stops
+    without one: forced EOS is turned off, so that a sentence that reaches the limit compares as it was searched."""
+    checkpoint = marian[kind]
+    src, mask = checkpoint.encode(sentences(50))
+    expected = checkpoint.model.generate(
+        input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=GENERATE + 1,
+        forced_eos_token_id=None,
+    )  # fmt: skip
+    got = checkpoint.ours().generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS)
+    assert generated(got) == generated(expected[:, 1:])  # after the decoder start
+    ends = sum(row[-1] == EOS for row in generated(got))
+    assert ends >= 40  # the limit is not what they reach
+    assert len({len(row) for row in generated(got)}) >= 3  # of various lengths
+
+
+@KINDS
+def test_beam_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> None:
+    """Beam search of 4 with length penalty 1 gives Transformers' tokens with ``early_stopping="never"``.
+
+    Both rank a hypothesis of n tokens (EOS included) by its log-probability / n ** length_penalty, take the
+    finished ones among the best ``beam`` of ``2 * beam`` candidates a step, and keep ``beam`` unfinished ones. Ours
+    stops a sentence when its best finished hypothesis ranks at least as high as any continuation could (bounded at
+    the longest length, since the penalty is positive); with ``early_stopping="never"`` Transformers bounds a
+    continuation the same way but stops only once it has ``beam`` finished hypotheses: it searches on, but can find
+    none better, so the best is the same. They may differ otherwise: with Transformers' default
+    ``early_stopping=False`` it bounds continuations at the current length, which a positive penalty makes too low,
+    and may stop before a longer hypothesis that would rank higher; ``early_stopping=True`` stops at ``beam``
+    finished hypotheses whatever their scores; at ``max_length`` it forces EOS where we rank the unfinished beams;
+    and where ``renormalize_logits`` is set (OPUS-MT's generation configs), it renormalizes after banning the pad,
+    which shifts every score by log(1 - p(pad)). Here every sentence ends before the limit.
+    """
+    checkpoint = marian[kind]
+    src, mask = checkpoint.encode(sentences(20, seed=3))
+    expected = checkpoint.model.generate(
+        input_ids=src, attention_mask=mask, num_beams=4, do_sample=False, max_length=GENERATE + 1,
+        early_stopping="never", length_penalty=1.0, forced_eos_token_id=None,
+    )  # fmt: skip
+    ours = checkpoint.ours()
+    got = ours.generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS, beam_size=4)
+    assert all(row[-1] == EOS for row in generated(got))
+    assert generated(got) == generated(expected[:, 1:])
+    greedy = ours.generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS)
+    assert generated(got) != generated(greedy)  # the beams found other translations
+
+
+# --- the command line -----------------------------------------------------------------------------------------
+
+
+def test_import_writes_a_run_and_says_what_it_imported(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    directory, run = marian["shared"].directory, tmp_path / "runs" / "de-en"  # its parent made too
+    result = cli("import", directory, run)
+    assert result.status == 0, result.err
+    lines = result.out_lines
+    assert lines[0] == f"imported {directory} into {run}"
+    assert "Marian Transformer, 2 encoder and 2 decoder layers, d_model 16, 2 heads, feed-forward 32 (silu)" in lines[1]
+    size = marian["shared"].model.config.vocab_size
+    assert lines[2] == f"  vocabulary: {size} SentencePiece pieces, one for both sides"
+    assert lines[3] == "  languages: de → en (German to English)"  # from the name, opus-mt-de-en
+    assert lines[4] == f"translate with: multihead translate {run} TEXT..."
+    assert (run / "latest").read_text().strip() == "step-0000000"
+    checkpoint = run / "checkpoints" / "step-0000000"
+    assert not (checkpoint / "optimizer.safetensors").exists()  # nothing to resume
+    trainer = json.loads((checkpoint / "trainer.json").read_text())
+    assert {key: trainer[key] for key in ("format", "framework", "step", "optimizer", "data", "losses", "evals")} == {
+        "format": 2, "framework": "torch", "step": 0, "optimizer": {}, "data": {}, "losses": [], "evals": [],
+    }  # fmt: skip
+    options = trainer["options"]
+    assert {key: options[key] for key in ("task", "data", "tokenizer", "langs", "imported")} == {
+        "task": None, "data": None, "tokenizer": "sentencepiece", "langs": ["de", "en"], "imported": str(directory),
+    }  # fmt: skip
+    assert trainer["imported"]["source"] == str(directory)
+    assert trainer["imported"]["config"] == json.loads((directory / "config.json").read_text())
+    stored = read_weights(checkpoint / "model.safetensors")
+    assert all(array.dtype == np.float32 for array in stored.values())
+    assert sorted(stored) == sorted(read_weights(marian["shared"].checkpoint / "model.safetensors"))
+
+    result = cli("import", directory, tmp_path / "chosen", "--langs", "fr", "it")
+    assert result.status == 0, result.err
+    assert "  languages: fr → it (French to Italian)" in result.out_lines
+
+
+def test_languages_from_the_tokenizer_settings_or_none(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    separate = json.loads((marian["separate"].checkpoint / "trainer.json").read_text())
+    assert separate["options"]["langs"] == ["de", "en"]  # its tokenizer_config.json's source_lang and target_lang
+    unnamed = shutil.copytree(marian["shared"].directory, tmp_path / "model")  # no name, no languages recorded
+    result = cli("import", unnamed, tmp_path / "run")
+    assert result.status == 0, result.err
+    assert "  vocabularies" not in result.out
+    assert "  languages: not recorded (import again with --langs SRC TGT)" in result.out_lines
+    assert "  vocabularies: source " in cli("import", marian["separate"].directory, tmp_path / "other").out
+
+
+def test_a_pickled_checkpoint_imports_to_the_same_weights(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``pytorch_model.bin`` alone, holding every tied copy and the position tables (a state dict, as older
+    Transformers saved them): read with ``weights_only``, the copies and tables checked."""
+    checkpoint = marian["shared"]
+    pickled = shutil.copytree(checkpoint.directory, tmp_path / "opus-mt-de-en")
+    (pickled / "model.safetensors").unlink()
+    state = checkpoint.model.state_dict()
+    assert {"model.encoder.embed_positions.weight", "lm_head.weight"} <= set(state)
+    torch.save(state, pickled / "pytorch_model.bin")
+    result = cli("import", pickled, tmp_path / "run")
+    assert result.status == 0, result.err
+    got = read_weights(tmp_path / "run" / "checkpoints" / "step-0000000" / "model.safetensors")
+    expected = read_weights(checkpoint.checkpoint / "model.safetensors")
+    assert got.keys() == expected.keys()
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
+REFUSALS = {
+    "pre-norm": (_edit("config.json", normalize_before=True), ["config.json", "normalize_before=True"]),
+    "final-norm": (_edit("config.json", add_final_layer_norm=True), ["add_final_layer_norm=True"]),
+    "embedding-norm": (_edit("config.json", normalize_embedding=True), ["normalize_embedding=True"]),
+    "learned-positions-config": (_edit("config.json", static_position_embeddings=False),
+                                 ["static_position_embeddings=False"]),
+    "activation": (_edit("config.json", activation_function="gelu_new"), ["activation_function='gelu_new'"]),
+    "heads": (_edit("config.json", decoder_attention_heads=4),
+              ["encoder_attention_heads=2", "decoder_attention_heads=4"]),
+    "ffn": (_edit("config.json", decoder_ffn_dim=64), ["decoder_ffn_dim=64"]),
+    "model-type": (_edit("config.json", model_type="bart"), ["model_type='bart'"]),
+    "untied-output": (_edit("config.json", tie_word_embeddings=False), ["tie_word_embeddings=False"]),
+    "banned-sequence": (_edit("generation_config.json", bad_words_ids=[[3, 4]]),
+                        ["generation_config.json", "bad_words_ids=[[3, 4]]"]),
+    "forced-first-token": (_edit("generation_config.json", forced_bos_token_id=5), ["forced_bos_token_id=5"]),
+    "learned-positions": (
+        _tensors(lambda t: t.update({"model.encoder.embed_positions.weight": RNG.normal(size=(64, 16)).astype("f4")})),
+        ["model.safetensors", "'model.encoder.embed_positions.weight'", "learned positions"],
+    ),
+    "unknown-weight": (_tensors(lambda t: t.update({"model.encoder.layernorm_embedding.weight": np.ones(16, "f4")})),
+                       ["no place for", "model.encoder.layernorm_embedding.weight"]),
+    "missing-weight": (_tensors(lambda t: t.pop("model.decoder.layers.1.fc2.bias")),
+                       ["lacks the weight 'model.decoder.layers.1.fc2.bias'"]),
+    "tokenizer-misfit": (_swap_specials, ["vocab.json", "'</s>'", "does not fit the model"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", REFUSALS.values(), ids=REFUSALS.keys())
+def test_what_multihead_cannot_compute_exactly_is_refused(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli], damage: tuple
+) -> None:
+    edit, fragments = damage
+    source = shutil.copytree(marian["shared"].directory, tmp_path / "opus-mt-de-en")
+    edit(source)
+    assert_refused(cli("import", source, tmp_path / "run"), *fragments)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["opus-mt-de-en"]  # nothing written
+
+
+def test_an_existing_run_is_refused(marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "file").write_text("mine")
+    for existing in ("run", "file"):
+        assert_refused(cli("import", marian["shared"].directory, tmp_path / existing), "exists", "another")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file", "run"]
+    assert not any((tmp_path / "run").iterdir())
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_what_is_no_checkpoint_is_refused(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert_refused(cli("import", tmp_path / "empty", tmp_path / "run"), "holds no config.json")
+    assert_refused(cli("import", tmp_path / "no" / "such" / "model", tmp_path / "run"), "not a directory",
+                   "Hub name such as Helsinki-NLP/opus-mt-de-en")  # fmt: skip
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["empty"]
+
+
+def test_a_hub_name_without_network_is_one_line(tmp_path: Path) -> None:
+    """The Hub cannot be reached (HF_HUB_OFFLINE fails at once, as no network would) and the cache is empty."""
+    env = subprocess_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    result = subprocess.run(
+        [sys.executable, "-m", "multihead", "import", "Helsinki-NLP/opus-mt-de-en", str(tmp_path / "run")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert_refused(
+        Cli(result.returncode, result.stdout, result.stderr), "cannot download Helsinki-NLP/opus-mt-de-en",
+        "hf download Helsinki-NLP/opus-mt-de-en --local-dir DIR", "multihead import DIR RUN",
+    )  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def test_translate_and_evaluate_give_transformers_translations(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """Each sentence is searched within ``translate``'s length limit for it (Transformers' ``max_length`` one more:
+    the decoder start), forced EOS off (see the greedy test); the text is ``MarianTokenizer``'s."""
+    from multihead.app.translate import length_limit
+
+    checkpoint = marian["separate"]
+    texts = sentences(50, seed=4)
+    limits: dict[int, list[int]] = {}
+    for index, text in enumerate(texts):
+        length = len(checkpoint.tokenizer(text)["input_ids"])  # EOS included
+        limits.setdefault(length_limit(length, 0, checkpoint.model.config.max_position_embeddings), []).append(index)
+    expected = [""] * len(texts)
+    for limit, indices in limits.items():
+        src, mask = checkpoint.encode([texts[index] for index in indices])
+        tokens = checkpoint.model.generate(
+            input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=limit + 1,
+            forced_eos_token_id=None,
+        )  # fmt: skip
+        for index, text in zip(indices, checkpoint.tokenizer.batch_decode(tokens, skip_special_tokens=True),
+                               strict=True):  # fmt: skip
+            expected[index] = text
+    source = write_lines(tmp_path / "source.de", texts)
+    result = cli("translate", checkpoint.run, "--input", source)
+    assert result.status == 0, result.err
+    assert result.out_lines == expected
+
+    reference = write_lines(tmp_path / "reference.en", expected)
+    result = cli("evaluate", checkpoint.run, source, reference)
+    assert result.status == 0, result.err
+    scores = result.json()
+    assert scores["bleu"] == pytest.approx(100.0)
+    assert (scores["sentences"], scores["langs"]) == (50, ["de", "en"])
+
+
+def test_a_config_that_pads_otherwise_than_its_tokenizers_is_refused(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = shutil.copytree(marian["shared"].run, tmp_path / "run")
+    config = run / "checkpoints" / "step-0000000" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "pad_id": 3}))
+    assert_refused(cli("translate", run, "der Hund"), "pad_id=3", f"pad with {marian['shared'].pad}")
