@@ -488,3 +488,110 @@ def test_a_config_that_pads_otherwise_than_its_tokenizers_is_refused(
     config = run / "checkpoints" / "step-0000000" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "pad_id": 3}))
     assert_refused(cli("translate", run, "der Hund"), "pad_id=3", f"pad with {marian['shared'].pad}")
+
+
+# --- export, fine-tuning ------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning")
+def test_export_translates_as_ctranslate2s_own_converter(marian: dict[str, Marian], tmp_path: Path) -> None:
+    """The exported model gives CTranslate2 the greedy tokens that CTranslate2's own Transformers converter gives on
+    the checkpoint, and the export's README translates as it says. (The shared vocabulary only: CTranslate2's Marian
+    converter registers one vocabulary for both sides.) CTranslate2's converter drops the pad from the vocabulary and
+    starts the decoder from a zero vector, where Transformers (and multihead) start from the pad's embedding: the same
+    for OPUS-MT's checkpoints, whose pad embedding is zero (Marian has no pad; the conversion appended a zero row), so
+    the checkpoint's pad embedding is made zero here (the tests' training gave it values through the tied output
+    layer). The export keeps the pad, starts from it and gives it an output bias that bans it."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from multihead.app.export import export
+    from multihead.app.pretrained import import_pretrained
+
+    checkpoint = marian["shared"]
+    directory = tmp_path / "opus-mt-de-en"
+    shutil.copytree(checkpoint.directory, directory)
+    _tensors(lambda tensors: tensors["model.shared.weight"].__setitem__(checkpoint.pad, 0.0))(directory)
+    import_pretrained(str(directory), tmp_path / "run")
+    theirs = tmp_path / "theirs"
+    ctranslate2.converters.TransformersConverter(str(directory)).convert(str(theirs))
+    ours = export(tmp_path / "run", tmp_path / "ours", checkpoint=None, quantization=None)
+    texts = sentences(50, seed=5)
+    batch = [checkpoint.tokenizer.convert_ids_to_tokens(ids) for ids in checkpoint.tokenizer(texts)["input_ids"]]
+    results = {}
+    for name, converted in (("ours", ours), ("theirs", theirs)):
+        translator = ctranslate2.Translator(str(converted), device="cpu")
+        found = translator.translate_batch(batch, beam_size=1, max_decoding_length=GENERATE)
+        results[name] = [result.hypotheses[0] for result in found]
+    assert results["ours"] == results["theirs"]
+    assert len({len(tokens) for tokens in results["ours"]}) >= 3
+    readme = (ours / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n")[1].split("```")[0]
+    done = subprocess.run([sys.executable, "-c", code], cwd=ours, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    tokenizer = checkpoint.tokenizer
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("Zwei Hunde spielen im Schnee.")["input_ids"])
+    (result,) = ctranslate2.Translator(str(ours), device="cpu").translate_batch([pieces])
+    assert done.stdout.strip() == tokenizer.convert_tokens_to_string(result.hypotheses[0])
+
+
+@pytest.fixture(scope="module")
+def tuning_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """German to English pairs the checkpoints never saw: the training pairs' translations in reverse word order."""
+    root = tmp_path_factory.mktemp("tuning")
+    pairs = [(de, " ".join(reversed(en.rstrip(".").split())) + ".") for de, en in PAIRS[::3]]
+    return [str(write_lines(root / "tune.de", [de for de, _ in pairs])),
+            str(write_lines(root / "tune.en", [en for _, en in pairs]))]  # fmt: skip
+
+
+TUNING = ["--steps", "20", "--eval-every", "10", "--checkpoint-every", "10", "--batch-tokens", "300", "--lr", "3e-3",
+          "--warmup", "4", "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.parametrize("framework", ["torch", pytest.param("keras", marks=pytest.mark.keras)])
+def test_an_imported_model_fine_tunes_and_resumes(
+    framework: str, marian: dict[str, Marian], tuning_corpus: list[str], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``train --init`` of an imported run starts from its weights (the first evaluation, before any step, is the
+    imported model's), keeps its model and vocabulary files, lowers the validation loss, and resumes."""
+    from multihead.app.runs import open_checkpoint, read_log
+
+    checkpoint = marian["separate"]
+    out = tmp_path / "tuned"
+    data = ["--data", *tuning_corpus, "--valid", *tuning_corpus]
+    result = cli("train", "--init", checkpoint.run, *data, "--out", out, "--framework", framework, *TUNING)
+    assert result.status == 0, result.err
+    evaluations = [entry for entry in read_log(out) if entry["event"] == "evaluation"]
+    assert [entry["step"] for entry in evaluations][:3] == [0, 10, 20]
+    assert evaluations[-1]["valid_loss"] < evaluations[0]["valid_loss"] - 0.2, evaluations
+    start = read_weights(checkpoint.checkpoint / "model.safetensors")
+    first = read_weights(out / "checkpoints" / "step-0000000" / "model.safetensors")
+    assert all(np.array_equal(start[name], first[name]) for name in start)
+    latest, _ = open_checkpoint(out, "latest", lambda found: None)
+    assert latest.config == read_config(checkpoint.checkpoint / "config.json")
+    assert (latest.options["tokenizer"], latest.options["vocab_size"]) == ("sentencepiece", None)
+    for name in ("tokenizer.json", "source.spm", "target.spm", "vocab.source.json", "vocab.target.json"):
+        assert (latest.path / name).read_bytes() == (checkpoint.checkpoint / name).read_bytes(), name
+    resumed = cli("train", "--resume", "--out", out, *data, "--steps", "24", "--no-progress")
+    assert resumed.status == 0, resumed.err
+    assert open_checkpoint(out, "latest", lambda found: None)[0].step == 24
+    assert cli("translate", out, "der Hund läuft").status == 0
+
+
+def test_an_imported_run_is_not_resumed_but_fine_tuned(
+    marian: dict[str, Marian], tuning_corpus: list[str], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(marian["shared"].run, run)
+    result = cli("train", "--resume", "--out", run, "--data", *tuning_corpus, "--steps", "5")
+    assert_refused(result, "is a model multihead import made", f"multihead train --init {run}")
+    assert sorted(path.name for path in run.iterdir()) == sorted(path.name for path in marian["shared"].run.iterdir())
+
+
+def test_fine_tuning_an_imported_model_refuses_a_conflicting_option(
+    marian: dict[str, Marian], tuning_corpus: list[str], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    for flags, fragment in ((["--d-model", "32"], "--d-model 16"), (["--vocab-size", "8000"], "no --vocab-size"),
+                            (["--tokenizer", "subword"], "--tokenizer sentencepiece")):  # fmt: skip
+        result = cli("train", "--init", marian["shared"].run, "--data", *tuning_corpus, "--out", tmp_path / "x",
+                     "--steps", "1", *flags)  # fmt: skip
+        assert_refused(result, f"{' '.join(flags)} conflicts with --init", fragment)
+    assert not (tmp_path / "x").exists()

@@ -94,6 +94,10 @@ class TrainingData(Protocol):
         """The positions the model needs (its ``max_len``)."""
         ...
 
+    def fit(self, max_len: int, source: Tokenizer, target: Tokenizer) -> None:
+        """Keep to a model of ``max_len`` positions made elsewhere (``--init``), or refuse it in one line."""
+        ...
+
     def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
         """A new run's training data made ready for ``source`` and ``target``."""
         ...
@@ -184,6 +188,14 @@ class Task:
         longest = max(len(side.encode(text)[0]) for s, t in sample for side, text in ((source, s), (target, t)))
         return max(64, 2 * longest + 2)
 
+    def fit(self, max_len: int, source: Tokenizer, target: Tokenizer) -> None:
+        needed = self.positions(source, target)
+        if max_len < needed:
+            raise UserError(
+                f"--init: its model reads at most {max_len} tokens, and task {self.name!r} needs {needed} (twice its "
+                "longest example and more)"
+            )
+
     def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
         longest = max(len(target.encode(t)[0]) for _, t in self.vocabulary_sample())
         return Prepared(None, None, True, {"longest_target": longest})
@@ -249,6 +261,7 @@ class Corpus:
     last_source: str | None = None
     valid_files: list[str] | None = None  # ``--valid``, when given
     surveyed: int | None = field(default=None, compare=False)  # its training pairs, once counted
+    max_len: int = CORPUS_MAX_LEN  # pairs longer than this (either side) are left out of training
     recipe = "corpus"
     metric = "bleu"
     keeps_best = True
@@ -285,11 +298,14 @@ class Corpus:
         return found.sample
 
     def positions(self, source: Tokenizer, target: Tokenizer) -> int:
-        return CORPUS_MAX_LEN
+        return self.max_len
+
+    def fit(self, max_len: int, source: Tokenizer, target: Tokenizer) -> None:
+        self.max_len = min(CORPUS_MAX_LEN, max_len)  # longer pairs are left out of training
 
     def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
         train, heldout = fingerprint(self.data), None if self.valid_files else HELDOUT_RULE
-        key = _cache_key(train, source, target, heldout)
+        key = _cache_key(train, source, target, heldout, self.max_len)
         encoded, cached = _shared_encoding(out, key, lambda: self._encode(source, target, self.surveyed, progress))
         facts = {
             "train": train,
@@ -314,18 +330,19 @@ class Corpus:
         _check_same_files("--valid", options.valid, facts.get("valid"))
         source, target = checkpoint.source, checkpoint.target
         heldout = None if facts.get("valid") is not None else heldout_rule(facts)
-        cache_key = _cache_key(facts["train"], source, target, heldout)
+        self.fit(checkpoint.config.max_len, source, target)
+        cache_key = _cache_key(facts["train"], source, target, heldout, self.max_len)
         progress = options.progress
         encoded, cached = _shared_encoding(out, cache_key, lambda: self._encode(source, target, None, progress))
         return Prepared(encoded, cache_key, cached, dict(facts))
 
     def _encode(self, source: Tokenizer, target: Tokenizer, size: int | None, progress: bool) -> EncodedCorpus:
         """The ids of the training pairs that fit the model's positions; a warning for those left out."""
-        encoded = encode_pairs(self.pairs(), source, target, CORPUS_MAX_LEN, total=size, progress=progress)
+        encoded = encode_pairs(self.pairs(), source, target, self.max_len, total=size, progress=progress)
         if not len(encoded):
-            raise UserError(f"--data: every sentence pair is longer than {CORPUS_MAX_LEN} tokens: nothing to train on")
+            raise UserError(f"--data: every sentence pair is longer than {self.max_len} tokens: nothing to train on")
         if encoded.dropped:
-            left_out = f"{plural(encoded.dropped, 'sentence pair')} longer than {CORPUS_MAX_LEN} tokens"
+            left_out = f"{plural(encoded.dropped, 'sentence pair')} longer than {self.max_len} tokens"
             warn(f"--data: {left_out} {'is' if encoded.dropped == 1 else 'are'} left out of training")
         return encoded
 
@@ -359,10 +376,10 @@ class Corpus:
         )
 
 
-def _cache_key(train: Any, source: Tokenizer, target: Tokenizer, heldout: str | None) -> dict[str, Any]:
+def _cache_key(train: Any, source: Tokenizer, target: Tokenizer, heldout: str | None, max_len: int) -> dict[str, Any]:
     """What a corpus's ids are made from: its files' fingerprints, the tokenizers, the length limit, and the rule
     that held out its validation pairs (where they are its own)."""
-    key = {"train": train, "tokenizers": tokenizers_digest(source, target), "max_len": CORPUS_MAX_LEN}
+    key = {"train": train, "tokenizers": tokenizers_digest(source, target), "max_len": max_len}
     return key if heldout is None else {**key, "heldout": heldout}
 
 

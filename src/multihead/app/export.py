@@ -20,7 +20,13 @@ import numpy as np
 
 from multihead.app.console import UserError
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.tokenizers import SubwordTokenizer, Tokenizer, subword_file
+from multihead.app.tokenizers import (
+    SentencePieceTokenizer,
+    SubwordTokenizer,
+    Tokenizer,
+    sentencepiece_files,
+    subword_file,
+)
 from multihead.config import LAYER_NORM_EPS
 from multihead.files import write_directory
 from multihead.io import read_weights
@@ -127,9 +133,36 @@ def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
     return spec
 
 
+def _tokenizer_files(checkpoint: Checkpoint) -> list[str]:
+    """The files of the run's tokenizers that a CTranslate2 user needs, source's first: subword vocabularies, or
+    SentencePiece models (their vocabularies are CTranslate2's own)."""
+    source, target = checkpoint.source, checkpoint.target
+    files = []
+    for side, tokenizer, other in (("source", source, target), ("target", target, source)):
+        if isinstance(tokenizer, SubwordTokenizer):
+            files.append(subword_file(side, source is target))
+        elif isinstance(tokenizer, SentencePieceTokenizer):
+            files.append(sentencepiece_files(side, tokenizer, other)[0])
+    return list(dict.fromkeys(files))
+
+
 def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) -> str:
     subword = isinstance(checkpoint.source, SubwordTokenizer)
-    if subword:
+    package = " tokenizers" if subword else ""
+    if isinstance(checkpoint.source, SentencePieceTokenizer):
+        package = " sentencepiece"
+        source, target = files[0], files[-1]
+        eos = checkpoint.source.pieces([checkpoint.source.specials.eos])[0]
+        lines = [
+            "import ctranslate2, sentencepiece",
+            'translator = ctranslate2.Translator(".", device="cpu")  # this directory',
+            f'source = sentencepiece.SentencePieceProcessor(model_file="{source}")',
+            f'target = sentencepiece.SentencePieceProcessor(model_file="{target}")',
+            f'pieces = source.encode("Zwei Hunde spielen im Schnee.", out_type=str) + ["{eos}"]  # ends with EOS',
+            "result = translator.translate_batch([pieces])",
+            "print(target.decode(result[0].hypotheses[0]))",
+        ]
+    elif subword:
         source, target = files[0], files[-1]
         load = f'source = target = tokenizers.Tokenizer.from_file("{source}")'
         if source != target:
@@ -155,7 +188,7 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
     return (
         f"# A multihead model for CTranslate2\n\nExported by `multihead export` from checkpoint "
         f"`{checkpoint.path.name}` of `{checkpoint.path.parents[1].name}`, weights stored as {stored}. Translate "
-        f"with `pip install ctranslate2{' tokenizers' if subword else ''}`:\n\n```python\n"
+        f"with `pip install ctranslate2{package}`:\n\n```python\n"
         + "\n".join(lines)
         + "\n```\n\n`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
         "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6) and `max_decoding_length`; the "
@@ -176,10 +209,7 @@ def export(run: str | Path, out: str | Path, *, checkpoint: str | None, quantiza
     spec = _spec(found, weights)
     spec.validate()
     spec.optimize(quantization=quantization)
-    joint = found.source is found.target
-    files = [subword_file(side, joint) for side, tokenizer in (("source", found.source), ("target", found.target))
-             if isinstance(tokenizer, SubwordTokenizer)]  # fmt: skip
-    files = list(dict.fromkeys(files))
+    files = _tokenizer_files(found)
 
     def fill(staging: Path) -> None:
         spec.save(str(staging))

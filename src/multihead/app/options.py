@@ -24,7 +24,7 @@ from multihead.app.console import UserError
 from multihead.app.devices import DEVICE_CHOICES, PRECISIONS, device_name
 from multihead.app.generated import TASKS
 from multihead.app.languages import language_code
-from multihead.app.tokenizers import KINDS
+from multihead.app.tokenizers import ALL_KINDS, KINDS
 from multihead.app.translate import TRANSLATION
 from multihead.decoding import SearchOptions
 from multihead.io import FRAMEWORKS
@@ -603,7 +603,8 @@ class TrainOptions:
                 described.kind.check(described.flag, value)
         if self.framework is not None:
             _check_choice(FRAMEWORKS, " or ".join(FRAMEWORKS))("--framework", self.framework)
-        if self.tokenizer is not None:
+        taken = self.init is not None or self.vocab_from is not None  # another run's: any kind of tokenizer
+        if self.tokenizer is not None and not (taken and self.tokenizer in ALL_KINDS):
             _check_choice(KINDS, f"one of {', '.join(KINDS)}")("--tokenizer", self.tokenizer)
         if self.precision is not None:
             _check_choice(PRECISIONS, f"one of {', '.join(PRECISIONS)}")("--precision", self.precision)

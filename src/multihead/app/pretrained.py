@@ -152,8 +152,9 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     for note in files.notes:
         warn(note)
     record = {"source": source_name, "config": hf, "generation_config": generation, "weights": files.weights_name}
-    options = {"task": None, "data": None, "tokenizer": SentencePieceTokenizer.kind, "langs": langs,
-               "imported": source_name}  # fmt: skip
+    # No --vocab-size made the vocabulary; --joint-vocab: one for both sides, tied as ours are.
+    options = {"task": None, "data": None, "tokenizer": SentencePieceTokenizer.kind, "vocab_size": None,
+               "joint": config.tie_embeddings, "langs": langs, "imported": source_name}  # fmt: skip
     save_imported_run(run, config=config, weights=weights, tokenizers=(source, target), options=options, record=record)
     parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
     return Imported(run, source_name, config, source, target, langs, parameters)

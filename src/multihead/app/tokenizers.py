@@ -34,6 +34,9 @@ import numpy as np
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 KINDS = ("char", "word", "subword")
+"""The kinds of tokenizer ``train`` learns."""
+ALL_KINDS = (*KINDS, "sentencepiece")
+"""Those and the kinds a run may take from another (``train --init`` of an imported model)."""
 MANIFEST = "tokenizer.json"
 
 __all__ = [

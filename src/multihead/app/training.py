@@ -41,7 +41,6 @@ from multihead.app.console import (
     world_size,
 )
 from multihead.app.data import (
-    CORPUS_MAX_LEN,
     HELDOUT_RULE,
     Prepared,
     TrainingData,
@@ -194,6 +193,14 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
     if f"{recipe}-gpu" in RECIPES and resolve_device(options.device or "auto").startswith("cuda"):
         recipe += "-gpu"  # the recipe sized for a GPU
     resolved = _resolve(options, recipe, None, data)
+    if initial is not None:  # its vocabulary's options as it recorded them, never the recipe's
+        theirs = initial.options
+        resolved = replace(
+            resolved,
+            tokenizer=theirs["tokenizer"],
+            vocab_size=theirs.get("vocab_size"),
+            joint=bool(theirs.get("joint")),
+        )
     _check_vocab_size(options, resolved)
     if borrowed is None:
         pairs = data.vocabulary_pairs(resolved, options.progress)
@@ -202,16 +209,11 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
         release_freed_memory()  # theirs and the BPE trainer's
     else:
         source, target = borrowed[1:]
-    positions = data.positions(source, target)
     if initial is None:
-        config = _config(resolved, source, target, positions)
+        config = _config(resolved, source, target, data.positions(source, target))
     else:
         config = replace(initial.config, dropout=resolved.dropout)
-        if config.max_len < positions:
-            raise UserError(
-                f"--init {options.init}: its model reads at most {config.max_len} tokens, and this data needs "
-                f"{positions} (a corpus's pairs of up to {CORPUS_MAX_LEN} tokens, or twice a task's longest example)"
-            )
+        data.fit(config.max_len, source, target)
     prepared = data.prepare(out, source, target, options.progress)
     return Setup(resolved, data, source, target, config, prepared, initial)
 
@@ -506,6 +508,11 @@ class Training:
         )
 
     def _resume(self) -> None:
+        if (trained_options(self.out) or {}).get("imported"):
+            raise UserError(
+                f"{str(self.out)!r} is a model multihead import made: it has no training to resume; fine-tune it into "
+                f"a new run with: multihead train --init {self.out} --data SRC TGT --out NEW ..."
+            )
         nothing_given = TrainOptions(out=self.options.out, resume=True, device=self.options.device)
 
         def load(found: Checkpoint) -> Trainer:
