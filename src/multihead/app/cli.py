@@ -530,7 +530,8 @@ def _add_import(commands: argparse._SubParsersAction) -> None:
         "such as Helsinki-NLP/opus-mt-de-en, downloaded with huggingface_hub (or found in its cache). The model "
         "computes what Transformers' MarianMTModel computes; a model with anything multihead cannot compute "
         "exactly (pre-norm layers, learned positions, another activation...) is refused, naming the setting. RUN "
-        "appears whole or not at all; an existing RUN is refused, never overwritten.",
+        "appears whole or not at all; an existing RUN is refused, never overwritten. Fine-tune it on your corpus with "
+        "multihead train --init RUN --data SRC TGT --out NEW.",
     )  # fmt: skip
     command.add_argument("source", help="a Marian checkpoint's directory, or a Hugging Face Hub name")
     command.add_argument("run", help="the run directory to write (it must not exist)")

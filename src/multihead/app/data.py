@@ -261,7 +261,7 @@ class Corpus:
     last_source: str | None = None
     valid_files: list[str] | None = None  # ``--valid``, when given
     surveyed: int | None = field(default=None, compare=False)  # its training pairs, once counted
-    max_len: int = CORPUS_MAX_LEN  # pairs longer than this (either side) are left out of training
+    max_len: int | None = None  # fit() to a model made elsewhere: at most CORPUS_MAX_LEN
     recipe = "corpus"
     metric = "bleu"
     keeps_best = True
@@ -297,15 +297,20 @@ class Corpus:
         say(f"learning a {options.tokenizer} vocabulary from {plural(len(found.sample), 'sentence pair')}{sampled}")
         return found.sample
 
+    @property
+    def limit(self) -> int:
+        """Pairs longer than this (either side) are left out of training."""
+        return CORPUS_MAX_LEN if self.max_len is None else self.max_len
+
     def positions(self, source: Tokenizer, target: Tokenizer) -> int:
-        return self.max_len
+        return self.limit
 
     def fit(self, max_len: int, source: Tokenizer, target: Tokenizer) -> None:
         self.max_len = min(CORPUS_MAX_LEN, max_len)  # longer pairs are left out of training
 
     def prepare(self, out: Path, source: Tokenizer, target: Tokenizer, progress: bool) -> Prepared:
         train, heldout = fingerprint(self.data), None if self.valid_files else HELDOUT_RULE
-        key = _cache_key(train, source, target, heldout, self.max_len)
+        key = _cache_key(train, source, target, heldout, self.limit)
         encoded, cached = _shared_encoding(out, key, lambda: self._encode(source, target, self.surveyed, progress))
         facts = {
             "train": train,
@@ -331,18 +336,18 @@ class Corpus:
         source, target = checkpoint.source, checkpoint.target
         heldout = None if facts.get("valid") is not None else heldout_rule(facts)
         self.fit(checkpoint.config.max_len, source, target)
-        cache_key = _cache_key(facts["train"], source, target, heldout, self.max_len)
+        cache_key = _cache_key(facts["train"], source, target, heldout, self.limit)
         progress = options.progress
         encoded, cached = _shared_encoding(out, cache_key, lambda: self._encode(source, target, None, progress))
         return Prepared(encoded, cache_key, cached, dict(facts))
 
     def _encode(self, source: Tokenizer, target: Tokenizer, size: int | None, progress: bool) -> EncodedCorpus:
         """The ids of the training pairs that fit the model's positions; a warning for those left out."""
-        encoded = encode_pairs(self.pairs(), source, target, self.max_len, total=size, progress=progress)
+        encoded = encode_pairs(self.pairs(), source, target, self.limit, total=size, progress=progress)
         if not len(encoded):
-            raise UserError(f"--data: every sentence pair is longer than {self.max_len} tokens: nothing to train on")
+            raise UserError(f"--data: every sentence pair is longer than {self.limit} tokens: nothing to train on")
         if encoded.dropped:
-            left_out = f"{plural(encoded.dropped, 'sentence pair')} longer than {self.max_len} tokens"
+            left_out = f"{plural(encoded.dropped, 'sentence pair')} longer than {self.limit} tokens"
             warn(f"--data: {left_out} {'is' if encoded.dropped == 1 else 'are'} left out of training")
         return encoded
 
