@@ -39,7 +39,8 @@ class TransformerConfig:
     embeddings by ``sqrt(d_model)``; ``tie_output``: the target embedding is also the output projection's weight
     while the source has its own (two vocabularies); ``decoder_start_id``: the token every target sequence starts
     with, when it is ``pad_id`` (Marian starts from its pad): the default target key mask then keeps the first
-    position; ``banned_ids``: tokens generation never chooses (their log-probabilities are ``-inf`` at every step).
+    position; ``banned_ids``: tokens generation never chooses (their logits are ``-inf`` at every step, before the
+    softmax).
     The output projection always has a bias (Marian's ``final_logits_bias``).
     """
 

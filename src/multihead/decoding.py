@@ -34,8 +34,9 @@ A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptio
   ``beam_size``) and stops the sentence when the last of them ranks at least as high as any continuation could: the
   same rule, which keeping one is.
 
-A model whose config has ``banned_ids`` gives those tokens the log-probability ``-inf`` at every step (after the
-softmax, as Hugging Face's ``bad_words_ids`` does): no search chooses them.
+A model whose config has ``banned_ids`` gives those tokens the logit ``-inf`` at every step, before the softmax (as
+CTranslate2 and Hugging Face's ``bad_words_ids`` with ``renormalize_logits`` do): no search chooses them, and the
+other tokens' probabilities sum to 1.
 
 ``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
 searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
@@ -307,7 +308,7 @@ def n_best_search(
 
 
 def banned_row(config: TransformerConfig) -> np.ndarray | None:
-    """What a step adds to its log-probabilities ``(N, V)``: ``(V,)`` float32, ``-inf`` at the config's
+    """What a step adds to its logits ``(N, V)`` before the softmax: ``(V,)`` float32, ``-inf`` at the config's
     ``banned_ids`` and 0 elsewhere; ``None`` when it bans none."""
     if not config.banned_ids:
         return None

@@ -276,7 +276,8 @@ def test_greedy_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> N
 
 @KINDS
 def test_beam_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> None:
-    """Beam search of 4 with length penalty 1 gives Transformers' tokens with ``early_stopping="never"``.
+    """Beam search of 4 with length penalty 1 gives Transformers' tokens with ``early_stopping="never"`` and
+    ``renormalize_logits=True``.
 
     Both rank a hypothesis of n tokens (EOS included) by its log-probability / n ** length_penalty, take the
     finished ones among the best ``beam`` of ``2 * beam`` candidates a step, and keep ``beam`` unfinished ones. Ours
@@ -287,14 +288,15 @@ def test_beam_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> Non
     ``early_stopping=False`` it bounds continuations at the current length, which a positive penalty makes too low,
     and may stop before a longer hypothesis that would rank higher; ``early_stopping=True`` stops at ``beam``
     finished hypotheses whatever their scores; at ``max_length`` it forces EOS where we rank the unfinished beams;
-    and where ``renormalize_logits`` is set (OPUS-MT's generation configs), it renormalizes after banning the pad,
-    which shifts every score by log(1 - p(pad)). Here every sentence ends before the limit.
+    and unless ``renormalize_logits`` is set, it bans the pad after the softmax, where we ban it before (so that
+    the other tokens' probabilities sum to 1, as CTranslate2 does), which shifts every score by log(1 - p(pad)).
+    Here every sentence ends before the limit.
     """
     checkpoint = marian[kind]
     src, mask = checkpoint.encode(sentences(20, seed=3))
     expected = checkpoint.model.generate(
         input_ids=src, attention_mask=mask, num_beams=4, do_sample=False, max_length=GENERATE + 1,
-        early_stopping="never", length_penalty=1.0, forced_eos_token_id=None,
+        early_stopping="never", length_penalty=1.0, forced_eos_token_id=None, renormalize_logits=True,
     )  # fmt: skip
     ours = checkpoint.ours()
     got = ours.generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS, beam_size=4)

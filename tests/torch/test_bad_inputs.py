@@ -739,7 +739,7 @@ PARTS_CONSTRUCTOR_CASES = {
     "feed-forward-activation-none": Case(lambda: FeedForward(E, 32, activation=None), r"`activation`", ValueError),
     "feed-forward-activation-tanh": Case(
         lambda: FeedForward(8, 16, activation="tanh"),
-        r"`activation` must be one of \('relu', 'gelu'\), received 'tanh'",
+        r"`activation` must be one of \('relu', 'gelu', 'silu'\), received 'tanh'",
         ValueError,
     ),
     "encoder-layer-heads-indivisible": Case(lambda: EncoderLayer(E, 3, 32), r"d_model=16, num_heads=3", ValueError),

@@ -525,8 +525,8 @@ def _add_import(commands: argparse._SubParsersAction) -> None:
         commands, "import", _import,
         help="make a run of a Hugging Face Marian model (OPUS-MT's Helsinki-NLP/opus-mt-*)",
         description="Write RUN, a new run directory that translate, evaluate, score, serve and export read as any "
-        "run, from SOURCE: a directory holding a Hugging Face Marian checkpoint as save_pretrained writes it "
-        "(config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json...), or a Hub name "
+        "run, from SOURCE: a directory holding a Hugging Face Marian checkpoint as save_pretrained writes it (its "
+        "config, weights as safetensors or pytorch_model.bin, SentencePiece models and vocabularies), or a Hub name "
         "such as Helsinki-NLP/opus-mt-de-en, downloaded with huggingface_hub (or found in its cache). The model "
         "computes what Transformers' MarianMTModel computes; a model with anything multihead cannot compute "
         "exactly (pre-norm layers, learned positions, another activation...) is refused, naming the setting. RUN "

@@ -30,9 +30,10 @@ keys this module does not know are named in a warning. Search options ``multihea
 (``no_repeat_ngram_size``, ``repetition_penalty``, ``min_length``...) are named in a warning too.
 
 Generation then differs from Transformers' ``generate`` in two places only: Transformers forces EOS at its
-``max_length`` (``forced_eos_token_id``) where multihead stops without one, and, where ``renormalize_logits`` is set
-(as in OPUS-MT's generation configs), it renormalizes the log-probabilities after banning the pad, which shifts beam
-scores by ``log(1 - p(pad))``: nothing, for a model that never learnt to write its pad.
+``max_length`` (``forced_eos_token_id``) where multihead stops without one, and, unless ``renormalize_logits`` is
+set, it bans the pad after the softmax, leaving the others' probabilities as they were, where multihead (and
+CTranslate2) ban it before the softmax, so that they sum to 1: beam scores differ by ``log(1 - p(pad))``, nothing for
+a model that never learnt to write its pad.
 """
 
 from __future__ import annotations

@@ -762,9 +762,10 @@ class DecoderSteps:
         return self.log_probs(ops.take(hidden, position, axis=1))
 
     def log_probs(self, hidden: Tensor) -> Tensor:
-        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32, the banned tokens' ``-inf``."""
-        log_probs = ops.log_softmax(ops.cast(self.model.output_proj(hidden), "float32"), axis=-1)
-        return log_probs if self.banned is None else log_probs + self.banned
+        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32: the banned tokens' ``-inf``, the
+        others' renormalised."""
+        logits = ops.cast(self.model.output_proj(hidden), "float32")  # (N, V)
+        return ops.log_softmax(logits if self.banned is None else logits + self.banned, axis=-1)
 
     def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)

@@ -562,9 +562,10 @@ class DecoderSteps:
         self.banned = None if banned is None else torch.from_numpy(banned).to(self.device)  # (V,)
 
     def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities ``(N, V)`` in float32 of ``logits (N, V)``, the banned tokens' ``-inf``."""
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        return log_probs if self.banned is None else log_probs + self.banned
+        """Log-probabilities ``(N, V)`` in float32 of ``logits (N, V)``: the banned tokens' ``-inf``, the others'
+        renormalised."""
+        logits = logits.float() if self.banned is None else logits.float() + self.banned
+        return torch.log_softmax(logits, dim=-1)
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
