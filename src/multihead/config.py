@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ class TransformerConfig:
     scale_embeddings: bool = True
     tie_output: bool = False
     decoder_start_id: int | None = None
-    banned_ids: tuple[int, ...] = ()
+    banned_ids: Sequence[int] = ()  # kept as a tuple
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "max_len"):

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from app.support import VALID, Cli, CorpusRun, assert_refused, write_corpus
 from multihead.app.options import FINE_TUNING
 from multihead.app.runs import TOKENIZER, WEIGHTS, open_checkpoint, read_log
+from multihead.app.training import TrainOptions, train
 from multihead.io import read_weights
 
 # The corpus run's model sizes and vocabulary come with --init: the flags without them.
@@ -118,3 +123,35 @@ def test_init_refuses_a_model_too_short_for_the_task(task_run: Path, tmp_path: P
     result = cli("train", "--init", task_run, "--task", "numbers", "--out", tmp_path / "run", "--steps", "1")
     assert_refused(result, "--init: its model reads at most 64 tokens, and task 'numbers' needs 126")
     assert not (tmp_path / "run").exists()
+
+
+def _rank(rank: int, world: int, port: int, options: dict[str, Any]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    train(TrainOptions(**options))
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_fine_tune_from_one_run(corpus_run: CorpusRun, tmp_path: Path) -> None:
+    """Under data parallelism every rank starts from the run's weights: the run's step 0 holds them, and the two
+    ranks take the batches one process takes with twice the accumulation."""
+    data = write_corpus(tmp_path / "corpus", TUNE, "tune")
+    base = dict(out=str(tmp_path / "ddp"), init=str(corpus_run.path), data=data, steps=3, eval_every=1000,
+                eval_examples=4, batch_tokens=200, dropout=0.0, progress=False)  # fmt: skip
+    context = torch.multiprocessing.get_context("spawn")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workers = [context.Process(target=_rank, args=(rank, 2, port, base)) for rank in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=180)
+        assert worker.exitcode == 0
+    train(TrainOptions(**{**base, "out": str(tmp_path / "single"), "accumulate": 2}))
+    start, _ = open_checkpoint(corpus_run.path, None, lambda found: None)
+    first = read_weights(tmp_path / "ddp" / "checkpoints" / "step-0000000" / WEIGHTS)
+    theirs = read_weights(start.path / WEIGHTS)
+    assert all(np.array_equal(first[name], theirs[name]) for name in theirs)
+    ddp, alone = (open_checkpoint(tmp_path / run, "latest", lambda found: None)[0] for run in ("ddp", "single"))
+    assert (ddp.step, ddp.trainer["process"]["world_size"]) == (3, 2)
+    assert ddp.trainer["tokens"] == alone.trainer["tokens"]

@@ -125,7 +125,7 @@ def test_input_longer_than_the_model_reads_is_counted_in_characters(reverse_run:
 def test_unknown_characters_are_listed_each_on_its_own(reverse_run: Path, cli: Callable[..., Cli]) -> None:
     result = cli("translate", reverse_run, "abc", "ACT!")
     assert result.status == 0, result.err
-    assert result.err_lines == ["warning: text 2: 'A', 'C', 'T', '!' not in the training vocabulary, read as <unk>"]
+    assert result.err_lines == ["warning: text 2: 'A', 'C', 'T', '!' not in the model's vocabulary, read as <unk>"]
     assert len(result.out_lines) == 2
 
 

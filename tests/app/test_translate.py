@@ -338,7 +338,7 @@ def test_unknown_characters_are_listed_one_by_one(corpus_run: CorpusRun, cli: Ca
     result = cli("translate", corpus_run.path, SAMPLES[0], "der Hund Ωβ läuft.")
     assert result.status == 0, result.err
     assert len(result.out_lines) == 2
-    assert result.err_lines == ["warning: text 2: 'Ω', 'β' not in the training vocabulary, read as <unk>"]
+    assert result.err_lines == ["warning: text 2: 'Ω', 'β' not in the model's vocabulary, read as <unk>"]
 
 
 @pytest.mark.parametrize("command", ["translate", "evaluate"])
@@ -452,7 +452,7 @@ def test_translation_exposes_every_layer_and_head(dates_run: Path) -> None:
 
 def test_unknown_characters_warn(dates_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["translate", str(dates_run), "21 Novémber 2026"]) == 0
-    assert "warning: text 1: 'é' not in the training vocabulary, read as <unk>" in capsys.readouterr().err
+    assert "warning: text 1: 'é' not in the model's vocabulary, read as <unk>" in capsys.readouterr().err
 
 
 # --- what the command is given --------------------------------------------------------------------------------

@@ -197,7 +197,7 @@ class Translator:
         ids, unknown = (self.target if target else self.source).encode(text)
         if unknown:
             shown = ", ".join(repr(piece) for piece in dict.fromkeys(unknown))
-            warn(f"{name}: {shown} not in the training vocabulary, read as <unk>")
+            warn(f"{name}: {shown} not in the model's vocabulary, read as <unk>")
         return ids
 
     def _pieces(self, text: str, name: str) -> list[Ids]:

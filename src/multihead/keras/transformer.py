@@ -493,7 +493,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         self.config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
-            decoder_start_id, tuple(banned_ids),
+            decoder_start_id, banned_ids,
         )  # fmt: skip
         # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
         embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)

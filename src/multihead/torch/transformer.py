@@ -364,7 +364,7 @@ class Transformer(nn.Module):
         config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
-            decoder_start_id, tuple(banned_ids),
+            decoder_start_id, banned_ids,
         )  # fmt: skip
         self.config = config
         self.src_embed = nn.Embedding(src_vocab, d_model)
