@@ -183,3 +183,22 @@ def torch_trainer(config: Any = None, **options: Any) -> Any:
 
     config = config or TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 32, PAD, False)
     return TorchTrainer(config, recipe_options("task", **{**TRAINER_OPTIONS, **options}), None, Specials())
+
+
+def run_ranks(target: Callable[..., None], world: int, *args: Any) -> None:
+    """``target(rank, world, port, *args)`` in ``world`` spawned processes, as data-parallel ranks meeting on a free
+    port of 127.0.0.1; each must exit 0 within 180 s."""
+    import socket
+
+    import torch
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = torch.multiprocessing.get_context("spawn")
+    workers = [context.Process(target=target, args=(rank, world, port, *args)) for rank in range(world)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=180)
+        assert worker.exitcode == 0

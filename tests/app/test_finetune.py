@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.support import VALID, Cli, CorpusRun, assert_refused, write_corpus
+from app.support import VALID, Cli, CorpusRun, assert_refused, run_ranks, write_corpus
 from multihead.app.options import FINE_TUNING
 from multihead.app.runs import TOKENIZER, WEIGHTS, open_checkpoint, read_log
 from multihead.app.training import TrainOptions, train
@@ -137,16 +136,7 @@ def test_two_processes_fine_tune_from_one_run(corpus_run: CorpusRun, tmp_path: P
     data = write_corpus(tmp_path / "corpus", TUNE, "tune")
     base = dict(out=str(tmp_path / "ddp"), init=str(corpus_run.path), data=data, steps=3, eval_every=1000,
                 eval_examples=4, batch_tokens=200, dropout=0.0, progress=False)  # fmt: skip
-    context = torch.multiprocessing.get_context("spawn")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    workers = [context.Process(target=_rank, args=(rank, 2, port, base)) for rank in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=180)
-        assert worker.exitcode == 0
+    run_ranks(_rank, 2, base)
     train(TrainOptions(**{**base, "out": str(tmp_path / "single"), "accumulate": 2}))
     start, _ = open_checkpoint(corpus_run.path, None, lambda found: None)
     first = read_weights(tmp_path / "ddp" / "checkpoints" / "step-0000000" / WEIGHTS)

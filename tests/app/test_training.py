@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,19 @@ import torch.nn.functional as F
 import multihead.app.data as data_module
 import multihead.app.train_torch as train_torch
 import multihead.app.training as training
-from app.support import SMALL, TINY, TRAIN, VALID, Cli, CorpusRun, no_evaluation, tiny, torch_trainer, write_corpus
+from app.support import (
+    SMALL,
+    TINY,
+    TRAIN,
+    VALID,
+    Cli,
+    CorpusRun,
+    no_evaluation,
+    run_ranks,
+    tiny,
+    torch_trainer,
+    write_corpus,
+)
 from multihead.app.batching import CorpusBatches, join_batches, make_batch
 from multihead.app.console import UserError
 from multihead.app.encoded import EncodedCorpus
@@ -413,32 +424,19 @@ def test_tokenizer_kind_is_checked_with_the_options(tmp_path: Path) -> None:
         TrainOptions(out=str(tmp_path / "run"), task="copy", steps=1, tokenizer="byte")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _rank(rank: int, world: int, port: int, out: str, weights: str, accumulate: int) -> None:
+def _rank(rank: int, world: int, port: int, out: str, weights: list[str], accumulate: int) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_default_dtype(torch.float64)  # so that only the order of summation differs, at 1e-16
     options = dict(task="reverse", steps=4, checkpoint_every=4, accumulate=accumulate, **TINY)
     result = train(TrainOptions(out=out, **options))
-    save_weights(result.model, weights)
+    save_weights(result.model, weights[rank])
     torch.distributed.destroy_process_group()
 
 
 def test_two_processes_accumulating_equal_one_accumulating_twice_as_many(tmp_path: Path) -> None:
     """A step takes world size × --accumulate batches: two ranks of 2 learn what one process of 4 learns."""
     weights = [str(tmp_path / f"rank{r}.safetensors") for r in range(2)]
-    context = torch.multiprocessing.get_context("spawn")
-    port = _free_port()
-    workers = [context.Process(target=_rank, args=(r, 2, port, str(tmp_path / "ddp"), weights[r], 2)) for r in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=180)
-        assert worker.exitcode == 0
+    run_ranks(_rank, 2, str(tmp_path / "ddp"), weights, 2)
     torch.set_default_dtype(torch.float64)
     try:
         options = dict(task="reverse", steps=4, checkpoint_every=4, accumulate=4, **TINY)
@@ -468,14 +466,7 @@ def test_two_processes_train_a_corpus_from_one_encoding(tmp_path: Path) -> None:
     """Rank 0 encodes the corpus and writes the run's cache; rank 1 waits for it and maps it. Together they take the
     batches one process takes with twice the accumulation."""
     base = vars(corpus_options(tmp_path, steps=3, eval_every=1000))
-    context = torch.multiprocessing.get_context("spawn")
-    port = _free_port()
-    workers = [context.Process(target=_corpus_rank, args=(r, 2, port, base)) for r in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=180)
-        assert worker.exitcode == 0
+    run_ranks(_corpus_rank, 2, base)
     train(TrainOptions(**{**base, "out": str(tmp_path / "single"), "accumulate": 2}))
     ddp, alone = (json.loads((latest_checkpoint(Path(out)) / "trainer.json").read_text())
                   for out in (base["out"], tmp_path / "single"))  # fmt: skip
