@@ -597,3 +597,23 @@ def test_fine_tuning_an_imported_model_refuses_a_conflicting_option(
                      "--steps", "1", *flags)  # fmt: skip
         assert_refused(result, f"{' '.join(flags)} conflicts with --init", fragment)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_new_model_learns_with_an_imported_vocabulary(
+    marian: dict[str, Marian], tuning_corpus: list[str], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``--vocab-from`` an imported run: a new model pads with the vocabulary's pad, starts its decoder from it (that
+    first position kept by the target mask) and never generates it, as the imported model does."""
+    from multihead.app.runs import open_checkpoint
+
+    checkpoint = marian["shared"]
+    out = tmp_path / "new"
+    result = cli("train", "--vocab-from", checkpoint.run, "--data", *tuning_corpus, "--out", out, "--steps", "4",
+                 "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--no-progress")  # fmt: skip
+    assert result.status == 0, result.err
+    latest, _ = open_checkpoint(out, "latest", lambda found: None)
+    config = latest.config
+    assert (config.pad_id, config.decoder_start_id, config.banned_ids) == (checkpoint.pad,) * 2 + ((checkpoint.pad,),)
+    assert (latest.options["tokenizer"], latest.options["vocab_size"]) == ("sentencepiece", None)
+    assert (latest.path / "vocab.json").read_bytes() == (checkpoint.checkpoint / "vocab.json").read_bytes()
+    assert cli("translate", out, "der Hund läuft").status == 0

@@ -553,17 +553,17 @@ VOCABULARY = ("tokenizer", "vocab_size", "joint")
 """The options that say how a run's vocabulary was made, which ``--vocab-from`` takes from the other run."""
 
 
-def vocabulary_from(options: TrainOptions) -> tuple[TrainOptions, Tokenizer, Tokenizer]:
-    """``--vocab-from RUN``: the tokenizers of the run in ``RUN`` (every checkpoint of a run has the same; those of
-    its newest intact one), and ``options`` with that run's ``VOCABULARY`` options; refused in one line where ``RUN``
-    is no run, or where an option given conflicts with them."""
+def vocabulary_from(options: TrainOptions) -> tuple[TrainOptions, Checkpoint]:
+    """``--vocab-from RUN``: ``options`` with the ``VOCABULARY`` options of the run in ``RUN``, and the checkpoint
+    whose tokenizers the new run takes (every checkpoint of a run has the same: its newest intact one); refused in
+    one line where ``RUN`` is no run, or where an option given conflicts with them."""
     if options.vocab_from is None:
         raise TypeError("vocabulary_from needs options with a vocab_from")
     checkpoint = _other_run(options.vocab_from, "--vocab-from", "latest", "--vocab-from: the vocabulary of")
     theirs: dict[str, Any] = {name: checkpoint.options.get(name) for name in VOCABULARY}
     options = _taken(options, theirs, "--vocab-from", f"--vocab-from {options.vocab_from}, whose vocabulary has")
     say(f"taking the {theirs['tokenizer']} vocabulary of {options.vocab_from} ({checkpoint.path.name})")
-    return options, checkpoint.source, checkpoint.target
+    return options, checkpoint
 
 
 SHAPE = ("d_model", "num_heads", "layers", "d_ff")

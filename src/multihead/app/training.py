@@ -87,7 +87,7 @@ from multihead.app.runs import (
     write_history,
 )
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import PAD, Specials, Tokenizer, build_tokenizers
+from multihead.app.tokenizers import Specials, Tokenizer, build_tokenizers
 from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
 
@@ -139,11 +139,17 @@ def saved_recipe(saved: dict[str, Any]) -> str:
 
 
 def _config(options: RunOptions, source: Tokenizer, target: Tokenizer, max_len: int) -> TransformerConfig:
+    """A new model for the tokenizers: padded with their pad; a vocabulary whose decoder starts from its pad (an
+    imported Marian one's, taken with --vocab-from) keeps that first position and never generates the pad."""
+    specials = target.specials
+    starts_from_pad = specials.bos == specials.pad
     try:
         return TransformerConfig(
             len(source), len(target), d_model=options.d_model, num_heads=options.num_heads,
             num_encoder_layers=options.layers, num_decoder_layers=options.layers, d_ff=options.d_ff,
-            dropout=options.dropout, max_len=max_len, pad_id=PAD, tie_embeddings=source is target,
+            dropout=options.dropout, max_len=max_len, pad_id=specials.pad, tie_embeddings=source is target,
+            decoder_start_id=specials.bos if starts_from_pad else None,
+            banned_ids=(specials.pad,) if starts_from_pad else (),
         )  # fmt: skip
     except ValueError as error:
         raise UserError(in_flags(str(error))) from None
@@ -181,20 +187,19 @@ def _tokenizers(resolved: RunOptions, pairs: Sequence[tuple[str, str]]) -> tuple
 def new_setup(options: TrainOptions, out: Path) -> Setup:
     """The setup of a fresh run: data read, tokenizers learned (or another run's taken), model sized (or, with
     ``--init``, another run's taken whole), training data made ready."""
-    initial, borrowed = None, None
+    taken: Checkpoint | None = None  # of the run whose model (--init) or vocabulary (--vocab-from) this one takes
     if options.init is not None:
-        options, initial = initial_run(options)
-        borrowed = options, initial.source, initial.target
+        options, taken = initial_run(options)
     elif options.vocab_from is not None:
-        borrowed = vocabulary_from(options)
-    options = options if borrowed is None else borrowed[0]
+        options, taken = vocabulary_from(options)
+    initial = taken if options.init is not None else None
     data = _load_data(options, None)
     recipe = data.recipe
     if f"{recipe}-gpu" in RECIPES and resolve_device(options.device or "auto").startswith("cuda"):
         recipe += "-gpu"  # the recipe sized for a GPU
     resolved = _resolve(options, recipe, None, data)
-    if initial is not None:  # its vocabulary's options as it recorded them, never the recipe's
-        theirs = initial.options
+    if taken is not None:  # its vocabulary's options as it recorded them, never the recipe's
+        theirs = taken.options
         resolved = replace(
             resolved,
             tokenizer=theirs["tokenizer"],
@@ -202,13 +207,13 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
             joint=bool(theirs.get("joint")),
         )
     _check_vocab_size(options, resolved)
-    if borrowed is None:
+    if taken is None:
         pairs = data.vocabulary_pairs(resolved, options.progress)
         source, target = _tokenizers(resolved, pairs)
         del pairs  # the sample's texts
         release_freed_memory()  # theirs and the BPE trainer's
     else:
-        source, target = borrowed[1:]
+        source, target = taken.source, taken.target
     if initial is None:
         config = _config(resolved, source, target, data.positions(source, target))
     else:
