@@ -6,9 +6,10 @@ memory, its key mask and the decoder's cache; the model supplies its decoding :c
 the cache (the memory projected into it once, at the start), or, without a cache, the whole prefix again at every
 step. A step is the model's own forward pass with a cache, one query per row.
 
-The searches drive a :class:`Session`: ``step(prefix)`` gives the log-probabilities ``(N, V)`` of the next token
-after the token prefixes ``(N, t)`` decoded so far, where the model computes; ``argmax`` and ``top_k`` choose from
-them, so that only the chosen ids and scores reach the host; ``reorder(rows)`` keeps the model state (cache,
+The searches drive a :class:`Session`: ``step(prefix)`` gives the logits ``(N, V)`` of the next token after the
+token prefixes ``(N, t)`` decoded so far, where the model computes (their log-softmax is the log-probabilities; a
+front end may give those, which are such logits too); ``argmax`` and ``top_k`` choose from them, ``top_k`` as
+log-probabilities, so that only the chosen ids and scores reach the host (and a greedy step never normalises); ``reorder(rows)`` keeps the model state (cache,
 encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state. Beam search mostly
 reorders rows among the beams of one sentence, which share their source: it says so (``same_sources``), and the
 source's state (encoder memory, its projections and key mask) stays where it is.
@@ -157,17 +158,18 @@ def search_options(search: SearchOptions | None, *, beam_size: int = 1, length_p
 
 
 class Choices(Protocol):
-    """How tokens are chosen from a step's log-probabilities, where the model computes: only the chosen ids and scores
-    reach the host."""
+    """How tokens are chosen from a step's logits, where the model computes: only the chosen ids and scores reach the
+    host."""
 
-    def argmax(self, log_probs: Tensor) -> np.ndarray:
-        """The most probable token of each row of ``log_probs (N, V)``: int64 ``(N,)`` on the host."""
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        """The most probable token of each row of ``logits (N, V)``: int64 ``(N,)`` on the host."""
         ...
 
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``count`` best continuations of each sentence's ``beam`` rows (``N = S * beam``): ``scores (N,)`` added
-        to ``log_probs (N, V)``, the best over each sentence's ``beam * V`` candidates, best first. Their scores
-        (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the host."""
+        to the log-probabilities of ``logits (N, V)``, the best over each sentence's ``beam * V`` candidates, best
+        first. Their scores (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the
+        host."""
         ...
 
 
@@ -179,12 +181,12 @@ class Steps(Choices, Protocol):
         ...
 
     def step(self, tokens: Tensor, cache: DecoderCaches, memory_key_mask: Tensor | None) -> Tensor:
-        """Log-probabilities ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, whose predecessors and projected
-        memory ``cache`` holds; ``tokens`` extend it."""
+        """Logits ``(N, V)`` (float32; banned tokens ``-inf``) of the token after ``tokens (N, 1)``, whose predecessors
+        and projected memory ``cache`` holds; ``tokens`` extend it."""
         ...
 
     def recompute(self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None) -> Tensor:
-        """Log-probabilities ``(N, V)`` of the token after each whole ``prefix (N, t)``, without a cache."""
+        """Logits ``(N, V)`` of the token after each whole ``prefix (N, t)``, without a cache."""
         ...
 
     def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
@@ -200,8 +202,8 @@ class Session(Choices, Protocol):
     """What the searches drive: one ``generate`` call's model state, and its :class:`Choices`."""
 
     def step(self, prefix: np.ndarray) -> Tensor:
-        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes (or what
-        the session's ``argmax`` and ``top_k`` read of them, with their ``shape``)."""
+        """Logits ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes (or what the session's
+        ``argmax`` and ``top_k`` read of them, with their ``shape``)."""
         ...
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
@@ -229,16 +231,16 @@ class DecodingSession:
             self.memory = None
 
     def step(self, prefix: np.ndarray) -> Tensor:
-        """Log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
+        """Logits ``(N, V)`` of the token after each prefix ``(N, t)``."""
         if self.cache is None:
             return self.steps.recompute(self.steps.tensor(prefix), self.memory, self.memory_key_mask)
         return self.steps.step(self.steps.tensor(prefix[:, -1:]), self.cache, self.memory_key_mask)
 
-    def argmax(self, log_probs: Tensor) -> np.ndarray:
-        return self.steps.argmax(log_probs)
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        return self.steps.argmax(logits)
 
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.steps.top_k(log_probs, scores, beam, count)
+    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.steps.top_k(logits, scores, beam, count)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds (see :meth:`Session.reorder`)."""
@@ -367,7 +369,7 @@ def check_generation_args(
 
 
 Choose = Callable[[Tensor, np.ndarray], np.ndarray]
-"""How a search of one row per sentence picks each row's next token: from the step's log-probabilities ``(N, V)``
+"""How a search of one row per sentence picks each row's next token: from the step's logits ``(N, V)``
 and the sentences ``(N,)`` of its rows, int64 ``(N,)``."""
 
 
@@ -399,7 +401,7 @@ def one_row_search(
 def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
     """The most probable token at every step, up to each row's limit (:func:`one_row_search`)."""
     return one_row_search(
-        session, batch, lambda log_probs, _: session.argmax(log_probs), max_len=max_len, bos_id=bos_id,
+        session, batch, lambda logits, _: session.argmax(logits), max_len=max_len, bos_id=bos_id,
         eos_id=eos_id, pad_id=pad_id,
     )  # fmt: skip
 
@@ -411,13 +413,13 @@ def sentence_generators(seed: int | None, keys: Sequence[int] | np.ndarray) -> l
 
 
 def sample(
-    choices: Choices, log_probs: Tensor, generators: Sequence[np.random.Generator], options: SearchOptions
+    choices: Choices, logits: Tensor, generators: Sequence[np.random.Generator], options: SearchOptions
 ) -> np.ndarray:
-    """One token for each row of ``log_probs (N, V)``, drawn as ``options`` say, row ``i`` with ``generators[i]``:
+    """One token for each row of ``logits (N, V)``, drawn as ``options`` say, row ``i`` with ``generators[i]``:
     int64 ``(N,)``."""
-    vocab, rows = int(log_probs.shape[-1]), len(generators)
+    vocab, rows = int(logits.shape[-1]), len(generators)
     count = vocab if options.sampling_topk == 0 else min(options.sampling_topk, vocab)
-    values, tokens = choices.top_k(log_probs, np.zeros(rows, dtype=np.float32), 1, count)  # (N, k) best first
+    values, tokens = choices.top_k(logits, np.zeros(rows, dtype=np.float32), 1, count)  # (N, k) best first
     uniforms = np.array([generator.random() for generator in generators])  # (N,)
     drawn = draw(values, uniforms, temperature=options.sampling_temperature, top_p=options.sampling_topp)
     return tokens[np.arange(rows), drawn]
@@ -453,8 +455,8 @@ def sample_search(
     ``keys`` name the sentences to their random generators (default ``0..B-1``)."""
     generators = sentence_generators(options.seed, np.arange(batch) if keys is None else keys)
 
-    def choose(log_probs: Tensor, sentences: np.ndarray) -> np.ndarray:
-        return sample(session, log_probs, [generators[sentence] for sentence in sentences], options)
+    def choose(logits: Tensor, sentences: np.ndarray) -> np.ndarray:
+        return sample(session, logits, [generators[sentence] for sentence in sentences], options)
 
     return one_row_search(session, batch, choose, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
 
@@ -568,10 +570,10 @@ def _search(
     scores = np.zeros((batch, width), dtype=np.float32)
     best = _Best(np.full((batch, n), -np.inf), [[] for _ in range(batch)])
     for t in range(1, int(max_len.max()) + 1):  # t: the length of the hypotheses this step makes
-        log_probs = session.step(prefix)
-        vocab = int(log_probs.shape[-1])
+        logits = session.step(prefix)
+        vocab = int(logits.shape[-1])
         count = min(2 * k, width * vocab)
-        values, indices = session.top_k(log_probs, scores.reshape(-1), width, count)  # (S, count) each
+        values, indices = session.top_k(logits, scores.reshape(-1), width, count)  # (S, count) each
         if count < min(2 * k, k * vocab):  # a first step with fewer tokens than 2k: dead candidates fill the rest
             dead = ((0, 0), (0, min(2 * k, k * vocab) - count))
             values, indices = np.pad(values, dead, constant_values=-np.inf), np.pad(indices, dead)

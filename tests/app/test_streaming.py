@@ -95,7 +95,7 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
 ) -> None:
     decode = Stream._decode
     monkeypatch.setattr(Stream, "_decode", lambda self: np.maximum(decode(self), EOS + 1))  # no sentence ends
-    stream = Stream(translator.generator, rows=64, search=TRANSLATION, bos_id=BOS, eos_id=EOS)
+    stream = Stream(translator.model, rows=64, search=TRANSLATION, bos_id=BOS, eos_id=EOS)
 
     def add(index: int) -> None:
         ids = translator.source.encode(SOURCES[index])[0]
@@ -171,7 +171,7 @@ def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
         streaming_translator.add([SAMPLES[index]], future)
     with monkeypatch.context() as patched:
         if failing_part == "encoding":
-            patched.setattr(translator.generator, "_encode", lambda *args: 1 / 0)
+            patched.setattr(translator.model, "_encode", lambda *args: 1 / 0)
         else:
             patched.setattr(Stream, "_decode", lambda self: 1 / 0)
         with pytest.raises(ZeroDivisionError):

@@ -482,12 +482,9 @@ def test_a_directory_as_input_is_named_as_translation_input(
 def test_int8_translates_with_quantized_linear_layers_close_to_float32(
     corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
-    import torch
-
     quantized = Translator(corpus_run.path, device="cpu", quantize="int8")
-    assert isinstance(quantized.generator.output_proj, torch.ao.nn.quantized.dynamic.Linear)
-    assert isinstance(quantized.model.output_proj, torch.nn.Linear)  # attention maps: the float32 model's
     translations = quantized.translate(SAMPLES)
+    assert quantized.model._layouts["search"]().kind == "int8"  # what translated
     same = sum(a == b for a, b in zip(translations, corpus_run.translations, strict=True))
     assert same >= len(SAMPLES) - 1, (translations, corpus_run.translations)
     result = cli("translate", corpus_run.path, *SAMPLES, "--quantize", "int8", "--plot", tmp_path / "a.png")

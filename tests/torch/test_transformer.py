@@ -218,8 +218,8 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
         return with_cache
 
     first = decodes_as_its_weights_say()
-    layout = model._output_layout()
-    assert model._output_layout() is layout  # nothing changed: kept
+    layout = model._layouts["search"]()
+    assert model._layouts["search"]() is layout  # nothing changed: kept
     with torch.no_grad():
         model.decoder.layers[0].feed_forward.linear1.weight.mul_(3.0)
         model.output_proj.bias[5] += 4.0
@@ -234,7 +234,7 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
     decodes_as_its_weights_say()
     model.output_proj.weight = nn.Parameter(torch.randn_like(model.output_proj.weight))
     decodes_as_its_weights_say()
-    assert model._output_layout() is not layout
+    assert model._layouts["search"]() is not layout
 
 
 @pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
@@ -631,10 +631,11 @@ def test_generate_equals_greedy_decoding_step_by_step(norm_first: bool, monkeypa
     [{}, {"norm_first": True}, {"activation": "gelu"}, {"tie_embeddings": True, "pad_id": PAD}],
     ids=["post-norm", "pre-norm", "gelu", "tied-padded"],
 )
-def test_decoding_steps_give_the_log_probs_of_full_decoding(options: dict) -> None:
+def test_decoding_steps_give_the_logits_of_full_decoding(options: dict) -> None:
     """``generate``'s steps (one token per row, projections laid out for it, the memory projected into the cache
-    once) give the log-probabilities of teacher-forced calls on the whole prefix, also after beam-style reordering
-    that repeats and drops rows; padded sources (``pad_id``) mask the memory as a full call does."""
+    once) give the logits of teacher-forced calls on the whole prefix, also after beam-style reordering that repeats
+    and drops rows; padded sources (``pad_id``) mask the memory as a full call does. Their top-k gives the best
+    log-probabilities, the scores added."""
     torch.manual_seed(0)
     model = Transformer(23, 23, **{**SMALL, **options}).double().eval()
     src = tokens(3, 7, vocab=23)
@@ -647,8 +648,13 @@ def test_decoding_steps_give_the_log_probs_of_full_decoding(options: dict) -> No
         prefix, rows = torch.full((3, 1), BOS), torch.arange(3)
         for step in range(6):
             full = model(src[rows], prefix, src_key_mask=None if key_mask is None else key_mask[rows])[:, -1]
-            expected = torch.log_softmax(full, dim=-1).numpy()
-            np.testing.assert_allclose(session.step(prefix.numpy()), expected, rtol=0, atol=1e-6)  # float32 out
+            logits = session.step(prefix.numpy())
+            np.testing.assert_allclose(logits, full.numpy(), rtol=0, atol=1e-5)  # float32 out
+            scores = np.arange(3, dtype=np.float32)
+            values, indices = session.top_k(logits, scores, 1, 4)
+            expected = torch.log_softmax(full, dim=-1).numpy() + scores[:, None]
+            np.testing.assert_allclose(values, -np.sort(-expected, axis=1)[:, :4], rtol=0, atol=1e-5)
+            np.testing.assert_allclose(np.take_along_axis(expected, indices, axis=1), values, rtol=0, atol=1e-5)
             if step == 2:  # rows 2, 0, 0 go on, as beam search may keep them
                 order = torch.tensor([2, 0, 0])
                 session.reorder(order.numpy())
@@ -678,7 +684,7 @@ def test_an_attention_step_equals_a_cached_call(options: dict) -> None:
             stepped = module(token, memory, key_mask=key_mask, cache=memory_cache)
         torch.testing.assert_close(stepped, expected.detach())
     assert step_cache.length == self_cache.length == 5
-    assert all(layout._kept is not None for layout in module._layouts.values())  # the steps took the layouts
+    assert all(module._layouts[name]._kept is not None for name in ("qkv", "q", "out"))  # the steps took the layouts
 
 
 # --- sampling, and continuous batching --------------------------------------------------------------------------

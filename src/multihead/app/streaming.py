@@ -174,7 +174,7 @@ class StreamingTranslator:
         self.translator, self.rows = translator, rows
         self.requests = Requests(translator)
         self.stream: Stream[tuple[_Job, int]] = Stream(
-            translator.generator, rows=rows, search=search, bos_id=translator.specials.bos,
+            translator.model, rows=rows, search=search, bos_id=translator.specials.bos,
             eos_id=translator.specials.eos,
         )  # fmt: skip
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +148,9 @@ def translate_ids(
 
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
-    :mod:`multihead.app.devices`), ready to translate. ``quantize="int8"`` translates with the linear layers in int8
-    (PyTorch's dynamic quantization, on the CPU); attention maps still come from the float32 model."""
+    :mod:`multihead.app.devices`), ready to translate. ``quantize="int8"`` computes the linear layers in int8 (weights
+    quantized per output feature, inputs as they come: :func:`multihead.torch.quantize`, on the CPU), for
+    translations, scores and attention maps alike."""
 
     def __init__(
         self, run: str | Path, checkpoint: str | None = None, *, device: str | None = None, quantize: str | None = None
@@ -158,12 +158,17 @@ class Translator:
         import torch
 
         from multihead.app.devices import resolve_device
+        from multihead.app.memory import keep_freed_memory
         from multihead.io import load_weights
         from multihead.torch import Transformer
+        from multihead.torch import quantize as quantize_model
 
         self.device = torch.device(resolve_device(device or "auto"))
         if quantize is not None and self.device.type != "cpu":
-            raise UserError(f"--quantize {quantize} runs on the CPU (PyTorch's dynamic quantization): add --device cpu")
+            raise UserError(f"--quantize {quantize} runs on the CPU (PyTorch's int8 kernels): add --device cpu")
+
+        if self.device.type == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step
+            keep_freed_memory()
 
         def load(found: Checkpoint) -> Any:
             model = Transformer.from_config(found.config).eval()
@@ -171,14 +176,8 @@ class Translator:
             return model.to(self.device)
 
         self.checkpoint, self.model = open_checkpoint(Path(run), checkpoint, load)
-        self.generator = self.model  # what generates: the model, or its int8 copy
-        if quantize == "int8":
-            with warnings.catch_warnings():  # PyTorch's notices that its eager quantization is deprecated
-                warnings.simplefilter("ignore", UserWarning)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self.generator = torch.ao.quantization.quantize_dynamic(
-                    self.model, {torch.nn.Linear}, dtype=torch.qint8
-                )
+        if quantize is not None:
+            quantize_model(self.model, quantize)
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
         self.specials: Specials = self.target.specials
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
@@ -242,9 +241,7 @@ class Translator:
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                session = self.generator.decoding_session(
-                    torch.from_numpy(src).to(self.device), max_len=int(limits.max())
-                )
+                session = self.model.decoding_session(torch.from_numpy(src).to(self.device), max_len=int(limits.max()))
                 specials = self.specials
                 return generate(session, len(src), search, max_len=limits, bos_id=specials.bos, eos_id=specials.eos,
                                 pad_id=specials.pad, keys=indices)  # fmt: skip
@@ -300,9 +297,7 @@ class Translator:
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
             with torch.inference_mode():
-                session = self.generator.decoding_session(
-                    torch.from_numpy(src).to(self.device), max_len=int(limits.max())
-                )
+                session = self.model.decoding_session(torch.from_numpy(src).to(self.device), max_len=int(limits.max()))
                 found = n_best_search(
                     session, len(src), search, max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
                 )
@@ -375,7 +370,7 @@ class Translator:
                 tgt_out[row, : len(tokens)] = tokens
             with torch.inference_mode():
                 out = torch.from_numpy(tgt_out).to(self.device)
-                logits = self.generator(torch.from_numpy(src).to(self.device), torch.from_numpy(tgt_in).to(self.device))
+                logits = self.model(torch.from_numpy(src).to(self.device), torch.from_numpy(tgt_in).to(self.device))
                 logits = logits.float()  # (B, Lt, V)
                 picked = logits.gather(-1, out.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, Lt)
                 totals = picked.masked_fill(out == specials.pad, 0.0).sum(dim=1).double().cpu().numpy()  # (B,)

@@ -1,9 +1,10 @@
-"""The PyTorch front end: ``attention`` and ``packed_attention``, mask helpers, ``MultiHeadAttention``, ``KVCache`` and
-the Transformer."""
+"""The PyTorch front end: ``attention`` and ``packed_attention``, mask helpers, ``MultiHeadAttention``, ``KVCache``,
+the Transformer, and ``quantize`` (int8 inference)."""
 
 from multihead.cache import DecoderCache
 from multihead.torch.attention import KVCache, MultiHeadAttention
 from multihead.torch.functional import attention, packed_attention
+from multihead.torch.layouts import quantize
 from multihead.torch.masks import causal_mask, padding_mask, padding_mask_from_tokens
 from multihead.torch.transformer import (
     Decoder,
@@ -31,4 +32,5 @@ __all__ = [
     "packed_attention",
     "padding_mask",
     "padding_mask_from_tokens",
+    "quantize",
 ]

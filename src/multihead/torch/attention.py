@@ -4,9 +4,10 @@ The module projects, splits heads, calls the attention function, merges heads an
 adds: a cache for decoding (a :class:`~multihead.cache.StepCache` such as :class:`KVCache`: self-attention appends
 to it; cross-attention projects the memory into it once), where a decoding step is the same call with one query per
 row; and, for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
-(:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``). A decoding
-step without gradients projects with its weights laid out for rows of one token (:class:`StepLayout`, kept until a
-weight changes), as the Transformer's feed-forward blocks and output projection do.
+(:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``). Without
+gradients its projections run in the forms :mod:`multihead.torch.layouts` lays out for inference (a decoding step's
+with its weights laid out for rows of one token, kept until a weight changes), as the Transformer's feed-forward
+blocks and output projection do.
 
 ``forward`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own
 public entry point has checked theirs.
@@ -18,12 +19,6 @@ N rows of one token each.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import NamedTuple
-
 import numpy as np
 import torch
 from torch import nn
@@ -31,6 +26,7 @@ from torch import nn
 from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
+from multihead.torch.layouts import StepLayout, is_step
 from multihead.torch.masks import restrict
 from multihead.torch.tensors import OPS
 from multihead.validation import (
@@ -49,99 +45,6 @@ PACKED_DEVICES = frozenset({"cpu"})
 """Devices where a padded batch with a ``query_mask`` takes the packed path (only the real tokens, one sequence at a
 time), which beats the padded kernel there; elsewhere (CUDA) one kernel call over the padded batch with the padding in
 its mask is faster, and padded query rows are zeroed after it (docs/performance.md)."""
-
-
-class Affine(NamedTuple):
-    """``nn.Linear`` layers laid out for decoding steps: ``x @ weight + bias`` with ``weight (in, out)``.
-
-    For a few rows (one token per sentence) some CPUs' BLAS multiplies a row-major ``(in, out)`` matrix up to twice
-    as fast as ``nn.Linear``'s transposed ``(out, in)`` one (docs/performance.md), and layers that read the same input
-    run as one product. Made from the modules' weights by a :class:`StepLayout`, which makes it again when one of
-    them changes, so it always computes what they do.
-    """
-
-    weight: torch.Tensor | None  # (in, out)
-    bias: torch.Tensor | None  # (out,)
-    modules: tuple[nn.Module, ...] = ()  # linears that are not nn.Linear (int8 ones), run as they are
-
-    @classmethod
-    def of(cls, *linears: nn.Module) -> Affine:
-        """``linears``, which read the same input, as one: their outputs side by side."""
-        plain = [linear for linear in linears if isinstance(linear, nn.Linear)]
-        if len(plain) < len(linears):  # e.g. dynamically quantized to int8
-            return cls(None, None, linears)
-        weight = torch.cat(tuple(linear.weight for linear in plain)).t().contiguous()  # (in, sum of out)
-        biases = tuple(linear.bias for linear in plain if linear.bias is not None)
-        return cls(weight, torch.cat(biases) if biases else None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x (N, in)`` → ``(N, out)``."""
-        if self.weight is None:
-            return torch.cat([module(x) for module in self.modules], dim=-1)
-        return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
-
-
-def is_step(x: torch.Tensor) -> bool:
-    """Whether ``x (B, L, features)`` is a decoding step's input: one position per sequence, no gradient wanted."""
-    return x.shape[1] == 1 and not torch.is_grad_enabled()
-
-
-_SESSION: ContextVar[object | None] = ContextVar("multihead_decoding_session", default=None)
-"""The decoding session whose steps run now (see :func:`weights_fixed_within`)."""
-
-
-@contextlib.contextmanager
-def weights_fixed_within(session: object) -> Iterator[None]:
-    """Run a decoding step of ``session`` (any object, one per decoding session): the weights do not change within a
-    session, so each :class:`StepLayout` checks its weights once per session instead of at every step."""
-    token = _SESSION.set(session)
-    try:
-        yield
-    finally:
-        _SESSION.reset(token)
-
-
-@dataclass
-class _Kept:
-    weights: list[torch.Tensor]
-    versions: list[tuple[int, int]]
-    affine: Affine
-    session: object | None  # the decoding session it was last checked in
-
-
-class StepLayout:
-    """Linears of ``owner`` (named ``names``) that read one input, laid out as one :class:`Affine` for decoding steps,
-    and kept until one of their weights changes: another tensor, or one written in place (PyTorch counts such writes:
-    optimizer steps, ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). The
-    weights are checked at every call, or once per decoding session (:func:`weights_fixed_within`). Weights made in
-    inference mode have no such count, and linears that are not ``nn.Linear`` (int8 ones) no weights to lay out:
-    those run as they are."""
-
-    def __init__(self, owner: nn.Module, *names: str) -> None:
-        self.owner, self.names = owner, names
-        self._kept: _Kept | None = None
-
-    def __call__(self) -> Affine:
-        kept, session = self._kept, _SESSION.get()
-        if kept is not None and session is not None and kept.session is session:
-            return kept.affine
-        linears = [getattr(self.owner, name) for name in self.names]
-        if not all(isinstance(linear, nn.Linear) for linear in linears):
-            return Affine(None, None, tuple(linears))
-        weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
-        if any(weight.is_inference() for weight in weights):
-            return Affine(None, None, tuple(linears))
-        versions = [(weight._version, weight.data_ptr()) for weight in weights]
-        if not (
-            kept is not None
-            and kept.versions == versions
-            and len(kept.weights) == len(weights)
-            and all(old is new for old, new in zip(kept.weights, weights, strict=True))
-        ):
-            with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-                kept = self._kept = _Kept(weights, versions, Affine.of(*linears), None)
-        kept.session = session
-        return kept.affine
 
 
 class KVCache(KVCacheBase):
@@ -294,12 +197,10 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(vdim, num_kv_heads * value_head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * value_head_dim, d_model, bias=bias)
-        # The projections laid out for decoding steps: self-attention's query, key and value as one product, the
-        # query's alone (cross-attention), the output's.
-        self._layouts = {
-            "qkv": StepLayout(self, "q_proj", "k_proj", "v_proj"), "q": StepLayout(self, "q_proj"),
-            "out": StepLayout(self, "out_proj"),
-        }  # fmt: skip
+        # The projections laid out for inference (multihead.torch.layouts): each alone, and a decoding step's
+        # self-attention query, key and value as one product.
+        self._layouts = {name: StepLayout(self, f"{name}_proj") for name in ("q", "k", "v", "out")}
+        self._layouts["qkv"] = StepLayout(self, "q_proj", "k_proj", "v_proj")
 
     def extra_repr(self) -> str:
         return (
@@ -383,14 +284,15 @@ class MultiHeadAttention(nn.Module):
                 return_weights=False, implementation=self.implementation,
             )  # fmt: skip  # (N, H, 1, Dv)
             return self._layouts["out"]()(out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
-        q = self.q_proj(query).view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
+        q = self._layouts["q"].apply(query)  # (B, Lq, H*Dk)
+        q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
         k, v = attended(cache, self_attention, lambda: self._project_given(key, value))
         out, weights = _attention(
             q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
             return_weights=return_weights, implementation=self.implementation,
         )  # fmt: skip
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
-        return self.out_proj(out), weights  # (B, Lq, E)
+        return self._layouts["out"].apply(out), weights  # (B, Lq, E)
 
     def _project_step(
         self,
@@ -425,8 +327,8 @@ class MultiHeadAttention(nn.Module):
     def _project_keys_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``key (B, Lk, kdim)``, ``value (B, Lk, vdim)`` → keys ``(B, Hkv, Lk, Dk)``, values ``(B, Hkv, Lk, Dv)``."""
         batch, length, _ = key.shape
-        k = self.k_proj(key).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(value).view(batch, length, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
+        k = self._layouts["k"].apply(key).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self._layouts["v"].apply(value).view(batch, length, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
         return k, v
 
     def _attend_packed(
@@ -445,9 +347,10 @@ class MultiHeadAttention(nn.Module):
         lk = key.shape[1]
         key_mask = torch.ones(batch, lk, dtype=torch.bool, device=key.device) if key_mask is None else key_mask
         q_rows, k_rows = query_mask.reshape(-1).nonzero()[:, 0], key_mask.reshape(-1).nonzero()[:, 0]  # (N,), (M,)
-        q = self.q_proj(query.reshape(batch * lq, self.qdim).index_select(0, q_rows))  # (N, H*Dk)
-        k = self.k_proj(key.reshape(batch * lk, self.kdim).index_select(0, k_rows))  # (M, Hkv*Dk)
-        v = self.v_proj(value.reshape(batch * lk, self.vdim).index_select(0, k_rows))  # (M, Hkv*Dv)
+        layouts = self._layouts
+        q = layouts["q"].apply(query.reshape(batch * lq, self.qdim).index_select(0, q_rows))  # (N, H*Dk)
+        k = layouts["k"].apply(key.reshape(batch * lk, self.kdim).index_select(0, k_rows))  # (M, Hkv*Dk)
+        v = layouts["v"].apply(value.reshape(batch * lk, self.vdim).index_select(0, k_rows))  # (M, Hkv*Dv)
         masks, packed_causal = _sequence_masks(mask, query_mask, key_mask, causal)
         out = _packed_attention(
             q.view(-1, self.num_heads, self.head_dim),  # (N, H, Dk)
@@ -461,7 +364,7 @@ class MultiHeadAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             implementation=self.implementation,
         )  # (N, H, Dv)
-        packed = self.out_proj(out.reshape(-1, self.num_heads * self.value_head_dim))  # (N, E)
+        packed = layouts["out"].apply(out.reshape(-1, self.num_heads * self.value_head_dim))  # (N, E)
         out = packed.new_zeros(batch * lq, self.d_model).index_copy(0, q_rows, packed)  # (B*Lq, E)
         return out.view(batch, lq, self.d_model)
 

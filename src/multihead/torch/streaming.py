@@ -285,12 +285,12 @@ class Stream(Generic[Owner]):
             sources = torch.from_numpy(self.sources).to(self.device)
             memory_mask = torch.arange(source_span, device=self.device) < sources[:, None]  # (N, S)
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
-        log_probs = self.steps.step(tokens, self.cache, memory_mask, self_mask)
+        logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
         if self.search.strategy == "greedy":
-            return self.steps.argmax(log_probs)
+            return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]
-        return sample(self.steps, log_probs, generators, self.search)  # every sentence has one when sampling
+        return sample(self.steps, logits, generators, self.search)  # every sentence has one when sampling
 
     def _leave(self, ended: Sequence[int]) -> None:
         """Rows ``ended`` leave; the last rows take their places."""

@@ -26,7 +26,8 @@ from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
-from multihead.torch.attention import KVCache, MultiHeadAttention, StepLayout, is_step, weights_fixed_within
+from multihead.torch.attention import KVCache, MultiHeadAttention
+from multihead.torch.layouts import StepLayout, weights_fixed_within
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -87,18 +88,15 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff))
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-        self._layouts = (StepLayout(self, "linear1"), StepLayout(self, "linear2"))  # laid out for decoding steps
+        self._layouts = {name: StepLayout(self, name) for name in ("linear1", "linear2")}  # laid out for inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not is_step(x):
-            return self.linear2(self.dropout(self._activate(self.linear1(x))))
-        first, second = self._layouts[0](), self._layouts[1]()  # laid out for the step
-        hidden = self._activate(first(x.reshape(x.shape[0], -1)))  # (N, d_ff): one position a sequence
-        return second(self.dropout(hidden) if self.training else hidden).unsqueeze(1)  # (N, 1, E)
+        hidden = self._activate(self._layouts["linear1"].apply(x))
+        return self._layouts["linear2"].apply(self.dropout(hidden) if self.training else hidden)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
         return ACTIVATION_FUNCTIONS[self.activation](hidden)
@@ -383,7 +381,10 @@ class Transformer(nn.Module):
         if tie_embeddings or tie_output:
             self.output_proj.weight = self.tgt_embed.weight
             nn.init.zeros_(self.output_proj.bias)
-        self._output_layout = StepLayout(self, "output_proj")  # laid out for decoding steps
+        # The output projection laid out for inference, and for searches: with the banned tokens' logits -inf.
+        output = StepLayout(self, "output_proj")
+        search = StepLayout(self, "output_proj", fill=config.banned_ids) if config.banned_ids else output
+        self._layouts = {"output": output, "search": search}
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -463,9 +464,7 @@ class Transformer(nn.Module):
         )
         if not project:
             return hidden, weights  # (B, Lt, E)
-        if is_step(hidden) and not return_weights:  # (N, 1, E) -> (N, 1, V), the projection laid out for the step
-            return self._output_layout()(hidden.reshape(hidden.shape[0], -1)).unsqueeze(1), weights
-        return self.output_proj(hidden), weights  # (B, Lt, V)
+        return self._layouts["output"].apply(hidden), weights  # (B, Lt, V)
 
     def forward(
         self,
@@ -558,14 +557,11 @@ class DecoderSteps:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.device = model.src_embed.weight.device
-        banned = decoding.banned_row(model.config)
-        self.banned = None if banned is None else torch.from_numpy(banned).to(self.device)  # (V,)
 
-    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities ``(N, V)`` in float32 of ``logits (N, V)``: the banned tokens' ``-inf``, the others'
-        renormalised."""
-        logits = logits.float() if self.banned is None else logits.float() + self.banned
-        return torch.log_softmax(logits, dim=-1)
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``: the output
+        projection laid out for searches, which gives the banned tokens ``-inf``."""
+        return self.model._layouts["search"]()(hidden).float()
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
@@ -587,19 +583,19 @@ class DecoderSteps:
         memory_key_mask: torch.Tensor | None,
         self_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Log-probabilities ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions
+        """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions
         ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
         projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_mask (N|1, L)``: the keys each row
         attends of those the self-attention caches give (default: all)."""
         with weights_fixed_within(self):  # its layouts checked once per session
-            logits = self.model._decode(tokens, None, memory_key_mask, self_mask, cache)[0][:, -1]  # (N, V)
-        return self._log_probs(logits)
+            hidden = self.model._decode(tokens, None, memory_key_mask, self_mask, cache, project=False)[0]
+            return self._logits(hidden[:, -1])  # (N, V)
 
     def recompute(
         self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        logits = self.model._decode(prefix, memory, memory_key_mask, None, None)[0][:, -1]  # (N, V)
-        return self._log_probs(logits)
+        hidden = self.model._decode(prefix, memory, memory_key_mask, None, None, project=False)[0]
+        return self._logits(hidden[:, -1])  # (N, V)
 
     def take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
         return x.index_select(0, torch.from_numpy(rows).to(x.device))
@@ -607,21 +603,19 @@ class DecoderSteps:
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
 
-    def argmax(self, log_probs: torch.Tensor) -> np.ndarray:
+    def argmax(self, logits: torch.Tensor) -> np.ndarray:
         # The first of equal maxima either way. On the CPU, NumPy reads the same memory and is several times faster
         # than PyTorch's reduction; elsewhere only the ids leave the device.
-        if log_probs.device.type == "cpu":
-            return log_probs.numpy().argmax(axis=-1)
-        return log_probs.max(dim=-1).indices.cpu().numpy()
+        if logits.device.type == "cpu":
+            return logits.numpy().argmax(axis=-1)
+        return logits.max(dim=-1).indices.cpu().numpy()
 
-    def top_k(
-        self, log_probs: torch.Tensor, scores: np.ndarray, beam: int, count: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        vocab = log_probs.shape[-1]
+    def top_k(self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        vocab = logits.shape[-1]
         # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
         row_best = min(count, vocab)
-        values, tokens = log_probs.topk(row_best, dim=-1)  # (S*beam, row_best)
-        values = values + torch.from_numpy(scores).to(log_probs.device)[:, None]
+        values, tokens = torch.log_softmax(logits, dim=-1).topk(row_best, dim=-1)  # (S*beam, row_best)
+        values = values + torch.from_numpy(scores).to(logits.device)[:, None]
         values, chosen = values.reshape(-1, beam * row_best).topk(count, dim=-1)  # (S, count)
         tokens = tokens.reshape(-1, beam * row_best).gather(1, chosen)  # (S, count)
         indices = chosen.div(row_best, rounding_mode="floor") * vocab + tokens  # beam_row * V + token

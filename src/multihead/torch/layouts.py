@@ -1,0 +1,243 @@
+"""Linear layers laid out for inference: the kernels a projection runs when no gradient is wanted.
+
+Training runs each ``nn.Linear`` as it is. Inference (no gradients) takes faster forms of the same products:
+
+- On the CPU in float32, oneDNN's matrix product (:func:`linear`). PyTorch's ``nn.Linear`` calls the BLAS it was
+  built with, Intel's MKL, which some CPUs (AMD's) run on 256-bit vectors only; oneDNN, also inside PyTorch, uses
+  every vector width the CPU has (docs/performance.md: about twice the speed on a 2-core AMD EPYC).
+- At a decoding step (one token per row), the weights laid out once for such rows (:class:`StepLayout`): on the CPU
+  packed in oneDNN's blocked format; elsewhere ``(in, out)`` row-major, which some BLAS multiply faster by a few rows;
+  linears that read the same input as one product (a self-attention's query, key and value).
+- With ``int8`` layouts (:func:`quantize`): weights in int8, one scale per output feature, inputs quantized as they
+  come (dynamic quantization, oneDNN's kernels where PyTorch has them), for every inference call, not only steps.
+
+A layout is kept until one of its weights changes (another tensor, or one written in place) and always computes what
+its linears do; tests check each form against them.
+
+Notation: N rows, I input features, O output features (of all the linears a layout joins), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from multihead.cpu import has_vnni
+
+__all__ = ["Affine", "StepLayout", "is_step", "linear", "quantize", "weights_fixed_within"]
+
+
+@functools.cache
+def onednn_linear() -> bool:
+    """Whether this PyTorch build has oneDNN's linear kernel (x86 builds do)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return torch.ops.mkldnn._linear_pointwise.default is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@functools.cache
+def int8_engine() -> str | None:
+    """The quantized engine whose int8 weights a layout packs: oneDNN's where PyTorch has it (faster than FBGEMM on
+    the large output projections of translation models), else PyTorch's default."""
+    return "onednn" if "onednn" in torch.backends.quantized.supported_engines else None
+
+
+def _on_cpu_in_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and onednn_linear()
+
+
+def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for ``x (..., I)``; without gradients, on the CPU in float32, through oneDNN's kernel."""
+    if torch.is_grad_enabled() or not _on_cpu_in_float32(x, module.weight):
+        return module(x)
+    return torch.ops.mkldnn._linear_pointwise(x, module.weight, module.bias, "none", [], "")
+
+
+@dataclass(frozen=True)
+class Affine:
+    """Linears that read the same input laid out as one: ``x (..., I)`` → their outputs side by side ``(..., O)``.
+
+    ``kind`` says how: ``"onednn"`` a float32 weight packed for oneDNN ``(O, I)``; ``"int8"`` PyTorch's packed int8
+    weight (``weight`` is then its packed parameters); ``"plain"`` ``x @ weight + bias`` with ``weight (I, O)``;
+    ``"modules"`` the linears run as they are (weights made in inference mode, which cannot be laid out). ``bias``
+    (``(O,)`` or ``None``) may differ from the linears' where the layout was made with a ``fill``.
+    """
+
+    kind: str
+    weight: Any
+    bias: torch.Tensor | None
+    modules: tuple[nn.Module, ...] = ()
+    reduce_range: bool = True
+
+    @classmethod
+    def of(cls, *linears: nn.Linear, int8: bool = False, fill: dict[int, float] | None = None) -> Affine:
+        """``linears`` (all ``nn.Linear``) as one; ``int8``: quantized; ``fill``: bias entries replaced (output
+        feature → value), e.g. ``-inf`` for tokens a search may never choose."""
+        weight = torch.cat(tuple(linear.weight for linear in linears))  # (O, I)
+        biases = [linear.bias for linear in linears]
+        bias = None
+        if fill or any(b is not None for b in biases):
+            bias = torch.cat([
+                torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device) if b is None else b
+                for linear, b in zip(linears, biases, strict=True)
+            ])  # fmt: skip
+            for index, value in (fill or {}).items():
+                bias[index] = value
+        if int8:
+            return cls._int8(weight, bias)
+        if _on_cpu_in_float32(weight, weight):
+            return cls("onednn", torch.ops.mkldnn._reorder_linear_weight(weight.contiguous()), bias)
+        return cls("plain", weight.t().contiguous(), bias)
+
+    @classmethod
+    def _int8(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
+        """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``."""
+        weight = weight.float().cpu()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()  # (O,)
+        zeros = torch.zeros(len(scales), dtype=torch.long)
+        engine = int8_engine()
+        with warnings.catch_warnings(), _quantized_engine(engine):  # PyTorch's notices that its int8 tensors are
+            warnings.simplefilter("ignore", UserWarning)  # deprecated (the kernels are not)
+            quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+            packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.float().cpu())
+        # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits, as FBGEMM wants.
+        return cls("int8", packed, None, reduce_range=not (engine == "onednn" and has_vnni()))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (..., I)`` → ``(..., O)``."""
+        if self.kind == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.kind == "int8":
+            out = torch.ops.quantized.linear_dynamic(x.float(), self.weight, self.reduce_range)
+            return out.to(x.dtype)
+        if self.kind == "modules":
+            return torch.cat([module(x) for module in self.modules], dim=-1)
+        flat = x.reshape(-1, x.shape[-1])  # (N, I)
+        out = flat @ self.weight if self.bias is None else torch.addmm(self.bias, flat, self.weight)
+        return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
+
+
+@contextlib.contextmanager
+def _quantized_engine(engine: str | None) -> Iterator[None]:
+    """PyTorch's quantized engine set to ``engine`` (``None``: as it is) for the block: int8 weights are packed for
+    the engine set when they are packed, and keep it wherever they run."""
+    before = torch.backends.quantized.engine
+    if engine is not None:
+        torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def is_step(x: torch.Tensor) -> bool:
+    """Whether ``x (B, L, features)`` is a decoding step's input: one position per sequence, no gradient wanted."""
+    return x.shape[1] == 1 and not torch.is_grad_enabled()
+
+
+_SESSION: ContextVar[object | None] = ContextVar("multihead_decoding_session", default=None)
+"""The decoding session whose steps run now (see :func:`weights_fixed_within`)."""
+
+
+@contextlib.contextmanager
+def weights_fixed_within(session: object) -> Iterator[None]:
+    """Run a decoding step of ``session`` (any object, one per decoding session): the weights do not change within a
+    session, so each :class:`StepLayout` checks its weights once per session instead of at every step."""
+    token = _SESSION.set(session)
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
+
+
+@dataclass
+class _Kept:
+    weights: list[torch.Tensor]
+    versions: list[tuple[int, int]]
+    affine: Affine
+    session: object | None  # the decoding session it was last checked in
+
+
+class StepLayout:
+    """Linears of ``owner`` (named ``names``) that read one input, laid out as one :class:`Affine`, and kept until one
+    of their weights changes: another tensor, or one written in place (PyTorch counts such writes: optimizer steps,
+    ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). The weights are checked at
+    every call, or once per decoding session (:func:`weights_fixed_within`). Weights made in inference mode have no
+    such count: those linears run as they are (unless ``int8``: their int8 copy is then made at every call).
+
+    ``int8`` (set by :func:`quantize`): the layout is int8, and :meth:`apply` takes it for every inference call.
+    ``fill``: bias entries the layout replaces (see :meth:`Affine.of`).
+    """
+
+    def __init__(self, owner: nn.Module, *names: str, fill: Sequence[int] = ()) -> None:
+        self.owner, self.names = owner, names
+        self.fill = {int(index): float("-inf") for index in fill}
+        self.int8 = False
+        self._kept: _Kept | None = None
+
+    def linears(self) -> list[nn.Linear]:
+        return [getattr(self.owner, name) for name in self.names]
+
+    def __call__(self) -> Affine:
+        kept, session = self._kept, _SESSION.get()
+        if kept is not None and session is not None and kept.session is session:
+            return kept.affine
+        linears = self.linears()
+        weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
+        if any(weight.is_inference() for weight in weights):
+            if self.int8:
+                return Affine.of(*linears, int8=True, fill=self.fill)
+            if not self.fill:
+                return Affine("modules", None, None, tuple(linears))
+            with torch.inference_mode():
+                return Affine.of(*linears, fill=self.fill)
+        versions = [(weight._version, weight.data_ptr()) for weight in weights]
+        if not (
+            kept is not None
+            and kept.versions == versions
+            and len(kept.weights) == len(weights)
+            and all(old is new for old, new in zip(kept.weights, weights, strict=True))
+        ):
+            with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
+                kept = self._kept = _Kept(weights, versions, Affine.of(*linears, int8=self.int8, fill=self.fill), None)
+        kept.session = session
+        return kept.affine
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (..., I)`` through the linears: as they are when gradients are wanted, else laid out (a decoding step's
+        ``(N, 1, I)``, or any input of an ``int8`` layout), else through :func:`linear`."""
+        if torch.is_grad_enabled():
+            linears = self.linears()
+            return linears[0](x) if len(linears) == 1 else torch.cat([module(x) for module in linears], dim=-1)
+        if self.int8 or self.fill or (x.dim() == 3 and x.shape[1] == 1):
+            return self()(x)
+        return torch.cat([linear(module, x) for module in self.linears()], dim=-1)
+
+
+def layouts(model: nn.Module) -> Iterator[StepLayout]:
+    """Every :class:`StepLayout` of ``model``'s modules (kept in their ``_layouts`` dicts)."""
+    for module in model.modules():
+        yield from getattr(module, "_layouts", {}).values()
+
+
+def quantize(model: nn.Module, dtype: str = "int8") -> nn.Module:
+    """Make ``model``'s inference (no gradients) compute its linear layers in ``dtype`` (``"int8"``, the only one):
+    weights quantized to int8 with one scale per output feature when first used, inputs as they come. Training
+    (gradients on) still runs the float weights. On the CPU. Returns ``model``."""
+    if dtype != "int8":
+        raise ValueError(f"`dtype` must be 'int8', received {dtype!r}")
+    for layout in layouts(model):
+        layout.int8 = True
+        layout._kept = None
+    return model

@@ -1,0 +1,146 @@
+"""The linear layers' inference forms (multihead.torch.layouts) against the linears themselves and, for int8, against
+a NumPy float64 simulation of the quantization: per output feature symmetric int8 weights, the input quantized as
+a whole to unsigned 8 (or 7) bits."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from multihead.torch import Transformer, quantize
+from multihead.torch.layouts import Affine, StepLayout, linear, onednn_linear
+
+pytestmark = pytest.mark.skipif(not onednn_linear(), reason="this PyTorch build has no oneDNN")
+
+
+def linears(*outs: int, bias: bool = True, seed: int = 0) -> list[nn.Linear]:
+    torch.manual_seed(seed)
+    return [nn.Linear(59, out, bias=bias) for out in outs]
+
+
+@pytest.mark.parametrize("shape", [(7, 59), (3, 5, 59), (4, 1, 59)], ids=["2d", "3d", "step"])
+def test_onednn_linear_equals_the_module(shape: tuple[int, ...]) -> None:
+    (module,) = linears(113)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(module, x), module(x), rtol=1e-5, atol=1e-5)
+    # With gradients the module runs itself: the same tensor, and gradients that flow.
+    out = linear(module, x)
+    assert torch.equal(out, module(x))
+    out.sum().backward()
+    assert module.weight.grad is not None
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_a_layout_computes_its_linears_side_by_side(bias: bool, dtype: torch.dtype) -> None:
+    """Three linears as one product (oneDNN's packed float32 on the CPU, ``(in, out)`` otherwise), a banned entry's
+    bias replaced by -inf."""
+    parts = [module.to(dtype) for module in linears(5, 113, 64, bias=bias)]
+    x = torch.randn(4, 3, 59, dtype=dtype)
+    with torch.no_grad():
+        affine = Affine.of(*parts)
+        assert affine.kind == ("onednn" if dtype == torch.float32 else "plain")
+        expected = torch.cat([module(x) for module in parts], dim=-1)
+        torch.testing.assert_close(affine(x), expected, rtol=1e-5, atol=1e-5)
+        filled = Affine.of(*parts, fill={0: float("-inf"), 100: float("-inf")})(x)
+    assert filled[..., [0, 100]].isneginf().all()
+    keep = [index for index in range(expected.shape[-1]) if index not in (0, 100)]
+    torch.testing.assert_close(filled[..., keep], expected[..., keep], rtol=1e-5, atol=1e-5)
+
+
+def simulated_int8(modules: list[nn.Linear], x: torch.Tensor, reduce_range: bool) -> np.ndarray:
+    """What int8 inference computes, in float64: each weight row ``round(w / s)`` with ``s = max |w| / 127``; the
+    input quantized as a whole, ``round(x / sx) + zero`` in ``0..levels`` over the range ``[min(x, 0), max(x, 0)]``."""
+    weight = np.concatenate([module.weight.detach().double().numpy() for module in modules])  # (O, I)
+    bias = np.concatenate([module.bias.detach().double().numpy() for module in modules])  # (O,)
+    scale = np.abs(weight).max(axis=1) / 127.0
+    quantized = np.clip(np.round(weight / scale[:, None]), -128, 127) * scale[:, None]
+    flat = x.double().numpy().reshape(-1, weight.shape[1])
+    low, high = min(flat.min(), 0.0), max(flat.max(), 0.0)
+    levels = 127 if reduce_range else 255
+    step = (high - low) / levels
+    zero = np.clip(np.round(-low / step), 0, levels)
+    inputs = (np.clip(np.round(flat / step) + zero, 0, levels) - zero) * step
+    return (inputs @ quantized.T + bias).reshape(*x.shape[:-1], -1)
+
+
+def test_int8_equals_its_numpy_simulation_and_is_near_float() -> None:
+    parts = linears(5, 113, 64)
+    x = torch.randn(6, 4, 59) * 3.0
+    with torch.no_grad():
+        affine = Affine.of(*parts, int8=True)
+        out = affine(x)
+        exact = torch.cat([module(x) for module in parts], dim=-1)
+    assert affine.kind == "int8"
+    np.testing.assert_allclose(out.double().numpy(), simulated_int8(parts, x, affine.reduce_range), rtol=0, atol=2e-5)
+    assert ((out - exact).norm() / exact.norm()).item() < 0.03  # int8's error, well below the outputs
+    # One scale per output feature: laid out together or apart, the same numbers.
+    with torch.no_grad():
+        apart = torch.cat([Affine.of(module, int8=True)(x) for module in parts], dim=-1)
+    assert torch.equal(out, apart)
+
+
+def test_int8_keeps_banned_tokens_impossible() -> None:
+    (module,) = linears(40)
+    with torch.no_grad():
+        out = Affine.of(module, int8=True, fill={7: float("-inf")})(torch.randn(3, 59))
+    assert out[:, 7].isneginf().all()
+    assert out[:, :7].isfinite().all()
+
+
+def small_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(31, 31, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64,
+                       dropout=0.0, banned_ids=(2,)).eval()  # fmt: skip
+
+
+def test_a_quantized_model_infers_in_int8_and_trains_in_float() -> None:
+    model = small_model()
+    reference = copy.deepcopy(model)
+    assert quantize(model) is model
+    src, tgt = torch.randint(3, 31, (4, 9)), torch.randint(3, 31, (4, 6))
+    with torch.inference_mode():
+        exact, near = reference(src, tgt), model(src, tgt)
+    assert not torch.equal(near, exact)  # computed in int8 ...
+    assert ((near - exact).norm() / exact.norm()).item() < 0.05  # ... close to float
+    assert all(layout.int8 for module in model.modules() for layout in getattr(module, "_layouts", {}).values())
+    with torch.inference_mode():  # every layer of a search takes the int8 layouts
+        model.generate(src, max_len=5, bos_id=1, eos_id=3, beam_size=2)
+    assert model._layouts["search"]().kind == "int8"
+    assert model.decoder.layers[0].self_attn._layouts["qkv"]().kind == "int8"
+    # With gradients, the float weights: the same logits and gradients as the model never quantized.
+    model.train(), reference.train()
+    out, expected = model(src, tgt), reference(src, tgt)
+    assert torch.equal(out, expected)
+    out.sum().backward(), expected.sum().backward()
+    assert torch.equal(model.output_proj.weight.grad, reference.output_proj.weight.grad)
+
+
+def test_int8_layouts_follow_changed_weights() -> None:
+    model = quantize(small_model())
+    src, tgt = torch.randint(3, 31, (2, 5)), torch.randint(3, 31, (2, 4))
+    with torch.no_grad():
+        before = model(src, tgt)
+        model.load_state_dict(small_model(seed=1).state_dict())
+        after = model(src, tgt)
+        expected = quantize(small_model(seed=1))(src, tgt)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, expected)
+
+
+def test_quantize_takes_int8_only() -> None:
+    with pytest.raises(ValueError, match="`dtype` must be 'int8', received 'int4'"):
+        quantize(small_model(), "int4")
+
+
+def test_a_layout_of_weights_made_in_inference_mode_runs_its_linears() -> None:
+    with torch.inference_mode():
+        (module,) = linears(20)
+        layout = StepLayout(nn.ModuleDict({"proj": module}), "proj")
+        x = torch.randn(3, 1, 59)
+        torch.testing.assert_close(layout.apply(x), module(x), rtol=1e-5, atol=1e-5)
