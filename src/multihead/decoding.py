@@ -9,10 +9,11 @@ step. A step is the model's own forward pass with a cache, one query per row.
 The searches drive a :class:`Session`: ``step(prefix)`` gives the logits ``(N, V)`` of the next token after the
 token prefixes ``(N, t)`` decoded so far, where the model computes (their log-softmax is the log-probabilities; a
 front end may give those, which are such logits too); ``argmax`` and ``top_k`` choose from them, ``top_k`` as
-log-probabilities, so that only the chosen ids and scores reach the host (and a greedy step never normalises); ``reorder(rows)`` keeps the model state (cache,
-encoder memory) of rows ``rows`` in that order. Sentences that have ended leave the state. Beam search mostly
-reorders rows among the beams of one sentence, which share their source: it says so (``same_sources``), and the
-source's state (encoder memory, its projections and key mask) stays where it is.
+log-probabilities, so that only the chosen ids and scores reach the host (and a greedy step never normalises);
+``reorder(rows)`` keeps the model state (cache, encoder memory) of rows ``rows`` in that order. Sentences that have
+ended leave the state. Beam search mostly reorders rows among the beams of one sentence, which share their source:
+it says so (``same_sources``), and the source's state (encoder memory, its projections and key mask) stays where it
+is.
 
 A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptions.strategy`:
 
