@@ -20,6 +20,8 @@ from multihead.validation import (
 ACTIVATIONS = ("relu", "gelu", "silu")
 POSITION_LAYOUTS = ("interleaved", "halves")
 """How the sinusoidal table lays out its sines and cosines (see :mod:`multihead.positional`)."""
+QUANTIZED = ("int8", "bf16")
+"""What inference may compute the linear layers in besides the weights' own type (``multihead.torch.quantize``)."""
 LAYER_NORM_EPS = 1e-5
 """The LayerNorms' epsilon in both front ends (PyTorch's default), so that both compute the same function."""
 

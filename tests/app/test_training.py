@@ -210,6 +210,21 @@ def test_the_sliced_loss_and_its_gradients_are_the_whole_logits_cross_entropy(
         torch.testing.assert_close(grad, expected_grads[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("slice_rows", [1, 7, 1000])
+def test_an_evaluations_sliced_loss_is_the_whole_logits_cross_entropy(
+    monkeypatch: pytest.MonkeyPatch, smoothing: float, slice_rows: int
+) -> None:
+    """Without gradients (an evaluation), the loss takes the logits a slice of rows at a time too: the same sum as
+    F.cross_entropy on the whole logits, float64, padding targets left out."""
+    model = torch_trainer().model.double().eval()
+    monkeypatch.setattr(train_torch, "SLICE_ELEMENTS", slice_rows * model.config.tgt_vocab)
+    with torch.inference_mode():
+        sliced, whole = (TokenLoss(model, sliced=flag)(*LOSS_BATCH, smoothing) for flag in (True, False))
+    torch.testing.assert_close(sliced, whole, rtol=1e-12, atol=1e-12)
+    assert sliced.dtype == torch.float64
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_sliced_loss_under_bf16_autocast_follows_the_whole_logits(
     monkeypatch: pytest.MonkeyPatch, device: str

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from multihead.torch import Transformer, quantize
-from multihead.torch.layouts import Affine, StepLayout, linear, onednn_linear
+from multihead.torch.layouts import Affine, StepLayout, layouts, linear, onednn_linear
 
 pytestmark = pytest.mark.skipif(not onednn_linear(), reason="this PyTorch build has no oneDNN")
 
@@ -73,7 +73,7 @@ def test_int8_equals_its_numpy_simulation_and_is_near_float() -> None:
     parts = linears(5, 113, 64)
     x = torch.randn(6, 4, 59) * 3.0
     with torch.no_grad():
-        affine = Affine.of(*parts, int8=True)
+        affine = Affine.of(*parts, dtype="int8")
         out = affine(x)
         exact = torch.cat([module(x) for module in parts], dim=-1)
     assert affine.kind == "int8"
@@ -81,16 +81,32 @@ def test_int8_equals_its_numpy_simulation_and_is_near_float() -> None:
     assert ((out - exact).norm() / exact.norm()).item() < 0.03  # int8's error, well below the outputs
     # One scale per output feature: laid out together or apart, the same numbers.
     with torch.no_grad():
-        apart = torch.cat([Affine.of(module, int8=True)(x) for module in parts], dim=-1)
+        apart = torch.cat([Affine.of(module, dtype="int8")(x) for module in parts], dim=-1)
     assert torch.equal(out, apart)
 
 
 def test_int8_keeps_banned_tokens_impossible() -> None:
     (module,) = linears(40)
     with torch.no_grad():
-        out = Affine.of(module, int8=True, fill={7: float("-inf")})(torch.randn(3, 59))
+        out = Affine.of(module, dtype="int8", fill={7: float("-inf")})(torch.randn(3, 59))
     assert out[:, 7].isneginf().all()
     assert out[:, :7].isfinite().all()
+
+
+def test_bf16_equals_the_product_of_rounded_inputs_and_weights() -> None:
+    """bfloat16 layouts: inputs and weights rounded to bfloat16, products summed in float32, the output rounded to
+    bfloat16 and given back in float32 (as oneDNN computes it), compared in float64."""
+    parts = linears(5, 113)
+    x = torch.randn(6, 4, 59)
+    with torch.no_grad():
+        affine = Affine.of(*parts, dtype="bf16")
+        out = affine(x)
+    assert out.dtype == torch.float32
+    weight = torch.cat([module.weight.detach() for module in parts]).bfloat16().double()
+    bias = torch.cat([module.bias.detach() for module in parts]).bfloat16().double()
+    expected = x.bfloat16().double() @ weight.t() + bias
+    # One rounding of the output to bfloat16 (8 bits): within 2^-8 of each value, and some more for the sums' order.
+    torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-3)
 
 
 def small_model(seed: int = 0) -> Transformer:
@@ -108,7 +124,7 @@ def test_a_quantized_model_infers_in_int8_and_trains_in_float() -> None:
         exact, near = reference(src, tgt), model(src, tgt)
     assert not torch.equal(near, exact)  # computed in int8 ...
     assert ((near - exact).norm() / exact.norm()).item() < 0.05  # ... close to float
-    assert all(layout.int8 for module in model.modules() for layout in getattr(module, "_layouts", {}).values())
+    assert all(layout.dtype == "int8" for layout in layouts(model))
     with torch.inference_mode():  # every layer of a search takes the int8 layouts
         model.generate(src, max_len=5, bos_id=1, eos_id=3, beam_size=2)
     assert model._layouts["search"]().kind == "int8"
@@ -119,6 +135,20 @@ def test_a_quantized_model_infers_in_int8_and_trains_in_float() -> None:
     assert torch.equal(out, expected)
     out.sum().backward(), expected.sum().backward()
     assert torch.equal(model.output_proj.weight.grad, reference.output_proj.weight.grad)
+
+
+def test_a_bf16_model_infers_near_float() -> None:
+    model = small_model()
+    reference = copy.deepcopy(model)
+    quantize(model, "bf16")
+    src, tgt = torch.randint(3, 31, (4, 9)), torch.randint(3, 31, (4, 6))
+    with torch.inference_mode():
+        exact, near = reference(src, tgt), model(src, tgt)
+        model.generate(src, max_len=5, bos_id=1, eos_id=3)
+    assert near.dtype == torch.float32
+    assert not torch.equal(near, exact)
+    assert ((near - exact).norm() / exact.norm()).item() < 0.02
+    assert model._layouts["search"]().kind == "bf16"
 
 
 def test_int8_layouts_follow_changed_weights() -> None:
@@ -133,8 +163,8 @@ def test_int8_layouts_follow_changed_weights() -> None:
     assert torch.equal(after, expected)
 
 
-def test_quantize_takes_int8_only() -> None:
-    with pytest.raises(ValueError, match="`dtype` must be 'int8', received 'int4'"):
+def test_quantize_takes_int8_or_bf16() -> None:
+    with pytest.raises(ValueError, match=r"`dtype` must be one of \('int8', 'bf16'\), received 'int4'"):
         quantize(small_model(), "int4")
 
 

@@ -409,14 +409,15 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
     """What the commands that run a trained model share: where (``--device``, ``--threads``, both ``train``'s own
     option), which checkpoint, and in what precision."""
     from multihead.app.options import BY_NAME
+    from multihead.config import QUANTIZED
 
     BY_NAME["device"].add_to(command)
     BY_NAME["threads"].add_to(command)
     _add_checkpoint_option(command)
     command.add_argument(
-        "--quantize", choices=("int8",),
-        help="compute the linear layers in int8 (PyTorch's dynamic quantization; the CPU only): faster, BLEU within "
-        "a few tenths (default: float32)",
+        "--quantize", choices=QUANTIZED,
+        help="compute the linear layers in int8 (weights per output feature, inputs as they come) or bf16 (fast on "
+        "CPUs with bfloat16 instructions); the CPU only (default: float32; docs/performance.md has speeds and BLEU)",
     )  # fmt: skip
 
 

@@ -52,7 +52,8 @@ SLICE_ELEMENTS = 1 << 22
 class TokenLoss(nn.Module):
     """What DistributedDataParallel and ``torch.compile`` wrap: a batch's summed (label-smoothed) cross-entropy over
     its target tokens (padding, the model's ``pad_id``, excluded), through the model's unchecked teacher-forced path;
-    :class:`ProjectedLoss` where gradients are taken (not under ``torch.compile``, which sees the whole logits)."""
+    the logits a slice of rows at a time (not under ``torch.compile``, which sees the whole logits):
+    :class:`ProjectedLoss` where gradients are taken, :func:`sliced_cross_entropy` in evaluation."""
 
     def __init__(self, model: Transformer, *, sliced: bool = True) -> None:
         super().__init__()
@@ -60,16 +61,33 @@ class TokenLoss(nn.Module):
         self.pad = model.config.pad_id if model.config.pad_id is not None else -100  # -100: no target is padding
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, smoothing: float) -> torch.Tensor:
-        if self.sliced and torch.is_grad_enabled():
-            hidden = self.model(src, tgt_in, project=False, check=False)  # (B, Lt, E)
-            projection = self.model.output_proj
-            return ProjectedLoss.apply(hidden.flatten(0, 1), projection.weight, projection.bias, tgt_out.flatten(),
-                                       smoothing, self.pad)  # fmt: skip
+        if self.sliced:
+            hidden = self.model(src, tgt_in, project=False, check=False).flatten(0, 1)  # (B*Lt, E)
+            projection, target = self.model.output_proj, tgt_out.flatten()
+            if torch.is_grad_enabled():
+                return ProjectedLoss.apply(hidden, projection.weight, projection.bias, target, smoothing, self.pad)
+            return sliced_cross_entropy(hidden, projection, target, smoothing, self.pad)
         logits = self.model(src, tgt_in, check=False)  # (B, Lt, V)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # autocast's half precision: float32
         return F.cross_entropy(
             logits.flatten(0, 1), tgt_out.flatten(), ignore_index=self.pad, reduction="sum", label_smoothing=smoothing
         )
+
+
+def sliced_cross_entropy(
+    hidden: torch.Tensor, projection: nn.Linear, target: torch.Tensor, smoothing: float, pad: int
+) -> torch.Tensor:
+    """``F.cross_entropy(projection(hidden), target, ignore_index=pad, reduction="sum", label_smoothing=smoothing)``
+    without gradients (an evaluation's loss), the logits of ``SLICE_ELEMENTS`` at a time: ``hidden (N, E)``,
+    ``target (N,)``."""
+    step = max(1, SLICE_ELEMENTS // projection.out_features)
+    total = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
+    for start in range(0, hidden.shape[0], step):
+        logits = projection(hidden[start : start + step])  # (n, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # autocast's half precision: float32
+        total += F.cross_entropy(logits, target[start : start + step], ignore_index=pad, reduction="sum",
+                                 label_smoothing=smoothing)  # fmt: skip
+    return total
 
 
 class ProjectedLoss(torch.autograd.Function):

@@ -148,9 +148,9 @@ def translate_ids(
 
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
-    :mod:`multihead.app.devices`), ready to translate. ``quantize="int8"`` computes the linear layers in int8 (weights
-    quantized per output feature, inputs as they come: :func:`multihead.torch.quantize`, on the CPU), for
-    translations, scores and attention maps alike."""
+    :mod:`multihead.app.devices`), ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear
+    layers in that type (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps
+    alike."""
 
     def __init__(
         self, run: str | Path, checkpoint: str | None = None, *, device: str | None = None, quantize: str | None = None
@@ -165,7 +165,7 @@ class Translator:
 
         self.device = torch.device(resolve_device(device or "auto"))
         if quantize is not None and self.device.type != "cpu":
-            raise UserError(f"--quantize {quantize} runs on the CPU (PyTorch's int8 kernels): add --device cpu")
+            raise UserError(f"--quantize {quantize} runs on the CPU (oneDNN's kernels): add --device cpu")
 
         if self.device.type == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step
             keep_freed_memory()

@@ -8,8 +8,10 @@ Training runs each ``nn.Linear`` as it is. Inference (no gradients) takes faster
 - At a decoding step (one token per row), the weights laid out once for such rows (:class:`StepLayout`): on the CPU
   packed in oneDNN's blocked format; elsewhere ``(in, out)`` row-major, which some BLAS multiply faster by a few rows;
   linears that read the same input as one product (a self-attention's query, key and value).
-- With ``int8`` layouts (:func:`quantize`): weights in int8, one scale per output feature, inputs quantized as they
-  come (dynamic quantization, oneDNN's kernels where PyTorch has them), for every inference call, not only steps.
+- Quantized layouts (:func:`quantize`), for every inference call, not only steps: ``int8``, weights in int8 with one
+  scale per output feature, inputs quantized as they come (dynamic quantization, oneDNN's kernels where PyTorch has
+  them); ``bf16``, weights and inputs rounded to bfloat16, outputs back in the inputs' dtype (oneDNN's kernel, which
+  uses the CPU's bfloat16 instructions where it has them), on the CPU.
 
 A layout is kept until one of its weights changes (another tensor, or one written in place) and always computes what
 its linears do; tests check each form against them.
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from multihead.config import QUANTIZED
 from multihead.cpu import has_vnni
 
 __all__ = ["Affine", "StepLayout", "is_step", "linear", "quantize", "weights_fixed_within"]
@@ -68,10 +71,11 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 class Affine:
     """Linears that read the same input laid out as one: ``x (..., I)`` → their outputs side by side ``(..., O)``.
 
-    ``kind`` says how: ``"onednn"`` a float32 weight packed for oneDNN ``(O, I)``; ``"int8"`` PyTorch's packed int8
-    weight (``weight`` is then its packed parameters); ``"plain"`` ``x @ weight + bias`` with ``weight (I, O)``;
-    ``"modules"`` the linears run as they are (weights made in inference mode, which cannot be laid out). ``bias``
-    (``(O,)`` or ``None``) may differ from the linears' where the layout was made with a ``fill``.
+    ``kind`` says how: ``"onednn"`` a float32 weight packed for oneDNN ``(O, I)``; ``"bf16"`` the same in bfloat16
+    (inputs rounded to it, outputs back in their dtype); ``"int8"`` PyTorch's packed int8 weight (``weight`` is then
+    its packed parameters); ``"plain"`` ``x @ weight + bias`` with ``weight (I, O)``; ``"modules"`` the linears run as
+    they are (weights made in inference mode, which cannot be laid out). ``bias`` (``(O,)`` or ``None``) may differ
+    from the linears' where the layout was made with a ``fill``.
     """
 
     kind: str
@@ -81,9 +85,10 @@ class Affine:
     reduce_range: bool = True
 
     @classmethod
-    def of(cls, *linears: nn.Linear, int8: bool = False, fill: dict[int, float] | None = None) -> Affine:
-        """``linears`` (all ``nn.Linear``) as one; ``int8``: quantized; ``fill``: bias entries replaced (output
-        feature → value), e.g. ``-inf`` for tokens a search may never choose."""
+    def of(cls, *linears: nn.Linear, dtype: str | None = None, fill: dict[int, float] | None = None) -> Affine:
+        """``linears`` (all ``nn.Linear``) as one; ``dtype``: computed in ``"int8"`` or ``"bf16"`` (see
+        :func:`quantize`); ``fill``: bias entries replaced (output feature → value), e.g. ``-inf`` for tokens a search
+        may never choose."""
         weight = torch.cat(tuple(linear.weight for linear in linears))  # (O, I)
         biases = [linear.bias for linear in linears]
         bias = None
@@ -94,9 +99,13 @@ class Affine:
             ])  # fmt: skip
             for index, value in (fill or {}).items():
                 bias[index] = value
-        if int8:
+        if dtype == "int8":
             return cls._int8(weight, bias)
-        if _on_cpu_in_float32(weight, weight):
+        if dtype == "bf16":
+            weight, bias = weight.bfloat16(), None if bias is None else bias.bfloat16()
+            if weight.device.type == "cpu" and onednn_linear():
+                return cls("bf16", torch.ops.mkldnn._reorder_linear_weight(weight.contiguous()), bias)
+        elif _on_cpu_in_float32(weight, weight):
             return cls("onednn", torch.ops.mkldnn._reorder_linear_weight(weight.contiguous()), bias)
         return cls("plain", weight.t().contiguous(), bias)
 
@@ -118,14 +127,17 @@ class Affine:
         """``x (..., I)`` → ``(..., O)``."""
         if self.kind == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.kind == "bf16":
+            out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.weight, self.bias, "none", [], "")
+            return out.to(x.dtype)
         if self.kind == "int8":
             out = torch.ops.quantized.linear_dynamic(x.float(), self.weight, self.reduce_range)
             return out.to(x.dtype)
         if self.kind == "modules":
             return torch.cat([module(x) for module in self.modules], dim=-1)
-        flat = x.reshape(-1, x.shape[-1])  # (N, I)
+        flat = x.reshape(-1, x.shape[-1]).to(self.weight.dtype)  # (N, I)
         out = flat @ self.weight if self.bias is None else torch.addmm(self.bias, flat, self.weight)
-        return out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
+        return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)  # (..., O)
 
 
 @contextlib.contextmanager
@@ -174,16 +186,16 @@ class StepLayout:
     of their weights changes: another tensor, or one written in place (PyTorch counts such writes: optimizer steps,
     ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). The weights are checked at
     every call, or once per decoding session (:func:`weights_fixed_within`). Weights made in inference mode have no
-    such count: those linears run as they are (unless ``int8``: their int8 copy is then made at every call).
+    such count: those linears run as they are (unless quantized: their quantized copy is then made at every call).
 
-    ``int8`` (set by :func:`quantize`): the layout is int8, and :meth:`apply` takes it for every inference call.
-    ``fill``: bias entries the layout replaces (see :meth:`Affine.of`).
+    ``dtype`` (set by :func:`quantize`): the layout is quantized (``"int8"`` or ``"bf16"``), and :meth:`apply` takes
+    it for every inference call. ``fill``: bias entries the layout replaces (see :meth:`Affine.of`).
     """
 
     def __init__(self, owner: nn.Module, *names: str, fill: Sequence[int] = ()) -> None:
         self.owner, self.names = owner, names
         self.fill = {int(index): float("-inf") for index in fill}
-        self.int8 = False
+        self.dtype: str | None = None
         self._kept: _Kept | None = None
 
     def linears(self) -> list[nn.Linear]:
@@ -196,8 +208,8 @@ class StepLayout:
         linears = self.linears()
         weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
         if any(weight.is_inference() for weight in weights):
-            if self.int8:
-                return Affine.of(*linears, int8=True, fill=self.fill)
+            if self.dtype is not None:
+                return Affine.of(*linears, dtype=self.dtype, fill=self.fill)
             if not self.fill:
                 return Affine("modules", None, None, tuple(linears))
             with torch.inference_mode():
@@ -210,17 +222,18 @@ class StepLayout:
             and all(old is new for old, new in zip(kept.weights, weights, strict=True))
         ):
             with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-                kept = self._kept = _Kept(weights, versions, Affine.of(*linears, int8=self.int8, fill=self.fill), None)
+                affine = Affine.of(*linears, dtype=self.dtype, fill=self.fill)
+                kept = self._kept = _Kept(weights, versions, affine, None)
         kept.session = session
         return kept.affine
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """``x (..., I)`` through the linears: as they are when gradients are wanted, else laid out (a decoding step's
-        ``(N, 1, I)``, or any input of an ``int8`` layout), else through :func:`linear`."""
+        ``(N, 1, I)``, or any input of a quantized layout), else through :func:`linear`."""
         if torch.is_grad_enabled():
             linears = self.linears()
             return linears[0](x) if len(linears) == 1 else torch.cat([module(x) for module in linears], dim=-1)
-        if self.int8 or self.fill or (x.dim() == 3 and x.shape[1] == 1):
+        if self.dtype is not None or self.fill or (x.dim() == 3 and x.shape[1] == 1):
             return self()(x)
         return torch.cat([linear(module, x) for module in self.linears()], dim=-1)
 
@@ -232,12 +245,14 @@ def layouts(model: nn.Module) -> Iterator[StepLayout]:
 
 
 def quantize(model: nn.Module, dtype: str = "int8") -> nn.Module:
-    """Make ``model``'s inference (no gradients) compute its linear layers in ``dtype`` (``"int8"``, the only one):
-    weights quantized to int8 with one scale per output feature when first used, inputs as they come. Training
-    (gradients on) still runs the float weights. On the CPU. Returns ``model``."""
-    if dtype != "int8":
-        raise ValueError(f"`dtype` must be 'int8', received {dtype!r}")
+    """Make ``model``'s inference (no gradients) compute its linear layers in ``dtype``: ``"int8"``, weights quantized
+    to int8 with one scale per output feature, inputs as they come; ``"bf16"``, weights and inputs rounded to
+    bfloat16, outputs back in float32 (fast on CPUs with bfloat16 instructions: AVX512-BF16, AMX). Each layer's
+    weights are quantized when first used, and again when they change; training (gradients on) still runs the float
+    weights. On the CPU, float32 models. Returns ``model``."""
+    if dtype not in QUANTIZED:
+        raise ValueError(f"`dtype` must be one of {QUANTIZED}, received {dtype!r}")
     for layout in layouts(model):
-        layout.int8 = True
+        layout.dtype = dtype
         layout._kept = None
     return model

@@ -1,0 +1,327 @@
+"""multihead at the sizes people deploy, against what its users would run instead: CTranslate2 for translation and a
+plain Transformers loop for fine-tuning (results quoted in docs/performance.md).
+
+The model: a Marian checkpoint of OPUS-MT's sizes (``--sizes opus``: d_model 512, 6+6 layers, 58,101 ids, 74 M
+parameters) or NLLB-200-distilled-600M's (``--sizes nllb``: d_model 1024, 12+12 layers, 256,206 ids, 615 M), random
+weights, built by ``benchmarks/opus_sized.py`` into WORK when missing, imported with ``multihead import`` and
+converted by CTranslate2's own ``TransformersConverter`` (what its users do)::
+
+    .venv/bin/python benchmarks/deployed_sizes.py WORK DATA [--sizes opus] [--sentences 200] [--tokens 32]
+
+DATA holds Multi30k's files (``{train,val,test_2016_flickr}.{de,en}.gz``).
+
+Translation: the first ``--sentences`` sources of test_2016_flickr, greedy and beam 4, float32 and int8 (multihead
+``--quantize int8``, CTranslate2 ``compute_type="int8"``), each engine batching as its users' calls do (multihead
+``translate``'s batches, CTranslate2's ``translate_batch`` with ``max_batch_size`` in tokens, the same budget), every
+translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the lengths are
+checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before
+the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, the peak memory (resident set)
+is the process's. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
+greedy float32 token sequences of the two are compared.
+
+Fine-tuning (``--finetune-steps``, OPUS-sized only unless ``--finetune`` says otherwise): ``multihead train --init``
+on Multi30k (``--batch-tokens 2048``) and a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at
+1e-4, cross-entropy with label smoothing 0.1, dropout 0.1) over the same batches (the run's own, read back from its
+encoded corpus), each in a fresh process: target tokens per second of the steps after the first, and the peak memory.
+
+Writes WORK/results.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("multihead", "CTranslate2")
+COMPUTES = ("float32", "int8")
+BEAMS = (1, 4)
+
+
+def peak_mb() -> float:
+    """This process's peak resident set, MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def digest(sequences: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(sequences).encode()).hexdigest()[:16]
+
+
+def sources(data: Path, count: int) -> list[str]:
+    from multihead.app.corpus import read_lines
+
+    return read_lines(str(data / "test_2016_flickr.de.gz"), "SRC")[:count]
+
+
+# --- the children: one configuration each ----------------------------------------------------------------------------
+
+
+def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from multihead.app.translate import BATCH_TOKENS, Translator, translate_ids
+    from multihead.decoding import SearchOptions
+
+    torch.set_num_threads(args.threads)
+    translator = Translator(args.work / "run", device="cpu", quantize=None if args.compute == "float32" else "int8")
+    ids = translator.source.encode_all(sources(args.data, args.sentences))
+    generate = translator.generate(SearchOptions(beam_size=args.beam, length_penalty=0.6))
+
+    def run(rows: list[list[int]], tokens: int) -> list[list[int]]:
+        return translate_ids(generate, rows, limit=lambda _: tokens, specials=translator.specials,
+                             batch_tokens=BATCH_TOKENS // args.beam)  # fmt: skip
+
+    run(ids[:8], 4)  # warm-up
+    begin = time.perf_counter()
+    out = run(ids, args.tokens)
+    return {"seconds": time.perf_counter() - begin, "sequences": out}
+
+
+def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
+    import ctranslate2
+    from transformers import MarianTokenizer
+
+    from multihead.app.translate import BATCH_TOKENS
+
+    with warnings.catch_warnings():  # MarianTokenizer recommends Moses' punctuation normalizer
+        warnings.simplefilter("ignore", UserWarning)
+        tokenizer = MarianTokenizer.from_pretrained(args.work / "checkpoint")
+    batch = [tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids) for text in sources(args.data, args.sentences)]
+    engine = ctranslate2.Translator(str(args.work / "ctranslate2"), device="cpu", compute_type=args.compute,
+                                    intra_threads=args.threads, inter_threads=1)  # fmt: skip
+
+    def run(rows: list[list[str]], tokens: int) -> list[list[int]]:
+        results = engine.translate_batch(
+            rows, beam_size=args.beam, length_penalty=0.6, max_decoding_length=tokens,
+            max_batch_size=BATCH_TOKENS // args.beam, batch_type="tokens",
+        )  # fmt: skip
+        return [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+
+    run(batch[:8], 4)  # warm-up
+    begin = time.perf_counter()
+    out = run(batch, args.tokens)
+    return {"seconds": time.perf_counter() - begin, "sequences": out}
+
+
+def finetune_multihead(args: argparse.Namespace) -> dict[str, Any]:
+    from multihead.app.cli import main
+
+    out = args.work / "tuned"
+    shutil.rmtree(out, ignore_errors=True)
+    data = args.data
+    status = main([
+        "train", "--init", str(args.work / "run"), "--data", str(data / "train.de.gz"), str(data / "train.en.gz"),
+        "--valid", str(data / "val.de.gz"), str(data / "val.en.gz"), "--out", str(out), "--steps",
+        str(args.finetune_steps), "--batch-tokens", "2048", "--eval-every", "100000", "--checkpoint-every", "100000",
+        "--log-every", "1", "--threads", str(args.threads), "--no-progress",
+    ])  # fmt: skip
+    if status != 0:
+        raise SystemExit(f"multihead train exited with {status}")
+    rates = [
+        entry["tokens_per_s"]
+        for entry in map(json.loads, (out / "train.jsonl").read_text().splitlines())
+        if entry.get("event") == "step" and entry["step"] > 1
+    ]
+    return {"tokens_per_s": statistics.median(rates)}
+
+
+def finetune_transformers(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from transformers import MarianMTModel
+
+    from multihead.app.batching import CorpusBatches
+    from multihead.app.encoded import read_cache
+    from multihead.app.tokenizers import Specials
+
+    torch.set_num_threads(args.threads)
+    encoded = args.work / "tuned" / "encoded"  # the batches multihead trained on
+    corpus = read_cache(encoded, json.loads((encoded / "manifest.json").read_text())["key"])
+    if corpus is None:
+        raise SystemExit(f"no encoded corpus in {encoded}: run multihead's fine-tuning first")
+    model = MarianMTModel.from_pretrained(args.work / "checkpoint")
+    config = model.config
+    specials = Specials(pad=config.pad_token_id, bos=config.decoder_start_token_id, eos=config.eos_token_id, unk=1)
+    batches = CorpusBatches(corpus, specials, 2048, seed=0)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_function = torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=-100)
+    tokens, seconds = 0, 0.0
+    for step in range(args.finetune_steps):
+        batch = batches.batch(step)
+        src, tgt_in = torch.from_numpy(batch.src), torch.from_numpy(batch.tgt_in)
+        labels = torch.from_numpy(np.where(batch.tgt_out == specials.pad, -100, batch.tgt_out))
+        begin = time.perf_counter()
+        logits = model(input_ids=src, attention_mask=src != specials.pad, decoder_input_ids=tgt_in).logits
+        loss = loss_function(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step > 0:  # the first is a warm-up
+            seconds += time.perf_counter() - begin
+            tokens += batch.target_tokens
+    return {"tokens_per_s": tokens / seconds}
+
+
+CHILDREN = {
+    "translate-multihead": translate_multihead,
+    "translate-CTranslate2": translate_ctranslate2,
+    "finetune-multihead": finetune_multihead,
+    "finetune-Transformers": finetune_transformers,
+}
+
+
+def child(job: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """Run ``job`` (a key of :data:`CHILDREN`) in a fresh process: its result and peak memory."""
+    command = [sys.executable, __file__, str(args.work), str(args.data), "--child", job, "--threads", str(args.threads),
+               "--sentences", str(args.sentences), "--tokens", str(args.tokens), "--finetune-steps",
+               str(args.finetune_steps)]  # fmt: skip
+    for name, value in extra.items():
+        command += [f"--{name}", str(value)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{job} {extra} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- the parent: build, interleave, report ---------------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """The checkpoint, the multihead run and the CTranslate2 model in WORK (each made when missing)."""
+    checkpoint = args.work / "checkpoint"
+    if not checkpoint.exists():
+        sys.path.insert(0, str(Path(__file__).parent))
+        from opus_sized import build
+
+        from multihead.app.corpus import read_lines
+
+        data = args.data
+        build(checkpoint, read_lines(str(data / "train.de.gz"), "SRC"), read_lines(str(data / "train.en.gz"), "TGT"),
+              sizes=args.sizes)  # fmt: skip
+    if not (args.work / "run").exists():
+        subprocess.run([Path(sys.executable).parent / "multihead", "import", checkpoint, args.work / "run"], check=True)
+    if not (args.work / "ctranslate2").exists():
+        import ctranslate2
+
+        ctranslate2.converters.TransformersConverter(str(checkpoint)).convert(str(args.work / "ctranslate2"))
+
+
+def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
+    configs = [(engine, compute, beam) for beam in BEAMS for compute in COMPUTES for engine in ENGINES]
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for repeat in range(args.repeats):  # interleaved: every configuration once, then again
+        for engine, compute, beam in configs:
+            found = child(f"translate-{engine}", args, compute=compute, beam=beam)
+            print(f"  [{repeat + 1}/{args.repeats}] {engine} {compute} beam {beam}: {found['seconds']:.2f} s, "
+                  f"{found['peak_mb']:.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
+            key = (engine, compute, beam)
+            if key not in best or found["seconds"] < best[key]["seconds"]:
+                best[key] = found
+    rows = []
+    for (engine, compute, beam), found in best.items():
+        lengths = {len(sequence) for sequence in found["sequences"]}
+        if lengths != {args.tokens}:
+            raise SystemExit(f"{engine} {compute} beam {beam}: translations of {sorted(lengths)} tokens, not all "
+                             f"{args.tokens}: the timings would not compare")  # fmt: skip
+        theirs = best["CTranslate2", compute, beam]
+        rows.append({
+            "engine": engine, "compute": compute, "beam": beam, "seconds": round(found["seconds"], 3),
+            "tokens_per_s": round(args.sentences * args.tokens / found["seconds"], 1),
+            "peak_mb": round(found["peak_mb"]), "ratio": round(found["seconds"] / theirs["seconds"], 3),
+            "sequences": digest(found["sequences"]),
+        })  # fmt: skip
+    ours, theirs = best["multihead", "float32", 1]["sequences"], best["CTranslate2", "float32", 1]["sequences"]
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    print(f"greedy float32: {same} of {len(ours)} token sequences identical", file=sys.stderr)
+    rows.append({"identical_greedy_float32": same, "of": len(ours)})
+    return rows
+
+
+def finetuning(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for engine in ("multihead", "Transformers"):  # multihead first: the other reads its batches
+        found = child(f"finetune-{engine}", args)
+        print(f"  fine-tuning, {engine}: {found['tokens_per_s']:.1f} target tokens/s, {found['peak_mb']:.0f} MB",
+              file=sys.stderr, flush=True)  # fmt: skip
+        rows.append(
+            {"engine": engine, "tokens_per_s": round(found["tokens_per_s"], 1), "peak_mb": round(found["peak_mb"])}
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work", type=Path, help="a directory for the checkpoint, run and CTranslate2 model")
+    parser.add_argument("data", type=Path, help="Multi30k's directory")
+    parser.add_argument("--sizes", choices=("opus", "nllb"), default="opus", help="whose sizes (default: opus)")
+    parser.add_argument("--sentences", type=int, default=200, help="sentences translated (default: 200)")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens each translation takes (default: 32)")
+    parser.add_argument("--repeats", type=int, default=2, help="times each configuration runs (default: 2)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default: 2)")
+    parser.add_argument("--finetune-steps", type=int, default=5, help="fine-tuning steps, the first a warm-up "
+                        "(default: 5; 0: no fine-tuning)")  # fmt: skip
+    parser.add_argument("--skip-translation", action="store_true", help="fine-tuning only")
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--compute", choices=COMPUTES, default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        result = CHILDREN[args.child](args)
+        print(json.dumps({**result, "peak_mb": peak_mb()}))
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    prepare(args)
+    results: dict[str, Any] = {
+        "sizes": args.sizes, "sentences": args.sentences, "tokens": args.tokens, "threads": args.threads,
+        "cpu": cpu_name(), "command": " ".join(sys.argv),
+    }  # fmt: skip
+    if not args.skip_translation:
+        results["translation"] = translation(args)
+    if args.finetune_steps > 0:
+        results["finetuning"] = finetuning(args)
+    (args.work / "results.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip() + f", {os.cpu_count()} cores"
+    return "unknown CPU"
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [f"{results['sizes']}-sized, {results['cpu']}, {results['threads']} threads: `{results['command']}`", ""]
+    if "translation" in results:
+        lines += [
+            f"| {results['sentences']} sentences × {results['tokens']} tokens | seconds | tokens/s | peak MB | "
+            "/ CTranslate2 |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for row in results["translation"]:
+            if "engine" in row:
+                lines.append(f"| {row['engine']} {row['compute']}, beam {row['beam']} | {row['seconds']:.2f} | "
+                             f"{row['tokens_per_s']:.0f} | {row['peak_mb']} | {row['ratio']:.2f}× |")  # fmt: skip
+            else:
+                lines.append(f"\ngreedy float32: {row['identical_greedy_float32']} of {row['of']} token sequences "
+                             "identical")  # fmt: skip
+    if "finetuning" in results:
+        lines += ["", "| fine-tuning, 2,048-token batches | target tokens/s | peak MB |", "|---|---:|---:|"]
+        for row in results["finetuning"]:
+            lines.append(f"| {row['engine']} | {row['tokens_per_s']:.1f} | {row['peak_mb']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
