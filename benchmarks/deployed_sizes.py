@@ -15,8 +15,9 @@ Translation: the first ``--sentences`` sources of test_2016_flickr, greedy and b
 ``translate``'s batches, CTranslate2's ``translate_batch`` with ``max_batch_size`` in tokens, the same budget), every
 translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the lengths are
 checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before
-the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, the peak memory (resident set)
-is the process's. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
+the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
+resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set after
+translating. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
 greedy float32 token sequences of the two are compared.
 
 Fine-tuning (``--finetune-steps``, OPUS-sized only unless ``--finetune`` says otherwise): ``multihead train --init``
@@ -49,8 +50,16 @@ BEAMS = (1, 4)
 
 
 def peak_mb() -> float:
-    """This process's peak resident set, MB."""
+    """This process's peak resident set, MB (with the pages of files it maps while it reads them)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """This process's resident set now, MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def digest(sequences: list[list[int]]) -> str:
@@ -238,7 +247,8 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append({
             "engine": engine, "compute": compute, "beam": beam, "seconds": round(found["seconds"], 3),
             "tokens_per_s": round(args.sentences * args.tokens / found["seconds"], 1),
-            "peak_mb": round(found["peak_mb"]), "ratio": round(found["seconds"] / theirs["seconds"], 3),
+            "peak_mb": round(found["peak_mb"]), "rss_mb": round(found["rss_mb"]),
+            "ratio": round(found["seconds"] / theirs["seconds"], 3),
             "sequences": digest(found["sequences"]),
         })  # fmt: skip
     ours, theirs = best["multihead", "float32", 1]["sequences"], best["CTranslate2", "float32", 1]["sequences"]
@@ -278,7 +288,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         result = CHILDREN[args.child](args)
-        print(json.dumps({**result, "peak_mb": peak_mb()}))
+        print(json.dumps({**result, "peak_mb": peak_mb(), "rss_mb": rss_mb()}))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     prepare(args)
@@ -306,13 +316,14 @@ def table(results: dict[str, Any]) -> str:
     if "translation" in results:
         lines += [
             f"| {results['sentences']} sentences × {results['tokens']} tokens | seconds | tokens/s | peak MB | "
-            "/ CTranslate2 |",
-            "|---|---:|---:|---:|---:|",
+            "MB after | / CTranslate2 |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for row in results["translation"]:
             if "engine" in row:
                 lines.append(f"| {row['engine']} {row['compute']}, beam {row['beam']} | {row['seconds']:.2f} | "
-                             f"{row['tokens_per_s']:.0f} | {row['peak_mb']} | {row['ratio']:.2f}× |")  # fmt: skip
+                             f"{row['tokens_per_s']:.0f} | {row['peak_mb']} | {row['rss_mb']} | "
+                             f"{row['ratio']:.2f}× |")  # fmt: skip
             else:
                 lines.append(f"\ngreedy float32: {row['identical_greedy_float32']} of {row['of']} token sequences "
                              "identical")  # fmt: skip

@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,10 @@ from multihead import __version__
 from multihead.config import TransformerConfig
 from multihead.files import PathLike, atomic_write, atomic_write_text, fsync_directory, replace_directory, umask_mode
 
-__all__ = ["FRAMEWORKS", "load_model", "load_weights", "read_weights", "save_model", "save_weights"]
+__all__ = [
+    "FRAMEWORKS", "StoredWeights", "load_model", "load_weights", "read_weights", "save_model", "save_weights",
+    "stored_weights",
+]  # fmt: skip
 
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
 
@@ -102,13 +105,67 @@ def save_weights(module_or_layer: object, path: PathLike) -> None:
 
 def read_weights(path: PathLike) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file as NumPy arrays; a clear ``ValueError`` if it is not one."""
+    stored = stored_weights(path)
+    return {name: stored[name] for name in stored}
+
+
+_SAFETENSORS_KINDS = {"F": "f", "B": "f", "I": "i", "U": "u"}  # F32, BF16, I64, U8 ...; BOOL is "b"
+
+
+class StoredWeights(Mapping[str, np.ndarray]):
+    """The tensors of a safetensors file (memory-mapped), each read when asked for, a fresh array every time; their
+    names, shapes and dtypes come from the file's header alone. A model loads from it one tensor at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file = safetensors.safe_open(str(path), framework="numpy")
+            self._names = tuple(self._file.keys())
+        except (safetensors.SafetensorError, ValueError, TypeError, OSError) as error:
+            raise ValueError(f"{str(path)!r} is not a readable safetensors weights file ({error})") from None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        try:
+            return self._file.get_tensor(name)
+        except (safetensors.SafetensorError, ValueError, TypeError, OSError) as error:
+            raise ValueError(f"{str(self.path)!r}: tensor {name!r} cannot be read ({error})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._file.get_slice(name).get_shape())
+
+    def dtype_kind(self, name: str) -> str:
+        """The NumPy kind of the tensor's dtype: ``"f"`` floating (bfloat16 too), ``"i"``, ``"u"`` or ``"b"``."""
+        dtype = self._file.get_slice(name).get_dtype()
+        return "b" if dtype == "BOOL" else _SAFETENSORS_KINDS.get(dtype[0], "?")
+
+    def equal(self, first: str, second: str, rows: int = 4096) -> bool:
+        """Whether two tensors hold the same values, compared ``rows`` rows at a time."""
+        if self.shape(first) != self.shape(second) or self.dtype_kind(first) != self.dtype_kind(second):
+            return False
+        if not self.shape(first):
+            return bool(np.array_equal(self[first], self[second]))
+        a, b, length = self._file.get_slice(first), self._file.get_slice(second), self.shape(first)[0]
+        return all(
+            np.array_equal(a[start : min(start + rows, length)], b[start : min(start + rows, length)])
+            for start in range(0, length, rows)
+        )
+
+
+def stored_weights(path: PathLike) -> StoredWeights:
+    """The tensors of a safetensors file, read as they are asked for (:class:`StoredWeights`); a clear
+    ``ValueError`` if it is not one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no weights file at {str(path)!r}")
-    try:
-        return safetensors.numpy.load_file(path)
-    except (safetensors.SafetensorError, ValueError, TypeError) as error:
-        raise ValueError(f"{str(path)!r} is not a readable safetensors weights file ({error})") from None
+    return StoredWeights(path)
 
 
 _KIND_NAMES = {"f": "floating", "i": "signed integer", "u": "unsigned integer", "b": "boolean"}
@@ -123,8 +180,8 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
     would be read as other numbers.
     """
     adapter = _adapter(module_or_layer)
-    tensors = read_weights(path)
-    expected = adapter.shapes({name: array.shape for name, array in tensors.items()})
+    tensors = stored_weights(path)  # one tensor in memory at a time: a large model loads without a second copy
+    expected = adapter.shapes({name: tensors.shape(name) for name in tensors})
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -133,22 +190,20 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
             f"unexpected {unexpected or 'none'}"
         )
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != tuple(shape):
+        if tensors.shape(name) != tuple(shape):
             raise ValueError(
-                f"tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, "
-                f"the model expects {tuple(shape)}"
+                f"tensor {name!r} in {str(path)!r} has shape {tensors.shape(name)}, the model expects {tuple(shape)}"
             )
     # The export is the one view of the weights' dtypes that every front end's adapter offers.
     for name, current in adapter.export().items():
-        if tensors[name].dtype.kind != current.dtype.kind:
+        if tensors.dtype_kind(name) != current.dtype.kind:
             raise ValueError(
                 f"tensor {name!r} in {str(path)!r} is stored as {tensors[name].dtype}, "
                 f"the model expects a {_KIND_NAMES.get(current.dtype.kind, current.dtype.kind)} dtype "
                 f"({current.dtype})"
             )
     for names in _aliases(adapter):
-        first = tensors[names[0]]
-        different = [name for name in names[1:] if not np.array_equal(tensors[name], first)]
+        different = [name for name in names[1:] if not tensors.equal(names[0], name)]
         if different:
             raise ValueError(
                 f"tensors {[names[0], *different]} in {str(path)!r} differ, but the model ties them into one weight "

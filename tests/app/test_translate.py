@@ -479,15 +479,16 @@ def test_a_directory_as_input_is_named_as_translation_input(
 # --- int8 ----------------------------------------------------------------------------------------------------------
 
 
-def test_int8_translates_with_quantized_linear_layers_close_to_float32(
-    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_quantized_linear_layers_translate_close_to_float32(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], dtype: str
 ) -> None:
-    quantized = Translator(corpus_run.path, device="cpu", quantize="int8")
+    quantized = Translator(corpus_run.path, device="cpu", quantize=dtype)
     translations = quantized.translate(SAMPLES)
-    assert quantized.model._layouts["search"]().kind == "int8"  # what translated
+    assert quantized.model._layouts["search"]().kind == dtype  # what translated
     same = sum(a == b for a, b in zip(translations, corpus_run.translations, strict=True))
     assert same >= len(SAMPLES) - 1, (translations, corpus_run.translations)
-    result = cli("translate", corpus_run.path, *SAMPLES, "--quantize", "int8", "--plot", tmp_path / "a.png")
+    result = cli("translate", corpus_run.path, *SAMPLES, "--quantize", dtype, "--plot", tmp_path / "a.png")
     assert result.status == 0, result.err
     assert result.out_lines == translations
     assert (tmp_path / "a.png").is_file()

@@ -250,13 +250,31 @@ def save_average(out: Path, count: int, tokenizers: tuple[Tokenizer, Tokenizer])
     return save_checkpoint(out, AVERAGE, _average_writers(kept), tokenizers=tokenizers)
 
 
+def _mean_weights(paths: Sequence[Path]) -> dict[str, np.ndarray]:
+    """The mean of the weights files ``paths``, tensor by tensor (in the newest one's dtypes), read one file at a time:
+    a sum and one file in memory, not every file at once. Added in order and divided once, as ``np.mean`` over the
+    stacked files would; a ``ValueError`` where their shapes differ."""
+    total: dict[str, np.ndarray] = {}
+    for path in paths:
+        weights = read_weights(path)
+        if total and weights.keys() != total.keys():
+            raise ValueError(f"{str(path)!r} holds other tensors than {str(paths[0])!r}")
+        for name, value in weights.items():
+            if name not in total:
+                total[name] = value.astype(np.result_type(value.dtype, np.float32))  # a copy, summed into
+            elif value.shape != total[name].shape:
+                raise ValueError(f"{name} of {str(path)!r} is {value.shape}, not {total[name].shape} as before")
+            else:
+                total[name] += value
+    return {name: (total[name] / len(paths)).astype(value.dtype) for name, value in weights.items()}
+
+
 def _average_writers(
     kept: Sequence[Path], trainer: dict[str, Any] | None = None
 ) -> dict[str, Callable[[Path], object]]:
     """What an average checkpoint of ``kept`` holds: the mean of their weights, tensor by tensor, the newest one's
     config, and its ``trainer.json`` (or ``trainer``)."""
-    stacks = [read_weights(path / WEIGHTS) for path in kept]
-    averaged = {name: np.mean([s[name] for s in stacks], axis=0).astype(stacks[-1][name].dtype) for name in stacks[-1]}
+    averaged = _mean_weights([path / WEIGHTS for path in kept])
 
     def copied(name: str) -> Callable[[Path], object]:
         return lambda path: path.write_bytes((kept[-1] / name).read_bytes())

@@ -207,6 +207,10 @@ class KerasTrainer:
     def agree(self, flag: bool) -> bool:
         return flag
 
+    def release(self) -> None:
+        """Nothing: a Keras optimizer's variables stay as long as the optimizer (the final evaluations take their
+        memory beside them)."""
+
     def write_weights(self, path: Path) -> None:
         save_weights(self.model, path)
 

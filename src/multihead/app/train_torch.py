@@ -261,6 +261,10 @@ class TorchTrainer:
         self.model.train()
         return out.cpu().numpy()
 
+    def release(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()
+
     def agree(self, flag: bool) -> bool:
         if self.world == 1:
             return flag

@@ -301,6 +301,11 @@ class Trainer(Protocol):
         """Whether any rank raised ``flag`` (data-parallel runs stop together)."""
         ...
 
+    def release(self) -> None:
+        """Training is over and its last checkpoint saved: drop what only further steps need (the optimizer's state,
+        the gradients), so that the final evaluations and the average of the last checkpoints take that memory."""
+        ...
+
     def pad_to(self) -> int:
         """Batch lengths are rounded up to a multiple of this (fewer shapes for a compiling framework)."""
         ...
@@ -757,6 +762,7 @@ class Training:
         latest = latest_checkpoint(self.out)
         if latest is None or latest.name != checkpoint_name(self.step_count):
             self.save()
+        self.trainer.release()
         return self.finish(interrupt.requested)
 
     def _progress(self, loss: float, rate: float, deadline: float | None) -> Progress:

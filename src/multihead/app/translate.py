@@ -167,15 +167,14 @@ class Translator:
         if quantize is not None and self.device.type != "cpu":
             raise UserError(f"--quantize {quantize} runs on the CPU (oneDNN's kernels): add --device cpu")
 
-        if self.device.type == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step
-            keep_freed_memory()
-
         def load(found: Checkpoint) -> Any:
             model = Transformer.from_config(found.config).eval()
             load_weights(model, found.path / WEIGHTS)
             return model.to(self.device)
 
         self.checkpoint, self.model = open_checkpoint(Path(run), checkpoint, load)
+        if self.device.type == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step;
+            keep_freed_memory()  # from here on, not while loading, which frees what no step will reuse
         if quantize is not None:
             quantize_model(self.model, quantize)
         self.source, self.target = self.checkpoint.source, self.checkpoint.target

@@ -26,12 +26,13 @@ class TorchAdapter:
         return {name: tuple(t.shape) for name, t in self.module.state_dict().items()}
 
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
-        current = self.module.state_dict()
-        converted = {
-            name: torch.from_numpy(np.ascontiguousarray(array)).to(current[name].dtype)
-            for name, array in tensors.items()
-        }
-        self.module.load_state_dict(converted, strict=True)
+        """Copy each weight in from ``tensors`` (names checked by the caller), one at a time, a tied weight once."""
+        done: set[int] = set()
+        with torch.no_grad():
+            for name, weight in self.module.state_dict(keep_vars=True).items():
+                if id(weight) not in done:
+                    done.add(id(weight))
+                    weight.copy_(torch.from_numpy(np.ascontiguousarray(tensors[name])))
 
     def weight_objects(self) -> Mapping[str, object]:
         return self.module.state_dict(keep_vars=True)
