@@ -16,17 +16,37 @@ VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @functools.cache
-def flags() -> frozenset[str]:
-    """The CPU's instruction-set flags (``avx512f``, ``avx512_bf16``, ``amx_bf16``, ...); empty where unknown."""
+def _first_cpu() -> dict[str, str]:
+    """The fields of the first processor in ``/proc/cpuinfo``; empty where there is none."""
     try:
         text = CPUINFO.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
         name, _, value = line.partition(":")
-        if name.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def flags() -> frozenset[str]:
+    """The CPU's instruction-set flags (``avx512f``, ``avx512_bf16``, ``amx_bf16``, ...); empty where unknown."""
+    return frozenset(_first_cpu().get("flags", "").split())
+
+
+def vendor() -> str:
+    """The CPU's vendor (``GenuineIntel``, ``AuthenticAMD``, ...); empty where unknown."""
+    return _first_cpu().get("vendor_id", "")
+
+
+def family() -> int | None:
+    """The CPU's family number (AMD's Zen 4 is 25, Zen 5 26); ``None`` where unknown."""
+    value = _first_cpu().get("cpu family", "")
+    return int(value) if value.isdigit() else None
 
 
 def has_vnni() -> bool:

@@ -30,6 +30,7 @@ from app.support import (
     torch_trainer,
     write_corpus,
 )
+from multihead import cpu
 from multihead.app.batching import make_batch
 from multihead.app.console import UserError
 from multihead.app.devices import resolve_device, resolve_precision
@@ -74,15 +75,30 @@ def test_auto_takes_the_first_cuda_device_and_torchrun_ranks_their_own(monkeypat
     assert resolve_device("auto") == "cpu"
 
 
-def test_auto_precision_is_bf16_on_a_gpu_that_has_it_and_fp32_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+def cpu_kind(monkeypatch: pytest.MonkeyPatch, vendor: str, family: int, flags: str) -> None:
+    monkeypatch.setattr(cpu, "vendor", lambda: vendor)
+    monkeypatch.setattr(cpu, "family", lambda: family)
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset(flags.split()))
+
+
+def test_auto_precision_is_bf16_where_it_was_measured_faster_and_fp32_elsewhere(monkeypatch: pytest.MonkeyPatch):
+    """bf16 on a GPU that has it; on the CPU, for models as wide as the corpus recipe's on AMD's Zen 5 with
+    AVX512-BF16; fp32 on other CPUs (an Intel Xeon with AVX512-BF16 was slower) and for narrower models."""
     cuda_machine(monkeypatch, 1)
-    assert resolve_precision("auto", "cuda:0").name == "bf16"
-    assert resolve_precision("auto", "cpu").name == "fp32"
-    assert resolve_precision("bf16", "cpu").autocast == "bfloat16"
-    assert resolve_precision("fp16", "cpu").scaled
-    assert not resolve_precision("bf16", "cuda:0").scaled
+    assert resolve_precision("auto", "cuda:0", 128).name == "bf16"
+    cpu_kind(monkeypatch, "AuthenticAMD", 26, "avx2 avx512f avx512_bf16")
+    assert resolve_precision("auto", "cpu", 256).name == "bf16"
+    assert resolve_precision("auto", "cpu", 128).name == "fp32"  # a built-in task's model
+    assert resolve_precision("fp32", "cpu", 512).name == "fp32"
+    for vendor, family, flags in [("GenuineIntel", 6, "avx512f avx512_bf16"), ("AuthenticAMD", 25, "avx512_bf16"),
+                                  ("AuthenticAMD", 26, "avx2 avx512f"), ("", 0, "")]:  # fmt: skip
+        cpu_kind(monkeypatch, vendor, family, flags)
+        assert resolve_precision("auto", "cpu", 512).name == "fp32", (vendor, family, flags)
+    assert resolve_precision("bf16", "cpu", 128).autocast == "bfloat16"
+    assert resolve_precision("fp16", "cpu", 128).scaled
+    assert not resolve_precision("bf16", "cuda:0", 128).scaled
     cuda_machine(monkeypatch, 1, bf16=False)
-    assert resolve_precision("auto", "cuda:0").name == "fp32"
+    assert resolve_precision("auto", "cuda:0", 512).name == "fp32"
 
 
 @pytest.mark.parametrize("command", ["train", "translate", "evaluate", "demo"])

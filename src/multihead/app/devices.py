@@ -2,9 +2,10 @@
 
 ``--device auto`` (the default) takes the first CUDA device PyTorch sees, else the CPU; under ``torchrun`` each rank
 takes ``cuda:LOCAL_RANK``. A device this machine does not have is refused in one line before anything is written.
-``--precision auto`` is bf16 autocast on a CUDA device that supports it and float32 elsewhere; ``bf16`` and ``fp16``
-may also be asked for on the CPU. Weights are saved as float32 CPU tensors whatever trained them, so a run moves
-freely between devices.
+``--precision auto`` is bf16 autocast on a CUDA device that supports it and where bf16 was measured to train faster
+than float32 on the CPU with the BLEU held (:func:`bf16_trains_faster`), float32 elsewhere; ``bf16`` and ``fp16`` may
+be asked for on any CPU. Weights are saved as float32 CPU tensors whatever trained them, so a run moves freely
+between devices.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from multihead import cpu
 from multihead.app.console import UserError
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
@@ -61,13 +63,29 @@ class Precision:
     scaled: bool
 
 
-def resolve_precision(name: str, device: str) -> Precision:
-    """The precision ``--precision name`` stands for on ``device`` (``auto``: bf16 on a CUDA device with bf16, else
-    fp32)."""
+BF16_CPUS = (("AuthenticAMD", 26),)
+"""The CPUs (vendor, family) with AVX512-BF16 whose training step is faster in bf16 than in float32, with the
+Multi30k BLEU held (docs/performance.md): AMD's Zen 5. An Intel Xeon with AVX512-BF16 and no AMX was slower in bf16;
+other kinds are not measured, and keep float32."""
+BF16_CPU_WIDTH = 256
+"""The narrowest model (d_model) that trains faster in bf16 on those CPUs: the corpus recipe's. Narrower ones (the
+built-in tasks', 128) spend their steps in many small operations, to which autocast adds conversions: slower."""
+
+
+def bf16_trains_faster(d_model: int) -> bool:
+    """Whether a model ``d_model`` wide trains faster in bf16 than in float32 on this machine's CPU (one of
+    :data:`BF16_CPUS`, the model at least :data:`BF16_CPU_WIDTH` wide)."""
+    kind = (cpu.vendor(), cpu.family())
+    return "avx512_bf16" in cpu.flags() and kind in BF16_CPUS and d_model >= BF16_CPU_WIDTH
+
+
+def resolve_precision(name: str, device: str, d_model: int) -> Precision:
+    """The precision ``--precision name`` stands for on ``device``, for a model ``d_model`` wide (``auto``: bf16 on a
+    CUDA device with bf16 and where :func:`bf16_trains_faster` on the CPU, else fp32)."""
     import torch
 
     if name == "auto":
-        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        bf16 = torch.cuda.is_bf16_supported() if device.startswith("cuda") else bf16_trains_faster(d_model)
         name = "bf16" if bf16 else "fp32"
     if name == "fp32":
         return Precision("fp32", None, False)

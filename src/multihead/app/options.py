@@ -403,7 +403,7 @@ class TrainOptions:
     precision: str | None = option(
         "--precision",
         "fp32, or autocast to bf16 or fp16 (fp16 with dynamic loss scaling); auto: "
-        "bf16 on a CUDA device that has it, else fp32",
+        "bf16 on a CUDA device that has it and on CPUs measured to train faster in it (docs/performance.md), else fp32",
         TEXT,
         "auto",
         "auto",

@@ -173,7 +173,7 @@ class TorchTrainer:
     def configure(self, options: RunOptions) -> None:
         """Take the options that may change on resume (clipping, label smoothing, precision, compilation)."""
         self.clip, self.label_smoothing = options.clip, options.label_smoothing
-        self.precision = resolve_precision(options.precision or "auto", str(self.device))
+        self.precision = resolve_precision(options.precision or "auto", str(self.device), self.model.config.d_model)
         previous = getattr(self, "scaler", None)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision.scaled else None
         if self.scaler is not None and previous is not None:
