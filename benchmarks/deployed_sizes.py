@@ -20,10 +20,11 @@ resident set (which counts a model file's pages while it is read, memory-mapped)
 translating. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
 greedy float32 token sequences of the two are compared.
 
-Fine-tuning (``--finetune-steps``, OPUS-sized only unless ``--finetune`` says otherwise): ``multihead train --init``
-on Multi30k (``--batch-tokens 2048``) and a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at
-1e-4, cross-entropy with label smoothing 0.1, dropout 0.1) over the same batches (the run's own, read back from its
-encoded corpus), each in a fresh process: target tokens per second of the steps after the first, and the peak memory.
+Fine-tuning (``--finetune-steps``; 0 skips it): ``multihead train --init`` on Multi30k (``--batch-tokens 2048``) and
+a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at 1e-4, cross-entropy with label smoothing 0.1,
+dropout 0.1) over the same batches (the run's own, read back from its encoded corpus), in float32 and with bf16
+autocast (``--precision bf16``; ``torch.autocast`` around the loop's forward pass and loss), each in a fresh process:
+target tokens per second of the steps after the first, and the peak memory.
 
 Writes WORK/results.json and prints a markdown table.
 """
@@ -132,7 +133,7 @@ def finetune_multihead(args: argparse.Namespace) -> dict[str, Any]:
         "train", "--init", str(args.work / "run"), "--data", str(data / "train.de.gz"), str(data / "train.en.gz"),
         "--valid", str(data / "val.de.gz"), str(data / "val.en.gz"), "--out", str(out), "--steps",
         str(args.finetune_steps), "--batch-tokens", "2048", "--eval-every", "100000", "--checkpoint-every", "100000",
-        "--log-every", "1", "--threads", str(args.threads), "--no-progress",
+        "--log-every", "1", "--threads", str(args.threads), "--no-progress", "--precision", args.precision,
     ])  # fmt: skip
     if status != 0:
         raise SystemExit(f"multihead train exited with {status}")
@@ -171,8 +172,9 @@ def finetune_transformers(args: argparse.Namespace) -> dict[str, Any]:
         src, tgt_in = torch.from_numpy(batch.src), torch.from_numpy(batch.tgt_in)
         labels = torch.from_numpy(np.where(batch.tgt_out == specials.pad, -100, batch.tgt_out))
         begin = time.perf_counter()
-        logits = model(input_ids=src, attention_mask=src != specials.pad, decoder_input_ids=tgt_in).logits
-        loss = loss_function(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = model(input_ids=src, attention_mask=src != specials.pad, decoder_input_ids=tgt_in).logits
+            loss = loss_function(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -260,13 +262,13 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def finetuning(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    for engine in ("multihead", "Transformers"):  # multihead first: the other reads its batches
-        found = child(f"finetune-{engine}", args)
-        print(f"  fine-tuning, {engine}: {found['tokens_per_s']:.1f} target tokens/s, {found['peak_mb']:.0f} MB",
-              file=sys.stderr, flush=True)  # fmt: skip
-        rows.append(
-            {"engine": engine, "tokens_per_s": round(found["tokens_per_s"], 1), "peak_mb": round(found["peak_mb"])}
-        )
+    for precision in ("fp32", "bf16"):
+        for engine in ("multihead", "Transformers"):  # multihead first: the other reads its batches
+            found = child(f"finetune-{engine}", args, precision=precision)
+            print(f"  fine-tuning, {engine} {precision}: {found['tokens_per_s']:.1f} target tokens/s, "
+                  f"{found['peak_mb']:.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
+            rows.append({"engine": engine, "precision": precision, "tokens_per_s": round(found["tokens_per_s"], 1),
+                         "peak_mb": round(found["peak_mb"])})  # fmt: skip
     return rows
 
 
@@ -285,6 +287,7 @@ def main() -> None:
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--compute", choices=COMPUTES, default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         result = CHILDREN[args.child](args)
@@ -330,7 +333,7 @@ def table(results: dict[str, Any]) -> str:
     if "finetuning" in results:
         lines += ["", "| fine-tuning, 2,048-token batches | target tokens/s | peak MB |", "|---|---:|---:|"]
         for row in results["finetuning"]:
-            lines.append(f"| {row['engine']} | {row['tokens_per_s']:.1f} | {row['peak_mb']} |")
+            lines.append(f"| {row['engine']} {row['precision']} | {row['tokens_per_s']:.1f} | {row['peak_mb']} |")
     return "\n".join(lines)
 
 
