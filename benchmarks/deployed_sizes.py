@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -137,12 +137,13 @@ def finetune_multihead(args: argparse.Namespace) -> dict[str, Any]:
     ])  # fmt: skip
     if status != 0:
         raise SystemExit(f"multihead train exited with {status}")
-    rates = [
-        entry["tokens_per_s"]
-        for entry in map(json.loads, (out / "train.jsonl").read_text().splitlines())
-        if entry.get("event") == "step" and entry["step"] > 1
-    ]
-    return {"tokens_per_s": statistics.median(rates)}
+    steps = [entry for entry in map(json.loads, (out / "train.jsonl").read_text().splitlines())
+             if entry.get("event") == "step"]  # fmt: skip
+    # Each line is one step (--log-every 1): its rate over its seconds of training. Steps after the first, as the
+    # Transformers loop counts them: their tokens over their seconds.
+    seconds = [after["seconds"] - before["seconds"] for before, after in itertools.pairwise(steps)]
+    tokens = sum(entry["tokens_per_s"] * took for entry, took in zip(steps[1:], seconds, strict=True))
+    return {"tokens_per_s": tokens / sum(seconds)}
 
 
 def finetune_transformers(args: argparse.Namespace) -> dict[str, Any]:

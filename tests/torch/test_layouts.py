@@ -23,16 +23,28 @@ def linears(*outs: int, bias: bool = True, seed: int = 0) -> list[nn.Linear]:
 
 
 @pytest.mark.parametrize("shape", [(7, 59), (3, 5, 59), (4, 1, 59)], ids=["2d", "3d", "step"])
-def test_onednn_linear_equals_the_module(shape: tuple[int, ...]) -> None:
-    (module,) = linears(113)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_onednn_linear_and_its_gradients_equal_the_modules(shape: tuple[int, ...], bias: bool) -> None:
+    """oneDNN's products, forward and backward (input, weight and bias gradients), against ``nn.Linear``'s, and the
+    module's own call under autocast."""
+    (module,) = linears(113, bias=bias)
     x = torch.randn(shape)
     with torch.no_grad():
         torch.testing.assert_close(linear(module, x), module(x), rtol=1e-5, atol=1e-5)
-    # With gradients the module runs itself: the same tensor, and gradients that flow.
-    out = linear(module, x)
-    assert torch.equal(out, module(x))
-    out.sum().backward()
-    assert module.weight.grad is not None
+    results = []
+    for run in (linear, lambda m, t: m(t)):
+        module.zero_grad()
+        given = x.clone().requires_grad_()
+        out = run(module, given)
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()  # a gradient that differs by feature
+        results.append([out.detach(), given.grad, module.weight.grad, module.bias.grad if bias else None])
+    for ours, expected in zip(*results, strict=True):
+        if expected is None:
+            assert ours is None
+        else:
+            torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear(module, x).dtype == torch.bfloat16  # autocast's: the module's own call
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])

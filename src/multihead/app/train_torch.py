@@ -44,6 +44,7 @@ from multihead.app.tokenizers import Specials
 from multihead.config import TransformerConfig
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.torch import Transformer
+from multihead.torch.layouts import product
 
 SLICE_ELEMENTS = 1 << 22
 """The logits :class:`ProjectedLoss` computes at a time: rows of ``V`` floats, 16 MiB in float32."""
@@ -117,15 +118,15 @@ class ProjectedLoss(torch.autograd.Function):
             step = max(1, SLICE_ELEMENTS // vocab)
             for start in range(0, rows, step):
                 part, wanted = hidden[start : start + step], target[start : start + step, None]  # (n, E), (n, 1)
-                log_probs = torch.addmm(cast_bias, part, cast_weight.t()).to(exact).log_softmax(-1)  # (n, V)
+                log_probs = product(part, cast_weight, cast_bias).to(exact).log_softmax(-1)  # (n, V)
                 kept = (wanted != pad).to(exact)  # (n, 1)
                 picked = log_probs.gather(1, wanted)
                 total += (kept * ((s - 1.0) * picked - (s / vocab) * log_probs.sum(1, keepdim=True))).sum()
                 grad = log_probs.exp_().sub_(s / vocab)  # (n, V): the probabilities' buffer
                 grad.scatter_add_(1, wanted, torch.full_like(picked, s - 1.0)).mul_(kept)
                 grad = grad.to(dtype)
-                torch.mm(grad, cast_weight, out=grad_hidden[start : start + step])
-                grad_weight.add_(grad.t().mm(part))
+                grad_hidden[start : start + step] = product(grad, cast_weight.t())  # (n, V) @ (V, E)
+                grad_weight.add_(product(grad.t(), part.t()))  # (V, n) @ (n, E)
                 grad_bias.add_(grad.sum(0))
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total

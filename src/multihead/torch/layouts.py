@@ -1,10 +1,11 @@
-"""Linear layers laid out for inference: the kernels a projection runs when no gradient is wanted.
+"""Linear layers on oneDNN's kernels on the CPU, and laid out for inference: what a projection runs.
 
-Training runs each ``nn.Linear`` as it is. Inference (no gradients) takes faster forms of the same products:
+On the CPU in float32 every linear layer's products, training's gradients included, run on oneDNN's kernel
+(:func:`linear`): PyTorch's ``nn.Linear`` calls the BLAS it was built with, Intel's MKL, which some CPUs (AMD's) run
+on 256-bit vectors only; oneDNN, also inside PyTorch, uses every vector width the CPU has (docs/performance.md: about
+twice the speed on a 2-core AMD EPYC). Under autocast or ``torch.compile`` the modules run as they are. Inference (no
+gradients) also takes laid-out forms of the same products:
 
-- On the CPU in float32, oneDNN's matrix product (:func:`linear`). PyTorch's ``nn.Linear`` calls the BLAS it was
-  built with, Intel's MKL, which some CPUs (AMD's) run on 256-bit vectors only; oneDNN, also inside PyTorch, uses
-  every vector width the CPU has (docs/performance.md: about twice the speed on a 2-core AMD EPYC).
 - At a decoding step (one token per row), the weights laid out once for such rows (:class:`StepLayout`): on the CPU
   packed in oneDNN's blocked format; elsewhere ``(in, out)`` row-major, which some BLAS multiply faster by a few rows;
   linears that read the same input as one product (a self-attention's query, key and value).
@@ -30,12 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from multihead.config import QUANTIZED
 from multihead.cpu import has_vnni
 
-__all__ = ["Affine", "StepLayout", "is_step", "linear", "quantize", "weights_fixed_within"]
+__all__ = ["Affine", "StepLayout", "is_step", "linear", "product", "quantize", "weights_fixed_within"]
 
 
 @functools.cache
@@ -60,11 +62,49 @@ def _on_cpu_in_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and onednn_linear()
 
 
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` by oneDNN: ``x (..., I)``, ``weight (O, I)``, either may be a strided view."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` whose products, forward and backward, run on oneDNN's kernel (float32 on the CPU)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.biased = bias is not None
+        return _product(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad_x = _product(grad, weight.t()) if ctx.needs_input_grad[0] else None  # (..., O) @ (O, I)
+        rows = grad.reshape(-1, grad.shape[-1])  # (N, O)
+        grad_weight = _product(rows.t(), x.reshape(-1, x.shape[-1]).t()) if ctx.needs_input_grad[1] else None
+        grad_bias = rows.sum(0) if ctx.biased and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` without autograd (for code that computes its own gradients): ``x (..., I)``,
+    ``weight (O, I)``, either a strided view (a transpose) if need be; on oneDNN's kernel on the CPU in float32, else
+    ``F.linear``."""
+    if _on_cpu_in_float32(x, weight):
+        return _product(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` for ``x (..., I)``; without gradients, on the CPU in float32, through oneDNN's kernel."""
-    if torch.is_grad_enabled() or not _on_cpu_in_float32(x, module.weight):
+    """``module(x)`` for ``x (..., I)``; on the CPU in float32, through oneDNN's kernel (its gradients too), unless
+    autocast or ``torch.compile`` is at work, which take the module's own call."""
+    if not _on_cpu_in_float32(x, module.weight):
         return module(x)
-    return torch.ops.mkldnn._linear_pointwise(x, module.weight, module.bias, "none", [], "")
+    if not torch.is_grad_enabled():
+        return _product(x, module.weight, module.bias)
+    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+        return module(x)
+    return _OneDNNLinear.apply(x, module.weight, module.bias)
 
 
 @dataclass(frozen=True)
@@ -228,14 +268,12 @@ class StepLayout:
         return kept.affine
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """``x (..., I)`` through the linears: as they are when gradients are wanted, else laid out (a decoding step's
-        ``(N, 1, I)``, or any input of a quantized layout), else through :func:`linear`."""
-        if torch.is_grad_enabled():
-            linears = self.linears()
-            return linears[0](x) if len(linears) == 1 else torch.cat([module(x) for module in linears], dim=-1)
-        if self.dtype is not None or self.fill or (x.dim() == 3 and x.shape[1] == 1):
+        """``x (..., I)`` through the linears: without gradients laid out (a decoding step's ``(N, 1, I)``, or any
+        input of a quantized layout), else through :func:`linear`."""
+        if not torch.is_grad_enabled() and (self.dtype is not None or self.fill or (x.dim() == 3 and x.shape[1] == 1)):
             return self()(x)
-        return torch.cat([linear(module, x) for module in self.linears()], dim=-1)
+        linears = self.linears()
+        return linear(linears[0], x) if len(linears) == 1 else torch.cat([linear(m, x) for m in linears], dim=-1)
 
 
 def layouts(model: nn.Module) -> Iterator[StepLayout]:
