@@ -266,7 +266,10 @@ def _mean_weights(paths: Sequence[Path]) -> dict[str, np.ndarray]:
                 raise ValueError(f"{name} of {str(path)!r} is {value.shape}, not {total[name].shape} as before")
             else:
                 total[name] += value
-    return {name: (total[name] / len(paths)).astype(value.dtype) for name, value in weights.items()}
+    for name, value in weights.items():
+        total[name] /= len(paths)  # in place: no second copy of the model
+        total[name] = total[name].astype(value.dtype, copy=False)
+    return total
 
 
 def _average_writers(
