@@ -186,3 +186,29 @@ def test_a_layout_of_weights_made_in_inference_mode_runs_its_linears() -> None:
         layout = StepLayout(nn.ModuleDict({"proj": module}), "proj")
         x = torch.randn(3, 1, 59)
         torch.testing.assert_close(layout.apply(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+class Adapted(nn.Linear):
+    """A linear that computes more than ``nn.Linear`` (as a low-rank adapter's does): its own call must run."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + 1.0
+
+
+def test_a_replaced_linear_runs_itself_in_training_inference_and_steps() -> None:
+    model = small_model()
+    layer = model.decoder.layers[0]
+    plain = layer.feed_forward.linear2
+    adapted = Adapted(plain.in_features, plain.out_features)
+    adapted.load_state_dict(plain.state_dict())
+    src, tgt = torch.randint(3, 31, (2, 5)), torch.randint(3, 31, (2, 4))
+    with torch.no_grad():
+        before = model(src, tgt)
+        layer.feed_forward.linear2 = adapted
+        after = model(src, tgt)
+        x = torch.randn(3, 1, plain.in_features)
+        torch.testing.assert_close(layer.feed_forward._layouts["linear2"].apply(x), adapted(x))  # a step's input
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(model._layouts["output"].apply(torch.ones(2, 32)), model.output_proj(torch.ones(2, 32)))
+    x = torch.randn(3, 4, plain.in_features, requires_grad=True)
+    torch.testing.assert_close(layer.feed_forward._layouts["linear2"].apply(x), adapted(x))

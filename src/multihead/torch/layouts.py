@@ -95,10 +95,11 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return F.linear(x, weight, bias)
 
 
-def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` for ``x (..., I)``; on the CPU in float32, through oneDNN's kernel (its gradients too), unless
-    autocast or ``torch.compile`` is at work, which take the module's own call."""
-    if not _on_cpu_in_float32(x, module.weight):
+def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for ``x (..., I)``; for an ``nn.Linear`` itself (not a subclass or a replacement, such as an
+    adapter's, that computes more) on the CPU in float32, through oneDNN's kernel (its gradients too; the module's
+    forward hooks do not run), unless autocast or ``torch.compile`` is at work, which take the module's own call."""
+    if type(module) is not nn.Linear or not _on_cpu_in_float32(x, module.weight):
         return module(x)
     if not torch.is_grad_enabled():
         return _product(x, module.weight, module.bias)
@@ -114,8 +115,8 @@ class Affine:
     ``kind`` says how: ``"onednn"`` a float32 weight packed for oneDNN ``(O, I)``; ``"bf16"`` the same in bfloat16
     (inputs rounded to it, outputs back in their dtype); ``"int8"`` PyTorch's packed int8 weight (``weight`` is then
     its packed parameters); ``"plain"`` ``x @ weight + bias`` with ``weight (I, O)``; ``"modules"`` the linears run as
-    they are (weights made in inference mode, which cannot be laid out). ``bias`` (``(O,)`` or ``None``) may differ
-    from the linears' where the layout was made with a ``fill``.
+    they are (modules other than ``nn.Linear``, weights made in inference mode, which cannot be laid out). ``bias``
+    (``(O,)`` or ``None``) may differ from the linears' where the layout was made with a ``fill``.
     """
 
     kind: str
@@ -238,14 +239,17 @@ class StepLayout:
         self.dtype: str | None = None
         self._kept: _Kept | None = None
 
-    def linears(self) -> list[nn.Linear]:
+    def linears(self) -> list[nn.Module]:
         return [getattr(self.owner, name) for name in self.names]
 
     def __call__(self) -> Affine:
         kept, session = self._kept, _SESSION.get()
         if kept is not None and session is not None and kept.session is session:
             return kept.affine
-        linears = self.linears()
+        modules = self.linears()
+        linears = [module for module in modules if type(module) is nn.Linear]
+        if len(linears) < len(modules):  # one replaced (an adapter's, which computes more): they run as they are
+            return Affine("modules", None, None, tuple(modules))
         weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
         if any(weight.is_inference() for weight in weights):
             if self.dtype is not None:
