@@ -16,8 +16,8 @@ Translation: the first ``--sentences`` sources of test_2016_flickr, greedy and b
 translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the lengths are
 checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before
 the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
-resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set after
-translating. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
+resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set once it has
+translated, its model still loaded. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
 greedy float32 token sequences of the two are compared.
 
 Fine-tuning (``--finetune-steps``; 0 skips it): ``multihead train --init`` on Multi30k (``--batch-tokens 2048``) and
@@ -94,7 +94,7 @@ def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
     run(ids[:8], 4)  # warm-up
     begin = time.perf_counter()
     out = run(ids, args.tokens)
-    return {"seconds": time.perf_counter() - begin, "sequences": out}
+    return {"seconds": time.perf_counter() - begin, "sequences": out, "rss_mb": rss_mb()}
 
 
 def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
     run(batch[:8], 4)  # warm-up
     begin = time.perf_counter()
     out = run(batch, args.tokens)
-    return {"seconds": time.perf_counter() - begin, "sequences": out}
+    return {"seconds": time.perf_counter() - begin, "sequences": out, "rss_mb": rss_mb()}
 
 
 def finetune_multihead(args: argparse.Namespace) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         result = CHILDREN[args.child](args)
-        print(json.dumps({**result, "peak_mb": peak_mb(), "rss_mb": rss_mb()}))
+        print(json.dumps({"peak_mb": peak_mb(), **result}))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     prepare(args)
