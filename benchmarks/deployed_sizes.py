@@ -17,8 +17,8 @@ translation exactly ``--tokens`` tokens long (random weights never choose the en
 checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before
 the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
 resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set once it has
-translated, its model still loaded. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the
-greedy float32 token sequences of the two are compared.
+translated, its model still loaded. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer
+for multihead: the greedy float32 token sequences of the two are compared.
 
 Fine-tuning (``--finetune-steps``; 0 skips it): ``multihead train --init`` on Multi30k (``--batch-tokens 2048``) and
 a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at 1e-4, cross-entropy with label smoothing 0.1,
