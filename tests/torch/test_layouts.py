@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from multihead.torch import Transformer, quantize
+from multihead.torch import Layouts, Transformer, quantize
 from multihead.torch.layouts import Affine, StepLayout, layouts, linear, onednn_linear
 
 pytestmark = pytest.mark.skipif(not onednn_linear(), reason="this PyTorch build has no oneDNN")
@@ -137,10 +137,11 @@ def test_a_quantized_model_infers_in_int8_and_trains_in_float() -> None:
     assert not torch.equal(near, exact)  # computed in int8 ...
     assert ((near - exact).norm() / exact.norm()).item() < 0.05  # ... close to float
     assert all(layout.dtype == "int8" for layout in layouts(model))
-    with torch.inference_mode():  # every layer of a search takes the int8 layouts
+    session = Layouts()  # every layer of a search takes the int8 layouts
+    assert session[model._layouts["search"]].kind == "int8"
+    assert session[model.decoder.layers[0].self_attn._layouts["qkv"]].kind == "int8"
+    with torch.inference_mode():
         model.generate(src, max_len=5, bos_id=1, eos_id=3, beam_size=2)
-    assert model._layouts["search"]().kind == "int8"
-    assert model.decoder.layers[0].self_attn._layouts["qkv"]().kind == "int8"
     # With gradients, the float weights: the same logits and gradients as the model never quantized.
     model.train(), reference.train()
     out, expected = model(src, tgt), reference(src, tgt)
@@ -160,18 +161,20 @@ def test_a_bf16_model_infers_near_float() -> None:
     assert near.dtype == torch.float32
     assert not torch.equal(near, exact)
     assert ((near - exact).norm() / exact.norm()).item() < 0.02
-    assert model._layouts["search"]().kind == "bf16"
+    assert Layouts()[model._layouts["search"]].kind == "bf16"
 
 
-def test_int8_layouts_follow_changed_weights() -> None:
+def test_int8_layouts_are_the_weights_quantize_saw_until_it_runs_again() -> None:
     model = quantize(small_model())
     src, tgt = torch.randint(3, 31, (2, 5)), torch.randint(3, 31, (2, 4))
     with torch.no_grad():
         before = model(src, tgt)
         model.load_state_dict(small_model(seed=1).state_dict())
-        after = model(src, tgt)
+        stale = model(src, tgt)  # the linears: the weights quantize saw
+        after = quantize(model)(src, tgt)
         expected = quantize(small_model(seed=1))(src, tgt)
     assert not torch.equal(before, after)
+    assert not torch.equal(stale, expected)
     assert torch.equal(after, expected)
 
 
@@ -180,12 +183,27 @@ def test_quantize_takes_int8_or_bf16() -> None:
         quantize(small_model(), "int4")
 
 
-def test_a_layout_of_weights_made_in_inference_mode_runs_its_linears() -> None:
+def test_a_layout_of_weights_made_in_inference_mode_computes_its_linears() -> None:
     with torch.inference_mode():
         (module,) = linears(20)
         layout = StepLayout(nn.ModuleDict({"proj": module}), "proj")
         x = torch.randn(3, 1, 59)
         torch.testing.assert_close(layout.apply(x), module(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layout.apply(x, Layouts()), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_layouts_lay_out_each_layout_once_from_the_weights_as_they_are() -> None:
+    """A :class:`Layouts` builds a layout when first asked and keeps it (the weights fixed while it is used); a new
+    one lays out the weights as they are then."""
+    (module,) = linears(20)
+    layout = StepLayout(nn.ModuleDict({"proj": module}), "proj")
+    kept, x = Layouts(), torch.randn(3, 59)
+    first = kept[layout]
+    assert kept[layout] is first
+    with torch.no_grad():
+        module.weight.mul_(2.0)
+        torch.testing.assert_close(Layouts()[layout](x), module(x), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(first(x), module(x))
 
 
 class Adapted(nn.Linear):
@@ -207,7 +225,7 @@ def test_a_replaced_linear_runs_itself_in_training_inference_and_steps() -> None
         layer.feed_forward.linear2 = adapted
         after = model(src, tgt)
         x = torch.randn(3, 1, plain.in_features)
-        torch.testing.assert_close(layer.feed_forward._layouts["linear2"].apply(x), adapted(x))  # a step's input
+        torch.testing.assert_close(layer.feed_forward._layouts["linear2"].apply(x, Layouts()), adapted(x))  # a step's
     assert not torch.allclose(before, after)
     torch.testing.assert_close(model._layouts["output"].apply(torch.ones(2, 32)), model.output_proj(torch.ones(2, 32)))
     x = torch.randn(3, 4, plain.in_features, requires_grad=True)

@@ -29,6 +29,7 @@ from multihead.torch import (
     EncoderLayer,
     FeedForward,
     KVCache,
+    Layouts,
     MultiHeadAttention,
     PositionalEncoding,
     Transformer,
@@ -206,9 +207,9 @@ def test_greedy_with_cache_equals_without(norm_first: bool) -> None:
 
 
 def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> None:
-    """The steps' layout of the weights is kept between calls while no weight changes, and made again when one does:
-    written in place (an optimizer step, ``load_state_dict``, under ``no_grad``) or replaced; checked against
-    decoding without a cache, which reads the modules' weights themselves."""
+    """Each call lays out the weights as they are: written in place (an optimizer step, ``load_state_dict``, under
+    ``no_grad``) or replaced; checked against decoding without a cache, which reads the modules' weights
+    themselves."""
     model, src = small_model(), tokens(4, 7)
     args = dict(max_len=12, bos_id=BOS, eos_id=EOS)
 
@@ -218,8 +219,6 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
         return with_cache
 
     first = decodes_as_its_weights_say()
-    layout = model._layouts["search"]()
-    assert model._layouts["search"]() is layout  # nothing changed: kept
     with torch.no_grad():
         model.decoder.layers[0].feed_forward.linear1.weight.mul_(3.0)
         model.output_proj.bias[5] += 4.0
@@ -234,7 +233,6 @@ def test_weights_changed_between_calls_are_what_the_next_call_decodes_with() -> 
     decodes_as_its_weights_say()
     model.output_proj.weight = nn.Parameter(torch.randn_like(model.output_proj.weight))
     decodes_as_its_weights_say()
-    assert model._layouts["search"]() is not layout
 
 
 @pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
@@ -666,25 +664,31 @@ def test_decoding_steps_give_the_logits_of_full_decoding(options: dict) -> None:
     "options", [{}, {"num_kv_heads": 2, "value_head_dim": 5, "bias": False}], ids=["mha", "gqa-dv5-no-bias"]
 )
 def test_an_attention_step_equals_a_cached_call(options: dict) -> None:
-    """At a decoding step (one query per row, a cache, no gradients) the module projects with its weights laid out for
-    such rows; that equals the same cached call with gradients on, which runs the linears themselves: self-attention
-    appending to its cache, cross-attention reading the projected memory with a key mask."""
+    """A decoding session's step (one query per row, a cache, the session's layouts, no gradients) projects with the
+    weights laid out for such rows; that equals the same cached public call, which runs the linears themselves:
+    self-attention appending to its cache, cross-attention reading the projected memory with a key mask."""
     module = MultiHeadAttention(32, 4, **options).double().eval()
     x, memory = torch.randn(3, 5, 32, dtype=torch.float64), torch.randn(3, 6, 32, dtype=torch.float64)
     key_mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3, [False] * 6])  # the last row attends nothing
     self_cache, step_cache, cross_cache, memory_cache = KVCache(8), KVCache(8), KVCache(), KVCache()
+    session = Layouts()
     for t in range(5):
         token = x[:, t : t + 1]  # (B, 1, E)
         expected = module(token, cache=self_cache, causal=True)
         with torch.no_grad():
-            stepped = module(token, cache=step_cache, causal=True)
+            stepped, _ = module._attend(
+                token, token, token, mask=None, causal=True, cache=step_cache, self_attention=True, layouts=session
+            )
         torch.testing.assert_close(stepped, expected.detach())
         expected = module(token, memory, key_mask=key_mask, cache=cross_cache)
         with torch.no_grad():
-            stepped = module(token, memory, key_mask=key_mask, cache=memory_cache)
+            stepped, _ = module._attend(
+                token, memory, memory, mask=key_mask[:, None, None, :], cache=memory_cache, self_attention=False,
+                layouts=session,
+            )  # fmt: skip
         torch.testing.assert_close(stepped, expected.detach())
     assert step_cache.length == self_cache.length == 5
-    assert all(module._layouts[name]._kept is not None for name in ("qkv", "q", "out"))  # the steps took the layouts
+    assert {id(module._layouts[name]) for name in ("qkv", "q", "out")} <= set(session._built)  # steps took them
 
 
 # --- sampling, and continuous batching --------------------------------------------------------------------------

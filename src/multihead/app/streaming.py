@@ -175,7 +175,7 @@ class StreamingTranslator:
         self.requests = Requests(translator)
         self.stream: Stream[tuple[_Job, int]] = Stream(
             translator.model, rows=rows, search=search, bos_id=translator.specials.bos,
-            eos_id=translator.specials.eos,
+            eos_id=translator.specials.eos, layouts=translator.layouts,
         )  # fmt: skip
 
     def __len__(self) -> int:

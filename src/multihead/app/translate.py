@@ -160,7 +160,7 @@ class Translator:
         from multihead.app.devices import resolve_device
         from multihead.app.memory import keep_freed_memory
         from multihead.io import load_weights
-        from multihead.torch import Transformer
+        from multihead.torch import Layouts, Transformer
         from multihead.torch import quantize as quantize_model
 
         self.device = torch.device(resolve_device(device or "auto"))
@@ -177,6 +177,8 @@ class Translator:
             keep_freed_memory()  # from here on, not while loading, which frees what no step will reuse
         if quantize is not None:
             quantize_model(self.model, quantize)
+        self.layouts = Layouts()
+        """The model's weights laid out for decoding, once for every session: a translator never changes them."""
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
         self.specials: Specials = self.target.specials
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
@@ -233,6 +235,12 @@ class Translator:
         """Source tokens per batch for ``search``: the device's, divided by the beams."""
         return self.batch_tokens // search.beam_size
 
+    def session(self, src: np.ndarray, limits: np.ndarray) -> Any:
+        """A decoding session of ``src (B, Ls)`` for rows limited to ``limits (B,)``, stepping with this translator's
+        layouts; inside ``torch.inference_mode()``."""
+        source = self.torch.from_numpy(src).to(self.device)
+        return self.model.decoding_session(source, max_len=int(limits.max()), layouts=self.layouts)
+
     def generate(self, search: SearchOptions = TRANSLATION) -> Generate:
         """What translates a batch as ``search`` says (one translation a sentence): ``src (B, Ls)``, each row's length
         limit and index in the input (which seeds its sampling) -> tokens ``(B, T)``."""
@@ -240,7 +248,7 @@ class Translator:
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                session = self.model.decoding_session(torch.from_numpy(src).to(self.device), max_len=int(limits.max()))
+                session = self.session(src, limits)
                 specials = self.specials
                 return generate(session, len(src), search, max_len=limits, bos_id=specials.bos, eos_id=specials.eos,
                                 pad_id=specials.pad, keys=indices)  # fmt: skip
@@ -296,7 +304,7 @@ class Translator:
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
             with torch.inference_mode():
-                session = self.model.decoding_session(torch.from_numpy(src).to(self.device), max_len=int(limits.max()))
+                session = self.session(src, limits)
                 found = n_best_search(
                     session, len(src), search, max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
                 )

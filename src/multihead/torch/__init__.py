@@ -1,10 +1,10 @@
 """The PyTorch front end: ``attention`` and ``packed_attention``, mask helpers, ``MultiHeadAttention``, ``KVCache``,
-the Transformer, and ``quantize`` (int8 inference)."""
+the Transformer, ``quantize`` (int8 or bf16 inference) and ``Layouts`` (weights laid out for decoding)."""
 
 from multihead.cache import DecoderCache
 from multihead.torch.attention import KVCache, MultiHeadAttention
 from multihead.torch.functional import attention, packed_attention
-from multihead.torch.layouts import quantize
+from multihead.torch.layouts import Layouts, quantize
 from multihead.torch.masks import causal_mask, padding_mask, padding_mask_from_tokens
 from multihead.torch.transformer import (
     Decoder,
@@ -24,6 +24,7 @@ __all__ = [
     "EncoderLayer",
     "FeedForward",
     "KVCache",
+    "Layouts",
     "MultiHeadAttention",
     "PositionalEncoding",
     "Transformer",

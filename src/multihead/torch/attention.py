@@ -5,9 +5,9 @@ adds: a cache for decoding (a :class:`~multihead.cache.StepCache` such as :class
 to it; cross-attention projects the memory into it once), where a decoding step is the same call with one query per
 row; and, for padded batches with a ``query_mask``, a packed path that projects and attends only the real tokens
 (:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``). Without
-gradients its projections run in the forms :mod:`multihead.torch.layouts` lays out for inference (a decoding step's
-with its weights laid out for rows of one token, kept until a weight changes), as the Transformer's feed-forward
-blocks and output projection do.
+gradients its projections run in the forms :mod:`multihead.torch.layouts` lays out for inference (a decoding
+session's steps with the weights its :class:`~multihead.torch.layouts.Layouts` laid out for rows of one token), as
+the Transformer's feed-forward blocks and output projection do.
 
 ``forward`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own
 public entry point has checked theirs.
@@ -26,7 +26,7 @@ from torch import nn
 from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
-from multihead.torch.layouts import StepLayout, is_step
+from multihead.torch.layouts import Layouts, StepLayout
 from multihead.torch.masks import restrict
 from multihead.torch.tensors import OPS
 from multihead.validation import (
@@ -271,28 +271,30 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
         cache: StepCache | None = None,
         self_attention: bool,
+        layouts: Layouts | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` on checked arguments: the output and, with ``return_weights``, the weights (else
         ``None``). ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding already in it; ``self_attention``
         says whether a cache appends ``key`` or holds the memory (``key`` and ``value`` may then be ``None``). A
-        decoding step (one query per row, a cache, no gradients) projects with the weights laid out for it."""
+        decoding session's ``layouts`` lay out the projections (no gradients); its steps (one query per row, a cache)
+        project the query, key and value of self-attention as one product."""
         batch, lq, _ = query.shape
-        if cache is not None and not return_weights and is_step(query):
-            q, k, v = self._project_step(query, key, value, cache, self_attention)
+        if layouts is not None and cache is not None and lq == 1 and not return_weights:
+            q, k, v = self._project_step(query, key, value, cache, self_attention, layouts)
             out, _ = _attention(
                 q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
                 return_weights=False, implementation=self.implementation,
             )  # fmt: skip  # (N, H, 1, Dv)
-            return self._layouts["out"]()(out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
-        q = self._layouts["q"].apply(query)  # (B, Lq, H*Dk)
+            return layouts[self._layouts["out"]](out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
+        q = self._layouts["q"].apply(query, layouts)  # (B, Lq, H*Dk)
         q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-        k, v = attended(cache, self_attention, lambda: self._project_given(key, value))
+        k, v = attended(cache, self_attention, lambda: self._project_given(key, value, layouts))
         out, weights = _attention(
             q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
             return_weights=return_weights, implementation=self.implementation,
         )  # fmt: skip
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
-        return self._layouts["out"].apply(out), weights  # (B, Lq, E)
+        return self._layouts["out"].apply(out, layouts), weights  # (B, Lq, E)
 
     def _project_step(
         self,
@@ -301,15 +303,16 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor | None,
         cache: StepCache,
         self_attention: bool,
+        layouts: Layouts,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A decoding step's queries ``(N, H, 1, Dk)`` and the keys and values it attends ``(N, Hkv, L, D)``: in
         self-attention the token's own, projected with the query (one product) and appended to ``cache``."""
         rows, queries = query.shape[0], self.num_heads * self.head_dim
         x = query.reshape(rows, -1)  # (N, qdim)
         if not self_attention:
-            q = self._layouts["q"]()(x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
-            return (q, *attended(cache, False, lambda: self._project_given(key, value)))
-        projected = self._layouts["qkv"]()(x)  # (N, H*Dk + Hkv*(Dk + Dv))
+            q = layouts[self._layouts["q"]](x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
+            return (q, *attended(cache, False, lambda: self._project_given(key, value, None)))  # as the memory's
+        projected = layouts[self._layouts["qkv"]](x)  # (N, H*Dk + Hkv*(Dk + Dv))
         q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
         k, v = projected[:, queries:].split(
             (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1
@@ -318,18 +321,22 @@ class MultiHeadAttention(nn.Module):
         v = v.view(rows, self.num_kv_heads, 1, self.value_head_dim)  # (N, Hkv, 1, Dv)
         return (q, *cache.append(k, v))
 
-    def _project_given(self, key: torch.Tensor | None, value: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _project_given(
+        self, key: torch.Tensor | None, value: torch.Tensor | None, layouts: Layouts | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_project_keys_values` of a call that brings them (not a cross-attention step over cached memory)."""
         if key is None or value is None:
             raise ValueError("no keys and values to attend: give them, or a cache that holds the memory's projection")
-        return self._project_keys_values(key, value)
+        return self._project_keys_values(key, value, layouts)
 
-    def _project_keys_values(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _project_keys_values(
+        self, key: torch.Tensor, value: torch.Tensor, layouts: Layouts | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``key (B, Lk, kdim)``, ``value (B, Lk, vdim)`` → keys ``(B, Hkv, Lk, Dk)``, values ``(B, Hkv, Lk, Dv)``."""
         batch, length, _ = key.shape
-        k = self._layouts["k"].apply(key).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self._layouts["v"].apply(value).view(batch, length, self.num_kv_heads, self.value_head_dim).transpose(1, 2)
-        return k, v
+        k = self._layouts["k"].apply(key, layouts).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = self._layouts["v"].apply(value, layouts).view(batch, length, self.num_kv_heads, self.value_head_dim)
+        return k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, Lk, Dk), (B, Hkv, Lk, Dv)
 
     def _attend_packed(
         self,

@@ -6,7 +6,7 @@ on 256-bit vectors only; oneDNN, also inside PyTorch, uses every vector width th
 twice the speed on a 2-core AMD EPYC). Under autocast or ``torch.compile`` the modules run as they are. Inference (no
 gradients) also takes laid-out forms of the same products:
 
-- At a decoding step (one token per row), the weights laid out once for such rows (:class:`StepLayout`): on the CPU
+- In a decoding session (one token per row a step), the weights laid out for such rows (:class:`StepLayout`): on the CPU
   packed in oneDNN's blocked format; elsewhere ``(in, out)`` row-major, which some BLAS multiply faster by a few rows;
   linears that read the same input as one product (a self-attention's query, key and value).
 - Quantized layouts (:func:`quantize`), for every inference call, not only steps: ``int8``, weights in int8 with one
@@ -14,8 +14,9 @@ gradients) also takes laid-out forms of the same products:
   them); ``bf16``, weights and inputs rounded to bfloat16, outputs back in the inputs' dtype (oneDNN's kernel, which
   uses the CPU's bfloat16 instructions where it has them), on the CPU.
 
-A layout is kept until one of its weights changes (another tensor, or one written in place) and always computes what
-its linears do; tests check each form against them.
+Nothing here watches the weights: a layout is laid out afresh for each stretch of inference in which they stay fixed
+(a :class:`Layouts`: one decoding session, or a translator's life), and a quantized one when :func:`quantize` runs.
+Each form computes what its linears do; tests check each against them.
 
 Notation: N rows, I input features, O output features (of all the linears a layout joins), V vocabulary.
 """
@@ -26,7 +27,6 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from torch import nn
 from multihead.config import QUANTIZED
 from multihead.cpu import has_vnni
 
-__all__ = ["Affine", "StepLayout", "is_step", "linear", "product", "quantize", "weights_fixed_within"]
+__all__ = ["Affine", "Layouts", "StepLayout", "linear", "product", "quantize"]
 
 
 @functools.cache
@@ -59,6 +59,10 @@ def int8_engine() -> str | None:
 
 
 def _on_cpu_in_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether oneDNN's kernel computes ``x`` by ``weight``: on the CPU in float32, not inside ``torch.compile``
+    (which compiles the module's own call, and stops at the backend query)."""
+    if torch.compiler.is_compiling():
+        return False
     return x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and onednn_linear()
 
 
@@ -103,7 +107,7 @@ def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return module(x)
     if not torch.is_grad_enabled():
         return _product(x, module.weight, module.bias)
-    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+    if torch.is_autocast_enabled("cpu"):
         return module(x)
     return _OneDNNLinear.apply(x, module.weight, module.bias)
 
@@ -194,90 +198,66 @@ def _quantized_engine(engine: str | None) -> Iterator[None]:
         torch.backends.quantized.engine = before
 
 
-def is_step(x: torch.Tensor) -> bool:
-    """Whether ``x (B, L, features)`` is a decoding step's input: one position per sequence, no gradient wanted."""
-    return x.shape[1] == 1 and not torch.is_grad_enabled()
-
-
-_SESSION: ContextVar[object | None] = ContextVar("multihead_decoding_session", default=None)
-"""The decoding session whose steps run now (see :func:`weights_fixed_within`)."""
-
-
-@contextlib.contextmanager
-def weights_fixed_within(session: object) -> Iterator[None]:
-    """Run a decoding step of ``session`` (any object, one per decoding session): the weights do not change within a
-    session, so each :class:`StepLayout` checks its weights once per session instead of at every step."""
-    token = _SESSION.set(session)
-    try:
-        yield
-    finally:
-        _SESSION.reset(token)
-
-
-@dataclass
-class _Kept:
-    weights: list[torch.Tensor]
-    versions: list[tuple[int, int]]
-    affine: Affine
-    session: object | None  # the decoding session it was last checked in
-
-
 class StepLayout:
-    """Linears of ``owner`` (named ``names``) that read one input, laid out as one :class:`Affine`, and kept until one
-    of their weights changes: another tensor, or one written in place (PyTorch counts such writes: optimizer steps,
-    ``load_state_dict``, writes under ``torch.no_grad()``; not writes through ``.data``). The weights are checked at
-    every call, or once per decoding session (:func:`weights_fixed_within`). Weights made in inference mode have no
-    such count: those linears run as they are (unless quantized: their quantized copy is then made at every call).
+    """Linears of ``owner`` (named ``names``) that read one input, laid out as one :class:`Affine` for inference:
+    :meth:`build` lays out the weights as they are; a :class:`Layouts` keeps what it built while the weights stay
+    fixed (a decoding session, a translator's life). A linear replaced by another module (an adapter's, which computes
+    more) makes the layout run the modules as they are.
 
-    ``dtype`` (set by :func:`quantize`): the layout is quantized (``"int8"`` or ``"bf16"``), and :meth:`apply` takes
-    it for every inference call. ``fill``: bias entries the layout replaces (see :meth:`Affine.of`).
+    ``dtype`` and ``quantized`` (set by :func:`quantize`): the layout is quantized (``"int8"`` or ``"bf16"``), laid
+    out when :func:`quantize` ran, and every inference call takes it. ``fill``: bias entries the layout replaces (see
+    :meth:`Affine.of`).
     """
 
     def __init__(self, owner: nn.Module, *names: str, fill: Sequence[int] = ()) -> None:
         self.owner, self.names = owner, names
         self.fill = {int(index): float("-inf") for index in fill}
         self.dtype: str | None = None
-        self._kept: _Kept | None = None
+        self.quantized: Affine | None = None
 
     def linears(self) -> list[nn.Module]:
         return [getattr(self.owner, name) for name in self.names]
 
-    def __call__(self) -> Affine:
-        kept, session = self._kept, _SESSION.get()
-        if kept is not None and session is not None and kept.session is session:
-            return kept.affine
+    def build(self) -> Affine:
+        """The linears laid out from their weights as they are now (in ``dtype`` when quantized)."""
         modules = self.linears()
         linears = [module for module in modules if type(module) is nn.Linear]
-        if len(linears) < len(modules):  # one replaced (an adapter's, which computes more): they run as they are
+        if len(linears) < len(modules):
             return Affine("modules", None, None, tuple(modules))
-        weights = [w for linear in linears for w in (linear.weight, linear.bias) if w is not None]
-        if any(weight.is_inference() for weight in weights):
-            if self.dtype is not None:
-                return Affine.of(*linears, dtype=self.dtype, fill=self.fill)
-            if not self.fill:
-                return Affine("modules", None, None, tuple(linears))
-            with torch.inference_mode():
-                return Affine.of(*linears, fill=self.fill)
-        versions = [(weight._version, weight.data_ptr()) for weight in weights]
-        if not (
-            kept is not None
-            and kept.versions == versions
-            and len(kept.weights) == len(weights)
-            and all(old is new for old, new in zip(kept.weights, weights, strict=True))
-        ):
-            with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-                affine = Affine.of(*linears, dtype=self.dtype, fill=self.fill)
-                kept = self._kept = _Kept(weights, versions, affine, None)
-        kept.session = session
-        return kept.affine
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
+            return Affine.of(*linears, dtype=self.dtype, fill=self.fill)
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """``x (..., I)`` through the linears: without gradients laid out (a decoding step's ``(N, 1, I)``, or any
-        input of a quantized layout), else through :func:`linear`."""
-        if not torch.is_grad_enabled() and (self.dtype is not None or self.fill or (x.dim() == 3 and x.shape[1] == 1)):
-            return self()(x)
+    def apply(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
+        """``x (..., I)`` through the linears. Without gradients: laid out by ``layouts`` when given (a decoding
+        session's), quantized when :func:`quantize` made the layout so, laid out afresh when it replaces bias
+        entries; else (and with gradients) through :func:`linear`."""
+        if not torch.is_grad_enabled():
+            if layouts is not None:
+                return layouts[self](x)
+            if self.quantized is not None:
+                return self.quantized(x)
+            if self.fill:
+                return self.build()(x)
         linears = self.linears()
         return linear(linears[0], x) if len(linears) == 1 else torch.cat([linear(m, x) for m in linears], dim=-1)
+
+
+class Layouts:
+    """The laid-out weights of a stretch of inference in which the weights do not change: each :class:`StepLayout`'s
+    :class:`Affine`, built when first asked for and kept. A decoding session makes one (``model.decoder_steps()``),
+    or takes its caller's (``decoding_session(..., layouts=...)``): a translator keeps one for its whole life.
+    Quantized layouts are :func:`quantize`'s."""
+
+    def __init__(self) -> None:
+        self._built: dict[int, tuple[StepLayout, Affine]] = {}
+
+    def __getitem__(self, layout: StepLayout) -> Affine:
+        if layout.quantized is not None:
+            return layout.quantized
+        kept = self._built.get(id(layout))
+        if kept is None:
+            kept = self._built[id(layout)] = (layout, layout.build())
+        return kept[1]
 
 
 def layouts(model: nn.Module) -> Iterator[StepLayout]:
@@ -289,12 +269,12 @@ def layouts(model: nn.Module) -> Iterator[StepLayout]:
 def quantize(model: nn.Module, dtype: str = "int8") -> nn.Module:
     """Make ``model``'s inference (no gradients) compute its linear layers in ``dtype``: ``"int8"``, weights quantized
     to int8 with one scale per output feature, inputs as they come; ``"bf16"``, weights and inputs rounded to
-    bfloat16, outputs back in float32 (fast on CPUs with bfloat16 instructions: AVX512-BF16, AMX). Each layer's
-    weights are quantized when first used, and again when they change; training (gradients on) still runs the float
-    weights. On the CPU, float32 models. Returns ``model``."""
+    bfloat16, outputs back in float32 (fast on CPUs with bfloat16 instructions: AVX512-BF16, AMX). The weights are
+    quantized as they are when it runs: after changing them, quantize again. Training (gradients on) still runs the
+    float weights. On the CPU, float32 models. Returns ``model``."""
     if dtype not in QUANTIZED:
         raise ValueError(f"`dtype` must be one of {QUANTIZED}, received {dtype!r}")
     for layout in layouts(model):
         layout.dtype = dtype
-        layout._kept = None
+        layout.quantized = layout.build()
     return model

@@ -32,6 +32,7 @@ import torch
 
 from multihead.cache import StepCache
 from multihead.decoding import SearchOptions, sample, sentence_generators
+from multihead.torch.layouts import Layouts
 from multihead.torch.transformer import Transformer
 from multihead.validation import check_positive_int
 
@@ -154,9 +155,19 @@ class Stream(Generic[Owner]):
     most ``rows`` at a time: :meth:`add` queues one, :meth:`step` lets those waiting join and decodes one token of
     each. Those waiting join once they are a quarter of the rows decoding, or have waited :data:`JOIN_AFTER` steps, or
     nothing is decoding: encoding a few sources at a time costs much more per source than a step. The model should
-    be in evaluation mode."""
+    be in evaluation mode, its weights fixed while the stream decodes: ``layouts`` lay them out (default: a new
+    :class:`~multihead.torch.layouts.Layouts`, kept for the stream's life)."""
 
-    def __init__(self, model: Transformer, *, rows: int, search: SearchOptions, bos_id: int, eos_id: int) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        rows: int,
+        search: SearchOptions,
+        bos_id: int,
+        eos_id: int,
+        layouts: Layouts | None = None,
+    ) -> None:
         if search.strategy == "beam":
             raise ValueError("a Stream decodes one row a sentence: beam search (beam_size > 1) translates in batches")
         self.model, self.search = model, search
@@ -166,7 +177,7 @@ class Stream(Generic[Owner]):
         layers = len(model.decoder.layers)
         self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
         self.cache = _Caches(self.own, self.memory)
-        self.steps = model.decoder_steps()
+        self.steps = model.decoder_steps(layouts)
         self.sentences: list[_Sentence[Owner]] = []  # row i's
         self.waiting: deque[tuple[Sequence[int], Owner, int, int]] = deque()  # ids, owner, limit, key
         self.tokens = np.zeros(0, dtype=np.int64)  # (N,) each row's last token
@@ -243,7 +254,6 @@ class Stream(Generic[Owner]):
             self.memory.fit(rows, keys.shape[2], keys)
             self.memory.write(index, start, keys, values)
         self.own.fit(rows, self.length + 1, keys)  # self-attention's keys and values are shaped as cross-attention's
-        self.steps = self.model.decoder_steps()  # a new session: the weights' layouts checked again, as they are now
         for _ in range(count):
             self.waiting.popleft()
         keys_drawn = [key for _, _, _, key in joining]

@@ -27,7 +27,7 @@ from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, con
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
-from multihead.torch.layouts import StepLayout, weights_fixed_within
+from multihead.torch.layouts import Layouts, StepLayout
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -94,9 +94,10 @@ class FeedForward(nn.Module):
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
         return self._forward(x)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self._activate(self._layouts["linear1"].apply(x))
-        return self._layouts["linear2"].apply(self.dropout(hidden) if self.training else hidden)
+    def _forward(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
+        """``layouts``: a decoding session's (see :class:`~multihead.torch.layouts.Layouts`)."""
+        hidden = self._activate(self._layouts["linear1"].apply(x, layouts))
+        return self._layouts["linear2"].apply(self.dropout(hidden) if self.training else hidden, layouts)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
         return ACTIVATION_FUNCTIONS[self.activation](hidden)
@@ -196,16 +197,17 @@ class DecoderLayer(_Block):
         self_cache: StepCache | None,
         cross_cache: StepCache | None,
         return_weights: bool,
+        layouts: Layouts | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The output, and with ``return_weights`` the cross-attention weights (else ``None``). Masks as
         ``(B, 1, 1, L)``. With caches, ``x`` holds the new tokens (one per row at a decoding step) and ``memory`` may
-        be ``None`` once ``cross_cache`` holds its projection."""
+        be ``None`` once ``cross_cache`` holds its projection. ``layouts``: a decoding session's."""
         cross_weights: list[torch.Tensor | None] = []
 
         def cross(h: torch.Tensor) -> torch.Tensor:
             out, weights = self.cross_attn._attend(
                 h, memory, memory, mask=memory_mask, return_weights=return_weights, cache=cross_cache,
-                self_attention=False,
+                self_attention=False, layouts=layouts,
             )  # fmt: skip
             cross_weights.append(weights)
             return out
@@ -214,11 +216,11 @@ class DecoderLayer(_Block):
             x,
             self.norm1,
             lambda h: self.self_attn._attend(
-                h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True
+                h, h, h, mask=tgt_mask, causal=True, cache=self_cache, self_attention=True, layouts=layouts
             )[0],
         )
         x = self.residual(x, self.norm2, cross)
-        x = self.residual(x, self.norm3, self.feed_forward._forward)
+        x = self.residual(x, self.norm3, lambda h: self.feed_forward._forward(h, layouts))
         return x, cross_weights[0]
 
 
@@ -298,8 +300,10 @@ class Decoder(_Stack):
         memory_mask: torch.Tensor | None,
         cache: DecoderCaches | None,
         return_weights: bool,
+        layouts: Layouts | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The output, and with ``return_weights`` each layer's cross-attention weights (else none)."""
+        """The output, and with ``return_weights`` each layer's cross-attention weights (else none); ``layouts``: a
+        decoding session's."""
         cross_weights = []
         for index, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
             x, weights = layer._forward(
@@ -310,6 +314,7 @@ class Decoder(_Stack):
                 None if cache is None else cache.self_attention[index],
                 None if cache is None else cache.cross_attention[index],
                 return_weights,
+                layouts,
             )
             if weights is not None:
                 cross_weights.append(weights)
@@ -448,11 +453,12 @@ class Transformer(nn.Module):
         return_weights: bool = False,
         *,
         project: bool = True,
+        layouts: Layouts | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """:meth:`decode` on checked arguments, over any :class:`~multihead.cache.DecoderCaches`, whose ``length`` may
         be one position per row; ``memory`` may be ``None`` once the cache holds its projection. The logits (with
         ``project=False`` the decoder's output ``(B, Lt, E)``) and, with ``return_weights``, every layer's
-        cross-attention weights (else none)."""
+        cross-attention weights (else none). ``layouts``: a decoding session's, which its steps' projections take."""
         offset = 0 if cache is None else cache.length
         hidden, weights = self.decoder._forward(
             self._embed(self.tgt_embed, tgt, offset),
@@ -461,6 +467,7 @@ class Transformer(nn.Module):
             key_layout(memory_key_mask, OPS),
             cache,
             return_weights,
+            layouts,
         )
         if not project:
             return hidden, weights  # (B, Lt, E)
@@ -492,9 +499,11 @@ class Transformer(nn.Module):
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers), KVCache, capacity)
 
-    def decoder_steps(self) -> DecoderSteps:
-        """The decoding steps of one ``generate`` call (see :class:`multihead.decoding.Steps`)."""
-        return DecoderSteps(self)
+    def decoder_steps(self, layouts: Layouts | None = None) -> DecoderSteps:
+        """The decoding steps of one decoding session (see :class:`multihead.decoding.Steps`), their projections laid
+        out by ``layouts`` (default: a new :class:`~multihead.torch.layouts.Layouts`, laid out from the weights as they
+        are when first used): the weights must not change while they are in use."""
+        return DecoderSteps(self, Layouts() if layouts is None else layouts)
 
     def generate(
         self,
@@ -519,8 +528,7 @@ class Transformer(nn.Module):
         stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
         config's ``pad_id``, else ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of
         recomputing the whole prefix; both give the same tokens. A step is the model's forward pass with the cache,
-        one token per row; its projections are laid out for such rows once and again whenever a weight changes:
-        change weights in place under ``torch.no_grad()`` or replace them, not through ``.data``.
+        one token per row; its projections are laid out for such rows once per call, from the weights as they are.
         """
         search = decoding.search_options(search, beam_size=beam_size, length_penalty=length_penalty)
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
@@ -536,13 +544,20 @@ class Transformer(nn.Module):
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
     def decoding_session(
-        self, src: torch.Tensor, *, max_len: int, src_key_mask: torch.Tensor | None = None, use_cache: bool = True
+        self,
+        src: torch.Tensor,
+        *,
+        max_len: int,
+        src_key_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        layouts: Layouts | None = None,
     ) -> decoding.DecodingSession:
         """What :meth:`generate` searches: ``src (B, Ls)`` (checked) encoded, and a cache for ``max_len`` steps, as a
         :class:`multihead.decoding.DecodingSession` for the searches of :mod:`multihead.decoding`. Make it and search
-        inside ``torch.inference_mode()``."""
+        inside ``torch.inference_mode()``. ``layouts``: the laid-out weights to step with (see :meth:`decoder_steps`;
+        a caller whose weights stay fixed keeps one for all its sessions)."""
         checks.check_source(src, src_key_mask, self.config, OPS)
-        steps = self.decoder_steps()
+        steps = self.decoder_steps(layouts)
         memory, src_key_mask = steps.encode(src, src_key_mask)
         # Buffers for every step up front: a cache growing by concatenation would reallocate them at each step.
         cache = self.new_cache(capacity=max_len) if use_cache else None
@@ -554,14 +569,14 @@ class DecoderSteps:
     already checked: sources encoded, their memory projected for the cross-attention caches, and steps of one token
     per row, each the model's forward pass over a :class:`~multihead.cache.DecoderCaches`."""
 
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
+    def __init__(self, model: Transformer, layouts: Layouts) -> None:
+        self.model, self.layouts = model, layouts
         self.device = model.src_embed.weight.device
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``: the output
         projection laid out for searches, which gives the banned tokens ``-inf``."""
-        return self.model._layouts["search"]()(hidden).float()
+        return self.layouts[self.model._layouts["search"]](hidden).float()
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
@@ -587,9 +602,10 @@ class DecoderSteps:
         ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
         projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_mask (N|1, L)``: the keys each row
         attends of those the self-attention caches give (default: all)."""
-        with weights_fixed_within(self):  # its layouts checked once per session
-            hidden = self.model._decode(tokens, None, memory_key_mask, self_mask, cache, project=False)[0]
-            return self._logits(hidden[:, -1])  # (N, V)
+        hidden = self.model._decode(
+            tokens, None, memory_key_mask, self_mask, cache, project=False, layouts=self.layouts
+        )[0]
+        return self._logits(hidden[:, -1])  # (N, V)
 
     def recompute(
         self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None
