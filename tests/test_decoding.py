@@ -525,11 +525,18 @@ def test_search_options_are_checked_when_made(options: dict, error: type, messag
 
 
 def test_the_strategy_follows_from_the_options() -> None:
-    assert SearchOptions().strategy == "greedy"
-    assert SearchOptions(beam_size=4, n_best=2).strategy == "beam"
-    assert SearchOptions(sampling_topk=0).strategy == "sample"
-    assert SearchOptions(sampling_topk=10, sampling_topp=0.9, sampling_temperature=0.7, seed=3).strategy == "sample"
+    assert SearchOptions().strategy is SEARCHES["greedy"]
+    assert SearchOptions(beam_size=4, n_best=2).strategy is SEARCHES["beam"]
+    assert SearchOptions(sampling_topk=0).strategy is SEARCHES["sample"]
+    sampled = SearchOptions(sampling_topk=10, sampling_topp=0.9, sampling_temperature=0.7, seed=3)
+    assert sampled.strategy is SEARCHES["sample"]
     assert set(SEARCHES) == {"greedy", "beam", "sample"}
+    # What each asks of its callers: a stream decodes one row a sentence; draws are seeded per sentence.
+    assert [(s.name, s.one_row, s.draws) for s in SEARCHES.values()] == [
+        ("greedy", True, False),
+        ("sample", True, True),
+        ("beam", False, False),
+    ]
 
 
 def test_loose_beam_arguments_or_search_options_not_both() -> None:

@@ -132,11 +132,11 @@ class SearchOptions:
             )
 
     @property
-    def strategy(self) -> str:
+    def strategy(self) -> Strategy:
         """The entry of :data:`SEARCHES` that searches with these options."""
         if self.beam_size > 1:
-            return "beam"
-        return "greedy" if self.sampling_topk == 1 else "sample"
+            return SEARCHES["beam"]
+        return SEARCHES["greedy" if self.sampling_topk == 1 else "sample"]
 
     def limit(self, max_len: Limit, batch: int) -> np.ndarray:
         """Each row's length limit, int64 ``(B,)``: ``max_len`` (one, or one per row), at most :attr:`max_length`."""
@@ -291,7 +291,7 @@ def generate(
         raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
                          "come from n_best_search")  # fmt: skip
     keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
-    return SEARCHES[search.strategy](
+    return search.strategy.search(
         session, batch, search, max_len=search.limit(max_len, batch), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
         keys=keys,
     )  # fmt: skip
@@ -302,7 +302,7 @@ def n_best_search(
 ) -> list[list[tuple[float, np.ndarray]]]:
     """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``search`` says (see
     :func:`beam_search_n_best`)."""
-    if search.strategy == "sample":
+    if search.strategy.draws:
         raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
     return beam_search_n_best(
         session, batch, n=search.n_best, beam_size=search.beam_size, max_len=search.limit(max_len, batch),
@@ -632,5 +632,24 @@ def _beam(
     )  # fmt: skip
 
 
-SEARCHES: dict[str, Search] = {"greedy": _greedy, "sample": sample_search, "beam": _beam}
-"""The search strategies, by :attr:`SearchOptions.strategy`."""
+@dataclass(frozen=True)
+class Strategy:
+    """A search strategy: its ``name``, how it searches, and what it asks of the code that runs it: ``one_row``, one
+    row a sentence (what a continuous-batching stream decodes; beam search keeps several and translates in batches);
+    ``draws``, the tokens drawn at random (each sentence seeded by its key)."""
+
+    name: str
+    search: Search
+    one_row: bool
+    draws: bool
+
+
+SEARCHES: dict[str, Strategy] = {
+    strategy.name: strategy
+    for strategy in (
+        Strategy("greedy", _greedy, one_row=True, draws=False),
+        Strategy("sample", sample_search, one_row=True, draws=True),
+        Strategy("beam", _beam, one_row=False, draws=False),
+    )
+}
+"""The search strategies by name; :attr:`SearchOptions.strategy` chooses one."""

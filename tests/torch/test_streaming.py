@@ -59,7 +59,7 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
                                       keys=[index])[0].tolist()  # fmt: skip
         expected = alone[: alone.index(EOS) + 1] if EOS in alone else alone
         assert got[index] == expected, index
-    if search.strategy == "sample":
+    if search.strategy.draws:
         greedy = Stream(transformer, rows=rows, search=SearchOptions(), bos_id=BOS, eos_id=EOS)
         for index, ids in enumerate(texts):
             greedy.add(ids, index, limit=limits[index])

@@ -203,7 +203,7 @@ def add_search_arguments(command: argparse.ArgumentParser) -> None:
 
 def search_text(search: SearchOptions) -> str:
     """How a command's summary names its search: ``beam K``, or the sampling and its seed."""
-    if search.strategy != "sample":
+    if not search.strategy.draws:
         return f"beam {search.beam_size}"
     seed = "a fresh seed" if search.seed is None else f"seed {search.seed}"
     return (

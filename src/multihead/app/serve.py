@@ -268,7 +268,7 @@ class Service:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.search = search
         self.identifier = LanguageIdentifier(langs)
-        engine = (RoundTranslator if search.strategy == "beam" else StreamingTranslator)(
+        engine = (StreamingTranslator if search.strategy.one_row else RoundTranslator)(
             translator, rows=GATHER, search=search
         )
         self.batcher = Batcher(Lines(engine), thread=thread)

@@ -168,7 +168,7 @@ class Stream(Generic[Owner]):
         eos_id: int,
         layouts: Layouts | None = None,
     ) -> None:
-        if search.strategy == "beam":
+        if not search.strategy.one_row:
             raise ValueError("a Stream decodes one row a sentence: beam search (beam_size > 1) translates in batches")
         self.model, self.search = model, search
         self.max_rows = check_positive_int("rows", rows)
@@ -257,7 +257,7 @@ class Stream(Generic[Owner]):
         for _ in range(count):
             self.waiting.popleft()
         keys_drawn = [key for _, _, _, key in joining]
-        generators = sentence_generators(self.search.seed, keys_drawn) if self.search.strategy == "sample" else None
+        generators = sentence_generators(self.search.seed, keys_drawn) if self.search.strategy.draws else None
         self.sentences += [
             _Sentence(owner, limit, None if generators is None else generators[index])
             for index, (_, owner, limit, _) in enumerate(joining)
@@ -297,7 +297,7 @@ class Stream(Generic[Owner]):
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
-        if self.search.strategy == "greedy":
+        if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]
         return sample(self.steps, logits, generators, self.search)  # every sentence has one when sampling
