@@ -329,3 +329,19 @@ def test_parts_validate() -> None:
         mk.Transformer(10, 10, d_model=30, num_heads=4)
     with pytest.raises(TypeError, match="`src` must hold integer token ids"):
         mk.Transformer(10, 10, **SMALL).encode(tensor(np.zeros((1, 3), "float32")))
+
+
+FRAMEWORK_HOOKS = {
+    mt.Transformer: {"forward"},  # nn.Module's
+    mk.Transformer: {"build", "call", "get_config", "build_from_state", "state_children", "tensor_arguments"},  # Keras'
+}  # and multihead.io's state protocol for Keras
+"""What each front end's Transformer defines for its framework rather than for its users."""
+
+
+def test_both_front_ends_transformers_have_the_same_public_methods() -> None:
+    def public(cls: type) -> set[str]:
+        names = {name for base in cls.__mro__ if base.__module__.startswith("multihead") for name in vars(base)}
+        return {name for name in names if not name.startswith("_")} - FRAMEWORK_HOOKS[cls]
+
+    assert public(mk.Transformer) == public(mt.Transformer)
+    assert {"generate", "decoding_session", "decoder_steps", "from_config"} <= public(mt.Transformer)

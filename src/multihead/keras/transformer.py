@@ -686,6 +686,25 @@ class Transformer(NamedTensorArguments, keras.Model):
         longest = decoding.check_generation_args(
             self.config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=src
         )
+        session = self.decoding_session(
+            src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, compiled=compiled
+        )
+        return decoding.generate(
+            session, int(src.shape[0]), search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+        )
+
+    def decoding_session(
+        self,
+        src: Tensor,
+        *,
+        max_len: int,
+        src_key_mask: Tensor | None = None,
+        use_cache: bool = True,
+        compiled: bool | None = None,
+    ) -> decoding.Session:
+        """What :meth:`generate` searches: ``src (B, Ls)`` (checked) encoded, and the decoding state for ``max_len``
+        steps, as a :class:`multihead.decoding.Session` for the searches of :mod:`multihead.decoding`; ``compiled`` as
+        :meth:`generate` takes it."""
         check_flag("use_cache", use_cache)
         if compiled is not None:
             check_flag("compiled", compiled)
@@ -700,17 +719,12 @@ class Transformer(NamedTensorArguments, keras.Model):
         if compiled is None:
             compiled = keras.backend.backend() in COMPILED_BACKENDS
         self.build()  # the decoding steps call the layers' unchecked paths, which need their weights
-        session: decoding.Session
         if compiled:
-            session = CompiledDecoding(self, src, src_key_mask, use_cache, longest)
-        else:
-            steps = self.decoder_steps()
-            memory, src_key_mask = steps.encode(src, src_key_mask)
-            cache = self.new_cache() if use_cache else None
-            session = decoding.DecodingSession(steps, memory, src_key_mask, cache)
-        return decoding.generate(
-            session, int(src.shape[0]), search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
-        )
+            return CompiledDecoding(self, src, src_key_mask, use_cache, max_len)
+        steps = self.decoder_steps()
+        memory, src_key_mask = steps.encode(src, src_key_mask)
+        cache = self.new_cache() if use_cache else None
+        return decoding.DecodingSession(steps, memory, src_key_mask, cache)
 
 
 class DecoderSteps:
