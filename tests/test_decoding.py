@@ -23,6 +23,7 @@ from multihead.decoding import (
     check_generation_args,
     generate,
     greedy_search,
+    n_best_search,
     resolve_pad_id,
     sample_search,
     search_options,
@@ -381,6 +382,14 @@ class TableSteps:
     argmax = staticmethod(numpy_argmax)
     top_k = staticmethod(numpy_top_k)
 
+    @staticmethod
+    def suppress(log_probs: np.ndarray, token: int, rows: np.ndarray | None = None) -> np.ndarray:
+        out = log_probs.copy()
+        out[slice(None) if rows is None else rows, token] = -np.inf
+        with np.errstate(invalid="ignore"):  # a row of a hypothesis with no chance left stays so
+            out = out - np.logaddexp.reduce(out, axis=-1, keepdims=True)  # renormalised
+        return np.where(np.isnan(out), -np.inf, out)
+
 
 class TableSession(DecodingSession):
     """The driver's session over :class:`TableSteps`, recording every reorder."""
@@ -516,6 +525,8 @@ def test_n_best_of_a_batch_are_each_sentences_own(use_cache: bool) -> None:
         ({"sampling_topp": 0.9}, ValueError, "`sampling_topk`=1 .* does not do"),
         ({"seed": -3, "sampling_topk": 0}, ValueError, "`seed` must be a non-negative int, received -3"),
         ({"max_length": 0}, ValueError, "`max_length` must be a positive int, received 0"),
+        ({"min_length": -1}, ValueError, "`min_length` must be a non-negative int, received -1"),
+        ({"min_length": 4, "max_length": 3}, ValueError, "`min_length`=4 is above `max_length`=3: no translation"),
         ({"n_best": 3, "beam_size": 2}, ValueError, "n-best lists come from a beam at least as wide"),
     ],
 )
@@ -618,3 +629,34 @@ def test_generate_caps_every_limit_at_max_length_and_refuses_n_best_lists() -> N
     np.testing.assert_array_equal(out, [[A, A, A], [A, A, PAD]])
     with pytest.raises(ValueError, match="n-best lists"):
         generate(TableSession([DEEP], True), 1, SearchOptions(beam_size=2, n_best=2), **SEARCH)
+
+
+# EOS is likely early; held back until two tokens are made, its probability goes to the others (renormalised).
+EARLY = {(): {EOS: 0.7, A: 0.2, B: 0.1}, (A,): {EOS: 0.6, B: 0.3, C: 0.1}, (B,): {EOS: 0.5, C: 0.5},
+         (A, B): {EOS: 0.9, C: 0.1}, (A, C): {EOS: 1.0}, (B, C): {EOS: 0.8, A: 0.2}}  # fmt: skip
+HELD = {(): {A: 2 / 3, B: 1 / 3}, (A,): {B: 0.75, C: 0.25}, (B,): {C: 1.0},
+        (A, B): {EOS: 0.9, C: 0.1}, (A, C): {EOS: 1.0}, (B, C): {EOS: 0.8, A: 0.2}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"beam_size": 3, "length_penalty": 0.6}, {"beam_size": 3, "n_best": 3}, {"sampling_topk": 0, "seed": 5}],
+    ids=["greedy", "beam", "n-best", "sampled"],
+)
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+def test_min_length_searches_the_model_without_eos_until_then(options: dict, use_cache: bool) -> None:
+    """Every strategy searches a model held from EOS for ``min_length`` tokens as it searches the same model whose
+    steps shorter than that never give EOS (their probabilities renormalised): the same tokens and scores."""
+    held, written = SearchOptions(**options, min_length=2), SearchOptions(**options)
+    if held.n_best > 1:
+        found = n_best_search(TableSession([EARLY], use_cache), 1, held, max_len=6, bos_id=BOS, eos_id=EOS)
+        expected = n_best_search(TableSession([HELD], use_cache), 1, written, max_len=6, bos_id=BOS, eos_id=EOS)
+        assert [[(round(s, 5), t.tolist()) for s, t in hyps] for hyps in found] == [
+            [(round(s, 5), t.tolist()) for s, t in hyps] for hyps in expected
+        ]
+        return
+    out = generate(TableSession([EARLY, EARLY], use_cache), 2, held, **SEARCH)
+    np.testing.assert_array_equal(out, generate(TableSession([HELD, HELD], use_cache), 2, written, **SEARCH))
+    assert all(list(row).index(EOS) >= 2 for row in out)
+    if not written.strategy.draws:
+        assert generate(TableSession([EARLY], use_cache), 1, written, **SEARCH)[0, 0] == EOS  # unheld: at once

@@ -85,6 +85,9 @@ class SearchOptions:
         seed: seeds the sampling (a non-negative int); ``None``: a fresh seed for every call.
         max_length: the most tokens a translation may take, whatever longer limit the call gives (``None``: the
             call's).
+        min_length: the fewest tokens a translation takes before its EOS (EOS not counted): until then no search
+            chooses EOS, whose probability goes to the other tokens (CTranslate2's ``min_decoding_length``). A row's
+            length limit still ends it.
     """
 
     beam_size: int = 1
@@ -95,6 +98,7 @@ class SearchOptions:
     sampling_temperature: float = 1.0
     seed: int | None = None
     max_length: int | None = None
+    min_length: int = 0
 
     def __post_init__(self) -> None:
         check_positive_int("beam_size", self.beam_size)
@@ -114,6 +118,11 @@ class SearchOptions:
             check_non_negative_int("seed", self.seed)
         if self.max_length is not None:
             check_positive_int("max_length", self.max_length)
+        check_non_negative_int("min_length", self.min_length)
+        if self.max_length is not None and self.min_length > self.max_length:
+            raise ValueError(
+                f"`min_length`={self.min_length} is above `max_length`={self.max_length}: no translation could end"
+            )
         if self.sampling_topk != 1 and self.beam_size > 1:
             raise ValueError(
                 f"sampling (`sampling_topk`={self.sampling_topk}) draws one hypothesis a sentence and takes no beams, "
@@ -171,6 +180,11 @@ class Choices(Protocol):
         to the log-probabilities of ``logits (N, V)``, the best over each sentence's ``beam * V`` candidates, best
         first. Their scores (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the
         host."""
+        ...
+
+    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
+        """``logits (N, V)`` as a step gives them with ``token`` impossible in rows ``rows`` (bool ``(N,)``; default:
+        every row), its probability going to the other tokens."""
         ...
 
 
@@ -243,6 +257,9 @@ class DecodingSession:
     def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         return self.steps.top_k(logits, scores, beam, count)
 
+    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
+        return self.steps.suppress(logits, token, rows)
+
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds (see :meth:`Session.reorder`)."""
         if self.cache is not None:
@@ -291,6 +308,7 @@ def generate(
         raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
                          "come from n_best_search")  # fmt: skip
     keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
+    session = processed(session, search, eos_id)
     return search.strategy.search(
         session, batch, search, max_len=search.limit(max_len, batch), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
         keys=keys,
@@ -305,9 +323,50 @@ def n_best_search(
     if search.strategy.draws:
         raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
     return beam_search_n_best(
-        session, batch, n=search.n_best, beam_size=search.beam_size, max_len=search.limit(max_len, batch),
-        bos_id=bos_id, eos_id=eos_id, length_penalty=search.length_penalty,
+        processed(session, search, eos_id), batch, n=search.n_best, beam_size=search.beam_size,
+        max_len=search.limit(max_len, batch), bos_id=bos_id, eos_id=eos_id, length_penalty=search.length_penalty,
     )  # fmt: skip
+
+
+class _MinLength:
+    """A :class:`Session` whose steps give EOS no chance while the prefixes are shorter than ``min_length`` tokens
+    (BOS aside): every search sees its steps so."""
+
+    def __init__(self, session: Session, min_length: int, eos_id: int) -> None:
+        self.session, self.min_length, self.eos_id = session, min_length, eos_id
+
+    def step(self, prefix: np.ndarray) -> Tensor:
+        logits = self.session.step(prefix)
+        if prefix.shape[1] <= self.min_length:  # the token chosen now is the translation's prefix.shape[1]-th
+            return self.session.suppress(logits, self.eos_id)
+        return logits
+
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        self.session.reorder(rows, same_sources=same_sources)
+
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        return self.session.argmax(logits)
+
+    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.session.top_k(logits, scores, beam, count)
+
+    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
+        return self.session.suppress(logits, token, rows)
+
+
+def processed(session: Session, search: SearchOptions, eos_id: int) -> Session:
+    """``session`` with the steps' logits processed as ``search`` says, for every search strategy: where the options
+    that shape each step's choices (``min_length``) apply. Bans are the model's: its steps give them ``-inf``."""
+    return _MinLength(session, search.min_length, eos_id) if search.min_length else session
+
+
+def too_short(lengths: np.ndarray, search: SearchOptions) -> np.ndarray | None:
+    """Rows (bool ``(N,)``) whose next token may not be EOS, of rows that have made ``lengths (N,)`` tokens (BOS
+    aside); ``None`` when none: :func:`processed`'s rule for callers whose rows sit at lengths of their own."""
+    if not search.min_length:
+        return None
+    rows = lengths < search.min_length
+    return rows if rows.any() else None
 
 
 def banned_row(config: TransformerConfig) -> np.ndarray | None:

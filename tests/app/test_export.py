@@ -98,3 +98,19 @@ def test_bad_exports_are_refused_before_anything_is_written(
     assert_refused(cli("export", corpus_run.path, tmp_path / "a"), "needs the ctranslate2 package",
                    "pip install 'multihead[export]'")  # fmt: skip
     assert snapshot(tmp_path) == {"taken": None, "taken/mine.txt": b"keep me"}
+
+
+@pytest.mark.parametrize("beam_size", [1, 2], ids=["greedy", "beam"])
+def test_min_length_is_ctranslate2s_min_decoding_length(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable, beam_size: int
+) -> None:
+    """``translate --min-length N`` translates as CTranslate2's ``min_decoding_length=N`` on the exported model,
+    where it binds (the translations grow)."""
+    assert cli("export", corpus_run.path, tmp_path / "ct2").status == 0
+    result = cli("translate", corpus_run.path, *SAMPLES, "--min-length", "12", "--beam", beam_size,
+                 "--length-penalty", "1")  # fmt: skip
+    assert result.status == 0, result.err
+    expected = ct2_translate(tmp_path / "ct2", SAMPLES, beam_size=beam_size, min_decoding_length=12)
+    assert result.out_lines == expected
+    if beam_size == 1:
+        assert all(len(held) > len(free) for held, free in zip(expected, corpus_run.translations, strict=True))

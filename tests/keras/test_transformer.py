@@ -345,3 +345,28 @@ def test_both_front_ends_transformers_have_the_same_public_methods() -> None:
 
     assert public(mk.Transformer) == public(mt.Transformer)
     assert {"generate", "decoding_session", "decoder_steps", "from_config"} <= public(mt.Transformer)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"beam_size": 3, "length_penalty": 0.6}, {"sampling_topk": 0, "seed": 4}],
+    ids=["greedy", "beam", "sampled"],
+)
+def test_min_length_as_torch(tmp_path: Path, compiled: bool, options: dict) -> None:
+    """``min_length`` holds EOS back in Keras' searches as in PyTorch's (same weights, EOS made likely from the
+    first step): the same tokens, none ending before it."""
+    if compiled and BACKEND not in COMPILED_BACKENDS:
+        pytest.skip(f"generation on the {BACKEND} backend is eager only")
+    torch_model, keras_model = pair(tmp_path)
+    with torch.no_grad():
+        torch_model.output_proj.bias[EOS] += 4.0
+    keras_model.output_proj.bias.assign(numpy(keras_model.output_proj.bias) + 4.0 * (np.arange(23) == EOS))
+    src, args = token_array(4, 7), dict(max_len=8, bos_id=BOS, eos_id=EOS)
+    held = decoding.SearchOptions(**options, min_length=3)
+    expected = torch_model.generate(torch.from_numpy(src).long(), search=held, **args).numpy()
+    got = keras_model.generate(tensor(src), search=held, compiled=compiled, **args)
+    np.testing.assert_array_equal(got, expected)
+    assert all(EOS not in row[:3] for row in got.tolist())
+    free = keras_model.generate(tensor(src), search=decoding.SearchOptions(**options), compiled=compiled, **args)
+    assert any(EOS in row[:3] for row in free.tolist())

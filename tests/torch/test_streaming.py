@@ -87,3 +87,36 @@ def test_max_length_caps_every_sentence() -> None:
     while len(stream):
         got.update(stream.step())
     assert [len(tokens) for _, tokens in sorted(got.items())] == [2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "search",
+    [SearchOptions(min_length=3), SearchOptions(min_length=3, sampling_topk=0, seed=2)],
+    ids=["greedy", "sampled"],
+)
+def test_min_length_holds_each_sentence_at_its_own_length(search: SearchOptions) -> None:
+    """Sentences joining at random steps sit at lengths of their own: each is held from EOS until it has made
+    ``min_length`` tokens, as ``generate`` holds it alone (where EOS is likely from the first step)."""
+    transformer, texts = model(), sources(10)
+    with torch.no_grad():
+        transformer.output_proj.bias[EOS] += 4.0
+    stream = Stream(transformer, rows=3, search=search, bos_id=BOS, eos_id=EOS)
+    rng, pending, got = random.Random(1), list(range(len(texts))), {}
+    while pending or len(stream):
+        while pending and rng.random() < 0.5:
+            index = pending.pop(0)
+            stream.add(texts[index], index, limit=8, key=index)
+        got.update(stream.step())
+    free = SearchOptions(sampling_topk=search.sampling_topk, seed=search.seed)
+    for index, ids in enumerate(texts):
+        with torch.inference_mode():
+            alone, unheld = (
+                decoding.generate(
+                    transformer.decoding_session(torch.tensor([ids]), max_len=8), 1, options, max_len=8, bos_id=BOS,
+                    eos_id=EOS, pad_id=PAD, keys=[index],
+                )[0].tolist()
+                for options in (search, free)
+            )  # fmt: skip
+        assert got[index] == alone[: alone.index(EOS) + 1], index
+        assert got[index].index(EOS) >= 3
+        assert unheld.index(EOS) < 3  # without it, EOS comes early

@@ -191,7 +191,8 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
         f"with `pip install ctranslate2{package}`:\n\n```python\n"
         + "\n".join(lines)
         + "\n```\n\n`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
-        "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6) and `max_decoding_length`; the "
+        "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6), `max_decoding_length` and "
+        "`min_decoding_length` (`multihead translate`'s `--max-length` and `--min-length`); the "
         "model trained on at most "
         f"{checkpoint.config.max_len} positions, which `multihead translate` keeps to. `ctranslate2.Translator` takes "
         "`compute_type`, such as `int8` on the CPU.\n"

@@ -27,7 +27,7 @@ different sizes for the encoder and the decoder, an output layer of its own besi
 token sequences, a forced first token, weights with no place in our model...), and nothing is written. Keys that
 change nothing the model computes (the Hub's bookkeeping, training-only dropouts, the default search) are not read;
 keys this module does not know are named in a warning. Search options ``multihead``'s search does not apply
-(``no_repeat_ngram_size``, ``repetition_penalty``, ``min_length``...) are named in a warning too.
+(``no_repeat_ngram_size``, ``repetition_penalty``, ``suppress_tokens``...) are named in a warning too.
 
 Generation then differs from Transformers' ``generate`` in two places only: Transformers forces EOS at its
 ``max_length`` (``forced_eos_token_id``) where multihead stops without one, and, unless ``renormalize_logits`` is
@@ -109,13 +109,14 @@ SEARCH = {
     "max_length", "max_new_tokens", "num_beams", "do_sample", "early_stopping", "length_penalty", "temperature",
     "top_k", "top_p", "typical_p", "num_return_sequences", "output_scores", "return_dict_in_generate",
     "renormalize_logits", "forced_eos_token_id", "remove_invalid_values", "num_beam_groups", "diversity_penalty",
-    "cache_implementation", "return_legacy_cache",
+    "cache_implementation", "return_legacy_cache", "min_length", "min_new_tokens",
 }  # fmt: skip
 """Generation keys that say how to search, which ``translate``'s own options say (``--beam``, ``--length-penalty``,
-sampling), and what to return: not read (``forced_eos_token_id`` and ``renormalize_logits``: see above)."""
+sampling, ``--min-length``: Transformers' ``min_length`` counts the decoder's start token, ``--min-length`` does
+not), and what to return: not read (``forced_eos_token_id`` and ``renormalize_logits``: see above)."""
 HEURISTICS = {
     "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0, "min_length": 0, "min_new_tokens": None, "suppress_tokens": None,
+    "encoder_repetition_penalty": 1.0, "suppress_tokens": None,
     "begin_suppress_tokens": None, "sequence_bias": None, "exponential_decay_length_penalty": None,
 }  # fmt: skip
 """Generation heuristics multihead's search does not apply, and the values that turn them off."""

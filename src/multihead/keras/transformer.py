@@ -790,6 +790,13 @@ class DecoderSteps:
     def argmax(self, log_probs: Tensor) -> np.ndarray:
         return np.asarray(ops.convert_to_numpy(ops.argmax(log_probs, axis=-1))).astype(np.int64)
 
+    def suppress(self, log_probs: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
+        """:meth:`multihead.decoding.Choices.suppress` of log-probabilities: renormalised."""
+        shape = tuple(int(size) for size in log_probs.shape)
+        impossible = np.zeros(shape, bool)  # (N, V)
+        impossible[slice(None) if rows is None else rows, token] = True
+        return ops.log_softmax(ops.where(ops.convert_to_tensor(impossible), -np.inf, log_probs), axis=-1)
+
     def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         vocab = int(log_probs.shape[-1])
         # A sentence's best candidates are among the best of each of its rows: scores are added to those only.

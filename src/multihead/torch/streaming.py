@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from multihead.cache import StepCache
-from multihead.decoding import SearchOptions, sample, sentence_generators
+from multihead.decoding import SearchOptions, sample, sentence_generators, too_short
 from multihead.torch.layouts import Layouts
 from multihead.torch.transformer import Transformer
 from multihead.validation import check_positive_int
@@ -297,6 +297,9 @@ class Stream(Generic[Owner]):
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
+        short = too_short(np.array([len(sentence.tokens) for sentence in self.sentences]), self.search)
+        if short is not None:
+            logits = self.steps.suppress(logits, self.eos_id, short)
         if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]

@@ -626,6 +626,11 @@ class DecoderSteps:
             return logits.numpy().argmax(axis=-1)
         return logits.max(dim=-1).indices.cpu().numpy()
 
+    def suppress(self, logits: torch.Tensor, token: int, rows: np.ndarray | None = None) -> torch.Tensor:
+        # Logits: the searches' log-softmax renormalises the others.
+        logits[slice(None) if rows is None else torch.from_numpy(rows).to(logits.device), token] = float("-inf")
+        return logits
+
     def top_k(self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         vocab = logits.shape[-1]
         # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
