@@ -17,6 +17,7 @@ from typing import cast
 import numpy as np
 
 from multihead.masks import causal_diagonal
+from multihead.schema import ATTENTION
 from multihead.validation import (
     DTypeError,
     check_attention_shapes,
@@ -30,7 +31,7 @@ from multihead.validation import (
     module_mask_shape,
 )
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+PROJECTIONS = ATTENTION  # the query, key, value and output projections
 
 
 def _array(name: str, x: object) -> np.ndarray:
@@ -137,11 +138,11 @@ def _check_params(params: object, num_heads: int, num_kv_heads: int) -> dict[str
                     f"`params['{name}']` {arrays[name].shape}, received shape {bias.shape}"
                 )
     q_shape, k_shape, v_shape, out_shape = (arrays[f"{projection}.weight"].shape for projection in PROJECTIONS)
-    for name, shape, heads, label in (
-        ("q_proj.weight", q_shape, num_heads, "num_heads"),
-        ("k_proj.weight", k_shape, num_kv_heads, "num_kv_heads"),
-        ("v_proj.weight", v_shape, num_kv_heads, "num_kv_heads"),
-    ):
+    for projection, shape, heads, label in zip(
+        PROJECTIONS[:3], (q_shape, k_shape, v_shape), (num_heads, num_kv_heads, num_kv_heads),
+        ("num_heads", "num_kv_heads", "num_kv_heads"), strict=True,
+    ):  # fmt: skip
+        name = f"{projection}.weight"
         if shape[0] % heads:
             raise ValueError(
                 f"`params['{name}']` must have a multiple of {label}={heads} rows (one block per head), "
@@ -220,13 +221,14 @@ def multi_head_attention(
         b, length, width = x.shape
         return x.reshape(b, length, heads, width // heads).transpose(0, 2, 1, 3)  # (B, heads, L, D)
 
-    q = split_heads(_linear(query, params, "q_proj"), num_heads)  # (B, H, Lq, Dk)
-    k = split_heads(_linear(key, params, "k_proj"), num_kv_heads)  # (B, Hkv, Lk, Dk)
-    v = split_heads(_linear(value, params, "v_proj"), num_kv_heads)  # (B, Hkv, Lk, Dv)
+    q_proj, k_proj, v_proj, out_proj = PROJECTIONS
+    q = split_heads(_linear(query, params, q_proj), num_heads)  # (B, H, Lq, Dk)
+    k = split_heads(_linear(key, params, k_proj), num_kv_heads)  # (B, Hkv, Lk, Dk)
+    v = split_heads(_linear(value, params, v_proj), num_kv_heads)  # (B, Hkv, Lk, Dv)
 
     out, weights = attention(q, k, v, full_mask, causal=causal)  # (B, H, Lq, Dv)
     out = out.transpose(0, 2, 1, 3).reshape(batch, lq, out.shape[1] * out.shape[3])  # (B, Lq, H*Dv)
-    out = _linear(out, params, "out_proj")  # (B, Lq, E)
+    out = _linear(out, params, out_proj)  # (B, Lq, E)
     if query_mask is not None:
         out = np.where(query_mask[:, :, None], out, 0.0)
         weights = np.where(query_mask[:, None, :, None], weights, 0.0)

@@ -370,3 +370,27 @@ def test_min_length_as_torch(tmp_path: Path, compiled: bool, options: dict) -> N
     assert all(EOS not in row[:3] for row in got.tolist())
     free = keras_model.generate(tensor(src), search=decoding.SearchOptions(**options), compiled=compiled, **args)
     assert any(EOS in row[:3] for row in free.tolist())
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"norm_first": True}, {"tie_embeddings": True}, {"tie_output": True}],
+    ids=["post-norm", "pre-norm", "tied", "tied-output"],
+)
+def test_both_front_ends_weights_are_the_declared_schema(options: dict) -> None:
+    """Every weight of either front end's Transformer has the name and shape :func:`multihead.schema.weight_shapes`
+    declares, and no other."""
+    from multihead.config import TransformerConfig
+    from multihead.keras.state import KerasAdapter
+    from multihead.schema import weight_shapes
+
+    vocab = 17 if "tie_embeddings" in options else 13
+    config = TransformerConfig(vocab, 17, d_model=8, num_heads=2, num_encoder_layers=2, num_decoder_layers=1, d_ff=12,
+                               **options)  # fmt: skip
+    declared = weight_shapes(config)
+    torch_shapes = {name: tuple(t.shape) for name, t in mt.Transformer.from_config(config).state_dict().items()}
+    keras_model = mk.Transformer.from_config(config)
+    keras_model.build()
+    keras_shapes = {name: tuple(array.shape) for name, array in KerasAdapter(keras_model).export().items()}
+    assert torch_shapes == declared
+    assert keras_shapes == declared

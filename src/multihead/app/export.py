@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from multihead import schema
 from multihead.app.console import UserError
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
 from multihead.app.tokenizers import (
@@ -58,21 +59,22 @@ def vocabulary(tokenizer: Tokenizer) -> list[str]:
 
 def _linear(spec: Any, weights: dict[str, np.ndarray], *names: str) -> None:
     """``spec`` holds the ``nn.Linear`` layers ``names`` fused along their outputs."""
-    spec.weight = np.concatenate([weights[f"{name}.weight"] for name in names])
-    spec.bias = np.concatenate([weights[f"{name}.bias"] for name in names])
+    spec.weight = np.concatenate([weights[f"{name}.{schema.WEIGHT}"] for name in names])
+    spec.bias = np.concatenate([weights[f"{name}.{schema.BIAS}"] for name in names])
 
 
 def _norm(spec: Any, weights: dict[str, np.ndarray], name: str) -> None:
-    spec.gamma, spec.beta = weights[f"{name}.weight"], weights[f"{name}.bias"]
+    spec.gamma, spec.beta = weights[f"{name}.{schema.WEIGHT}"], weights[f"{name}.{schema.BIAS}"]
 
 
 def _attention(spec: Any, weights: dict[str, np.ndarray], name: str, *, self_attention: bool) -> None:
+    q, k, v, out = (f"{name}.{projection}" for projection in schema.ATTENTION)
     if self_attention:
-        _linear(spec.linear[0], weights, f"{name}.q_proj", f"{name}.k_proj", f"{name}.v_proj")
+        _linear(spec.linear[0], weights, q, k, v)
     else:
-        _linear(spec.linear[0], weights, f"{name}.q_proj")
-        _linear(spec.linear[1], weights, f"{name}.k_proj", f"{name}.v_proj")
-    _linear(spec.linear[-1], weights, f"{name}.out_proj")
+        _linear(spec.linear[0], weights, q)
+        _linear(spec.linear[1], weights, k, v)
+    _linear(spec.linear[-1], weights, out)
 
 
 def _stack(
@@ -82,23 +84,23 @@ def _stack(
     after self-attention, then cross-attention in a decoder, then the feed-forward block) and a pre-norm stack's final
     LayerNorm."""
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings  # the encoder's: a list
-    embeddings.weight = weights[f"{embedding}.weight"]
+    embeddings.weight = weights[f"{embedding}.{schema.WEIGHT}"]
     spec.scale_embeddings = scale
     spec.position_encodings.encodings = table
     for index, layer in enumerate(spec.layer):
-        name = f"{stack}.layers.{index}"
-        _attention(layer.self_attention, weights, f"{name}.self_attn", self_attention=True)
-        _norm(layer.self_attention.layer_norm, weights, f"{name}.norm1")
-        last = "norm2"
-        if stack == "decoder":
-            _attention(layer.attention, weights, f"{name}.cross_attn", self_attention=False)
-            _norm(layer.attention.layer_norm, weights, f"{name}.norm2")
-            last = "norm3"
-        _linear(layer.ffn.linear_0, weights, f"{name}.feed_forward.linear1")
-        _linear(layer.ffn.linear_1, weights, f"{name}.feed_forward.linear2")
-        _norm(layer.ffn.layer_norm, weights, f"{name}.{last}")
-    if f"{stack}.norm.weight" in weights:
-        _norm(spec.layer_norm, weights, f"{stack}.norm")
+        name = schema.layer(stack, index)
+        norms = [f"{name}.{norm}" for norm in schema.norms(stack)]  # self-attention's, [cross-attention's,] the FFN's
+        _attention(layer.self_attention, weights, f"{name}.{schema.SELF_ATTENTION}", self_attention=True)
+        _norm(layer.self_attention.layer_norm, weights, norms[0])
+        if stack == schema.DECODER:
+            _attention(layer.attention, weights, f"{name}.{schema.CROSS_ATTENTION}", self_attention=False)
+            _norm(layer.attention.layer_norm, weights, norms[1])
+        first, second = (f"{name}.{schema.FEED_FORWARD_BLOCK}.{linear}" for linear in schema.FEED_FORWARD)
+        _linear(layer.ffn.linear_0, weights, first)
+        _linear(layer.ffn.linear_1, weights, second)
+        _norm(layer.ffn.layer_norm, weights, norms[-1])
+    if f"{stack}.{schema.STACK_NORM}.{schema.WEIGHT}" in weights:
+        _norm(spec.layer_norm, weights, f"{stack}.{schema.STACK_NORM}")
 
 
 def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
@@ -116,9 +118,9 @@ def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
     # model trained on at most max_len positions, as `multihead translate` keeps to).
     table = sinusoidal_positions(max(config.max_len, MAX_POSITIONS), config.d_model, config.positions)
     table = table.astype(np.float32)
-    _stack(spec.encoder, weights, "encoder", "src_embed", table, scale=config.scale_embeddings)
-    _stack(spec.decoder, weights, "decoder", "tgt_embed", table, scale=config.scale_embeddings)
-    _linear(spec.decoder.projection, weights, "output_proj")
+    _stack(spec.encoder, weights, schema.ENCODER, schema.SOURCE_EMBEDDING, table, scale=config.scale_embeddings)
+    _stack(spec.decoder, weights, schema.DECODER, schema.TARGET_EMBEDDING, table, scale=config.scale_embeddings)
+    _linear(spec.decoder.projection, weights, schema.OUTPUT)
     if config.banned_ids:
         spec.decoder.projection.bias = spec.decoder.projection.bias.copy()
         spec.decoder.projection.bias[list(config.banned_ids)] = BANNED

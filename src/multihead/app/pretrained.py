@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from multihead import schema
 from multihead.app.console import UserError, warn
 from multihead.app.languages import CODE, NAMES
 from multihead.app.runs import check_new_run, save_imported_run
@@ -121,7 +122,6 @@ HEURISTICS = {
 }  # fmt: skip
 """Generation heuristics multihead's search does not apply, and the values that turn them off."""
 USED_GENERATION = {"bad_words_ids", "decoder_start_token_id", "pad_token_id", "eos_token_id", "forced_bos_token_id"}
-ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
 POSITIONS_TOLERANCE = 1e-4  # float32 tables computed in other ways differ by ~1e-7; learned ones by far more
 
 
@@ -411,34 +411,33 @@ def _warn_unknown(files: CheckpointFiles, file: str, keys: set[str]) -> None:
         )
 
 
+MARIAN_LAYER = {
+    schema.SELF_ATTENTION: "self_attn", schema.CROSS_ATTENTION: "encoder_attn",
+    **dict(zip(schema.FEED_FORWARD, ("fc1", "fc2"), strict=True)),
+}  # fmt: skip
+"""Marian's names of our layers' parts; its projections are named as ours (Transformers' BART family)."""
+MARIAN_NORMS = {
+    schema.ENCODER: ("self_attn_layer_norm", "final_layer_norm"),
+    schema.DECODER: ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
+}
+"""Marian's LayerNorms of an encoder and a decoder layer, in our order (:func:`multihead.schema.norms`)."""
+MARIAN_STACKS = {schema.ENCODER: "encoder", schema.DECODER: "decoder"}
+
+
 def _layer_names(config: TransformerConfig) -> dict[str, str]:
     """Our name of every layer weight -> Marian's (less ``model.``)."""
-    attention = {f"self_attn.{part}": f"self_attn.{part}" for part in ATTENTION}
-    parts = {
-        "encoder": {**attention, "norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
-        "decoder": {**attention, **{f"cross_attn.{part}": f"encoder_attn.{part}" for part in ATTENTION},
-                    "norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm", "norm3": "final_layer_norm"},
-    }  # fmt: skip
     names = {}
-    for stack, count in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
-        layer_parts = {**parts[stack], "feed_forward.linear1": "fc1", "feed_forward.linear2": "fc2"}
+    for stack, count in ((schema.ENCODER, config.num_encoder_layers), (schema.DECODER, config.num_decoder_layers)):
+        attentions = [schema.SELF_ATTENTION] + ([schema.CROSS_ATTENTION] if stack == schema.DECODER else [])
+        parts = {f"{a}.{p}": f"{MARIAN_LAYER[a]}.{p}" for a in attentions for p in schema.ATTENTION}
+        parts |= {f"{schema.FEED_FORWARD_BLOCK}.{linear}": MARIAN_LAYER[linear] for linear in schema.FEED_FORWARD}
+        parts |= dict(zip(schema.norms(stack), MARIAN_NORMS[stack], strict=True))
         for index in range(count):
-            for ours, theirs in layer_parts.items():
-                for leaf in ("weight", "bias"):
-                    names[f"{stack}.layers.{index}.{ours}.{leaf}"] = f"{stack}.layers.{index}.{theirs}.{leaf}"
+            ours, theirs = schema.layer(stack, index), f"{MARIAN_STACKS[stack]}.layers.{index}"
+            for part, marian in parts.items():
+                for leaf in (schema.WEIGHT, schema.BIAS):
+                    names[f"{ours}.{part}.{leaf}"] = f"{theirs}.{marian}.{leaf}"
     return names
-
-
-def _shape(name: str, config: TransformerConfig) -> tuple[int, ...]:
-    """The shape of our layer weight ``name``."""
-    d, ff = config.d_model, config.d_ff
-    if ".linear1." in name:
-        return (ff, d) if name.endswith("weight") else (ff,)
-    if ".linear2." in name:
-        return (d, ff) if name.endswith("weight") else (d,)
-    if "_proj." in name:
-        return (d, d) if name.endswith("weight") else (d,)
-    return (d,)  # a LayerNorm's
 
 
 def marian_weights(
@@ -471,8 +470,8 @@ def marian_weights(
                                "different")  # fmt: skip
         return arrays[0]
 
-    d = config.d_model
-    weights = {ours: take(theirs, _shape(ours, config)) for ours, theirs in _layer_names(config).items()}
+    d, shapes = config.d_model, schema.weight_shapes(config)
+    weights = {ours: take(theirs, shapes[ours]) for ours, theirs in _layer_names(config).items()}
     source_shape, target_shape = (config.src_vocab, d), (config.tgt_vocab, d)
     if config.tie_embeddings:
         shared = tie(["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"],
@@ -493,8 +492,8 @@ def marian_weights(
         raise files.refuse(file, f"holds weights multihead's Transformer has no place for: {unplaced[:4]} (a "
                            "variant of Marian it cannot import)")  # fmt: skip
     return {
-        "src_embed.weight": source, "tgt_embed.weight": target, **weights, "output_proj.weight": output,
-        "output_proj.bias": bias[0],
+        f"{schema.SOURCE_EMBEDDING}.{schema.WEIGHT}": source, f"{schema.TARGET_EMBEDDING}.{schema.WEIGHT}": target,
+        **weights, f"{schema.OUTPUT}.{schema.WEIGHT}": output, f"{schema.OUTPUT}.{schema.BIAS}": bias[0],
     }  # fmt: skip
 
 

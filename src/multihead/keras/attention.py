@@ -26,6 +26,7 @@ from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.keras.functional import IMPLEMENTATIONS, _attention
 from multihead.keras.tensors import OPS, Tensor, is_tensor_like
+from multihead.schema import ATTENTION
 from multihead.validation import (
     check_dropout,
     check_flag,
@@ -168,25 +169,25 @@ class MultiHeadAttention(keras.layers.Layer):
             layer.build(in_shape)
             return layer
 
-        self.q_proj = dense(self.num_heads * head_dim, "q_proj", query_shape)
-        self.k_proj = dense(self.num_kv_heads * head_dim, "k_proj", key_shape)
-        self.v_proj = dense(self.num_kv_heads * value_head_dim, "v_proj", value_shape)
-        self.out_proj = dense(d_model, "out_proj", (None, None, self.num_heads * value_head_dim))
+        q_name, k_name, v_name, out_name = ATTENTION
+        self.q_proj = dense(self.num_heads * head_dim, q_name, query_shape)
+        self.k_proj = dense(self.num_kv_heads * head_dim, k_name, key_shape)
+        self.v_proj = dense(self.num_kv_heads * value_head_dim, v_name, value_shape)
+        self.out_proj = dense(d_model, out_name, (None, None, self.num_heads * value_head_dim))
         self._build_shapes = {"query_shape": query_shape, "key_shape": key_shape, "value_shape": value_shape}
         self.built = True
 
     def state_children(self) -> dict[str, keras.layers.Layer]:
         """Sublayers under their PyTorch state-dict names (see :mod:`multihead.io`)."""
-        return {"q_proj": self.q_proj, "k_proj": self.k_proj, "v_proj": self.v_proj, "out_proj": self.out_proj}
+        return {name: getattr(self, name) for name in ATTENTION}
 
     def build_from_state(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Build from the tensor shapes of a weights file; sizes left unset take the file's values."""
-        if any(name not in shapes for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-            raise ValueError(f"cannot build from weights without q_proj, k_proj and v_proj, received {sorted(shapes)}")
-        (q_out, qdim), (_, kdim), (v_out, vdim) = (
-            shapes[f"{name}.weight"][:2] for name in ("q_proj", "k_proj", "v_proj")
-        )
-        self._d_model = self._d_model or shapes.get("out_proj.weight", (qdim,))[0]
+        inputs, out_name = ATTENTION[:3], ATTENTION[3]
+        if any(f"{name}.weight" not in shapes for name in inputs):
+            raise ValueError(f"cannot build from weights without {', '.join(inputs)}, received {sorted(shapes)}")
+        (q_out, qdim), (_, kdim), (v_out, vdim) = (shapes[f"{name}.weight"][:2] for name in inputs)
+        self._d_model = self._d_model or shapes.get(f"{out_name}.weight", (qdim,))[0]
         self._head_dim = self._head_dim or q_out // self.num_heads
         self._value_head_dim = self._value_head_dim or v_out // self.num_kv_heads
         self.build((None, None, qdim), (None, None, kdim), (None, None, vdim))

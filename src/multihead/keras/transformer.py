@@ -22,7 +22,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from multihead import checks, decoding
+from multihead import checks, decoding, schema
 from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.keras.attention import KVCache, MultiHeadAttention
@@ -102,8 +102,8 @@ class FeedForward(NamedTensorArguments, layers.Layer):
             raise ValueError(f"`activation` must be one of {ACTIVATIONS}, received {activation!r}")
         self.d_model, self.d_ff = check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff)
         self.rate, self.activation = check_dropout("dropout", dropout), activation
-        self.linear1 = layers.Dense(d_ff, activation=ACTIVATION_FUNCTIONS[activation], name="linear1")
-        self.linear2 = layers.Dense(d_model, name="linear2")
+        self.linear1 = layers.Dense(d_ff, activation=ACTIVATION_FUNCTIONS[activation], name=schema.FEED_FORWARD[0])
+        self.linear2 = layers.Dense(d_model, name=schema.FEED_FORWARD[1])
         self.dropout = layers.Dropout(self.rate)
 
     def build(self, x_shape: Shape) -> None:
@@ -120,7 +120,7 @@ class FeedForward(NamedTensorArguments, layers.Layer):
         return self.linear2(self.dropout(self.linear1(x), training=training))
 
     def state_children(self) -> dict[str, layers.Layer]:
-        return {"linear1": self.linear1, "linear2": self.linear2}
+        return {name: getattr(self, name) for name in schema.FEED_FORWARD}
 
     def get_config(self) -> dict[str, Any]:
         config = {"d_model": self.d_model, "d_ff": self.d_ff, "dropout": self.rate, "activation": self.activation}
@@ -152,7 +152,7 @@ class _Block(NamedTensorArguments, layers.Layer):
         )
         self.norm_first = norm_first
         self.dropout = layers.Dropout(check_dropout("dropout", dropout))
-        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation, name="feed_forward")
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation, name=schema.FEED_FORWARD_BLOCK)
 
     @property
     def hidden_shape(self) -> Shape:
@@ -184,8 +184,8 @@ class EncoderLayer(_Block):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.self_attn = self.attention("self_attn")
-        self.norm1, self.norm2 = self.norm("norm1"), self.norm("norm2")
+        self.self_attn = self.attention(schema.SELF_ATTENTION)
+        self.norm1, self.norm2 = (self.norm(name) for name in schema.norms(schema.ENCODER))
 
     def build(self, x_shape: Shape) -> None:
         hidden = self.hidden_shape
@@ -209,12 +209,7 @@ class EncoderLayer(_Block):
         return self.residual(x, self.norm2, lambda h: self.feed_forward._forward(h, training), training)
 
     def state_children(self) -> dict[str, layers.Layer]:
-        return {
-            "self_attn": self.self_attn,
-            "feed_forward": self.feed_forward,
-            "norm1": self.norm1,
-            "norm2": self.norm2,
-        }
+        return {name: getattr(self, name) for name in schema.ENCODER_LAYER}
 
 
 @register
@@ -225,9 +220,9 @@ class DecoderLayer(_Block):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.self_attn = self.attention("self_attn")
-        self.cross_attn = self.attention("cross_attn")
-        self.norm1, self.norm2, self.norm3 = self.norm("norm1"), self.norm("norm2"), self.norm("norm3")
+        self.self_attn = self.attention(schema.SELF_ATTENTION)
+        self.cross_attn = self.attention(schema.CROSS_ATTENTION)
+        self.norm1, self.norm2, self.norm3 = (self.norm(name) for name in schema.norms(schema.DECODER))
 
     def build(self, x_shape: Shape, memory_shape: Shape | None = None) -> None:
         hidden = self.hidden_shape
@@ -297,14 +292,7 @@ class DecoderLayer(_Block):
         return x, cross_weights[0]
 
     def state_children(self) -> dict[str, layers.Layer]:
-        return {
-            "self_attn": self.self_attn,
-            "cross_attn": self.cross_attn,
-            "feed_forward": self.feed_forward,
-            "norm1": self.norm1,
-            "norm2": self.norm2,
-            "norm3": self.norm3,
-        }
+        return {name: getattr(self, name) for name in schema.DECODER_LAYER}
 
 
 class _Stack(NamedTensorArguments, layers.Layer):
@@ -330,8 +318,8 @@ class _Stack(NamedTensorArguments, layers.Layer):
             activation=activation, norm_first=norm_first,
         )  # fmt: skip
         block = (d_model, num_heads, d_ff, dropout, activation, norm_first)
-        self.blocks = [self.layer_type(*block, name=f"layers_{i}") for i in range(num_layers)]
-        self.norm = layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name="norm") if norm_first else None
+        self.blocks = [self.layer_type(*block, name=f"{schema.LAYERS}_{i}") for i in range(num_layers)]
+        self.norm = layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name=schema.STACK_NORM) if norm_first else None
 
     def build(self, x_shape: Shape, *_: Shape) -> None:
         for block in self.blocks:
@@ -344,8 +332,8 @@ class _Stack(NamedTensorArguments, layers.Layer):
         return x if self.norm is None else self.norm(x)
 
     def state_children(self) -> dict[str, layers.Layer]:
-        children = {f"layers.{i}": block for i, block in enumerate(self.blocks)}
-        return children if self.norm is None else {**children, "norm": self.norm}
+        children = {f"{schema.LAYERS}.{i}": block for i, block in enumerate(self.blocks)}
+        return children if self.norm is None else {**children, schema.STACK_NORM: self.norm}
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), **self.sizes}
@@ -497,21 +485,23 @@ class Transformer(NamedTensorArguments, keras.Model):
         )  # fmt: skip
         # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
         embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
-        self.src_embed = layers.Embedding(src_vocab, d_model, embeddings_initializer=embedding_init, name="src_embed")
+        self.src_embed = layers.Embedding(
+            src_vocab, d_model, embeddings_initializer=embedding_init, name=schema.SOURCE_EMBEDDING
+        )
         if tie_embeddings:
             self.tgt_embed = self.src_embed
         else:
             self.tgt_embed = layers.Embedding(
-                tgt_vocab, d_model, embeddings_initializer=embedding_init, name="tgt_embed"
+                tgt_vocab, d_model, embeddings_initializer=embedding_init, name=schema.TARGET_EMBEDDING
             )
         if tie_embeddings or tie_output:
-            self.output_proj = TiedProjection(self.tgt_embed, name="output_proj")
+            self.output_proj = TiedProjection(self.tgt_embed, name=schema.OUTPUT)
         else:
-            self.output_proj = layers.Dense(tgt_vocab, name="output_proj")
+            self.output_proj = layers.Dense(tgt_vocab, name=schema.OUTPUT)
         self.positional = PositionalEncoding(d_model, max_len, dropout, positions, name="positional")
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
-        self.encoder = Encoder(num_encoder_layers, *stack, name="encoder")
-        self.decoder = Decoder(num_decoder_layers, *stack, name="decoder")
+        self.encoder = Encoder(num_encoder_layers, *stack, name=schema.ENCODER)
+        self.decoder = Decoder(num_decoder_layers, *stack, name=schema.DECODER)
         self.generation_programs: dict[tuple, Any] = {}  # see multihead.keras.generation
 
     @classmethod
@@ -527,13 +517,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         return {**asdict(self.config), "name": self.name}
 
     def state_children(self) -> dict[str, layers.Layer]:
-        return {
-            "src_embed": self.src_embed,
-            "tgt_embed": self.tgt_embed,
-            "encoder": self.encoder,
-            "decoder": self.decoder,
-            "output_proj": self.output_proj,
-        }
+        return {name: getattr(self, name) for name in schema.TRANSFORMER}
 
     def build(self, input_shape: Any = None) -> None:
         """Create every weight (the sizes are the config's, whatever ``input_shape`` says)."""

@@ -25,6 +25,7 @@ from torch import nn
 
 from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
+from multihead.schema import ATTENTION
 from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
 from multihead.torch.layouts import Layouts, StepLayout
 from multihead.torch.masks import restrict
@@ -199,8 +200,10 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(num_heads * value_head_dim, d_model, bias=bias)
         # The projections laid out for inference (multihead.torch.layouts): each alone, and a decoding step's
         # self-attention query, key and value as one product.
-        self._layouts = {name: StepLayout(self, f"{name}_proj") for name in ("q", "k", "v", "out")}
-        self._layouts["qkv"] = StepLayout(self, "q_proj", "k_proj", "v_proj")
+        self._layouts = {
+            key: StepLayout(self, name) for key, name in zip(("q", "k", "v", "out"), ATTENTION, strict=True)
+        }
+        self._layouts["qkv"] = StepLayout(self, *ATTENTION[:3])
 
     def extra_repr(self) -> str:
         return (

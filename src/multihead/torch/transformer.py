@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from multihead import checks, decoding
+from multihead import checks, decoding, schema
 from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
@@ -88,7 +88,8 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff))
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-        self._layouts = {name: StepLayout(self, name) for name in ("linear1", "linear2")}  # laid out for inference
+        self._layouts = {name: StepLayout(self, name) for name in schema.FEED_FORWARD}  # laid out for inference
+        self._first, self._second = self._layouts.values()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
@@ -96,8 +97,8 @@ class FeedForward(nn.Module):
 
     def _forward(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
         """``layouts``: a decoding session's (see :class:`~multihead.torch.layouts.Layouts`)."""
-        hidden = self._activate(self._layouts["linear1"].apply(x, layouts))
-        return self._layouts["linear2"].apply(self.dropout(hidden) if self.training else hidden, layouts)
+        hidden = self._activate(self._first.apply(x, layouts))
+        return self._second.apply(self.dropout(hidden) if self.training else hidden, layouts)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
         return ACTIVATION_FUNCTIONS[self.activation](hidden)
@@ -387,8 +388,8 @@ class Transformer(nn.Module):
             self.output_proj.weight = self.tgt_embed.weight
             nn.init.zeros_(self.output_proj.bias)
         # The output projection laid out for inference, and for searches: with the banned tokens' logits -inf.
-        output = StepLayout(self, "output_proj")
-        search = StepLayout(self, "output_proj", fill=config.banned_ids) if config.banned_ids else output
+        output = StepLayout(self, schema.OUTPUT)
+        search = StepLayout(self, schema.OUTPUT, fill=config.banned_ids) if config.banned_ids else output
         self._layouts = {"output": output, "search": search}
 
     @classmethod
