@@ -735,3 +735,16 @@ def test_sampling_is_reproducible_and_top_1_is_greedy(use_cache: bool) -> None:
             session, 6, decoding.SearchOptions(sampling_topk=1, seed=4), max_len=10, bos_id=BOS, eos_id=EOS, pad_id=EOS
         )
     assert torch.equal(torch.from_numpy(top_1), model.generate(src, **args))
+
+
+def test_a_kept_layouts_serves_many_calls_with_the_same_tokens() -> None:
+    """``generate(layouts=...)``: the caller's :class:`Layouts`, laid out on the first call and kept for the next
+    (the weights fixed between them), gives the tokens a call of its own gives."""
+    model, src, kept = small_model(), tokens(4, 7), Layouts()
+    args = dict(max_len=12, bos_id=BOS, eos_id=EOS, beam_size=2)
+    first = model.generate(src, layouts=kept, **args)
+    built = dict(kept._built)
+    assert built  # the steps took their layouts from it
+    assert torch.equal(model.generate(src, layouts=kept, **args), first)
+    assert kept._built == built  # laid out once
+    assert torch.equal(model.generate(src, **args), first)

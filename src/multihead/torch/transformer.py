@@ -519,6 +519,7 @@ class Transformer(nn.Module):
         pad_id: int | None = None,
         length_penalty: float = 1.0,
         search: decoding.SearchOptions | None = None,
+        layouts: Layouts | None = None,
     ) -> torch.Tensor:
         """Translate ``src (B, Ls)``: greedy (``beam_size=1``), beam search, or as ``search`` says (a
         :class:`multihead.decoding.SearchOptions`: greedy, beam search or sampling; not with ``beam_size`` or
@@ -529,7 +530,8 @@ class Transformer(nn.Module):
         stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
         config's ``pad_id``, else ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of
         recomputing the whole prefix; both give the same tokens. A step is the model's forward pass with the cache,
-        one token per row; its projections are laid out for such rows once per call, from the weights as they are.
+        one token per row; its projections are laid out for such rows once per call, from the weights as they are,
+        or by ``layouts`` (a :class:`~multihead.torch.layouts.Layouts` kept by a caller whose weights stay fixed).
         """
         search = decoding.search_options(search, beam_size=beam_size, length_penalty=length_penalty)
         pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
@@ -538,7 +540,9 @@ class Transformer(nn.Module):
         )
         check_flag("use_cache", use_cache)
         with torch.inference_mode():
-            session = self.decoding_session(src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache)
+            session = self.decoding_session(
+                src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, layouts=layouts
+            )
             tokens = decoding.generate(
                 session, src.shape[0], search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
             )
