@@ -17,6 +17,7 @@ from multihead.decoding import (
     SEARCHES,
     DecodingSession,
     SearchOptions,
+    Specials,
     _stay,
     beam_search,
     beam_search_n_best,
@@ -30,6 +31,7 @@ from multihead.decoding import (
 )
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
+SPECIALS = Specials(pad=PAD, bos=BOS, eos=EOS)
 
 
 def table_model(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6):
@@ -81,26 +83,26 @@ def test_greedy_follows_the_argmax_and_pads_after_eos() -> None:
     table = {(): {A: 0.9, EOS: 0.1}, (A,): {B: 0.8, EOS: 0.2}, (A, B): {EOS: 1.0}}
     other = {(): {EOS: 1.0}}
     step = table_model(table)
-    out = greedy_search(ArraySession(step), 1, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    out = greedy_search(ArraySession(step), 1, max_len=10, specials=SPECIALS)
     np.testing.assert_array_equal(out, [[A, B, EOS]])
 
     def two_rows(prefix: np.ndarray) -> np.ndarray:
         return np.concatenate([step(prefix[:1]), table_model(other)(prefix[1:])])
 
-    out = greedy_search(ArraySession(two_rows), 2, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    out = greedy_search(ArraySession(two_rows), 2, max_len=10, specials=SPECIALS)
     np.testing.assert_array_equal(out, [[A, B, EOS], [EOS, PAD, PAD]])
 
 
 def test_greedy_stops_at_max_len() -> None:
     step = table_model({(A,) * n: {A: 1.0} for n in range(20)})
-    assert greedy_search(ArraySession(step), 3, max_len=4, bos_id=BOS, eos_id=EOS, pad_id=PAD).shape == (3, 4)
+    assert greedy_search(ArraySession(step), 3, max_len=4, specials=SPECIALS).shape == (3, 4)
 
 
 def test_beam_search_finds_what_greedy_misses() -> None:
     step = table_model(TRAP)
-    greedy = greedy_search(ArraySession(step), 1, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    greedy = greedy_search(ArraySession(step), 1, max_len=5, specials=SPECIALS)
     np.testing.assert_array_equal(greedy, [[A, EOS]])  # probability 0.24
-    beam = beam_search(ArraySession(step), 1, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+    beam = beam_search(ArraySession(step), 1, beam_size=2, max_len=5, specials=SPECIALS,
                        length_penalty=0.0)  # fmt: skip
     np.testing.assert_array_equal(beam, [[B, C, EOS]])  # probability 0.36
 
@@ -122,7 +124,7 @@ def test_beam_size_one_without_a_length_penalty_is_greedy(seed: int) -> None:
     """One beam stops when its finished hypothesis outranks the continuation: greedy's choice at every step. (With a
     length penalty, a continuation may still outrank it later, and one beam goes on looking.)"""
     step = two_token_model(seed)
-    args = dict(max_len=8, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    args = dict(max_len=8, specials=SPECIALS)
     beam = beam_search(ArraySession(step), 1, beam_size=1, length_penalty=0.0, **args)
     greedy = greedy_search(ArraySession(step), 1, **args)
     np.testing.assert_array_equal(beam, greedy[:, : beam.shape[1]])
@@ -161,7 +163,7 @@ def test_a_beam_as_wide_as_every_hypothesis_finds_the_exhaustive_best(seed: int,
     and the early stop must not cut off the best one."""
     step = two_token_model(seed)
     rank, tokens = exhaustive_best(step, 4, alpha)
-    found = beam_search(ArraySession(step), 1, beam_size=128, max_len=4, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+    found = beam_search(ArraySession(step), 1, beam_size=128, max_len=4, specials=SPECIALS,
                         length_penalty=alpha)  # fmt: skip
     assert found[0, : len(tokens)].tolist() == tokens
     assert (found[0, len(tokens) :] == PAD).all()
@@ -175,7 +177,7 @@ def test_narrow_beams_find_real_hypotheses_ranked_no_higher_than_the_exhaustive_
     for seed in range(6):
         step = two_token_model(seed)
         best_rank, _ = exhaustive_best(step, 5, alpha)
-        found = beam_search(ArraySession(step), 1, beam_size=3, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+        found = beam_search(ArraySession(step), 1, beam_size=3, max_len=5, specials=SPECIALS,
                             length_penalty=alpha)[0].tolist()  # fmt: skip
         tokens = found[: found.index(EOS) + 1] if EOS in found else found
         assert EOS in found or len(found) == 5  # a hypothesis ends at EOS or at max_len
@@ -191,8 +193,8 @@ def test_narrow_beams_find_real_hypotheses_ranked_no_higher_than_the_exhaustive_
 
 def n_best(step: Callable[[np.ndarray], np.ndarray], n: int, beam_size: int, max_len: int, alpha: float) -> list:
     """The ``n`` best hypotheses of a one-source model's beam search, as (rank, token list) pairs."""
-    found = beam_search_n_best(ArraySession(step), 1, n=n, beam_size=beam_size, max_len=max_len, bos_id=BOS,
-                               eos_id=EOS, length_penalty=alpha)  # fmt: skip
+    found = beam_search_n_best(ArraySession(step), 1, n=n, beam_size=beam_size, max_len=max_len,
+                               specials=SPECIALS, length_penalty=alpha)  # fmt: skip
     return [(rank, tokens.tolist()) for rank, tokens in found[0]]
 
 
@@ -236,12 +238,12 @@ def test_narrow_beams_find_n_distinct_real_hypotheses_that_extend_the_fewer_best
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_the_one_best_is_beam_search_step_for_step(alpha: float) -> None:
-    args = dict(max_len=6, bos_id=BOS, eos_id=EOS, length_penalty=alpha)
+    args = dict(max_len=6, specials=SPECIALS, length_penalty=alpha)
     for seed in range(6):
         step = two_token_model(seed)
         for beam_size in (1, 2, 3):
             plain, one = ArraySession(step), ArraySession(step)
-            expected = beam_search(plain, 1, beam_size=beam_size, pad_id=PAD, **args)[0]
+            expected = beam_search(plain, 1, beam_size=beam_size, **args)[0]
             ((_, tokens),) = beam_search_n_best(one, 1, n=1, beam_size=beam_size, **args)[0]
             np.testing.assert_array_equal(expected[: len(tokens)], tokens)
             assert (expected[len(tokens) :] == PAD).all()
@@ -251,9 +253,9 @@ def test_the_one_best_is_beam_search_step_for_step(alpha: float) -> None:
 
 def test_n_best_ask_at_most_beam_size() -> None:
     with pytest.raises(ValueError, match="`n` must be at most beam_size=2, received n=3"):
-        beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=3, beam_size=2, max_len=4, bos_id=BOS, eos_id=EOS)
+        beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=3, beam_size=2, max_len=4, specials=SPECIALS)
     with pytest.raises(ValueError, match="`n` must be a positive int, received 0"):
-        beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=0, beam_size=2, max_len=4, bos_id=BOS, eos_id=EOS)
+        beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=0, beam_size=2, max_len=4, specials=SPECIALS)
 
 
 def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> None:
@@ -277,7 +279,7 @@ def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> 
         session.sources = session.sources[rows]
 
     session.reorder = reorder
-    out = beam_search(session, 2, beam_size=2, max_len=5, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    out = beam_search(session, 2, beam_size=2, max_len=5, specials=SPECIALS)
     np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD])
     assert len(session.orders) == 4  # after steps 1 to 4; step 5 reaches max_len
     assert session.orders[0].tolist() == [1, 1]  # sentence 1's row becomes its two beams; sentence 0 has left
@@ -411,7 +413,7 @@ class TableSession(DecodingSession):
         super().reorder(rows, same_sources=same_sources)
 
 
-SEARCH = dict(max_len=6, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+SEARCH = dict(max_len=6, specials=SPECIALS)
 
 
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
@@ -492,7 +494,7 @@ def test_greedy_drops_ended_rows_only_once_a_quarter_have_ended() -> None:
 def test_n_best_of_a_batch_are_each_sentences_own(use_cache: bool) -> None:
     """Sentences stop at different steps and leave the state; each keeps the n best of its own beams."""
     tables = [DEEP, OTHER, {(): {EOS: 1.0}}]  # the last has one hypothesis: it gives just that one
-    search = dict(n=3, beam_size=3, max_len=6, bos_id=BOS, eos_id=EOS, length_penalty=0.0)
+    search = dict(n=3, beam_size=3, max_len=6, specials=SPECIALS, length_penalty=0.0)
     found = beam_search_n_best(TableSession(tables, use_cache), 3, **search)
     for table, hypotheses in zip(tables, found, strict=True):
         alone = beam_search_n_best(ArraySession(table_model(table)), 1, **search)[0]
@@ -578,7 +580,7 @@ def test_sampled_frequencies_follow_the_filtered_distribution(top_k: int, top_p:
         return np.tile(log_probs, (len(prefix), 1))
 
     options = SearchOptions(sampling_topk=top_k, sampling_topp=top_p, sampling_temperature=temperature, seed=7)
-    tokens = sample_search(ArraySession(step), draws, options, max_len=1, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    tokens = sample_search(ArraySession(step), draws, options, max_len=1, specials=SPECIALS)
     frequencies = np.bincount(tokens[:, 0], minlength=len(PROBS)) / draws
     expected = filtered_distribution(PROBS, top_k, top_p, temperature)
     bound = 5 * np.sqrt(expected * (1 - expected) / draws)
@@ -591,7 +593,7 @@ def test_sampling_from_the_most_probable_token_is_greedy_search() -> None:
     whatever the seed."""
     for seed in range(4):
         step = two_token_model(seed)
-        args = dict(max_len=8, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+        args = dict(max_len=8, specials=SPECIALS)
         greedy = greedy_search(ArraySession(step), 5, **args)
         sampled = sample_search(ArraySession(step), 5, SearchOptions(sampling_topk=1, seed=seed), **args)
         np.testing.assert_array_equal(sampled, greedy)
@@ -602,7 +604,7 @@ def test_each_sentence_draws_from_its_own_seeded_generator() -> None:
     sentences sampled with it; another seed gives others."""
     step = two_token_model(3, vocab=12)
     options = SearchOptions(sampling_topk=0, seed=11)
-    args = dict(max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    args = dict(max_len=10, specials=SPECIALS)
     together = sample_search(ArraySession(step), 6, options, **args)
     np.testing.assert_array_equal(sample_search(ArraySession(step), 6, options, **args), together)
     alone = sample_search(ArraySession(step), 1, options, keys=[4], **args)
@@ -616,7 +618,7 @@ def test_each_sentence_draws_from_its_own_seeded_generator() -> None:
 
 def test_a_fresh_seed_without_one() -> None:
     step = two_token_model(3, vocab=12)
-    args = dict(max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    args = dict(max_len=10, specials=SPECIALS)
     runs = {
         tuple(sample_search(ArraySession(step), 4, SearchOptions(sampling_topk=0), **args).ravel()) for _ in range(5)
     }
@@ -649,8 +651,8 @@ def test_min_length_searches_the_model_without_eos_until_then(options: dict, use
     steps shorter than that never give EOS (their probabilities renormalised): the same tokens and scores."""
     held, written = SearchOptions(**options, min_length=2), SearchOptions(**options)
     if held.n_best > 1:
-        found = n_best_search(TableSession([EARLY], use_cache), 1, held, max_len=6, bos_id=BOS, eos_id=EOS)
-        expected = n_best_search(TableSession([HELD], use_cache), 1, written, max_len=6, bos_id=BOS, eos_id=EOS)
+        found = n_best_search(TableSession([EARLY], use_cache), 1, held, max_len=6, specials=SPECIALS)
+        expected = n_best_search(TableSession([HELD], use_cache), 1, written, max_len=6, specials=SPECIALS)
         assert [[(round(s, 5), t.tolist()) for s, t in hyps] for hyps in found] == [
             [(round(s, 5), t.tolist()) for s, t in hyps] for hyps in expected
         ]

@@ -42,7 +42,7 @@ other tokens' probabilities sum to 1.
 
 ``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
 searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
-longest limit: each row ends at its first EOS or at its limit, and positions after that hold ``pad_id``.
+longest limit: each row ends at its first EOS or at its limit, and positions after that hold the pad.
 
 Notation: B batch, N = B (greedy, sampling) or B * beam_size rows, t tokens so far, Ls source length, E d_model, Hkv
 key/value heads, D head dim, V vocabulary, k candidates.
@@ -66,6 +66,22 @@ from multihead.validation import check_non_negative_int, check_positive_int
 Tensor = Any
 Limit = int | Sequence[int] | np.ndarray
 """``generate``'s length limit: one for every row, or one per row."""
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The special ids of a vocabulary, which generation reads: ``bos`` starts every target sequence (the decoder's
+    first input; Marian's is its pad), ``eos`` ends a sentence, ``pad`` fills a row after its end (and batches),
+    ``unk`` reads a piece the vocabulary lacks (the defaults: the built-in tokenizers')."""
+
+    pad: int = 0
+    bos: int = 1
+    eos: int = 2
+    unk: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("pad", "bos", "eos", "unk"):
+            check_non_negative_int(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -283,9 +299,7 @@ class Search(Protocol):
         options: SearchOptions,
         *,
         max_len: np.ndarray,
-        bos_id: int,
-        eos_id: int,
-        pad_id: int,
+        specials: Specials,
         keys: np.ndarray,
     ) -> np.ndarray: ...
 
@@ -296,35 +310,33 @@ def generate(
     search: SearchOptions,
     *,
     max_len: Limit,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int,
+    specials: Specials,
     keys: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """The tokens of ``batch`` sources held by ``session``, searched as ``search`` says (its strategy's entry of
-    :data:`SEARCHES`), ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``);
-    ``keys`` name the sentences to sampling (default: ``0..B-1``). int64 ``(B, T)``."""
+    :data:`SEARCHES`), ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``),
+    each starting from ``specials.bos``; ``keys`` name the sentences to sampling (default: ``0..B-1``). int64
+    ``(B, T)``."""
     if search.n_best != 1:
         raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
                          "come from n_best_search")  # fmt: skip
     keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
-    session = processed(session, search, eos_id)
     return search.strategy.search(
-        session, batch, search, max_len=search.limit(max_len, batch), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+        processed(session, search, specials), batch, search, max_len=search.limit(max_len, batch), specials=specials,
         keys=keys,
     )  # fmt: skip
 
 
 def n_best_search(
-    session: Session, batch: int, search: SearchOptions, *, max_len: Limit, bos_id: int, eos_id: int
+    session: Session, batch: int, search: SearchOptions, *, max_len: Limit, specials: Specials
 ) -> list[list[tuple[float, np.ndarray]]]:
     """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``search`` says (see
     :func:`beam_search_n_best`)."""
     if search.strategy.draws:
         raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
     return beam_search_n_best(
-        processed(session, search, eos_id), batch, n=search.n_best, beam_size=search.beam_size,
-        max_len=search.limit(max_len, batch), bos_id=bos_id, eos_id=eos_id, length_penalty=search.length_penalty,
+        processed(session, search, specials), batch, n=search.n_best, beam_size=search.beam_size,
+        max_len=search.limit(max_len, batch), specials=specials, length_penalty=search.length_penalty,
     )  # fmt: skip
 
 
@@ -332,13 +344,13 @@ class _MinLength:
     """A :class:`Session` whose steps give EOS no chance while the prefixes are shorter than ``min_length`` tokens
     (BOS aside): every search sees its steps so."""
 
-    def __init__(self, session: Session, min_length: int, eos_id: int) -> None:
-        self.session, self.min_length, self.eos_id = session, min_length, eos_id
+    def __init__(self, session: Session, min_length: int, eos: int) -> None:
+        self.session, self.min_length, self.eos = session, min_length, eos
 
     def step(self, prefix: np.ndarray) -> Tensor:
         logits = self.session.step(prefix)
         if prefix.shape[1] <= self.min_length:  # the token chosen now is the translation's prefix.shape[1]-th
-            return self.session.suppress(logits, self.eos_id)
+            return self.session.suppress(logits, self.eos)
         return logits
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
@@ -354,10 +366,10 @@ class _MinLength:
         return self.session.suppress(logits, token, rows)
 
 
-def processed(session: Session, search: SearchOptions, eos_id: int) -> Session:
+def processed(session: Session, search: SearchOptions, specials: Specials) -> Session:
     """``session`` with the steps' logits processed as ``search`` says, for every search strategy: where the options
     that shape each step's choices (``min_length``) apply. Bans are the model's: its steps give them ``-inf``."""
-    return _MinLength(session, search.min_length, eos_id) if search.min_length else session
+    return _MinLength(session, search.min_length, specials.eos) if search.min_length else session
 
 
 def too_short(lengths: np.ndarray, search: SearchOptions) -> np.ndarray | None:
@@ -433,22 +445,20 @@ Choose = Callable[[Tensor, np.ndarray], np.ndarray]
 and the sentences ``(N,)`` of its rows, int64 ``(N,)``."""
 
 
-def one_row_search(
-    session: Session, batch: int, choose: Choose, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int
-) -> np.ndarray:
+def one_row_search(session: Session, batch: int, choose: Choose, *, max_len: Limit, specials: Specials) -> np.ndarray:
     """One row per sentence, a token chosen by ``choose`` at every step, up to each row's limit. Rows that have ended
     leave the model's state once a quarter of those still decoding have: the rest of the batch no longer computes
     them."""
     max_len = row_limits(max_len, batch)  # (B,)
-    prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
+    prefix = np.full((batch, 1), specials.bos, dtype=np.int64)  # (B, 1)
     finished = np.zeros(batch, dtype=bool)
     active = np.arange(batch)  # the rows of `prefix` the model's state still holds, in its order
     for t in range(1, int(max_len.max()) + 1):  # t: the length of the prefixes this step makes, BOS aside
-        token = np.full(batch, pad_id)
+        token = np.full(batch, specials.pad)
         token[active] = choose(session.step(prefix[active]), active)  # (N,) for the N active rows
-        token[finished] = pad_id
+        token[finished] = specials.pad
         prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
-        finished |= (token == eos_id) | (max_len == t)
+        finished |= (token == specials.eos) | (max_len == t)
         if finished.all():
             break
         ended = finished[active]
@@ -458,12 +468,9 @@ def one_row_search(
     return prefix[:, 1:]
 
 
-def greedy_search(session: Session, batch: int, *, max_len: Limit, bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+def greedy_search(session: Session, batch: int, *, max_len: Limit, specials: Specials) -> np.ndarray:
     """The most probable token at every step, up to each row's limit (:func:`one_row_search`)."""
-    return one_row_search(
-        session, batch, lambda logits, _: session.argmax(logits), max_len=max_len, bos_id=bos_id,
-        eos_id=eos_id, pad_id=pad_id,
-    )  # fmt: skip
+    return one_row_search(session, batch, lambda logits, _: session.argmax(logits), max_len=max_len, specials=specials)
 
 
 def sentence_generators(seed: int | None, keys: Sequence[int] | np.ndarray) -> list[np.random.Generator]:
@@ -506,9 +513,7 @@ def sample_search(
     options: SearchOptions,
     *,
     max_len: Limit,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int,
+    specials: Specials,
     keys: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """A token drawn at every step as ``options`` say (see the module's docstring), up to each row's limit;
@@ -518,7 +523,7 @@ def sample_search(
     def choose(logits: Tensor, sentences: np.ndarray) -> np.ndarray:
         return sample(session, logits, [generators[sentence] for sentence in sentences], options)
 
-    return one_row_search(session, batch, choose, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    return one_row_search(session, batch, choose, max_len=max_len, specials=specials)
 
 
 @dataclass
@@ -549,17 +554,15 @@ def beam_search(
     *,
     beam_size: int,
     max_len: Limit,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int,
+    specials: Specials,
     length_penalty: float = 1.0,
 ) -> np.ndarray:
     """Beam search over a session holding one row per sequence (see the module's docstring for the rule): each
     sentence's best hypothesis, int64 ``(B, T)``."""
-    best = _search(session, batch, n=1, beam_size=beam_size, max_len=row_limits(max_len, batch), bos_id=bos_id,
-                   eos_id=eos_id, length_penalty=length_penalty)  # fmt: skip
+    best = _search(session, batch, n=1, beam_size=beam_size, max_len=row_limits(max_len, batch), specials=specials,
+                   length_penalty=length_penalty)  # fmt: skip
     firsts = [kept[0] if kept else np.zeros(0, dtype=np.int64) for kept in best.tokens]  # none: all padding
-    out = np.full((batch, max(1, *(len(tokens) for tokens in firsts))), pad_id, dtype=np.int64)
+    out = np.full((batch, max(1, *(len(tokens) for tokens in firsts))), specials.pad, dtype=np.int64)
     for index, tokens in enumerate(firsts):
         out[index, : len(tokens)] = tokens
     return out
@@ -572,8 +575,7 @@ def beam_search_n_best(
     n: int,
     beam_size: int,
     max_len: Limit,
-    bos_id: int,
-    eos_id: int,
+    specials: Specials,
     length_penalty: float = 1.0,
 ) -> list[list[tuple[float, np.ndarray]]]:
     """The ``n <= beam_size`` best hypotheses of each sentence, best first, as (rank, int64 tokens) pairs: the tokens
@@ -583,8 +585,8 @@ def beam_search_n_best(
     check_positive_int("n", n)
     if n > beam_size:
         raise ValueError(f"`n` must be at most beam_size={beam_size}, received n={n}")
-    best = _search(session, batch, n=n, beam_size=beam_size, max_len=row_limits(max_len, batch), bos_id=bos_id,
-                   eos_id=eos_id, length_penalty=length_penalty)  # fmt: skip
+    best = _search(session, batch, n=n, beam_size=beam_size, max_len=row_limits(max_len, batch), specials=specials,
+                   length_penalty=length_penalty)  # fmt: skip
     return [
         [(float(rank), tokens) for rank, tokens in zip(ranks, kept, strict=False)]
         for ranks, kept in zip(best.rank, best.tokens, strict=True)
@@ -616,17 +618,16 @@ def _search(
     n: int,
     beam_size: int,
     max_len: np.ndarray,
-    bos_id: int,
-    eos_id: int,
+    specials: Specials,
     length_penalty: float,
 ) -> _Best:
     """Beam search keeping each sentence's ``n`` best finished hypotheses, sentence ``b`` at most ``max_len[b]``
     tokens long. The first step, where every beam is the same BOS, is computed once per sequence; from the second
     on, row ``b * beam_size + j`` is beam ``j`` of the ``b``-th sequence still searched."""
-    k = beam_size
+    k, eos = beam_size, specials.eos
     width = 1  # the state's rows per sentence: one for the first step, then its k beams
     sentences = np.arange(batch)  # the sentences still searched, in the state's order (width rows each)
-    prefix = np.full((batch, 1), bos_id, dtype=np.int64)  # (S*width, t + 1)
+    prefix = np.full((batch, 1), specials.bos, dtype=np.int64)  # (S*width, t + 1)
     scores = np.zeros((batch, width), dtype=np.float32)
     best = _Best(np.full((batch, n), -np.inf), [[] for _ in range(batch)])
     for t in range(1, int(max_len.max()) + 1):  # t: the length of the hypotheses this step makes
@@ -640,13 +641,13 @@ def _search(
             count = values.shape[1]
         rows = np.arange(len(sentences))[:, None] * width + indices // vocab  # (S, count): the row each extends
         token = indices % vocab
-        ending = (token == eos_id) & (np.arange(count) < k) & np.isfinite(values)
+        ending = (token == eos) & (np.arange(count) < k) & np.isfinite(values)
         where = np.nonzero(ending)
         if len(where[0]):
-            ended = np.concatenate([prefix[rows[where], 1:], np.full((len(where[0]), 1), eos_id)], axis=1)
+            ended = np.concatenate([prefix[rows[where], 1:], np.full((len(where[0]), 1), eos)], axis=1)
             best.offer(sentences[where[0]], values[where] / t**length_penalty, ended)
         # The next beams: the best k continuations that do not end (at most one per row ends, so at most k of the 2k).
-        kept = np.argsort(token == eos_id, axis=1, kind="stable")[:, :k]  # (S, k)
+        kept = np.argsort(token == eos, axis=1, kind="stable")[:, :k]  # (S, k)
         scores = np.take_along_axis(values, kept, axis=1)
         rows, token = np.take_along_axis(rows, kept, axis=1).reshape(-1), np.take_along_axis(token, kept, axis=1)
         prefix = np.concatenate([prefix[rows], token.reshape(-1, 1)], axis=1)  # (S*k, t + 1)
@@ -675,19 +676,17 @@ def _search(
 
 
 def _greedy(
-    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, bos_id: int, eos_id: int,
-    pad_id: int, keys: np.ndarray,
-) -> np.ndarray:  # fmt: skip
-    return greedy_search(session, batch, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, specials: Specials, keys: np.ndarray
+) -> np.ndarray:
+    return greedy_search(session, batch, max_len=max_len, specials=specials)
 
 
 def _beam(
-    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, bos_id: int, eos_id: int,
-    pad_id: int, keys: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, specials: Specials, keys: np.ndarray
+) -> np.ndarray:
     return beam_search(
         session, batch, beam_size=options.beam_size, length_penalty=options.length_penalty, max_len=max_len,
-        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+        specials=specials,
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import pytest
 from app.support import SAMPLES, VALID, CorpusRun, beam
 from multihead.app import serve
 from multihead.app.streaming import SHARE, RoundTranslator, StreamingTranslator
-from multihead.app.tokenizers import BOS, EOS
+from multihead.app.tokenizers import EOS
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.torch import streaming
 from multihead.torch.streaming import Stream
@@ -95,7 +95,7 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
 ) -> None:
     decode = Stream._decode
     monkeypatch.setattr(Stream, "_decode", lambda self: np.maximum(decode(self), EOS + 1))  # no sentence ends
-    stream = Stream(translator.model, rows=64, search=TRANSLATION, bos_id=BOS, eos_id=EOS)
+    stream = Stream(translator.model, rows=64, search=TRANSLATION, specials=translator.specials)
 
     def add(index: int) -> None:
         ids = translator.source.encode(SOURCES[index])[0]

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from multihead import decoding
-from multihead.decoding import SearchOptions
+from multihead.decoding import SearchOptions, Specials
 from multihead.torch import Transformer
 from multihead.torch.streaming import Stream
 
 PAD, BOS, EOS = 0, 1, 2
+SPECIALS = Specials(pad=PAD, bos=BOS, eos=EOS)
 
 
 def model() -> Transformer:
@@ -44,7 +45,7 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
     ``generate`` gives its source alone with that limit and key, up to its EOS."""
     transformer, texts = model(), sources(12)
     limits = [3 + index % 7 for index in range(len(texts))]
-    stream = Stream(transformer, rows=rows, search=search, bos_id=BOS, eos_id=EOS)
+    stream = Stream(transformer, rows=rows, search=search, specials=SPECIALS)
     rng, pending, got = random.Random(0), list(range(len(texts))), {}
     while pending or len(stream):
         while pending and rng.random() < 0.5:
@@ -55,12 +56,12 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
     for index, ids in enumerate(texts):
         with torch.inference_mode():
             session = transformer.decoding_session(torch.tensor([ids]), max_len=limits[index])
-            alone = decoding.generate(session, 1, search, max_len=limits[index], bos_id=BOS, eos_id=EOS, pad_id=PAD,
+            alone = decoding.generate(session, 1, search, max_len=limits[index], specials=SPECIALS,
                                       keys=[index])[0].tolist()  # fmt: skip
         expected = alone[: alone.index(EOS) + 1] if EOS in alone else alone
         assert got[index] == expected, index
     if search.strategy.draws:
-        greedy = Stream(transformer, rows=rows, search=SearchOptions(), bos_id=BOS, eos_id=EOS)
+        greedy = Stream(transformer, rows=rows, search=SearchOptions(), specials=SPECIALS)
         for index, ids in enumerate(texts):
             greedy.add(ids, index, limit=limits[index])
         answers = {}
@@ -71,16 +72,16 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
 
 def test_a_stream_takes_one_row_a_sentence() -> None:
     with pytest.raises(ValueError, match="beam search"):
-        Stream(model(), rows=4, search=SearchOptions(beam_size=2), bos_id=BOS, eos_id=EOS)
+        Stream(model(), rows=4, search=SearchOptions(beam_size=2), specials=SPECIALS)
     with pytest.raises(ValueError, match="`rows` must be a positive int"):
-        Stream(model(), rows=0, search=SearchOptions(), bos_id=BOS, eos_id=EOS)
+        Stream(model(), rows=0, search=SearchOptions(), specials=SPECIALS)
 
 
 def test_max_length_caps_every_sentence() -> None:
     transformer = model()
     with torch.no_grad():
         transformer.output_proj.bias[EOS] = -1e9  # no sentence ends before its limit
-    stream = Stream(transformer, rows=4, search=SearchOptions(max_length=2), bos_id=BOS, eos_id=EOS)
+    stream = Stream(transformer, rows=4, search=SearchOptions(max_length=2), specials=SPECIALS)
     for index, ids in enumerate(sources(3)):
         stream.add(ids, index, limit=5)
     got = {}
@@ -100,7 +101,7 @@ def test_min_length_holds_each_sentence_at_its_own_length(search: SearchOptions)
     transformer, texts = model(), sources(10)
     with torch.no_grad():
         transformer.output_proj.bias[EOS] += 4.0
-    stream = Stream(transformer, rows=3, search=search, bos_id=BOS, eos_id=EOS)
+    stream = Stream(transformer, rows=3, search=search, specials=SPECIALS)
     rng, pending, got = random.Random(1), list(range(len(texts))), {}
     while pending or len(stream):
         while pending and rng.random() < 0.5:
@@ -112,8 +113,8 @@ def test_min_length_holds_each_sentence_at_its_own_length(search: SearchOptions)
         with torch.inference_mode():
             alone, unheld = (
                 decoding.generate(
-                    transformer.decoding_session(torch.tensor([ids]), max_len=8), 1, options, max_len=8, bos_id=BOS,
-                    eos_id=EOS, pad_id=PAD, keys=[index],
+                    transformer.decoding_session(torch.tensor([ids]), max_len=8), 1, options, max_len=8,
+                    specials=SPECIALS, keys=[index],
                 )[0].tolist()
                 for options in (search, free)
             )  # fmt: skip

@@ -732,7 +732,11 @@ def test_sampling_is_reproducible_and_top_1_is_greedy(use_cache: bool) -> None:
     with torch.inference_mode():
         session = model.decoding_session(src, max_len=10, use_cache=use_cache)
         top_1 = decoding.sample_search(
-            session, 6, decoding.SearchOptions(sampling_topk=1, seed=4), max_len=10, bos_id=BOS, eos_id=EOS, pad_id=EOS
+            session,
+            6,
+            decoding.SearchOptions(sampling_topk=1, seed=4),
+            max_len=10,
+            specials=decoding.Specials(pad=EOS, bos=BOS, eos=EOS),
         )
     assert torch.equal(torch.from_numpy(top_1), model.generate(src, **args))
 

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from multihead.app.encoded import EncodedCorpus
-from multihead.app.tokenizers import Specials
+from multihead.decoding import Specials
 
 Ids = list[int]
 

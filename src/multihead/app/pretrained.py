@@ -51,8 +51,9 @@ from multihead import schema
 from multihead.app.console import UserError, warn
 from multihead.app.languages import CODE, NAMES
 from multihead.app.runs import check_new_run, save_imported_run
-from multihead.app.tokenizers import SentencePieceTokenizer, Specials, Tokenizer
+from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.config import TransformerConfig
+from multihead.decoding import Specials
 from multihead.positional import sinusoidal_positions
 
 CONFIG, GENERATION, TOKENIZER_CONFIG = "config.json", "generation_config.json", "tokenizer_config.json"

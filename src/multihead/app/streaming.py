@@ -174,8 +174,7 @@ class StreamingTranslator:
         self.translator, self.rows = translator, rows
         self.requests = Requests(translator)
         self.stream: Stream[tuple[_Job, int]] = Stream(
-            translator.model, rows=rows, search=search, bos_id=translator.specials.bos,
-            eos_id=translator.specials.eos, layouts=translator.layouts,
+            translator.model, rows=rows, search=search, specials=translator.specials, layouts=translator.layouts,
         )  # fmt: skip
 
     def __len__(self) -> int:

@@ -25,13 +25,15 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, astuple
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
+from multihead.decoding import Specials
+
+PAD, BOS, EOS, UNK = Specials().pad, Specials().bos, Specials().eos, Specials().unk
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 KINDS = ("char", "word", "subword")
 """The kinds of tokenizer ``train`` learns."""
@@ -40,20 +42,9 @@ ALL_KINDS = (*KINDS, "sentencepiece")
 MANIFEST = "tokenizer.json"
 
 __all__ = [
-    "BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "SentencePieceTokenizer", "Specials", "SubwordTokenizer",
+    "BOS", "EOS", "KINDS", "PAD", "SPECIALS", "UNK", "SentencePieceTokenizer", "SubwordTokenizer",
     "SymbolTokenizer", "Tokenizer",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Specials:
-    """The special ids of a vocabulary: ``pad`` fills batches, ``bos`` starts every target sequence (the decoder's
-    first input; Marian's is its pad), ``eos`` ends a sentence, ``unk`` reads a piece the vocabulary lacks."""
-
-    pad: int = PAD
-    bos: int = BOS
-    eos: int = EOS
-    unk: int = UNK
 
 
 class Tokenizer(Protocol):

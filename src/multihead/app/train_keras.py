@@ -32,8 +32,8 @@ from keras import ops
 from multihead.app.batching import Batch, join_batches
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
-from multihead.app.tokenizers import Specials
 from multihead.config import TransformerConfig
+from multihead.decoding import Specials
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.keras import Transformer
 

@@ -40,8 +40,8 @@ from multihead.app.devices import resolve_device, resolve_precision
 from multihead.app.memory import keep_freed_memory
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
-from multihead.app.tokenizers import Specials
 from multihead.config import TransformerConfig
+from multihead.decoding import Specials
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.torch import Transformer
 from multihead.torch.layouts import product

@@ -87,9 +87,10 @@ from multihead.app.runs import (
     write_history,
 )
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import Specials, Tokenizer, build_tokenizers
+from multihead.app.tokenizers import Tokenizer, build_tokenizers
 from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
+from multihead.decoding import Specials
 
 READ_EVERY = 10
 """Steps between reads of the loss from the device (and, with several ranks, between their agreeing to stop): a GPU

@@ -20,8 +20,7 @@ import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.tokenizers import Specials
-from multihead.decoding import SearchOptions, generate, n_best_search
+from multihead.decoding import SearchOptions, Specials, generate, n_best_search
 
 Ids = list[int]
 Row = TypeVar("Row")  # what a batch gives for each of its rows
@@ -250,8 +249,7 @@ class Translator:
             with torch.inference_mode():
                 session = self.session(src, limits)
                 specials = self.specials
-                return generate(session, len(src), search, max_len=limits, bos_id=specials.bos, eos_id=specials.eos,
-                                pad_id=specials.pad, keys=indices)  # fmt: skip
+                return generate(session, len(src), search, max_len=limits, specials=specials, keys=indices)
 
         return run
 
@@ -305,9 +303,7 @@ class Translator:
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
             with torch.inference_mode():
                 session = self.session(src, limits)
-                found = n_best_search(
-                    session, len(src), search, max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
-                )
+                found = n_best_search(session, len(src), search, max_len=limits, specials=self.specials)
             # The model's log-probabilities are finite: every sentence has `n_best` hypotheses.
             return [[(score, tokens.tolist()) for score, tokens in best] for best in found]
 

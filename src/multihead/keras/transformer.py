@@ -674,7 +674,11 @@ class Transformer(NamedTensorArguments, keras.Model):
             src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, compiled=compiled
         )
         return decoding.generate(
-            session, int(src.shape[0]), search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+            session,
+            int(src.shape[0]),
+            search,
+            max_len=max_len,
+            specials=decoding.Specials(pad=pad_id, bos=bos_id, eos=eos_id),
         )
 
     def decoding_session(

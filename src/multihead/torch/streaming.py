@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from multihead.cache import StepCache
-from multihead.decoding import SearchOptions, sample, sentence_generators, too_short
+from multihead.decoding import SearchOptions, Specials, sample, sentence_generators, too_short
 from multihead.torch.layouts import Layouts
 from multihead.torch.transformer import Transformer
 from multihead.validation import check_positive_int
@@ -164,15 +164,14 @@ class Stream(Generic[Owner]):
         *,
         rows: int,
         search: SearchOptions,
-        bos_id: int,
-        eos_id: int,
+        specials: Specials,
         layouts: Layouts | None = None,
     ) -> None:
         if not search.strategy.one_row:
             raise ValueError("a Stream decodes one row a sentence: beam search (beam_size > 1) translates in batches")
         self.model, self.search = model, search
         self.max_rows = check_positive_int("rows", rows)
-        self.bos_id, self.eos_id = bos_id, eos_id
+        self.specials = specials
         self.device = model.src_embed.weight.device
         layers = len(model.decoder.layers)
         self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
@@ -226,7 +225,7 @@ class Stream(Generic[Owner]):
             ended = []
             for row, (sentence, token) in enumerate(zip(self.sentences, chosen.tolist(), strict=True)):
                 sentence.tokens.append(token)
-                if token == self.eos_id or len(sentence.tokens) == sentence.limit:
+                if token == self.specials.eos or len(sentence.tokens) == sentence.limit:
                     ended.append(row)
             self.tokens = chosen
             finished = [(self.sentences[row].owner, self.sentences[row].tokens) for row in ended]
@@ -262,7 +261,7 @@ class Stream(Generic[Owner]):
             _Sentence(owner, limit, None if generators is None else generators[index])
             for index, (_, owner, limit, _) in enumerate(joining)
         ]
-        self.tokens = np.concatenate([self.tokens, np.full(count, self.bos_id, dtype=np.int64)])
+        self.tokens = np.concatenate([self.tokens, np.full(count, self.specials.bos, dtype=np.int64)])
         self.starts = np.concatenate([self.starts, np.full(count, self.length, dtype=np.int64)])
         self.sources = np.concatenate([self.sources, lengths])
 
@@ -299,7 +298,7 @@ class Stream(Generic[Owner]):
         self.length += 1
         short = too_short(np.array([len(sentence.tokens) for sentence in self.sentences]), self.search)
         if short is not None:
-            logits = self.steps.suppress(logits, self.eos_id, short)
+            logits = self.steps.suppress(logits, self.specials.eos, short)
         if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]

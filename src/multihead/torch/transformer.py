@@ -544,7 +544,11 @@ class Transformer(nn.Module):
                 src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, layouts=layouts
             )
             tokens = decoding.generate(
-                session, src.shape[0], search, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+                session,
+                src.shape[0],
+                search,
+                max_len=max_len,
+                specials=decoding.Specials(pad=pad_id, bos=bos_id, eos=eos_id),
             )
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
