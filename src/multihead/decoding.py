@@ -243,7 +243,22 @@ class Session(Choices, Protocol):
         ...
 
 
-class DecodingSession:
+class _Chooser:
+    """:class:`Choices` made by another object's, ``choices``."""
+
+    choices: Choices
+
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        return self.choices.argmax(logits)
+
+    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.choices.top_k(logits, scores, beam, count)
+
+    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
+        return self.choices.suppress(logits, token, rows)
+
+
+class DecodingSession(_Chooser):
     """The state of one ``generate`` call over a model's :class:`Steps`: the encoder memory ``(N, Ls, E)`` (without a
     cache) or the decoder's cache with the memory projected into it, and the memory's key mask ``(N, Ls)``
     (``None``: every position real). ``cache``: a model's empty :class:`~multihead.cache.DecoderCache`
@@ -252,7 +267,7 @@ class DecodingSession:
     def __init__(
         self, steps: Steps, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
     ) -> None:
-        self.steps = steps
+        self.steps = self.choices = steps
         self.memory = memory
         self.memory_key_mask = memory_key_mask
         self.cache = cache
@@ -266,15 +281,6 @@ class DecodingSession:
         if self.cache is None:
             return self.steps.recompute(self.steps.tensor(prefix), self.memory, self.memory_key_mask)
         return self.steps.step(self.steps.tensor(prefix[:, -1:]), self.cache, self.memory_key_mask)
-
-    def argmax(self, logits: Tensor) -> np.ndarray:
-        return self.steps.argmax(logits)
-
-    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.steps.top_k(logits, scores, beam, count)
-
-    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
-        return self.steps.suppress(logits, token, rows)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds (see :meth:`Session.reorder`)."""
@@ -340,12 +346,13 @@ def n_best_search(
     )  # fmt: skip
 
 
-class _MinLength:
+class _MinLength(_Chooser):
     """A :class:`Session` whose steps give EOS no chance while the prefixes are shorter than ``min_length`` tokens
     (BOS aside): every search sees its steps so."""
 
     def __init__(self, session: Session, min_length: int, eos: int) -> None:
-        self.session, self.min_length, self.eos = session, min_length, eos
+        self.session = self.choices = session
+        self.min_length, self.eos = min_length, eos
 
     def step(self, prefix: np.ndarray) -> Tensor:
         logits = self.session.step(prefix)
@@ -355,15 +362,6 @@ class _MinLength:
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.session.reorder(rows, same_sources=same_sources)
-
-    def argmax(self, logits: Tensor) -> np.ndarray:
-        return self.session.argmax(logits)
-
-    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.session.top_k(logits, scores, beam, count)
-
-    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
-        return self.session.suppress(logits, token, rows)
 
 
 def processed(session: Session, search: SearchOptions, specials: Specials) -> Session:
