@@ -189,8 +189,8 @@ SEARCH_OPTIONS = (
      "(default: a fresh seed each run)"),
     ("max_length", "--max-length", limit(1), "N", "the most tokens a translation may take (default: twice the "
      "source's plus 10, or the longest training target if more, within the model's positions)"),
-    ("min_length", "--min-length", limit(0), "N", "the fewest tokens a translation takes before it ends (its end "
-     "token not counted; default 0)"),
+    ("min_length", "--min-length", limit(0), "N", "the fewest tokens a translation takes before its end token "
+     "(default 0); the length limit still ends it"),
 )  # fmt: skip
 """The search options of ``translate``, ``evaluate`` and ``serve``: the :class:`~multihead.decoding.SearchOptions`
 field each sets, its flag (CTranslate2's names), how it is read, its metavar and help; their defaults are
