@@ -350,15 +350,14 @@ class _MinLength(_Chooser):
     """A :class:`Session` whose steps give EOS no chance while the prefixes are shorter than ``min_length`` tokens
     (BOS aside): every search sees its steps so."""
 
-    def __init__(self, session: Session, min_length: int, eos: int) -> None:
+    def __init__(self, session: Session, search: SearchOptions, eos: int) -> None:
         self.session = self.choices = session
-        self.min_length, self.eos = min_length, eos
+        self.search, self.eos = search, eos
 
     def step(self, prefix: np.ndarray) -> Tensor:
         logits = self.session.step(prefix)
-        if prefix.shape[1] <= self.min_length:  # the token chosen now is the translation's prefix.shape[1]-th
-            return self.session.suppress(logits, self.eos)
-        return logits
+        short = too_short(np.full(len(prefix), prefix.shape[1] - 1), self.search)  # every row has made as many
+        return logits if short is None else self.session.suppress(logits, self.eos, short)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.session.reorder(rows, same_sources=same_sources)
@@ -367,7 +366,7 @@ class _MinLength(_Chooser):
 def processed(session: Session, search: SearchOptions, specials: Specials) -> Session:
     """``session`` with the steps' logits processed as ``search`` says, for every search strategy: where the options
     that shape each step's choices (``min_length``) apply. Bans are the model's: its steps give them ``-inf``."""
-    return _MinLength(session, search.min_length, specials.eos) if search.min_length else session
+    return _MinLength(session, search, specials.eos) if search.min_length else session
 
 
 def too_short(lengths: np.ndarray, search: SearchOptions) -> np.ndarray | None:

@@ -49,7 +49,9 @@ def weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     ``multihead.io`` saves it), with its shape (PyTorch's: a linear's weight ``(out, in)``)."""
     e, f = config.d_model, config.d_ff
     linear = {name: (e, e) for name in ATTENTION}
-    sizes = {**{f"{FEED_FORWARD_BLOCK}.{FEED_FORWARD[0]}": (f, e), f"{FEED_FORWARD_BLOCK}.{FEED_FORWARD[1]}": (e, f)}}
+    feed_forward = {
+        f"{FEED_FORWARD_BLOCK}.{name}": shape for name, shape in zip(FEED_FORWARD, ((f, e), (e, f)), strict=True)
+    }
     shapes: dict[str, tuple[int, ...]] = {
         f"{SOURCE_EMBEDDING}.{WEIGHT}": (config.src_vocab, e),
         f"{TARGET_EMBEDDING}.{WEIGHT}": (config.tgt_vocab, e),
@@ -58,7 +60,7 @@ def weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
         attentions = (SELF_ATTENTION, CROSS_ATTENTION) if stack == DECODER else (SELF_ATTENTION,)
         for index in range(count):
             name = layer(stack, index)
-            products = {f"{a}.{p}": shape for a in attentions for p, shape in linear.items()} | sizes
+            products = {f"{a}.{p}": shape for a in attentions for p, shape in linear.items()} | feed_forward
             for product, (out, inp) in products.items():
                 shapes[f"{name}.{product}.{WEIGHT}"] = (out, inp)
                 shapes[f"{name}.{product}.{BIAS}"] = (out,)

@@ -229,15 +229,13 @@ class StepLayout:
 
     def apply(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
         """``x (..., I)`` through the linears. Without gradients: laid out by ``layouts`` when given (a decoding
-        session's), quantized when :func:`quantize` made the layout so, laid out afresh when it replaces bias
-        entries; else (and with gradients) through :func:`linear`."""
+        session's), quantized when :func:`quantize` made the layout so; else (and with gradients) through
+        :func:`linear`. A layout that replaces bias entries does so only where it is laid out."""
         if not torch.is_grad_enabled():
             if layouts is not None:
                 return layouts[self](x)
             if self.quantized is not None:
                 return self.quantized(x)
-            if self.fill:
-                return self.build()(x)
         linears = self.linears()
         return linear(linears[0], x) if len(linears) == 1 else torch.cat([linear(m, x) for m in linears], dim=-1)
 

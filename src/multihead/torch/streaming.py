@@ -284,7 +284,8 @@ class Stream(Generic[Owner]):
         source_span = int(self.sources.max())
         self.own.rows, self.own.columns = count, slice(first, self.length + 1)
         self.memory.rows, self.memory.columns = count, slice(0, source_span)
-        self.own.length = torch.from_numpy(self.length - self.starts).to(self.device)  # (N,) each row's position
+        made = self.length - self.starts  # (N,) each row's position: the tokens it has made after BOS
+        self.own.length = torch.from_numpy(made).to(self.device)
         # A row attends its own columns (the others masked), and its source's.
         self_mask = memory_mask = None
         if first != self.starts.max():
@@ -296,7 +297,7 @@ class Stream(Generic[Owner]):
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
-        short = too_short(np.array([len(sentence.tokens) for sentence in self.sentences]), self.search)
+        short = too_short(made, self.search)
         if short is not None:
             logits = self.steps.suppress(logits, self.specials.eos, short)
         if not self.search.strategy.draws:
