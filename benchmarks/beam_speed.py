@@ -42,7 +42,11 @@ def main() -> None:
                 torch.cuda.synchronize(translator.device)
             begin = time.perf_counter()
             found = translate_ids(
-                generate, ids, limit=translator.limit, specials=translator.specials, batch_tokens=batch_tokens // beam
+                generate,
+                ids,
+                limit=translator.limit,
+                generation=translator.generation,
+                batch_tokens=batch_tokens // beam,
             )
             seconds[beam] = min(seconds[beam], time.perf_counter() - begin)  # generate returns host arrays: synced
             outputs = [translator.target.decode(tokens) for tokens in found]

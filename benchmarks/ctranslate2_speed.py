@@ -82,7 +82,7 @@ def main() -> None:
             for name, (generate, beam) in runs.items():
                 begin = time.perf_counter()
                 found = translate_ids(
-                    generate, ids, limit=translator.limit, specials=translator.specials,
+                    generate, ids, limit=translator.limit, generation=translator.generation,
                     batch_tokens=BATCH_TOKENS // beam,
                 )  # fmt: skip
                 seconds[name] = min(seconds[name], time.perf_counter() - begin)

@@ -88,7 +88,7 @@ def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
     generate = translator.generate(SearchOptions(beam_size=args.beam, length_penalty=0.6))
 
     def run(rows: list[list[int]], tokens: int) -> list[list[int]]:
-        return translate_ids(generate, rows, limit=lambda _: tokens, specials=translator.specials,
+        return translate_ids(generate, rows, limit=lambda _: tokens, generation=translator.generation,
                              batch_tokens=BATCH_TOKENS // args.beam)  # fmt: skip
 
     run(ids[:8], 4)  # warm-up

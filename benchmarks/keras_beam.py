@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from multihead.app.corpus import read_lines
 from multihead.app.runs import open_checkpoint
 from multihead.app.translate import BATCH_TOKENS, length_limit, translate_ids
+from multihead.decoding import SearchOptions
 from multihead.io import load_model
 
 
@@ -33,17 +35,15 @@ def main() -> None:
     checkpoint, model = open_checkpoint(Path(args.run), None, lambda found: load_model(found.path, "keras"))
     ids = checkpoint.source.encode_all(read_lines(args.src, "SRC")[: args.limit])
     longest_target = int(checkpoint.trainer["data"].get("longest_target", 0))
-    specials = checkpoint.target.specials
+    generation = checkpoint.generation
 
     def limit(source_length: int) -> int:
         return length_limit(source_length, longest_target, checkpoint.config.max_len)
 
     def generate(beam: int):
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
-            out = model.generate(
-                src, max_len=limits, bos_id=specials.bos, eos_id=specials.eos, beam_size=beam,
-                length_penalty=args.length_penalty,
-            )  # fmt: skip
+            search = SearchOptions(beam_size=beam, length_penalty=args.length_penalty)
+            out = model.generate(src, max_len=limits, generation=replace(generation, search=search))
             return np.asarray(keras.ops.convert_to_numpy(out))
 
         return run
@@ -52,7 +52,7 @@ def main() -> None:
     for _ in range(2):  # interleaved; the first pass also traces each batch shape's programs
         for beam in seconds:
             begin = time.perf_counter()
-            translate_ids(generate(beam), ids, limit=limit, specials=specials, batch_tokens=BATCH_TOKENS // beam)
+            translate_ids(generate(beam), ids, limit=limit, generation=generation, batch_tokens=BATCH_TOKENS // beam)
             seconds[beam] = min(seconds[beam], time.perf_counter() - begin)
     backend = keras.backend.backend()
     for beam, taken in seconds.items():

@@ -6,6 +6,7 @@ Each refused field is also refused, with the same message, by the PyTorch ``Tran
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -98,3 +99,14 @@ def test_config_json_refused(text: object, error: type[Exception], match: str) -
 def test_config_refuses_unknown_keys() -> None:
     with pytest.raises(ValueError, match=r"unknown Transformer config keys \['heads'\]"):
         TransformerConfig.from_dict({"src_vocab": 3, "tgt_vocab": 3, "heads": 2})
+
+
+def test_a_config_older_versions_wrote_reads_without_its_generation_keys() -> None:
+    """Older versions wrote ``decoder_start_id`` and ``banned_ids`` into every config (``null`` and ``[]`` unused):
+    those read as the architecture they describe; set, they are a generation spec's, which a config cannot hold."""
+    config = TransformerConfig(11, 12, d_model=16, num_heads=2, pad_id=0)
+    older = {**json.loads(config.to_json()), "decoder_start_id": None, "banned_ids": []}
+    assert TransformerConfig.from_dict(older) == config
+    for key, value in (("banned_ids", [0]), ("decoder_start_id", 0)):
+        with pytest.raises(ValueError, match=re.escape(f"'{key}': {value}")):
+            TransformerConfig.from_dict({**older, key: value})

@@ -4,34 +4,42 @@ known by construction, and beam search against an exhaustive search."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from conftest import NumpyKVCache, filtered_distribution
 from multihead.cache import DecoderCache
+from multihead.checks import check_generate_call
 from multihead.config import TransformerConfig
 from multihead.decoding import (
     SEARCHES,
     DecodingSession,
+    Generation,
     SearchOptions,
     Specials,
     _stay,
     beam_search,
     beam_search_n_best,
-    check_generation_args,
     generate,
     greedy_search,
     n_best_search,
-    resolve_pad_id,
+    process,
     sample_search,
     search_options,
 )
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
 SPECIALS = Specials(pad=PAD, bos=BOS, eos=EOS)
+
+
+def spec(search: SearchOptions, **kwargs: Any) -> Generation:
+    """The tables' generation, searching as ``search`` says."""
+    return Generation(SPECIALS, search=search, **kwargs)
 
 
 def table_model(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6):
@@ -296,6 +304,16 @@ def test_new_beams_stay_in_their_parents_places_where_they_can() -> None:
     assert (np.take_along_axis(parents, order, axis=1) == np.arange(4)).sum(axis=1).tolist() == [3, 1, 4, 2]
 
 
+def checked(config: TransformerConfig, max_len: object, bos_id: object, eos_id: object, pad_id: object, **kwargs: Any):
+    """What a model's ``generate`` checks of its loose keywords: the spec they make, and the longest limit."""
+    return check_generate_call(config, None, max_len=max_len, src=kwargs.get("src"), bos_id=bos_id, eos_id=eos_id,
+                               pad_id=pad_id, beam_size=1, length_penalty=1.0, search=None)  # fmt: skip
+
+
+def generation_of(config: TransformerConfig, generation: Generation | None, **loose: Any) -> Generation:
+    return check_generate_call(config, generation, max_len=1, src=None, **loose)[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -310,31 +328,78 @@ def test_new_beams_stay_in_their_parents_places_where_they_can() -> None:
 )
 def test_generation_args_are_checked(args: tuple, message: str) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
-    max_len, bos_id, eos_id, pad_id = args
     with pytest.raises(ValueError, match=message):
-        check_generation_args(
-            config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=np.zeros((2, 5), dtype=np.int64)
-        )
+        checked(config, *args, src=np.zeros((2, 5), dtype=np.int64))
 
 
 @pytest.mark.parametrize("max_len", [[], [[3, 4]], [3.0, 4.0], [True, False], "34", 4.0, True, None, {3: 4}])
 def test_a_length_limit_is_an_int_or_one_int_per_row(max_len: object) -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
     with pytest.raises(TypeError, match="`max_len` must be an int"):
-        check_generation_args(config, max_len=max_len, bos_id=0, eos_id=1, pad_id=2)
+        checked(config, max_len, 0, 1, 2)
 
 
 def test_the_longest_length_limit_is_what_a_session_needs() -> None:
     config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
-    assert check_generation_args(config, max_len=5, bos_id=0, eos_id=1, pad_id=2) == 5
-    assert check_generation_args(config, max_len=(3, 7, 2), bos_id=0, eos_id=1, pad_id=2, src=np.zeros((3, 4))) == 7
+    assert checked(config, 5, 0, 1, 2)[1] == 5
+    assert checked(config, (3, 7, 2), 0, 1, 2, src=np.zeros((3, 4)))[1] == 7
 
 
 def test_pad_id_defaults_to_the_configs_then_to_eos() -> None:
     with_pad, without_pad = TransformerConfig(10, 12, pad_id=3), TransformerConfig(10, 12)
-    assert resolve_pad_id(5, with_pad, eos_id=1) == 5
-    assert resolve_pad_id(None, with_pad, eos_id=1) == 3
-    assert resolve_pad_id(None, without_pad, eos_id=1) == 1
+    assert checked(with_pad, 4, 0, 1, 5)[0].specials == Specials(pad=5, bos=0, eos=1)
+    assert checked(with_pad, 4, 0, 1, None)[0].specials.pad == 3
+    assert checked(without_pad, 4, 0, 1, None)[0].specials.pad == 1
+
+
+def test_generate_takes_the_spec_or_its_keywords_not_both() -> None:
+    config = TransformerConfig(10, 12, d_model=8, num_heads=2, max_len=8)
+    spec = Generation(Specials(pad=2, bos=0, eos=1), banned=(4,), forced=(5,), search=SearchOptions(beam_size=3))
+    assert generation_of(config, spec, bos_id=None, eos_id=None, pad_id=None, beam_size=1, length_penalty=1.0,
+                         search=None) is spec  # fmt: skip
+    loose = {"bos_id": None, "eos_id": None, "pad_id": None, "beam_size": 1, "length_penalty": 1.0, "search": None}
+    for name, value in (("bos_id", 0), ("pad_id", 2), ("beam_size", 2), ("length_penalty", 0.6),
+                        ("search", SearchOptions())):  # fmt: skip
+        with pytest.raises(ValueError, match=f"give the generation once: .*received generation and \\['{name}'\\]"):
+            generation_of(config, spec, **{**loose, name: value})
+    with pytest.raises(TypeError, match=r"needs `generation`, or `bos_id` and `eos_id`: received neither \['eos_id'\]"):
+        generation_of(config, None, **{**loose, "bos_id": 0})
+    with pytest.raises(TypeError, match="`generation` must be a Generation or None, received dict"):
+        generation_of(config, {"specials": {}}, **loose)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`forced` must be a target token \(< 12\), received 12"):
+        generation_of(config, Generation(forced=(12,)), **loose)
+
+
+@pytest.mark.parametrize(
+    ("values", "error", "message"),
+    [
+        ({"banned": 3}, TypeError, "`banned` must be a list of token ids, received 3"),
+        ({"forced": "ab"}, TypeError, "`forced` must be a list of token ids, received 'ab'"),
+        ({"forced": [-1]}, ValueError, "`forced` must be a non-negative int, received -1"),
+        ({"banned": [True]}, TypeError, "`banned` must be an int, received True of type bool"),
+        ({"banned": [4, 5], "forced": [5]}, ValueError, r"`banned` holds \[5\], which `forced` makes every"),
+        ({"banned": [2]}, ValueError, "`banned` holds the EOS 2: no translation could end"),
+        ({"specials": {"pad": 0}}, TypeError, "`specials` must be a Specials, received dict"),
+        ({"search": None}, TypeError, "`search` must be a SearchOptions, received NoneType"),
+    ],
+)
+def test_a_generation_spec_is_checked_when_made(values: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        Generation(**values)
+
+
+def test_a_generation_spec_round_trips_through_json() -> None:
+    spec = Generation(Specials(pad=5, bos=5, eos=0, unk=1), banned=[5], forced=[7, 8],
+                      search=SearchOptions(beam_size=4, length_penalty=0.6, n_best=2, min_length=3))  # fmt: skip
+    assert (spec.banned, spec.forced) == ((5,), (7, 8))  # lists kept as tuples
+    assert Generation.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert Generation.from_dict({"forced": [3]}) == Generation(forced=(3,))  # the rest: defaults
+    with pytest.raises(ValueError, match=r"unknown generation keys \['bad_words_ids'\]"):
+        Generation.from_dict({"bad_words_ids": [[3]]})
+    with pytest.raises(TypeError, match="a generation spec must be a JSON object, received list"):
+        Generation.from_dict([])
+    with pytest.raises(TypeError, match="`search` must be a JSON object, received 4"):
+        Generation.from_dict({"search": 4})
 
 
 # --- the generation driver ---------------------------------------------------------------------------------
@@ -385,9 +450,9 @@ class TableSteps:
     top_k = staticmethod(numpy_top_k)
 
     @staticmethod
-    def suppress(log_probs: np.ndarray, token: int, rows: np.ndarray | None = None) -> np.ndarray:
+    def suppress(log_probs: np.ndarray, tokens: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         out = log_probs.copy()
-        out[slice(None) if rows is None else rows, token] = -np.inf
+        out[slice(None) if rows is None else rows[:, None], tokens] = -np.inf
         with np.errstate(invalid="ignore"):  # a row of a hypothesis with no chance left stays so
             out = out - np.logaddexp.reduce(out, axis=-1, keepdims=True)  # renormalised
         return np.where(np.isnan(out), -np.inf, out)
@@ -413,13 +478,13 @@ class TableSession(DecodingSession):
         super().reorder(rows, same_sources=same_sources)
 
 
-SEARCH = dict(max_len=6, specials=SPECIALS)
+SEARCH = dict(max_len=6)
 
 
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
 def test_generate_greedy_decodes_each_source_from_its_own_state(use_cache: bool) -> None:
     session = TableSession([DEEP, OTHER], use_cache)
-    out = generate(session, 2, SearchOptions(), **SEARCH)
+    out = generate(session, 2, spec(SearchOptions()), **SEARCH)
     np.testing.assert_array_equal(out, [[A, EOS, PAD], [C, A, EOS]])  # greedy's (0.24)
     # Greedy search reorders only to drop the rows that have ended: source 0 after its second step.
     assert [rows.tolist() for rows in session.taken] == [[1]]
@@ -430,9 +495,11 @@ def test_generate_greedy_decodes_each_source_from_its_own_state(use_cache: bool)
 def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: bool) -> None:
     k = 2
     session = TableSession([DEEP, OTHER], use_cache)
-    out = generate(session, 2, SearchOptions(beam_size=k, length_penalty=0.0), **SEARCH)
+    out = generate(session, 2, spec(SearchOptions(beam_size=k, length_penalty=0.0)), **SEARCH)
     np.testing.assert_array_equal(out, [[B, C, A, EOS], [C, A, EOS, PAD]])  # beam search's answer (0.36)
-    expected = beam_search(ArraySession(table_model(DEEP)), 1, beam_size=k, length_penalty=0.0, **SEARCH)
+    expected = beam_search(
+        ArraySession(table_model(DEEP)), 1, beam_size=k, length_penalty=0.0, specials=SPECIALS, **SEARCH
+    )
     np.testing.assert_array_equal(out[:1, : expected.shape[1]], expected)
 
     # The first step computes one row per source; then its rows become the beams (row b * k + j is beam j of
@@ -468,8 +535,8 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
 def test_generate_with_beam_size_one_is_greedy_and_lays_out_no_beams() -> None:
     session = TableSession([DEEP, OTHER], use_cache=True)
     np.testing.assert_array_equal(
-        generate(session, 2, SearchOptions(beam_size=1), **SEARCH),
-        generate(TableSession([DEEP, OTHER], False), 2, SearchOptions(), **SEARCH),
+        generate(session, 2, spec(SearchOptions(beam_size=1)), **SEARCH),
+        generate(TableSession([DEEP, OTHER], False), 2, spec(SearchOptions()), **SEARCH),
     )
     assert [rows.tolist() for rows in session.taken] == [[1]]  # only the ended row leaves
 
@@ -480,12 +547,12 @@ def test_greedy_drops_ended_rows_only_once_a_quarter_have_ended() -> None:
     long = {(A,) * n: {A: 1.0} for n in range(10)}
     tables = [ends] + [long] * 7  # one of eight rows ends at once: below a quarter, it stays
     session = TableSession(tables, use_cache=True)
-    out = generate(session, 8, SearchOptions(), **SEARCH)
+    out = generate(session, 8, spec(SearchOptions()), **SEARCH)
     assert session.taken == []
     np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD, PAD])
     np.testing.assert_array_equal(out[1:], np.full((7, 6), A))
     session = TableSession([ends, ends, long, long], use_cache=True)  # half end: they leave
-    out = generate(session, 4, SearchOptions(), **SEARCH)
+    out = generate(session, 4, spec(SearchOptions()), **SEARCH)
     assert [rows.tolist() for rows in session.taken] == [[2, 3]]
     np.testing.assert_array_equal(out[2:], np.full((2, 6), A))
 
@@ -627,10 +694,10 @@ def test_a_fresh_seed_without_one() -> None:
 
 def test_generate_caps_every_limit_at_max_length_and_refuses_n_best_lists() -> None:
     session = TableSession([{(A,) * n: {A: 1.0} for n in range(10)}] * 2, use_cache=True)
-    out = generate(session, 2, SearchOptions(max_length=3), **{**SEARCH, "max_len": [6, 2]})
+    out = generate(session, 2, spec(SearchOptions(max_length=3)), **{**SEARCH, "max_len": [6, 2]})
     np.testing.assert_array_equal(out, [[A, A, A], [A, A, PAD]])
     with pytest.raises(ValueError, match="n-best lists"):
-        generate(TableSession([DEEP], True), 1, SearchOptions(beam_size=2, n_best=2), **SEARCH)
+        generate(TableSession([DEEP], True), 1, spec(SearchOptions(beam_size=2, n_best=2)), **SEARCH)
 
 
 # EOS is likely early; held back until two tokens are made, its probability goes to the others (renormalised).
@@ -640,25 +707,59 @@ HELD = {(): {A: 2 / 3, B: 1 / 3}, (A,): {B: 0.75, C: 0.25}, (B,): {C: 1.0},
         (A, B): {EOS: 0.9, C: 0.1}, (A, C): {EOS: 1.0}, (B, C): {EOS: 0.8, A: 0.2}}  # fmt: skip
 
 
+# EARLY with A banned: its probability goes to the others.
+UNBANNED = {(): {EOS: 0.875, B: 0.125}, (B,): {EOS: 0.5, C: 0.5}, (B, C): {EOS: 1.0}}
+# EARLY with B forced first: the first step certain.
+FORCED = {(): {B: 1.0}, (B,): {EOS: 0.5, C: 0.5}, (B, C): {EOS: 0.8, A: 0.2}}
+# EARLY with B forced first, A banned and EOS held back for 2 tokens, all at once.
+ALL = {(): {B: 1.0}, (B,): {C: 1.0}, (B, C): {EOS: 1.0}}
+PROCESSED = {
+    "min-length": (EARLY, {"search": {"min_length": 2}}, HELD),
+    "banned": (EARLY, {"banned": (A,)}, UNBANNED),
+    "forced": (EARLY, {"forced": (B,)}, FORCED),
+    "all": (EARLY, {"banned": (A,), "forced": (B,), "search": {"min_length": 2}}, ALL),
+}
+
+
 @pytest.mark.parametrize(
     "options",
     [{}, {"beam_size": 3, "length_penalty": 0.6}, {"beam_size": 3, "n_best": 3}, {"sampling_topk": 0, "seed": 5}],
     ids=["greedy", "beam", "n-best", "sampled"],
 )
 @pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
-def test_min_length_searches_the_model_without_eos_until_then(options: dict, use_cache: bool) -> None:
-    """Every strategy searches a model held from EOS for ``min_length`` tokens as it searches the same model whose
-    steps shorter than that never give EOS (their probabilities renormalised): the same tokens and scores."""
-    held, written = SearchOptions(**options, min_length=2), SearchOptions(**options)
-    if held.n_best > 1:
-        found = n_best_search(TableSession([EARLY], use_cache), 1, held, max_len=6, specials=SPECIALS)
-        expected = n_best_search(TableSession([HELD], use_cache), 1, written, max_len=6, specials=SPECIALS)
+@pytest.mark.parametrize("processing", PROCESSED, ids=list(PROCESSED))
+def test_every_search_sees_the_processed_steps(options: dict, use_cache: bool, processing: str) -> None:
+    """Every strategy searches a model whose steps a spec processes (``min_length`` holding EOS back, banned tokens,
+    forced ones) as it searches the model whose steps give those probabilities themselves, renormalised: the same
+    tokens and scores."""
+    table, settings, expected_table = PROCESSED[processing]
+    search = SearchOptions(**options, **settings.get("search", {}))
+    processed = Generation(SPECIALS, search=search, **{k: v for k, v in settings.items() if k != "search"})
+    written = spec(SearchOptions(**options))
+    if search.n_best > 1:
+        found = n_best_search(TableSession([table], use_cache), 1, processed, max_len=6)
+        expected = n_best_search(TableSession([expected_table], use_cache), 1, written, max_len=6)
         assert [[(round(s, 5), t.tolist()) for s, t in hyps] for hyps in found] == [
             [(round(s, 5), t.tolist()) for s, t in hyps] for hyps in expected
         ]
         return
-    out = generate(TableSession([EARLY, EARLY], use_cache), 2, held, **SEARCH)
-    np.testing.assert_array_equal(out, generate(TableSession([HELD, HELD], use_cache), 2, written, **SEARCH))
-    assert all(list(row).index(EOS) >= 2 for row in out)
-    if not written.strategy.draws:
-        assert generate(TableSession([EARLY], use_cache), 1, written, **SEARCH)[0, 0] == EOS  # unheld: at once
+    out = generate(TableSession([table, table], use_cache), 2, processed, **SEARCH)
+    expected = generate(TableSession([expected_table] * 2, use_cache), 2, written, **SEARCH)
+    np.testing.assert_array_equal(out, expected)
+    if processed.forced:
+        assert (out[:, : len(processed.forced)] == processed.forced).all()
+    assert A not in out if processed.banned else True
+    assert all(list(row).index(EOS) >= search.min_length for row in out)
+    if not written.search.strategy.draws:
+        assert generate(TableSession([table], use_cache), 1, written, **SEARCH)[0, 0] == EOS  # unprocessed: at once
+
+
+def test_a_step_is_processed_row_by_row_at_each_rows_length() -> None:
+    """What a stream whose rows sit at different lengths gets: each row processed at its own length."""
+    generation = Generation(SPECIALS, banned=(A,), forced=(B, C), search=SearchOptions(min_length=3))
+    log_probs = np.log(np.full((4, 6), 1 / 6))
+    out = process(TableSteps([]), log_probs, np.array([0, 1, 2, 3]), generation)
+    finite = [np.flatnonzero(np.isfinite(row)).tolist() for row in out]
+    assert finite == [[B], [C], [BOS, PAD, B, C], [BOS, EOS, PAD, B, C]]  # forced, forced, no EOS yet, all but A
+    np.testing.assert_allclose(np.exp(out).sum(axis=1), 1.0)
+    assert process(TableSteps([]), log_probs, np.array([5]), Generation(SPECIALS)) is log_probs  # nothing to do

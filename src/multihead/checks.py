@@ -27,6 +27,7 @@ from multihead.cache import (
     check_layer_caches,
 )
 from multihead.config import TransformerConfig
+from multihead.decoding import Generation, SearchOptions, Specials, search_options
 from multihead.masks import MaskOps
 from multihead.validation import (
     DTypeError,
@@ -41,6 +42,7 @@ from multihead.validation import (
     check_non_negative_int,
     check_padding_mask_shape,
     check_positions,
+    check_positive_int,
     check_same_batch,
     check_scale,
     module_mask_shape,
@@ -457,3 +459,75 @@ def check_decode_call(
     check_flag("return_weights", return_weights)
     if isinstance(cache, DecoderCache):
         check_decoder_cache_call(cache, layers, tgt.shape[0], tgt.shape[1], memory.shape[1])
+
+
+def check_generate_call(
+    config: TransformerConfig,
+    generation: Generation | None,
+    *,
+    max_len: object,
+    src: object,
+    bos_id: int | None,
+    eos_id: int | None,
+    pad_id: int | None,
+    beam_size: int,
+    length_penalty: float,
+    search: SearchOptions | None,
+) -> tuple[Generation, int]:
+    """A model's ``generate`` arguments, checked before anything is computed: its spec (``generation``, or the one its
+    loose keywords make: ``bos_id``, ``eos_id``; ``pad_id``, default the config's, else ``eos_id``; the search, as
+    :func:`multihead.decoding.search_options` makes it), checked against the model's target vocabulary, and the
+    longest of its length limits ``max_len`` (one, or one per row of ``src``), checked against the config."""
+    loose = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id, "search": search}
+    if generation is not None:
+        if not isinstance(generation, Generation):
+            raise TypeError(f"`generation` must be a Generation or None, received {type(generation).__name__}")
+        given = [name for name, value in loose.items() if value is not None]
+        defaults = (("beam_size", beam_size, 1), ("length_penalty", length_penalty, 1.0))
+        given += [name for name, value, default in defaults if value != default]
+        if given:
+            raise ValueError(f"give the generation once: `generation` or its keywords, received generation and {given}")
+    else:
+        if bos_id is None or eos_id is None:
+            missing = [name for name in ("bos_id", "eos_id") if loose[name] is None]
+            raise TypeError(f"`generate` needs `generation`, or `bos_id` and `eos_id`: received neither {missing}")
+        pad = pad_id if pad_id is not None else config.pad_id if config.pad_id is not None else eos_id
+        for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad)):
+            if check_non_negative_int(name, token) >= config.tgt_vocab:
+                raise ValueError(f"`{name}` must be < tgt_vocab={config.tgt_vocab}, received {name}={token}")
+        searched = search_options(search, beam_size=beam_size, length_penalty=length_penalty)
+        generation = Generation(Specials(pad=pad, bos=bos_id, eos=eos_id), search=searched)
+    generation.check(config.tgt_vocab)
+    return generation, _longest_limit(config, max_len, src)
+
+
+def _longest_limit(config: TransformerConfig, max_len: object, src: object) -> int:
+    """``generate``'s length limit ``max_len``, checked against the config (and, one per row, against the rows of
+    ``src``, when it has a shape): the longest."""
+    if isinstance(max_len, (Sequence, np.ndarray)) and not isinstance(max_len, (str, bytes)):
+        limits = np.asarray(max_len)
+        if limits.ndim != 1 or len(limits) == 0 or not np.issubdtype(limits.dtype, np.integer):  # bools are not
+            raise TypeError(
+                "`max_len` must be an int or a non-empty 1-D sequence of ints (one per row), received "
+                f"{type(max_len).__name__} of shape {limits.shape} and dtype {limits.dtype}"
+            )
+        rows = getattr(src, "shape", (None,))
+        if rows and rows[0] is not None and len(limits) != int(rows[0]):
+            raise ValueError(
+                f"`max_len` gives one limit per row: src has {int(rows[0])} rows, received {len(limits)} limits"
+            )
+        if limits.min() <= 0:
+            raise ValueError(f"`max_len` must be positive ints, received {int(limits.min())} in {limits.tolist()}")
+        longest = int(limits.max())
+    elif isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise TypeError(
+            "`max_len` must be an int, or a list or 1-D NumPy array of ints (one per row), received "
+            f"{max_len!r} of type {type(max_len).__name__}"
+        )
+    else:
+        longest = check_positive_int("max_len", max_len)
+    if longest > config.max_len:
+        raise ValueError(
+            f"`max_len` must be at most the model's max_len={config.max_len} positions, received {longest}"
+        )
+    return longest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,8 @@ POSITION_LAYOUTS = ("interleaved", "halves")
 """How the sinusoidal table lays out its sines and cosines (see :mod:`multihead.positional`)."""
 QUANTIZED = ("int8", "bf16")
 """What inference may compute the linear layers in besides the weights' own type (``multihead.torch.quantize``)."""
+MOVED_TO_GENERATION = ("decoder_start_id", "banned_ids")
+"""Keys of the configs older versions wrote (``null`` and ``[]`` when unused), now a generation spec's."""
 LAYER_NORM_EPS = 1e-5
 """The LayerNorms' epsilon in both front ends (PyTorch's default), so that both compute the same function."""
 
@@ -30,20 +32,18 @@ LAYER_NORM_EPS = 1e-5
 class TransformerConfig:
     """Sizes and choices of an encoder-decoder Transformer (defaults: the paper's base model).
 
-    ``pad_id``: when set, key padding masks default to ``tokens != pad_id`` and ``generate`` pads finished
-    sequences with it (else with ``eos_id``). ``max_len``: the longest sequence the positional table covers.
-    ``tie_embeddings``: one vocabulary for source and target, whose embedding matrix is also the output
-    projection's weight (as in the paper); needs ``src_vocab == tgt_vocab``.
+    ``pad_id``: when set, key padding masks default to ``tokens != pad_id`` (a target's first position, its decoder
+    start token, is always real) and ``generate`` pads finished sequences with it (else with ``eos_id``). ``max_len``:
+    the longest sequence the positional table covers. ``tie_embeddings``: one vocabulary for source and target, whose
+    embedding matrix is also the output projection's weight (as in the paper); needs ``src_vocab == tgt_vocab``.
 
     Options for models trained elsewhere (Marian/OPUS-MT sets them all; the defaults are the paper's):
     ``activation`` ``"silu"`` (Marian's "swish"); ``positions``: the sinusoidal table's layout, ``"interleaved"``
     (the paper's sin, cos, sin, ...) or ``"halves"`` (all sines, then all cosines); ``scale_embeddings``: multiply
     embeddings by ``sqrt(d_model)``; ``tie_output``: the target embedding is also the output projection's weight
-    while the source has its own (two vocabularies); ``decoder_start_id``: the token every target sequence starts
-    with, when it is ``pad_id`` (Marian starts from its pad): the default target key mask then keeps the first
-    position; ``banned_ids``: tokens generation never chooses (their logits are ``-inf`` at every step, before the
-    softmax).
-    The output projection always has a bias (Marian's ``final_logits_bias``).
+    while the source has its own (two vocabularies). The output projection always has a bias (Marian's
+    ``final_logits_bias``). What generation reads (special ids, banned and forced tokens, the search) is a
+    :class:`multihead.decoding.Generation`, not the architecture.
     """
 
     src_vocab: int
@@ -62,8 +62,6 @@ class TransformerConfig:
     positions: str = "interleaved"
     scale_embeddings: bool = True
     tie_output: bool = False
-    decoder_start_id: int | None = None
-    banned_ids: Sequence[int] = ()  # kept as a tuple
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "max_len"):
@@ -95,23 +93,6 @@ class TransformerConfig:
                     f"`pad_id` must be a token of both vocabularies (< {min(self.src_vocab, self.tgt_vocab)}), "
                     f"received {self.pad_id}"
                 )
-        if self.decoder_start_id is not None:
-            check_non_negative_int("decoder_start_id", self.decoder_start_id)
-            if self.decoder_start_id >= self.tgt_vocab:
-                raise ValueError(
-                    f"`decoder_start_id` must be a target token (< {self.tgt_vocab}), received {self.decoder_start_id}"
-                )
-        if isinstance(self.banned_ids, str) or not isinstance(self.banned_ids, list | tuple):
-            raise TypeError(f"`banned_ids` must be a list of token ids, received {self.banned_ids!r}")
-        for token in self.banned_ids:
-            check_non_negative_int("banned_ids", token)
-            if token >= self.tgt_vocab:
-                raise ValueError(f"`banned_ids` must be target tokens (< {self.tgt_vocab}), received {token}")
-        object.__setattr__(self, "banned_ids", tuple(self.banned_ids))  # JSON gives a list
-
-    def target_key_mask_keeps_start(self) -> bool:
-        """Whether the default target key mask keeps the first position though it holds ``pad_id``."""
-        return self.decoder_start_id is not None and self.decoder_start_id == self.pad_id
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -120,6 +101,13 @@ class TransformerConfig:
     def from_dict(cls, values: dict[str, Any]) -> TransformerConfig:
         if not isinstance(values, dict):
             raise TypeError(f"a Transformer config must be a JSON object, received {type(values).__name__}")
+        moved = {key: values[key] for key in MOVED_TO_GENERATION if key in values}
+        if any(value not in (None, []) for value in moved.values()):
+            raise ValueError(
+                f"a Transformer config describes the architecture only, received {moved}: the tokens generation starts "
+                "from and never chooses are a multihead.decoding.Generation's (a run keeps its own)"
+            )
+        values = {key: value for key, value in values.items() if key not in moved}  # as older versions wrote them
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -36,9 +36,12 @@ A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptio
   ``beam_size``) and stops the sentence when the last of them ranks at least as high as any continuation could: the
   same rule, which keeping one is.
 
-A model whose config has ``banned_ids`` gives those tokens the logit ``-inf`` at every step, before the softmax (as
-CTranslate2 and Hugging Face's ``bad_words_ids`` with ``renormalize_logits`` do): no search chooses them, and the
-other tokens' probabilities sum to 1.
+What generation reads besides the model is one :class:`Generation`: the special ids, the tokens never chosen, the
+tokens every translation starts with, and the search (with its length limits). :func:`process` applies it to every
+step's logits, whatever the strategy, before anything is chosen (as Hugging Face's logits processors do): banned
+tokens (CTranslate2's and Hugging Face's ``bad_words_ids`` with ``renormalize_logits``) and, while a row has made
+fewer than ``min_length`` tokens, EOS get the logit ``-inf``; while it has made fewer than its forced tokens, every
+token but the next forced one does. The other tokens' probabilities sum to 1.
 
 ``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
 searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
@@ -50,6 +53,7 @@ key/value heads, D head dim, V vocabulary, k candidates.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -60,7 +64,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from multihead.cache import DecoderCache, DecoderCaches
-from multihead.config import TransformerConfig
 from multihead.validation import check_non_negative_int, check_positive_int
 
 Tensor = Any
@@ -156,6 +159,9 @@ class SearchOptions:
                 f"`beam_size`={self.beam_size}"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
     @property
     def strategy(self) -> Strategy:
         """The entry of :data:`SEARCHES` that searches with these options."""
@@ -183,6 +189,73 @@ def search_options(search: SearchOptions | None, *, beam_size: int = 1, length_p
     return search
 
 
+@dataclass(frozen=True)
+class Generation:
+    """Everything generation reads besides the model and the sources, checked when made (and against a model's
+    vocabulary by :meth:`check`): the one argument a ``generate`` call, a translator or a stream passes on.
+
+    Attributes:
+        specials: the special ids: ``bos`` starts every target sequence (the decoder's start token), ``eos`` ends
+            it, ``pad`` fills a row after its end.
+        banned: tokens no search ever chooses (their logits are ``-inf`` at every step, before the softmax).
+        forced: tokens every translation starts with, after ``bos`` (a multilingual model's target-language code):
+            each is the only token a row may take at its place. They are part of the translation, and count towards
+            its ``min_length`` and length limit.
+        search: how the tokens are chosen, and the length limits (:class:`SearchOptions`).
+
+    ``to_dict``/``from_dict`` write and read it as JSON values (what a run stores; a missing key takes its default).
+    """
+
+    specials: Specials = Specials()
+    banned: Sequence[int] = ()  # kept as a tuple
+    forced: Sequence[int] = ()  # kept as a tuple
+    search: SearchOptions = SearchOptions()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.specials, Specials):
+            raise TypeError(f"`specials` must be a Specials, received {type(self.specials).__name__}")
+        if not isinstance(self.search, SearchOptions):
+            raise TypeError(f"`search` must be a SearchOptions, received {type(self.search).__name__}")
+        for name in ("banned", "forced"):
+            tokens = getattr(self, name)
+            if isinstance(tokens, str) or not isinstance(tokens, list | tuple):
+                raise TypeError(f"`{name}` must be a list of token ids, received {tokens!r}")
+            for token in tokens:
+                check_non_negative_int(name, token)
+            object.__setattr__(self, name, tuple(tokens))  # JSON gives a list
+        never = sorted(set(self.forced) & set(self.banned))
+        if never:
+            raise ValueError(f"`banned` holds {never}, which `forced` makes every translation start with")
+        if self.specials.eos in self.banned:
+            raise ValueError(f"`banned` holds the EOS {self.specials.eos}: no translation could end before its limit")
+
+    def check(self, vocab: int) -> None:
+        """Refuse ids that are not tokens of a target vocabulary of ``vocab`` tokens."""
+        named = [(f"specials.{name}", getattr(self.specials, name)) for name in ("pad", "bos", "eos")]
+        for name, token in [*named, *(("banned", t) for t in self.banned), *(("forced", t) for t in self.forced)]:
+            if token >= vocab:
+                raise ValueError(f"`{name}` must be a target token (< {vocab}), received {token}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"specials": dataclasses.asdict(self.specials), "banned": list(self.banned),
+                "forced": list(self.forced), "search": self.search.to_dict()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, values: object) -> Generation:
+        if not isinstance(values, dict):
+            raise TypeError(f"a generation spec must be a JSON object, received {type(values).__name__}")
+        unknown = sorted(set(values) - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown generation keys {unknown}; known keys are specials, banned, forced, search")
+        parts = dict(values)
+        for name, kind in (("specials", Specials), ("search", SearchOptions)):
+            if name in parts:
+                if not isinstance(parts[name], dict):
+                    raise TypeError(f"`{name}` must be a JSON object, received {parts[name]!r}")
+                parts[name] = kind(**parts[name])
+        return cls(**parts)
+
+
 class Choices(Protocol):
     """How tokens are chosen from a step's logits, where the model computes: only the chosen ids and scores reach the
     host."""
@@ -198,9 +271,9 @@ class Choices(Protocol):
         host."""
         ...
 
-    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
-        """``logits (N, V)`` as a step gives them with ``token`` impossible in rows ``rows`` (bool ``(N,)``; default:
-        every row), its probability going to the other tokens."""
+    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
+        """``logits (N, V)`` as a step gives them with ``tokens`` (int64 ids) impossible in rows ``rows`` (int64
+        indices; default: every row), their probability going to the other tokens."""
         ...
 
 
@@ -212,7 +285,7 @@ class Steps(Choices, Protocol):
         ...
 
     def step(self, tokens: Tensor, cache: DecoderCaches, memory_key_mask: Tensor | None) -> Tensor:
-        """Logits ``(N, V)`` (float32; banned tokens ``-inf``) of the token after ``tokens (N, 1)``, whose predecessors
+        """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, whose predecessors
         and projected memory ``cache`` holds; ``tokens`` extend it."""
         ...
 
@@ -254,8 +327,8 @@ class _Chooser:
     def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         return self.choices.top_k(logits, scores, beam, count)
 
-    def suppress(self, logits: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
-        return self.choices.suppress(logits, token, rows)
+    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
+        return self.choices.suppress(logits, tokens, rows)
 
 
 class DecodingSession(_Chooser):
@@ -313,128 +386,83 @@ class Search(Protocol):
 def generate(
     session: Session,
     batch: int,
-    search: SearchOptions,
+    generation: Generation,
     *,
     max_len: Limit,
-    specials: Specials,
     keys: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
-    """The tokens of ``batch`` sources held by ``session``, searched as ``search`` says (its strategy's entry of
-    :data:`SEARCHES`), ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``),
-    each starting from ``specials.bos``; ``keys`` name the sentences to sampling (default: ``0..B-1``). int64
-    ``(B, T)``."""
+    """The tokens of ``batch`` sources held by ``session``, generated as ``generation`` says (its search strategy's
+    entry of :data:`SEARCHES`, every step :func:`process`-ed), ``max_len`` tokens at most (one limit, or one per source,
+    and at most ``search.max_length``), each starting from ``specials.bos``; ``keys`` name the sentences to sampling
+    (default: ``0..B-1``). int64 ``(B, T)``."""
+    search = generation.search
     if search.n_best != 1:
         raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
                          "come from n_best_search")  # fmt: skip
     keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
     return search.strategy.search(
-        processed(session, search, specials), batch, search, max_len=search.limit(max_len, batch), specials=specials,
-        keys=keys,
+        processed(session, generation), batch, search, max_len=search.limit(max_len, batch),
+        specials=generation.specials, keys=keys,
     )  # fmt: skip
 
 
 def n_best_search(
-    session: Session, batch: int, search: SearchOptions, *, max_len: Limit, specials: Specials
+    session: Session, batch: int, generation: Generation, *, max_len: Limit
 ) -> list[list[tuple[float, np.ndarray]]]:
-    """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``search`` says (see
+    """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``generation`` says (see
     :func:`beam_search_n_best`)."""
+    search = generation.search
     if search.strategy.draws:
         raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
     return beam_search_n_best(
-        processed(session, search, specials), batch, n=search.n_best, beam_size=search.beam_size,
-        max_len=search.limit(max_len, batch), specials=specials, length_penalty=search.length_penalty,
+        processed(session, generation), batch, n=search.n_best, beam_size=search.beam_size,
+        max_len=search.limit(max_len, batch), specials=generation.specials, length_penalty=search.length_penalty,
     )  # fmt: skip
 
 
-class _MinLength(_Chooser):
-    """A :class:`Session` whose steps give EOS no chance while the prefixes are shorter than ``min_length`` tokens
-    (BOS aside): every search sees its steps so."""
+def process(choices: Choices, logits: Tensor, lengths: np.ndarray, generation: Generation) -> Tensor:
+    """A step's ``logits (N, V)`` for rows that have made ``lengths (N,)`` tokens (BOS aside), with what
+    ``generation`` makes impossible ``-inf`` (see the module's docstring): the one place where a step's logits are
+    processed, for every search and for a stream whose rows sit at lengths of their own."""
+    if generation.banned:
+        logits = choices.suppress(logits, np.asarray(generation.banned, dtype=np.int64))
+    for place, token in enumerate(generation.forced):
+        rows = np.flatnonzero(lengths == place)
+        if len(rows):
+            others = np.delete(np.arange(int(logits.shape[-1]), dtype=np.int64), token)
+            logits = choices.suppress(logits, others, None if len(rows) == len(lengths) else rows)
+    if generation.search.min_length:
+        rows = np.flatnonzero(lengths < generation.search.min_length)
+        if len(rows):
+            eos = np.array([generation.specials.eos], dtype=np.int64)
+            logits = choices.suppress(logits, eos, None if len(rows) == len(lengths) else rows)
+    return logits
 
-    def __init__(self, session: Session, search: SearchOptions, eos: int) -> None:
+
+class _Processed(_Chooser):
+    """A :class:`Session` whose steps' logits are :func:`process`-ed: every search sees its steps so."""
+
+    def __init__(self, session: Session, generation: Generation) -> None:
         self.session = self.choices = session
-        self.search, self.eos = search, eos
+        self.generation = generation
 
     def step(self, prefix: np.ndarray) -> Tensor:
-        logits = self.session.step(prefix)
-        short = too_short(np.full(len(prefix), prefix.shape[1] - 1), self.search)  # every row has made as many
-        return logits if short is None else self.session.suppress(logits, self.eos, short)
+        made = np.full(len(prefix), prefix.shape[1] - 1)  # every row has made as many
+        return process(self.session, self.session.step(prefix), made, self.generation)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.session.reorder(rows, same_sources=same_sources)
 
 
-def processed(session: Session, search: SearchOptions, specials: Specials) -> Session:
-    """``session`` with the steps' logits processed as ``search`` says, for every search strategy: where the options
-    that shape each step's choices (``min_length``) apply. Bans are the model's: its steps give them ``-inf``."""
-    return _MinLength(session, search, specials.eos) if search.min_length else session
-
-
-def too_short(lengths: np.ndarray, search: SearchOptions) -> np.ndarray | None:
-    """Rows (bool ``(N,)``) whose next token may not be EOS, of rows that have made ``lengths (N,)`` tokens (BOS
-    aside); ``None`` when none: :func:`processed`'s rule for callers whose rows sit at lengths of their own."""
-    if not search.min_length:
-        return None
-    rows = lengths < search.min_length
-    return rows if rows.any() else None
-
-
-def banned_row(config: TransformerConfig) -> np.ndarray | None:
-    """What a step adds to its logits ``(N, V)`` before the softmax: ``(V,)`` float32, ``-inf`` at the config's
-    ``banned_ids`` and 0 elsewhere; ``None`` when it bans none."""
-    if not config.banned_ids:
-        return None
-    row = np.zeros(config.tgt_vocab, np.float32)
-    row[list(config.banned_ids)] = -np.inf
-    return row
-
-
-def resolve_pad_id(pad_id: int | None, config: TransformerConfig, eos_id: int) -> int:
-    """What pads finished rows: ``pad_id`` if given, else the config's, else ``eos_id``."""
-    if pad_id is not None:
-        return pad_id
-    return config.pad_id if config.pad_id is not None else eos_id
+def processed(session: Session, generation: Generation) -> Session:
+    """``session`` with its steps' logits processed as ``generation`` says (:func:`process`), when it says anything."""
+    search = generation.search
+    return _Processed(session, generation) if generation.banned or generation.forced or search.min_length else session
 
 
 def row_limits(max_len: Limit, batch: int) -> np.ndarray:
-    """``max_len`` (checked: :func:`check_generation_args`) as each row's limit, int64 ``(B,)``."""
+    """``max_len`` (checked: :func:`multihead.checks.check_generate_call`) as each row's limit, int64 ``(B,)``."""
     return np.broadcast_to(np.asarray(max_len, dtype=np.int64), (batch,))
-
-
-def check_generation_args(
-    config: TransformerConfig, *, max_len: object, bos_id: object, eos_id: object, pad_id: object, src: object = None
-) -> int:
-    """A model's ``generate`` arguments, checked against its config (and a per-row ``max_len`` against the rows of
-    ``src``, when it has a shape) before anything is computed. Returns the longest length limit."""
-    if isinstance(max_len, (Sequence, np.ndarray)) and not isinstance(max_len, (str, bytes)):
-        limits = np.asarray(max_len)
-        if limits.ndim != 1 or len(limits) == 0 or not np.issubdtype(limits.dtype, np.integer):  # bools are not
-            raise TypeError(
-                "`max_len` must be an int or a non-empty 1-D sequence of ints (one per row), received "
-                f"{type(max_len).__name__} of shape {limits.shape} and dtype {limits.dtype}"
-            )
-        rows = getattr(src, "shape", (None,))
-        if rows and rows[0] is not None and len(limits) != int(rows[0]):
-            raise ValueError(
-                f"`max_len` gives one limit per row: src has {int(rows[0])} rows, received {len(limits)} limits"
-            )
-        if limits.min() <= 0:
-            raise ValueError(f"`max_len` must be positive ints, received {int(limits.min())} in {limits.tolist()}")
-        longest = int(limits.max())
-    elif isinstance(max_len, bool) or not isinstance(max_len, int):
-        raise TypeError(
-            "`max_len` must be an int, or a list or 1-D NumPy array of ints (one per row), received "
-            f"{max_len!r} of type {type(max_len).__name__}"
-        )
-    else:
-        longest = check_positive_int("max_len", max_len)
-    if longest > config.max_len:
-        raise ValueError(
-            f"`max_len` must be at most the model's max_len={config.max_len} positions, received {longest}"
-        )
-    for name, token in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
-        if check_non_negative_int(name, token) >= config.tgt_vocab:
-            raise ValueError(f"`{name}` must be < tgt_vocab={config.tgt_vocab}, received {name}={token}")
-    return longest
 
 
 Choose = Callable[[Tensor, np.ndarray], np.ndarray]

@@ -122,13 +122,14 @@ def padding_from_tokens(tokens: Tensor, key_mask: Tensor | None, pad_id: int | N
     return key_mask
 
 
-def target_padding_from_tokens(tokens: Tensor, key_mask: Tensor | None, config: Any, ops: MaskOps) -> Tensor | None:
-    """:func:`padding_from_tokens` for target tokens of a model whose ``config`` (a ``TransformerConfig``) may start
-    its targets from the pad token (``decoder_start_id == pad_id``, as Marian): that first position is kept."""
-    mask = padding_from_tokens(tokens, key_mask, config.pad_id, ops)
-    if key_mask is None and mask is not None and config.target_key_mask_keeps_start():
-        mask = ops.logical_or(mask, ops.first_position(tokens))  # (B, Lt)
-    return mask
+def target_padding_from_tokens(
+    tokens: Tensor, key_mask: Tensor | None, pad_id: int | None, ops: MaskOps
+) -> Tensor | None:
+    """:func:`padding_from_tokens` for target tokens: their first position, the decoder's start token, is always real
+    (Marian's start token is its pad)."""
+    if key_mask is not None or pad_id is None:
+        return key_mask
+    return ops.logical_or(ops.not_equal(tokens, pad_id), ops.first_position(tokens))  # (B, Lt)
 
 
 def for_kernel(

@@ -177,12 +177,13 @@ def garbage_optimizer(checkpoint: Path) -> None:
 def torch_trainer(config: Any = None, **options: Any) -> Any:
     """A PyTorch trainer of a tiny model (vocabularies of 12, padding id 0) on the CPU, fresh, with ``options`` over
     :data:`TRAINER_OPTIONS`."""
-    from multihead.app.tokenizers import PAD, Specials
+    from multihead.app.tokenizers import PAD
     from multihead.app.train_torch import TorchTrainer
     from multihead.config import TransformerConfig
+    from multihead.decoding import Generation
 
     config = config or TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 32, PAD, False)
-    return TorchTrainer(config, recipe_options("task", **{**TRAINER_OPTIONS, **options}), None, Specials())
+    return TorchTrainer(config, recipe_options("task", **{**TRAINER_OPTIONS, **options}), None, Generation())
 
 
 def run_ranks(target: Callable[..., None], world: int, *args: Any) -> None:

@@ -248,6 +248,14 @@ def _small_tokenizer(checkpoint: Path) -> None:
     (checkpoint / "tokenizer.json").write_text(json.dumps({"source": tokenizer, "target": tokenizer}))
 
 
+def _generation_with(**values: object) -> Callable[[Path], None]:
+    def damage(checkpoint: Path) -> None:
+        stored = json.loads((checkpoint / "generation.json").read_text())
+        (checkpoint / "generation.json").write_text(json.dumps({**stored, **values}))
+
+    return damage
+
+
 RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "optimizer-garbage": (lambda c: (c / "optimizer.safetensors").write_bytes(b"not safetensors"), "optimizer"),
     "optimizer-cut": (lambda c: (c / "optimizer.safetensors").write_bytes(b"\x08" + bytes(7)), "optimizer"),
@@ -259,7 +267,12 @@ RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "trainer-without-step": (trainer_without("step"), "trainer.json"),
     "trainer-step-string": (lambda c: _trainer_with(step="two")(c / "trainer.json"), "trainer.json"),
     "tokenizer-not-the-models": (_small_tokenizer, "tokenizer"),
-}
+    "generation-garbage": (lambda c: (c / "generation.json").write_text("{banned"), "generation.json"),
+    "generation-with-a-search": (_generation_with(search={"beam_size": 4}), "generation.json.*holds a search"),
+    "generation-other-specials": (_generation_with(specials={"pad": 0, "bos": 0, "eos": 2, "unk": 3}),
+                                  "generation.json.*special ids"),
+    "generation-out-of-vocabulary": (_generation_with(forced=[10**4]), "generation.json.*received 10000"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("damage", list(RUN_DAMAGES))
@@ -278,7 +291,9 @@ def test_resume_from_a_damaged_checkpoint_is_refused_and_changes_nothing(
     assert snapshot(out) == before
 
 
-@pytest.mark.parametrize("damage", ["trainer-without-options", "tokenizer-not-the-models", "model-cut"])
+@pytest.mark.parametrize(
+    "damage", ["trainer-without-options", "tokenizer-not-the-models", "model-cut", "generation-with-a-search"]
+)
 def test_translate_from_a_damaged_checkpoint_is_refused(short_run: Path, tmp_path: Path, damage: str) -> None:
     apply, message = RUN_DAMAGES[damage]
     out = damaged_run(short_run, tmp_path, apply)

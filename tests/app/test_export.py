@@ -7,8 +7,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
+import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 import tokenizers
 
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, snapshot
+from multihead.app.runs import latest_checkpoint
 from multihead.app.translate import Translator
 from multihead.decoding import SearchOptions
 
@@ -114,3 +117,34 @@ def test_min_length_is_ctranslate2s_min_decoding_length(
     assert result.out_lines == expected
     if beam_size == 1:
         assert all(len(held) > len(free) for held, free in zip(expected, corpus_run.translations, strict=True))
+
+
+@pytest.mark.parametrize("beam_size", [1, 2], ids=["greedy", "beam"])
+def test_forced_and_banned_tokens_export_to_ctranslate2(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable, beam_size: int
+) -> None:
+    """A run whose generation forces a first token and bans another (the first one it translates with) exports a
+    model that CTranslate2 never lets choose the banned one, and a README that gives the forced one as
+    ``target_prefix``: with it, CTranslate2's translations are ``multihead translate``'s (beam search without a length
+    penalty: CTranslate2 scores the prefix with the model's probability, multihead's search gives a forced token
+    probability 1, which a length penalty ranks differently)."""
+    run = shutil.copytree(corpus_run.path, tmp_path / "run")
+    target = Translator(run).target
+    tokens = target.encode(" ".join(corpus_run.translations))[0]
+    banned = tokens[0]
+    forced = next(token for token in tokens if token != banned)
+    stored = latest_checkpoint(run) / "generation.json"
+    stored.write_text(json.dumps({**json.loads(stored.read_text()), "banned": [banned], "forced": [forced]}))
+    assert cli("export", run, tmp_path / "ct2").status == 0
+    (piece,) = target.pieces([forced])
+    assert f"target_prefix=[['{piece}']]" in (tmp_path / "ct2" / "README.md").read_text()
+    result = cli("translate", run, *SAMPLES, "--beam", beam_size, "--length-penalty", "0")
+    assert result.status == 0, result.err
+    assert result.out_lines != corpus_run.translations  # the ban binds
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    source = tokenizers.Tokenizer.from_file(str(tmp_path / "ct2" / "subwords.json"))
+    found = translator.translate_batch([source.encode(text).tokens for text in SAMPLES], beam_size=beam_size,
+                                       length_penalty=0.0, target_prefix=[[piece]] * len(SAMPLES))  # fmt: skip
+    hypotheses = [[source.token_to_id(piece) for piece in result.hypotheses[0]] for result in found]
+    assert all(ids[0] == forced and banned not in ids for ids in hypotheses)
+    assert [source.decode(ids[1:]) for ids in hypotheses] == result.out_lines

@@ -20,8 +20,9 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ import torch
 
 from app.support import PAIRS, SUBJECTS, VERBS, Cli, assert_refused, subprocess_env, write_lines
 from multihead.app.pretrained import import_pretrained
+from multihead.decoding import Generation, SearchOptions, Specials
 from multihead.io import load_weights, read_config, read_weights
 from multihead.torch import Transformer
 
@@ -62,6 +64,11 @@ class Marian:
         model = Transformer.from_config(read_config(self.checkpoint / "config.json")).eval()
         load_weights(model, self.checkpoint / "model.safetensors")
         return model
+
+    def generation(self, **search: Any) -> Generation:
+        """The run's generation spec (Marian's: from the pad, never to it), searching as ``search`` says."""
+        stored = Generation.from_dict(json.loads((self.checkpoint / "generation.json").read_text()))
+        return replace(stored, search=SearchOptions(**search))
 
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.tokenizer(texts, return_tensors="pt", padding=True)
@@ -267,7 +274,7 @@ def test_greedy_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> N
         input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=GENERATE + 1,
         forced_eos_token_id=None,
     )  # fmt: skip
-    got = checkpoint.ours().generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS)
+    got = checkpoint.ours().generate(src, max_len=GENERATE, generation=checkpoint.generation())
     assert generated(got) == generated(expected[:, 1:])  # after the decoder start
     ends = sum(row[-1] == EOS for row in generated(got))
     assert ends >= 40  # the limit is not what they reach
@@ -299,10 +306,10 @@ def test_beam_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> Non
         early_stopping="never", length_penalty=1.0, forced_eos_token_id=None, renormalize_logits=True,
     )  # fmt: skip
     ours = checkpoint.ours()
-    got = ours.generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS, beam_size=4)
+    got = ours.generate(src, max_len=GENERATE, generation=checkpoint.generation(beam_size=4))
     assert all(row[-1] == EOS for row in generated(got))
     assert generated(got) == generated(expected[:, 1:])
-    greedy = ours.generate(src, max_len=GENERATE, bos_id=checkpoint.pad, eos_id=EOS)
+    greedy = ours.generate(src, max_len=GENERATE, generation=checkpoint.generation())
     assert generated(got) != generated(greedy)  # the beams found other translations
 
 
@@ -391,7 +398,10 @@ REFUSALS = {
     "untied-output": (_edit("config.json", tie_word_embeddings=False), ["tie_word_embeddings=False"]),
     "banned-sequence": (_edit("generation_config.json", bad_words_ids=[[3, 4]]),
                         ["generation_config.json", "bad_words_ids=[[3, 4]]"]),
-    "forced-first-token": (_edit("generation_config.json", forced_bos_token_id=5), ["forced_bos_token_id=5"]),
+    "forced-out-of-vocabulary": (_edit("generation_config.json", forced_bos_token_id=10**4),
+                                 ["generation_config.json", "`forced` must be a target token", "received 10000"]),
+    "forced-and-banned": (_edit("generation_config.json", forced_bos_token_id=3, bad_words_ids=[[3]]),
+                          ["generation_config.json", "`banned` holds [3], which `forced` makes every"]),
     "learned-positions": (
         _tensors(lambda t: t.update({"model.encoder.embed_positions.weight": RNG.normal(size=(64, 16)).astype("f4")})),
         ["model.safetensors", "'model.encoder.embed_positions.weight'", "learned positions"],
@@ -447,15 +457,12 @@ def test_a_hub_name_without_network_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_translate_and_evaluate_give_transformers_translations(
-    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
-) -> None:
-    """Each sentence is searched within ``translate``'s length limit for it (Transformers' ``max_length`` one more:
-    the decoder start), forced EOS off (see the greedy test); the text is ``MarianTokenizer``'s."""
+def transformers_translations(checkpoint: Marian, texts: list[str], forced: int | None = None) -> list[str]:
+    """Transformers' greedy translations of ``texts``, each searched within ``translate``'s length limit for it
+    (``max_length`` one more: the decoder start), forced EOS off (see the greedy test), ``forced`` the first token
+    (left out of the text, as ``translate`` leaves it)."""
     from multihead.app.translate import length_limit
 
-    checkpoint = marian["separate"]
-    texts = sentences(50, seed=4)
     limits: dict[int, list[int]] = {}
     for index, text in enumerate(texts):
         length = len(checkpoint.tokenizer(text)["input_ids"])  # EOS included
@@ -465,11 +472,55 @@ def test_translate_and_evaluate_give_transformers_translations(
         src, mask = checkpoint.encode([texts[index] for index in indices])
         tokens = checkpoint.model.generate(
             input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=limit + 1,
-            forced_eos_token_id=None,
+            forced_eos_token_id=None, forced_bos_token_id=forced,
         )  # fmt: skip
+        if forced is not None:
+            assert (tokens[:, 1] == forced).all()
+            tokens = tokens[:, 2:]
         for index, text in zip(indices, checkpoint.tokenizer.batch_decode(tokens, skip_special_tokens=True),
                                strict=True):  # fmt: skip
             expected[index] = text
+    return expected
+
+
+def test_a_forced_first_token_imports_and_generates_as_transformers(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``forced_bos_token_id`` (a multilingual model's target language) imports as the run's forced token: greedy and
+    beam search give Transformers' tokens with it (beam search as in the beam test), and ``translate`` gives its
+    texts without it."""
+    checkpoint = marian["shared"]
+    forced = 7
+    directory = shutil.copytree(checkpoint.directory, tmp_path / "opus-mt-de-en")
+    _edit("generation_config.json", forced_bos_token_id=forced)(directory)
+    result = cli("import", directory, tmp_path / "run")
+    assert result.status == 0, result.err
+    imported = replace(checkpoint, directory=directory, run=tmp_path / "run")
+    assert imported.generation().forced == (forced,)
+    texts = sentences(30, seed=6)
+    src, mask = checkpoint.encode(texts)
+    for beams in (1, 4):
+        expected = checkpoint.model.generate(
+            input_ids=src, attention_mask=mask, num_beams=beams, do_sample=False, max_length=GENERATE + 1,
+            early_stopping="never", length_penalty=1.0, forced_eos_token_id=None, renormalize_logits=True,
+            forced_bos_token_id=forced,
+        )  # fmt: skip
+        got = imported.ours().generate(src, max_len=GENERATE, generation=imported.generation(beam_size=beams))
+        assert generated(got) == generated(expected[:, 1:])
+        assert (got[:, 0] == forced).all()
+    result = cli("translate", imported.run, "--input", write_lines(tmp_path / "source.de", texts))
+    assert result.status == 0, result.err
+    assert result.out_lines == transformers_translations(checkpoint, texts, forced)
+
+
+def test_translate_and_evaluate_give_transformers_translations(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """Each sentence is searched within ``translate``'s length limit for it (Transformers' ``max_length`` one more:
+    the decoder start), forced EOS off (see the greedy test); the text is ``MarianTokenizer``'s."""
+    checkpoint = marian["separate"]
+    texts = sentences(50, seed=4)
+    expected = transformers_translations(checkpoint, texts)
     source = write_lines(tmp_path / "source.de", texts)
     result = cli("translate", checkpoint.run, "--input", source)
     assert result.status == 0, result.err
@@ -612,8 +663,9 @@ def test_a_new_model_learns_with_an_imported_vocabulary(
                  "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--no-progress")  # fmt: skip
     assert result.status == 0, result.err
     latest, _ = open_checkpoint(out, "latest", lambda found: None)
-    config = latest.config
-    assert (config.pad_id, config.decoder_start_id, config.banned_ids) == (checkpoint.pad,) * 2 + ((checkpoint.pad,),)
+    pad = checkpoint.pad
+    assert latest.config.pad_id == pad
+    assert latest.generation == Generation(Specials(pad=pad, bos=pad, eos=EOS, unk=UNK), banned=(pad,))
     assert (latest.options["tokenizer"], latest.options["vocab_size"]) == ("sentencepiece", None)
     assert (latest.path / "vocab.json").read_bytes() == (checkpoint.checkpoint / "vocab.json").read_bytes()
     assert cli("translate", out, "der Hund läuft").status == 0

@@ -140,10 +140,11 @@ def test_each_step_reports_its_own_loss(tmp_path: Path) -> None:
     from multihead.app.tokenizers import PAD, Specials
     from multihead.app.train_keras import KerasTrainer, token_loss
     from multihead.config import TransformerConfig
+    from multihead.decoding import Generation
 
     config = TransformerConfig(12, 12, 16, 2, 1, 1, 32, 0.0, "relu", False, 16, 0, False)
     options = dict(seed=0, lr=1e-2, clip=0.0, label_smoothing=0.0, precision="fp32", tokenizer="char")
-    trainer = KerasTrainer(config, recipe_options("task", **options), None, Specials())
+    trainer = KerasTrainer(config, recipe_options("task", **options), None, Generation())
     rng = np.random.default_rng(0)
     for length in (5, 7, 6):
         batch = make_batch(

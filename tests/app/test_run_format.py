@@ -4,6 +4,7 @@ checkpoint, nothing left behind by an interrupted save, one process at a time (t
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from app.support import SMALL_FLAGS, damaged_run, snapshot, subprocess_env, tiny
 from multihead.app.console import UserError
 from multihead.app.runs import RunError, latest_checkpoint, read_checkpoint
 from multihead.app.training import train
+from multihead.decoding import Generation
 
 
 def test_an_interrupted_checkpoint_rename_keeps_the_run_as_it_was(
@@ -151,3 +153,28 @@ def test_a_refused_training_leaves_the_lock_to_its_holder(tmp_path: Path) -> Non
     finally:
         holder.release()
     assert latest_checkpoint(out).name == "step-0000003"
+
+
+def test_a_checkpoint_an_older_version_wrote_reads_with_its_bans(short_run: Path, tmp_path: Path) -> None:
+    """Older versions kept no ``generation.json`` and wrote ``decoder_start_id`` and ``banned_ids`` into every
+    ``config.json``: such a checkpoint translates with its tokenizer's ids and never chooses what its config banned
+    (here a token the model chooses unbanned)."""
+    from multihead.app.translate import Translator, translate_ids
+
+    def translated(translator: Translator) -> list[list[int]]:
+        ids = [translator.source.encode(text)[0] for text in ("abc", "cab", "bca", "aabbcc")]
+        return translate_ids(translator.generate(), ids, limit=translator.limit, generation=translator.generation)
+
+    eos = Translator(short_run).specials.eos
+    banned = next(token for tokens in translated(Translator(short_run)) for token in tokens if token != eos)
+
+    def older(checkpoint: Path) -> None:
+        (checkpoint / "generation.json").unlink()
+        config = json.loads((checkpoint / "config.json").read_text())
+        config.update(decoder_start_id=None, banned_ids=[banned])
+        (checkpoint / "config.json").write_text(json.dumps(config))
+
+    out = damaged_run(short_run, tmp_path, older)
+    found = read_checkpoint(latest_checkpoint(out))
+    assert found.generation == Generation(found.target.specials, banned=(banned,))
+    assert not any(banned in tokens for tokens in translated(Translator(out)))

@@ -95,7 +95,7 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
 ) -> None:
     decode = Stream._decode
     monkeypatch.setattr(Stream, "_decode", lambda self: np.maximum(decode(self), EOS + 1))  # no sentence ends
-    stream = Stream(translator.model, rows=64, search=TRANSLATION, specials=translator.specials)
+    stream = Stream(translator.model, rows=64, generation=translator.spec(TRANSLATION))
 
     def add(index: int) -> None:
         ids = translator.source.encode(SOURCES[index])[0]

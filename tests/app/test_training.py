@@ -384,7 +384,8 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path: Pa
     checkpoint = latest_checkpoint(tmp_path / "run")
     assert checkpoint.name == "step-0000060"
     assert sorted(p.name for p in checkpoint.iterdir()) == [
-        "config.json", "model.safetensors", "optimizer.safetensors", "tokenizer.json", "trainer.json",
+        "config.json", "generation.json", "model.safetensors", "optimizer.safetensors", "tokenizer.json",
+        "trainer.json",
     ]  # fmt: skip
     assert isinstance(Translator(tmp_path / "run").translate(["abcd"])[0], str)
     assert oct(checkpoint.stat().st_mode & 0o777) == oct(0o777 & ~_umask())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import keras
@@ -20,6 +21,7 @@ import torch
 from keras_helpers import BACKEND, numpy, tensor
 from multihead import keras as mk
 from multihead import torch as mt
+from multihead.decoding import Generation, SearchOptions, Specials
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.keras.generation import COMPILED_BACKENDS
 from multihead.keras.transformer import TiedProjection
@@ -31,7 +33,8 @@ PAD, EOS = 4, 1  # the decoder starts from the pad, as Marian's does
 BANNED = (PAD, 9)  # Marian bans its pad from generation
 SRC_VOCAB, TGT_VOCAB = 19, 23
 SIZES = dict(d_model=12, num_heads=3, num_encoder_layers=2, num_decoder_layers=2, d_ff=20, max_len=37)
-MARIAN = dict(activation="silu", positions="halves", pad_id=PAD, decoder_start_id=PAD, banned_ids=BANNED)
+MARIAN = dict(activation="silu", positions="halves", pad_id=PAD)
+GENERATION = Generation(Specials(pad=PAD, bos=PAD, eos=EOS), banned=BANNED)  # Marian's: from the pad, never to it
 # The two ties, each with the embeddings scaled and not: tie_embeddings needs one vocabulary for both sides.
 VARIANTS = pytest.mark.parametrize(
     ("tie", "scale_embeddings"),
@@ -137,16 +140,15 @@ def test_generation_as_torch_never_chooses_a_banned_token(tmp_path: Path, tie: s
     though the banned tokens' bias makes them the most likely: a model that bans none chooses them."""
     torch_model, keras_model = pair(tmp_path, tie, scale_embeddings, bias=50.0)
     src = sources(3, 7, vocabularies(tie)[0])
-    args = dict(max_len=8, bos_id=PAD, eos_id=EOS)
     for beam_size in (1, 3):
-        expected = torch_model.generate(torch.from_numpy(src).long(), beam_size=beam_size, **args).numpy()
-        got = keras_model.generate(tensor(src), beam_size=beam_size, **args)
+        generation = replace(GENERATION, search=SearchOptions(beam_size=beam_size))
+        expected = torch_model.generate(torch.from_numpy(src).long(), max_len=8, generation=generation).numpy()
+        got = keras_model.generate(tensor(src), max_len=8, generation=generation)
         np.testing.assert_array_equal(got, expected)
         assert not set(emitted(got, [8] * 3)) & set(BANNED)
         assert len(emitted(got, [8] * 3)) > 3  # not a search that ended at once
-    unbanned = mt.Transformer(*vocabularies(tie), **{**options(tie, scale_embeddings), "banned_ids": ()}).eval()
-    load_weights(unbanned, tmp_path / "w.safetensors")
-    assert set(unbanned.generate(torch.from_numpy(src).long(), **args)[:, 0].tolist()) <= set(BANNED)
+    unbanned = torch_model.generate(torch.from_numpy(src).long(), max_len=8, bos_id=PAD, eos_id=EOS)  # bans none
+    assert set(unbanned[:, 0].tolist()) <= set(BANNED)
 
 
 @pytest.mark.skipif(BACKEND not in COMPILED_BACKENDS, reason=f"generation on the {BACKEND} backend is eager only")
@@ -166,7 +168,8 @@ def test_compiled_generation_gives_the_eager_tokens(
     _, model = pair(tmp_path, "tie_output", False, bias=50.0)
     src = sources(3, 7, SRC_VOCAB)
     limits = [9, 4, 9]
-    args = dict(max_len=limits, bos_id=PAD, eos_id=EOS, beam_size=beam_size, use_cache=use_cache)
+    generation = replace(GENERATION, search=SearchOptions(beam_size=beam_size))
+    args = dict(max_len=limits, generation=generation, use_cache=use_cache)
     eager = model.generate(tensor(src), compiled=False, **args)
     assert not set(emitted(eager, limits)) & set(BANNED)
     np.testing.assert_array_equal(model.generate(tensor(src), compiled=True, **args), eager)
@@ -201,8 +204,8 @@ def test_silu_feed_forward() -> None:
 
 
 def test_configs_and_keras_files_round_trip(tmp_path: Path) -> None:
-    """The new fields survive ``get_config`` through JSON (``banned_ids`` comes back a list) and a ``.keras`` file,
-    which gives the same logits and generations."""
+    """The new fields survive ``get_config`` through JSON and a ``.keras`` file, which gives the same logits and
+    generations."""
     for layer in (
         mk.PositionalEncoding(12, max_len=37, dropout=0.1, layout="halves"),
         mk.FeedForward(12, 20, activation="silu"),
@@ -210,7 +213,6 @@ def test_configs_and_keras_files_round_trip(tmp_path: Path) -> None:
         assert type(layer).from_config(layer.get_config()).get_config() == layer.get_config()
     _, model = pair(tmp_path, "tie_output", False, bias=50.0)
     config = json.loads(json.dumps(model.get_config()))
-    assert config["banned_ids"] == list(BANNED)
     rebuilt = mk.Transformer.from_config(config)
     assert rebuilt.config == model.config
     assert rebuilt.get_config() == model.get_config()
@@ -224,7 +226,7 @@ def test_configs_and_keras_files_round_trip(tmp_path: Path) -> None:
     assert loaded.tgt_embed is not loaded.src_embed
     src, tgt = sources(2, 6, SRC_VOCAB), targets(2, 5)
     np.testing.assert_array_equal(numpy(loaded(tensor(src), tensor(tgt))), numpy(model(tensor(src), tensor(tgt))))
-    args = dict(max_len=6, bos_id=PAD, eos_id=EOS, compiled=False)
+    args = dict(max_len=6, generation=GENERATION, compiled=False)
     np.testing.assert_array_equal(loaded.generate(tensor(src), **args), model.generate(tensor(src), **args))
 
 
@@ -235,5 +237,6 @@ def test_options_validate() -> None:
         mk.Transformer(SRC_VOCAB, TGT_VOCAB, **SIZES, positions="sincos")
     with pytest.raises(ValueError, match=r"`layout` must be one of"):
         mk.PositionalEncoding(12, layout="sincos")
-    with pytest.raises(ValueError, match=r"`banned_ids` must be target tokens \(< 23\), received 23"):
-        mk.Transformer(SRC_VOCAB, TGT_VOCAB, **SIZES, banned_ids=[3, 23])
+    older = {**mk.Transformer(SRC_VOCAB, TGT_VOCAB, **SIZES).get_config(), "banned_ids": [3], "decoder_start_id": 4}
+    with pytest.raises(ValueError, match=r"architecture only, received .*multihead\.decoding\.Generation"):
+        mk.Transformer.from_config(older)  # a config an older version wrote, generation settings in it

@@ -353,22 +353,32 @@ def test_both_front_ends_transformers_have_the_same_public_methods() -> None:
     [{}, {"beam_size": 3, "length_penalty": 0.6}, {"sampling_topk": 0, "seed": 4}],
     ids=["greedy", "beam", "sampled"],
 )
-def test_min_length_as_torch(tmp_path: Path, compiled: bool, options: dict) -> None:
-    """``min_length`` holds EOS back in Keras' searches as in PyTorch's (same weights, EOS made likely from the
-    first step): the same tokens, none ending before it."""
+@pytest.mark.parametrize(
+    "spec",
+    [{}, {"forced": (7, 8), "banned": (4, 5, 6)}],
+    ids=["min-length", "min-length-forced-banned"],
+)
+def test_a_generation_spec_as_torch(tmp_path: Path, compiled: bool, options: dict, spec: dict) -> None:
+    """A :class:`~multihead.decoding.Generation` (``min_length`` holding EOS back, forced first tokens, banned ones)
+    generates in Keras' searches as in PyTorch's (same weights, EOS made likely from the first step): the same
+    tokens, none ending before ``min_length``, each starting with the forced tokens, none banned."""
     if compiled and BACKEND not in COMPILED_BACKENDS:
         pytest.skip(f"generation on the {BACKEND} backend is eager only")
     torch_model, keras_model = pair(tmp_path)
     with torch.no_grad():
         torch_model.output_proj.bias[EOS] += 4.0
     keras_model.output_proj.bias.assign(numpy(keras_model.output_proj.bias) + 4.0 * (np.arange(23) == EOS))
-    src, args = token_array(4, 7), dict(max_len=8, bos_id=BOS, eos_id=EOS)
-    held = decoding.SearchOptions(**options, min_length=3)
-    expected = torch_model.generate(torch.from_numpy(src).long(), search=held, **args).numpy()
-    got = keras_model.generate(tensor(src), search=held, compiled=compiled, **args)
+    specials = decoding.Specials(pad=EOS, bos=BOS, eos=EOS)
+    held = decoding.Generation(specials, search=decoding.SearchOptions(**options, min_length=3), **spec)
+    src = token_array(4, 7)
+    expected = torch_model.generate(torch.from_numpy(src).long(), max_len=8, generation=held).numpy()
+    got = keras_model.generate(tensor(src), max_len=8, generation=held, compiled=compiled)
     np.testing.assert_array_equal(got, expected)
     assert all(EOS not in row[:3] for row in got.tolist())
-    free = keras_model.generate(tensor(src), search=decoding.SearchOptions(**options), compiled=compiled, **args)
+    assert (got[:, : len(held.forced)] == held.forced).all()
+    assert not np.isin(got, held.banned).any()
+    free = keras_model.generate(tensor(src), max_len=8, bos_id=BOS, eos_id=EOS, compiled=compiled,
+                                search=decoding.SearchOptions(**options))  # fmt: skip
     assert any(EOS in row[:3] for row in free.tolist())
 
 

@@ -12,12 +12,16 @@ import pytest
 import torch
 
 from multihead import decoding
-from multihead.decoding import SearchOptions, Specials
+from multihead.decoding import Generation, SearchOptions, Specials
 from multihead.torch import Transformer
 from multihead.torch.streaming import Stream
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = Specials(pad=PAD, bos=BOS, eos=EOS)
+
+
+def spec(search: SearchOptions, **kwargs: object) -> Generation:
+    return Generation(SPECIALS, search=search, **kwargs)  # type: ignore[arg-type]
 
 
 def model() -> Transformer:
@@ -45,7 +49,7 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
     ``generate`` gives its source alone with that limit and key, up to its EOS."""
     transformer, texts = model(), sources(12)
     limits = [3 + index % 7 for index in range(len(texts))]
-    stream = Stream(transformer, rows=rows, search=search, specials=SPECIALS)
+    stream = Stream(transformer, rows=rows, generation=spec(search))
     rng, pending, got = random.Random(0), list(range(len(texts))), {}
     while pending or len(stream):
         while pending and rng.random() < 0.5:
@@ -56,12 +60,11 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
     for index, ids in enumerate(texts):
         with torch.inference_mode():
             session = transformer.decoding_session(torch.tensor([ids]), max_len=limits[index])
-            alone = decoding.generate(session, 1, search, max_len=limits[index], specials=SPECIALS,
-                                      keys=[index])[0].tolist()  # fmt: skip
+            alone = decoding.generate(session, 1, spec(search), max_len=limits[index], keys=[index])[0].tolist()
         expected = alone[: alone.index(EOS) + 1] if EOS in alone else alone
         assert got[index] == expected, index
     if search.strategy.draws:
-        greedy = Stream(transformer, rows=rows, search=SearchOptions(), specials=SPECIALS)
+        greedy = Stream(transformer, rows=rows, generation=spec(SearchOptions()))
         for index, ids in enumerate(texts):
             greedy.add(ids, index, limit=limits[index])
         answers = {}
@@ -72,16 +75,20 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
 
 def test_a_stream_takes_one_row_a_sentence() -> None:
     with pytest.raises(ValueError, match="beam search"):
-        Stream(model(), rows=4, search=SearchOptions(beam_size=2), specials=SPECIALS)
+        Stream(model(), rows=4, generation=spec(SearchOptions(beam_size=2)))
     with pytest.raises(ValueError, match="`rows` must be a positive int"):
-        Stream(model(), rows=0, search=SearchOptions(), specials=SPECIALS)
+        Stream(model(), rows=0, generation=spec(SearchOptions()))
+    with pytest.raises(TypeError, match="`generation` must be a Generation, received SearchOptions"):
+        Stream(model(), rows=4, generation=SearchOptions())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`forced` must be a target token \(< 23\), received 23"):
+        Stream(model(), rows=4, generation=spec(SearchOptions(), forced=(23,)))
 
 
 def test_max_length_caps_every_sentence() -> None:
     transformer = model()
     with torch.no_grad():
         transformer.output_proj.bias[EOS] = -1e9  # no sentence ends before its limit
-    stream = Stream(transformer, rows=4, search=SearchOptions(max_length=2), specials=SPECIALS)
+    stream = Stream(transformer, rows=4, generation=spec(SearchOptions(max_length=2)))
     for index, ids in enumerate(sources(3)):
         stream.add(ids, index, limit=5)
     got = {}
@@ -91,33 +98,41 @@ def test_max_length_caps_every_sentence() -> None:
 
 
 @pytest.mark.parametrize(
-    "search",
-    [SearchOptions(min_length=3), SearchOptions(min_length=3, sampling_topk=0, seed=2)],
-    ids=["greedy", "sampled"],
+    "generation",
+    [
+        spec(SearchOptions(min_length=3)),
+        spec(SearchOptions(min_length=3, sampling_topk=0, seed=2)),
+        spec(SearchOptions(min_length=3), forced=(7, 8), banned=(5, 6)),
+        spec(SearchOptions(min_length=3, sampling_topk=0, seed=2), forced=(9,), banned=(5,)),
+    ],
+    ids=["greedy", "sampled", "greedy-forced-banned", "sampled-forced-banned"],
 )
-def test_min_length_holds_each_sentence_at_its_own_length(search: SearchOptions) -> None:
+def test_each_sentence_is_processed_at_its_own_length(generation: Generation) -> None:
     """Sentences joining at random steps sit at lengths of their own: each is held from EOS until it has made
-    ``min_length`` tokens, as ``generate`` holds it alone (where EOS is likely from the first step)."""
+    ``min_length`` tokens, starts with the forced tokens and never takes a banned one, as ``generate`` processes it
+    alone (where EOS is likely from the first step)."""
+    search = generation.search
     transformer, texts = model(), sources(10)
     with torch.no_grad():
         transformer.output_proj.bias[EOS] += 4.0
-    stream = Stream(transformer, rows=3, search=search, specials=SPECIALS)
+    stream = Stream(transformer, rows=3, generation=generation)
     rng, pending, got = random.Random(1), list(range(len(texts))), {}
     while pending or len(stream):
         while pending and rng.random() < 0.5:
             index = pending.pop(0)
             stream.add(texts[index], index, limit=8, key=index)
         got.update(stream.step())
-    free = SearchOptions(sampling_topk=search.sampling_topk, seed=search.seed)
+    free = spec(SearchOptions(sampling_topk=search.sampling_topk, seed=search.seed))
     for index, ids in enumerate(texts):
         with torch.inference_mode():
             alone, unheld = (
                 decoding.generate(
-                    transformer.decoding_session(torch.tensor([ids]), max_len=8), 1, options, max_len=8,
-                    specials=SPECIALS, keys=[index],
+                    transformer.decoding_session(torch.tensor([ids]), max_len=8), 1, options, max_len=8, keys=[index]
                 )[0].tolist()
-                for options in (search, free)
+                for options in (generation, free)
             )  # fmt: skip
         assert got[index] == alone[: alone.index(EOS) + 1], index
         assert got[index].index(EOS) >= 3
+        assert got[index][: len(generation.forced)] == list(generation.forced)
+        assert not set(got[index]) & set(generation.banned)
         assert unheld.index(EOS) < 3  # without it, EOS comes early

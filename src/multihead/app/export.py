@@ -2,12 +2,12 @@
 
 The model is described with ``ctranslate2.specs.TransformerSpec`` and our weights are put in its places: each
 self-attention's query, key and value projections fused into one matrix (the cross-attention's key and value into
-another), post-norm (``pre_norm=False``) unless the run is pre-norm, our own sinusoid table as the position
-encodings (CTranslate2's built-in one lays sines and cosines out differently), embeddings scaled by ``sqrt(d_model)``
-unless the model says not to. The decoder starts from the target tokenizer's start token (``<bos>``; an imported
-Marian model's ``<pad>``); a token the model never generates (``banned_ids``) gets an output bias of ``BANNED``, so
-CTranslate2 never chooses it either. Sentences trained here carry no BOS or EOS; an imported Marian model's sources
-end with ``</s>``. ``ctranslate2`` is the ``export`` extra.
+another), post-norm (``pre_norm=False``) unless the run is pre-norm, our own sinusoid table as the position encodings
+(CTranslate2's built-in one lays sines and cosines out differently), embeddings scaled by ``sqrt(d_model)`` unless the
+model says not to. The decoder starts from the target tokenizer's start token (``<bos>``; an imported Marian model's
+``<pad>``); a token the run's generation bans gets an output bias of ``BANNED``, so CTranslate2 never chooses it either;
+tokens it forces first (a language code) are each call's ``target_prefix``, as the README says. Sentences trained here
+carry no BOS or EOS; an imported Marian model's sources end with ``</s>``. ``ctranslate2`` is the ``export`` extra.
 """
 
 from __future__ import annotations
@@ -121,10 +121,10 @@ def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
     _stack(spec.encoder, weights, schema.ENCODER, schema.SOURCE_EMBEDDING, table, scale=config.scale_embeddings)
     _stack(spec.decoder, weights, schema.DECODER, schema.TARGET_EMBEDDING, table, scale=config.scale_embeddings)
     _linear(spec.decoder.projection, weights, schema.OUTPUT)
-    if config.banned_ids:
+    if checkpoint.generation.banned:
         spec.decoder.projection.bias = spec.decoder.projection.bias.copy()
-        spec.decoder.projection.bias[list(config.banned_ids)] = BANNED
-    specials, target = checkpoint.target.specials, checkpoint.target
+        spec.decoder.projection.bias[list(checkpoint.generation.banned)] = BANNED
+    specials, target = checkpoint.generation.specials, checkpoint.target
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = target.pieces(
         [specials.unk, specials.bos, specials.eos]
     )
@@ -146,6 +146,19 @@ def _tokenizer_files(checkpoint: Checkpoint) -> list[str]:
         elif isinstance(tokenizer, SentencePieceTokenizer):
             files.append(sentencepiece_files(side, tokenizer, other)[0])
     return list(dict.fromkeys(files))
+
+
+def _forced_note(checkpoint: Checkpoint) -> str:
+    """What the README says of the tokens the run forces first, if it forces any."""
+    forced = checkpoint.target.pieces(list(checkpoint.generation.forced))
+    if not forced:
+        return ""
+    return (
+        f"Every translation starts with {forced} (what the run forces first): give `target_prefix=[{forced}]` (one "
+        "per sentence) to `translate_batch`, and leave those pieces out of the text. CTranslate2 scores them with "
+        "the model's probability where `multihead translate` gives them probability 1: with a length penalty, beam "
+        "search may rank its hypotheses otherwise.\n\n"
+    )
 
 
 def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) -> str:
@@ -192,7 +205,9 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
         f"`{checkpoint.path.name}` of `{checkpoint.path.parents[1].name}`, weights stored as {stored}. Translate "
         f"with `pip install ctranslate2{package}`:\n\n```python\n"
         + "\n".join(lines)
-        + "\n```\n\n`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
+        + "\n```\n\n"
+        + _forced_note(checkpoint)
+        + "`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
         "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6), `max_decoding_length` and "
         "`min_decoding_length` (`multihead translate`'s `--max-length` and `--min-length`); the "
         "model trained on at most "

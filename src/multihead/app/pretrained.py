@@ -12,7 +12,8 @@ Hugging Face cache), and writes a run directory whose one checkpoint, ``step-000
   decoder from its pad), ``eos_token_id``; ``max_position_embeddings`` (the longest sequence); ``dropout``. Keys
   absent take ``MarianConfig``'s defaults, as Transformers does.
 - ``generation_config.json`` (else the generation keys of ``config.json``): ``bad_words_ids`` of single tokens (OPUS-MT
-  bans its pad) become the tokens generation never chooses (``banned_ids``).
+  bans its pad) become the tokens generation never chooses, and ``forced_bos_token_id`` the token every translation
+  starts with (a multilingual model's target language): the run's generation spec (``banned``, ``forced``).
 - the weights, ``model.safetensors`` (read without unpickling anything) or else ``pytorch_model.bin`` (read with
   ``torch.load(weights_only=True)``, which unpickles tensors only), stored as float32 under our names. Tied matrices
   that the file leaves out are filled from their tie; a missing ``final_logits_bias`` is zeros, as Transformers
@@ -24,7 +25,7 @@ Hugging Face cache), and writes a run directory whose one checkpoint, ``step-000
 Whatever the model computes that multihead cannot compute exactly is refused in one line naming the key and its value
 (pre-norm layers, a LayerNorm after the embeddings or after the last layer, learned positions, other activations,
 different sizes for the encoder and the decoder, an output layer of its own beside a shared vocabulary, bans of
-token sequences, a forced first token, weights with no place in our model...), and nothing is written. Keys that
+token sequences, weights with no place in our model...), and nothing is written. Keys that
 change nothing the model computes (the Hub's bookkeeping, training-only dropouts, the default search) are not read;
 keys this module does not know are named in a warning. Search options ``multihead``'s search does not apply
 (``no_repeat_ngram_size``, ``repetition_penalty``, ``suppress_tokens``...) are named in a warning too.
@@ -53,7 +54,7 @@ from multihead.app.languages import CODE, NAMES
 from multihead.app.runs import check_new_run, save_imported_run
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.config import TransformerConfig
-from multihead.decoding import Specials
+from multihead.decoding import Generation, Specials
 from multihead.positional import sinusoidal_positions
 
 CONFIG, GENERATION, TOKENIZER_CONFIG = "config.json", "generation_config.json", "tokenizer_config.json"
@@ -151,6 +152,12 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     config, ids = transformer_config(hf, generation, files)
     weights = marian_weights(files.tensors(), config, files)
     source, target = marian_tokenizers(files, config, ids)
+    try:
+        spec = Generation(target.specials, banned=ids.banned, forced=ids.forced)
+        spec.check(config.tgt_vocab)
+    except ValueError as error:
+        raise files.refuse(GENERATION if generation is not None else CONFIG, f"describes no generation multihead "
+                           f"can run: {error}") from None  # fmt: skip
     langs = list(langs) if langs is not None else default_langs(source_name, directory, hf, files.tokenizer_config())
     for note in files.notes:
         warn(note)
@@ -158,7 +165,8 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     # No --vocab-size made the vocabulary; --joint-vocab: one for both sides, tied as ours are.
     options = {"task": None, "data": None, "tokenizer": SentencePieceTokenizer.kind, "vocab_size": None,
                "joint": config.tie_embeddings, "langs": langs, "imported": source_name}  # fmt: skip
-    save_imported_run(run, config=config, weights=weights, tokenizers=(source, target), options=options, record=record)
+    save_imported_run(run, config=config, generation=spec, weights=weights, tokenizers=(source, target),
+                      options=options, record=record)  # fmt: skip
     parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
     return Imported(run, source_name, config, source, target, langs, parameters)
 
@@ -302,11 +310,14 @@ class CheckpointFiles:
 
 @dataclass(frozen=True)
 class MarianIds:
-    """The ids the model itself fixes: its pad, the token its decoder starts from, its end of sentence."""
+    """The ids the model itself fixes: its pad, the token its decoder starts from, its end of sentence; and those its
+    generation config bans and forces first."""
 
     pad: int
     start: int
     eos: int
+    banned: tuple[int, ...] = ()
+    forced: tuple[int, ...] = ()
 
 
 def transformer_config(
@@ -350,8 +361,8 @@ def transformer_config(
         if shared and decoder_vocab != vocab:
             raise files.refuse(CONFIG, f"has decoder_vocab_size={decoder_vocab} and vocab_size={vocab}, but "
                                "share_encoder_decoder_embeddings=True gives both sides one vocabulary")  # fmt: skip
-    ids = MarianIds(values["pad_token_id"], values["decoder_start_token_id"], values["eos_token_id"])
-    banned = _generation(values, generation, files)
+    ids = MarianIds(values["pad_token_id"], values["decoder_start_token_id"], values["eos_token_id"],
+                    *_generation(values, generation, files))  # fmt: skip
     try:
         config = TransformerConfig(
             src_vocab=vocab, tgt_vocab=vocab if shared or decoder_vocab is None else decoder_vocab,
@@ -359,26 +370,27 @@ def transformer_config(
             num_encoder_layers=values["encoder_layers"], num_decoder_layers=values["decoder_layers"],
             d_ff=values["encoder_ffn_dim"], dropout=values["dropout"], activation=ACTIVATIONS[activation],
             max_len=values["max_position_embeddings"], pad_id=ids.pad, tie_embeddings=shared, positions="halves",
-            scale_embeddings=values["scale_embedding"], tie_output=not shared and tied, decoder_start_id=ids.start,
-            banned_ids=tuple(banned),
+            scale_embeddings=values["scale_embedding"], tie_output=not shared and tied,
         )  # fmt: skip
     except (TypeError, ValueError) as error:
         raise files.refuse(CONFIG, f"describes no model multihead can build: {error}") from None
     return config, ids
 
 
-def _generation(values: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles) -> list[int]:
-    """The tokens the generation config (``config.json``'s generation keys without one) bans; its ids must agree with
-    the model's."""
+def _generation(
+    values: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The tokens the generation config (``config.json``'s generation keys without one) bans, and forces first; its
+    ids must agree with the model's."""
     file = GENERATION if generation is not None else CONFIG
     settings = generation if generation is not None else values
     for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
         if key in settings and settings[key] not in (values[key], [values[key]]):
             raise files.refuse(GENERATION, f"has {key}={settings[key]!r} but {CONFIG} {values[key]!r}: which one "
                                "the model was trained with is unknown")  # fmt: skip
-    if settings.get("forced_bos_token_id") is not None:
-        raise files.refuse(file, f"has forced_bos_token_id={settings['forced_bos_token_id']!r}: multihead's "
-                           "search forces no first token")  # fmt: skip
+    forced = settings.get("forced_bos_token_id")
+    if forced is not None:
+        _check_int(files, file, "forced_bos_token_id", forced, minimum=0)
     bad = settings.get("bad_words_ids") or []
     if not isinstance(bad, list) or not all(isinstance(words, list) and len(words) == 1 for words in bad):
         raise files.refuse(file, f"has bad_words_ids={bad!r}: multihead bans single tokens only ([[id], ...])")
@@ -395,7 +407,7 @@ def _generation(values: dict[str, Any], generation: dict[str, Any] | None, files
         _warn_unknown(files, GENERATION, set(generation) - generic)
     _warn_unknown(files, CONFIG, set(values) - generic - set(DEFAULTS) - set(REQUIRED) - set(FIXED)
                   - {"model_type", "num_hidden_layers"})  # fmt: skip
-    return banned
+    return tuple(banned), () if forced is None else (forced,)
 
 
 def _check_int(files: CheckpointFiles, file: str, key: str, value: Any, *, minimum: int) -> None:

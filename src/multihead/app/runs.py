@@ -10,9 +10,10 @@
                                    evaluation's scores); see append_log
       attention.png                the cross-attention of the demo's first example (multihead demo)
       .lock                        while a process trains the run: its process id (see RunLock)
-      checkpoints/step-0000500/    config.json, model.safetensors, optimizer.safetensors, trainer.json,
-                                   tokenizer.json (+ subwords.json for a subword vocabulary; an imported model's
-                                   SentencePiece models and vocabularies)
+      checkpoints/step-0000500/    config.json (the architecture), generation.json (what generation reads besides
+                                   the search: special ids, banned and forced tokens), model.safetensors,
+                                   optimizer.safetensors, trainer.json, tokenizer.json (+ subwords.json for a subword
+                                   vocabulary; an imported model's SentencePiece models and vocabularies)
       checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
 
 A run that ``multihead import`` wrote holds one checkpoint, ``step-0000000``, without optimizer state: the model
@@ -39,7 +40,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from numbers import Real
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,12 +52,14 @@ from multihead import __version__
 from multihead.app.console import UserError, warn
 from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
-from multihead.config import TransformerConfig
+from multihead.config import MOVED_TO_GENERATION, TransformerConfig
+from multihead.decoding import Generation
 from multihead.files import atomic_write, atomic_write_text, fsync_directory, umask_mode, write_directory
-from multihead.io import FRAMEWORKS, METADATA, read_config, read_weights
+from multihead.io import FRAMEWORKS, METADATA, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
 CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"
+GENERATION = "generation.json"
 TOKENIZER = "tokenizer.json"
 REQUIRED = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, TRAINER)  # what a step checkpoint holds, at least
 HISTORY, HISTORY_PLOT, ATTENTION_PLOT = "history.json", "history.png", "attention.png"
@@ -80,6 +83,7 @@ class Checkpoint:
 
     path: Path
     config: TransformerConfig
+    generation: Generation  # its search the default: each command chooses its own
     source: Tokenizer
     target: Tokenizer
     trainer: dict[str, Any]
@@ -214,18 +218,30 @@ def trainer_record(
     }  # fmt: skip
 
 
+def model_writers(config: TransformerConfig, generation: Generation) -> dict[str, Callable[[Path], object]]:
+    """The files that describe a checkpoint's model: its architecture, and what generation reads besides the search
+    (which each command chooses)."""
+    stored = {name: value for name, value in generation.to_dict().items() if name != "search"}
+    return {
+        CONFIG: lambda path: path.write_text(config.to_json() + "\n", encoding="utf-8"),
+        GENERATION: write_json(stored),
+    }
+
+
 def save_step(
     out: Path,
     step: int,
     *,
     config: TransformerConfig,
+    generation: Generation,
     write_weights: Callable[[Path], None],
     write_optimizer: Callable[[Path], dict[str, Any]],
     record: Callable[[dict[str, Any]], dict[str, Any]],
     tokenizers: tuple[Tokenizer, Tokenizer],
     keep: int,
 ) -> Path:
-    """Write the checkpoint of ``step``: the model's config, its weights, the optimizer state (``write_optimizer``
+    """Write the checkpoint of ``step``: the model's config and generation spec, its weights, the optimizer state
+    (``write_optimizer``
     returns what ``trainer.json`` keeps of it) and ``trainer.json``, ``record`` of that."""
     kept: dict[str, Any] = {}
 
@@ -233,7 +249,7 @@ def save_step(
         kept.update(write_optimizer(path))
 
     writers = {
-        CONFIG: lambda path: path.write_text(config.to_json() + "\n", encoding="utf-8"),
+        **model_writers(config, generation),
         WEIGHTS: write_weights,
         OPTIMIZER: optimizer,
         TRAINER: lambda path: write_json(record(kept))(path),  # after the optimizer, whose record it holds
@@ -283,6 +299,8 @@ def _average_writers(
         return lambda path: path.write_bytes((kept[-1] / name).read_bytes())
 
     writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER) if trainer is None else write_json(trainer)}
+    if (kept[-1] / GENERATION).is_file():  # a checkpoint older versions wrote has none (see read_checkpoint)
+        writers[GENERATION] = copied(GENERATION)
     writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
     return writers
 
@@ -344,16 +362,17 @@ def save_imported_run(
     out: Path,
     *,
     config: TransformerConfig,
+    generation: Generation,
     weights: Mapping[str, np.ndarray],
     tokenizers: tuple[Tokenizer, Tokenizer],
     options: dict[str, Any],
     record: dict[str, Any],
 ) -> Path:
     """Write a new run directory ``out`` for a model trained elsewhere (``multihead import``): its one checkpoint,
-    ``step-0000000`` (which ``latest`` names), holds ``config``, ``weights`` (by our names, stored as float32),
-    ``tokenizers`` and a ``trainer.json`` of step 0 with ``options`` (``task``, ``data``, ``tokenizer``, ``langs``...),
-    no history, and ``record`` as ``imported`` (where the model came from, its own config); no optimizer state
-    (nothing to resume). ``out`` must not exist, and appears whole or not at all."""
+    ``step-0000000`` (which ``latest`` names), holds ``config``, ``generation``, ``weights`` (by our names, stored as
+    float32), ``tokenizers`` and a ``trainer.json`` of step 0 with ``options`` (``task``, ``data``, ``tokenizer``,
+    ``langs``...), no history, and ``record`` as ``imported`` (where the model came from, its own config); no optimizer
+    state (nothing to resume). ``out`` must not exist, and appears whole or not at all."""
     check_new_run(out, "RUN", "import")
     tensors = {name: np.asarray(array, dtype=np.float32) for name, array in weights.items()}
     trainer = trainer_record(
@@ -361,7 +380,7 @@ def save_imported_run(
         history={"losses": [], "evals": []},
     )  # fmt: skip
     writers = {
-        CONFIG: lambda path: path.write_text(config.to_json() + "\n", encoding="utf-8"),
+        **model_writers(config, generation),
         WEIGHTS: lambda path: safetensors.numpy.save_file(tensors, str(path), metadata=WEIGHTS_METADATA),
         TRAINER: write_json({**trainer, "imported": record}),
     }
@@ -537,14 +556,21 @@ def read_checkpoint(path: Path) -> Checkpoint:
     """A checkpoint's config, tokenizers and ``trainer.json``, each file checked and all checked against each
     other; a :class:`RunError` naming the damaged file."""
     trainer = _check_trainer(read_json(path / TRAINER), path / TRAINER)
+    values = read_json(path / CONFIG)
+    moved = {key: values.pop(key) for key in MOVED_TO_GENERATION if isinstance(values, dict) and key in values}
     try:
-        config = read_config(path / CONFIG)
-    except (TypeError, ValueError, OSError) as error:
-        raise RunError(str(error)) from None
+        config = TransformerConfig.from_dict(values)
+    except (TypeError, ValueError) as error:
+        raise RunError(f"{str(path / CONFIG)!r}: {error}") from None
     try:
         source, target = load_tokenizers(path)
     except ValueError as error:
         raise RunError(str(error)) from None
+    generation = _read_generation(path, target, moved.get("banned_ids") or ())
+    try:
+        generation.check(config.tgt_vocab)
+    except ValueError as error:
+        raise RunError(f"{str(path / GENERATION)!r} does not fit {str(path / CONFIG)!r}: {error}") from None
     sizes = {"source": (len(source), config.src_vocab), "target": (len(target), config.tgt_vocab)}
     for side, (symbols, vocabulary) in sizes.items():
         if symbols != vocabulary:
@@ -558,7 +584,29 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise RunError(
             f"{str(path / CONFIG)!r} has pad_id={config.pad_id}, the tokenizers pad with {' and '.join(map(str, pads))}"
         )
-    return Checkpoint(path, config, source, target, trainer)
+    return Checkpoint(path, config, generation, source, target, trainer)
+
+
+def _read_generation(path: Path, target: Tokenizer, banned: object) -> Generation:
+    """A checkpoint's generation spec, checked against its target tokenizer's special ids; a checkpoint older versions
+    wrote has none: its tokenizer's ids, and the tokens its config banned (``banned``)."""
+    if not (path / GENERATION).is_file():
+        values: Any = {"specials": asdict(target.specials), "banned": banned}
+        where = path / CONFIG
+    else:
+        values, where = read_json(path / GENERATION), path / GENERATION
+        if isinstance(values, dict) and "search" in values:
+            raise RunError(f"{str(where)!r} is damaged: it holds a search, which each command chooses")
+    try:
+        generation = Generation.from_dict(values)
+    except (TypeError, ValueError) as error:
+        raise RunError(f"{str(where)!r} is damaged: {error}") from None
+    if generation.specials != target.specials:
+        raise RunError(
+            f"{str(path / GENERATION)!r} has the special ids {generation.specials}, the target tokenizer "
+            f"{target.specials}"
+        )
+    return generation
 
 
 def _vocabulary_file(path: Path, side: str) -> Path:

@@ -19,7 +19,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from multihead.app.translate import TRANSLATION, Ids, Translator, translate_ids
+from multihead.app.translate import TRANSLATION, Ids, Translator, translate_ids, translation
 from multihead.decoding import SearchOptions
 from multihead.torch.streaming import Stream
 
@@ -174,7 +174,7 @@ class StreamingTranslator:
         self.translator, self.rows = translator, rows
         self.requests = Requests(translator)
         self.stream: Stream[tuple[_Job, int]] = Stream(
-            translator.model, rows=rows, search=search, specials=translator.specials, layouts=translator.layouts,
+            translator.model, rows=rows, generation=translator.spec(search), layouts=translator.layouts,
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -192,7 +192,7 @@ class StreamingTranslator:
         for job, index, ids in self.requests.take(self.rows - len(self.stream)):
             self.stream.add(ids, (job, index), limit=self.translator.limit(len(ids)), key=index)
         for (job, index), tokens in self.stream.step():
-            self.requests.ended(job, index, tokens)
+            self.requests.ended(job, index, translation(tokens, len(tokens), self.translator.generation))
 
     def fail(self, error: BaseException) -> None:
         self.stream.clear()
@@ -220,7 +220,7 @@ class RoundTranslator:
         taken = self.requests.take(self.rows)
         sources = [ids for _, _, ids in taken]
         outputs = translate_ids(
-            self.generate, sources, limit=self.translator.limit, specials=self.translator.specials,
+            self.generate, sources, limit=self.translator.limit, generation=self.translator.generation,
             batch_tokens=self.batch_tokens,
         )  # fmt: skip
         for (job, index, _), tokens in zip(taken, outputs, strict=True):

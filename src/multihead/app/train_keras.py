@@ -33,7 +33,7 @@ from multihead.app.batching import Batch, join_batches
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.config import TransformerConfig
-from multihead.decoding import Specials
+from multihead.decoding import Generation
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.keras import Transformer
 
@@ -136,11 +136,11 @@ class KerasTrainer:
         config: TransformerConfig,
         options: RunOptions,
         checkpoint: Checkpoint | None,
-        specials: Specials,
+        generation: Generation,
         *,
         weights: Path | None = None,
     ) -> None:
-        self.specials = specials
+        self.generation, self.specials = generation, generation.specials
         self.backend, self.device = keras.backend.backend(), keras_device()
         self.prefetch = False
         self.devices = _data_parallel()
@@ -200,9 +200,7 @@ class KerasTrainer:
         return float(-(picked * (batch.tgt_out != batch.pad)).sum())
 
     def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
-        return self.model.generate(
-            src.astype("int32"), max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
-        )
+        return self.model.generate(src.astype("int32"), max_len=limits, generation=self.generation)
 
     def agree(self, flag: bool) -> bool:
         return flag

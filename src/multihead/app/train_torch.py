@@ -41,7 +41,7 @@ from multihead.app.memory import keep_freed_memory
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.config import TransformerConfig
-from multihead.decoding import Specials
+from multihead.decoding import Generation
 from multihead.io import load_weights, read_weights, save_weights
 from multihead.torch import Transformer
 from multihead.torch.layouts import product
@@ -145,12 +145,12 @@ class TorchTrainer:
         config: TransformerConfig,
         options: RunOptions,
         checkpoint: Checkpoint | None,
-        specials: Specials,
+        generation: Generation,
         *,
         weights: Path | None = None,
     ) -> None:
         keep_freed_memory()
-        self.specials = specials
+        self.generation, self.specials = generation, generation.specials
         self.rank, self.world = rank(), world_size()
         self.device = torch.device(resolve_device(options.device or "auto"))
         self.prefetch = self.device.type == "cuda"  # batches built on a thread while the GPU computes
@@ -256,9 +256,7 @@ class TorchTrainer:
 
     def generate(self, src: np.ndarray, limits: np.ndarray) -> np.ndarray:
         self.model.eval()
-        out = self.model.generate(
-            torch.from_numpy(src).to(self.device), max_len=limits, bos_id=self.specials.bos, eos_id=self.specials.eos
-        )
+        out = self.model.generate(torch.from_numpy(src).to(self.device), max_len=limits, generation=self.generation)
         self.model.train()
         return out.cpu().numpy()
 

@@ -90,7 +90,7 @@ from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import Tokenizer, build_tokenizers
 from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
-from multihead.decoding import Specials
+from multihead.decoding import Generation
 
 READ_EVERY = 10
 """Steps between reads of the loss from the device (and, with several ranks, between their agreeing to stop): a GPU
@@ -110,6 +110,7 @@ class Setup:
     source: Tokenizer
     target: Tokenizer
     config: TransformerConfig
+    generation: Generation
     prepared: Prepared
     initial: Checkpoint | None = None
 
@@ -140,17 +141,12 @@ def saved_recipe(saved: dict[str, Any]) -> str:
 
 
 def _config(options: RunOptions, source: Tokenizer, target: Tokenizer, max_len: int) -> TransformerConfig:
-    """A new model for the tokenizers: padded with their pad; a vocabulary whose decoder starts from its pad (an
-    imported Marian one's, taken with --vocab-from) keeps that first position and never generates the pad."""
-    specials = target.specials
-    starts_from_pad = specials.bos == specials.pad
+    """A new model for the tokenizers, padded with their pad."""
     try:
         return TransformerConfig(
             len(source), len(target), d_model=options.d_model, num_heads=options.num_heads,
             num_encoder_layers=options.layers, num_decoder_layers=options.layers, d_ff=options.d_ff,
-            dropout=options.dropout, max_len=max_len, pad_id=specials.pad, tie_embeddings=source is target,
-            decoder_start_id=specials.bos if starts_from_pad else None,
-            banned_ids=(specials.pad,) if starts_from_pad else (),
+            dropout=options.dropout, max_len=max_len, pad_id=target.specials.pad, tie_embeddings=source is target,
         )  # fmt: skip
     except ValueError as error:
         raise UserError(in_flags(str(error))) from None
@@ -215,13 +211,15 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
         release_freed_memory()  # theirs and the BPE trainer's
     else:
         source, target = taken.source, taken.target
+    # A vocabulary taken from another run (an imported one's) keeps what that run's generation bans and forces.
+    generation = Generation(target.specials) if taken is None else taken.generation
     if initial is None:
         config = _config(resolved, source, target, data.positions(source, target))
     else:
         config = replace(initial.config, dropout=resolved.dropout)
         data.fit(config.max_len, source, target)
     prepared = data.prepare(out, source, target, options.progress)
-    return Setup(resolved, data, source, target, config, prepared, initial)
+    return Setup(resolved, data, source, target, config, generation, prepared, initial)
 
 
 def _refuse_changes(options: TrainOptions, saved: dict[str, Any]) -> None:
@@ -256,7 +254,9 @@ def resumed_setup(options: TrainOptions, checkpoint: Checkpoint, out: Path) -> S
     given = data.recorded(options)
     resolved = replace(resolved, data=given["data"], valid=given["valid"])  # the same files, maybe by other paths
     prepared = data.resume(options, checkpoint, out)
-    return Setup(resolved, data, checkpoint.source, checkpoint.target, checkpoint.config, prepared)
+    return Setup(
+        resolved, data, checkpoint.source, checkpoint.target, checkpoint.config, checkpoint.generation, prepared
+    )
 
 
 # --- the framework's part ---------------------------------------------------------------------------------
@@ -354,19 +354,19 @@ def make_trainer(
     setup_config: TransformerConfig,
     options: RunOptions,
     checkpoint: Checkpoint | None,
-    specials: Specials,
+    generation: Generation,
     weights: Path | None = None,
 ) -> Trainer:
     """The framework's trainer, resuming from ``checkpoint`` or starting from ``weights`` (``--init``) or at random,
-    with the target tokenizer's ``specials``; :meth:`Training.build` has checked the device (and imported Keras)
-    before."""
+    batching with ``generation``'s special ids (the target tokenizer's) and validating with its greedy search;
+    :meth:`Training.build` has checked the device (and imported Keras) before."""
     if framework == "keras":
         from multihead.app.train_keras import KerasTrainer
 
-        return KerasTrainer(setup_config, options, checkpoint, specials, weights=weights)
+        return KerasTrainer(setup_config, options, checkpoint, generation, weights=weights)
     from multihead.app.train_torch import TorchTrainer
 
-    return TorchTrainer(setup_config, options, checkpoint, specials, weights=weights)
+    return TorchTrainer(setup_config, options, checkpoint, generation, weights=weights)
 
 
 # --- the scaffold -----------------------------------------------------------------------------------------
@@ -530,7 +530,7 @@ class Training:
             # The run's own framework and options (the device: this machine's, never the run's); a different
             # --framework is refused by resumed_setup, as a change of the run (not as a damaged checkpoint).
             saved = _resolve(nothing_given, saved_recipe(found.options), found.options)
-            return make_trainer(found.trainer["framework"], found.config, saved, found, found.target.specials)
+            return make_trainer(found.trainer["framework"], found.config, saved, found, found.generation)
 
         checkpoint, self.trainer = open_checkpoint(self.out, "latest", load, doing="resuming from")
         self.setup = resumed_setup(self.options, checkpoint, self.out)
@@ -579,7 +579,7 @@ class Training:
         o = self.setup.options
         initial = self.setup.initial
         weights = None if initial is None else initial.path / WEIGHTS
-        self.trainer = make_trainer(o.framework, self.setup.config, o, None, self.setup.target.specials, weights)
+        self.trainer = make_trainer(o.framework, self.setup.config, o, None, self.setup.generation, weights)
         self.step_count, self.history, self.seconds, self.tokens = 0, {"losses": [], "evals": []}, 0.0, 0
 
     # step ----------------------------------------------------------------------------------------------
@@ -631,7 +631,7 @@ class Training:
         longest = setup.prepared.facts["longest_target"]
         limit = lambda length: length_limit(length, longest, setup.config.max_len)  # noqa: E731
         generate = lambda src, limits, _: self.trainer.generate(src, limits)  # noqa: E731 (greedy: no sentence keys)
-        found = translate_ids(generate, ids, limit=limit, specials=setup.target.specials)
+        found = translate_ids(generate, ids, limit=limit, generation=setup.generation)
         return [setup.target.decode(out) for out in found]
 
     def evaluate(self, count: int | None) -> dict[str, Any]:
@@ -694,7 +694,8 @@ class Training:
             )  # fmt: skip
 
         save_step(
-            self.out, self.step_count, config=self.setup.config, write_weights=self.trainer.write_weights,
+            self.out, self.step_count, config=self.setup.config, generation=self.setup.generation,
+            write_weights=self.trainer.write_weights,
             write_optimizer=self.trainer.write_optimizer, record=record,
             tokenizers=(self.setup.source, self.setup.target), keep=self.setup.options.keep,
         )  # fmt: skip

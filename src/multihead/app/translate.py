@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.decoding import SearchOptions, Specials, generate, n_best_search
+from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
 
 Ids = list[int]
 Row = TypeVar("Row")  # what a batch gives for each of its rows
@@ -119,10 +119,12 @@ def in_batches(
     return [results[index] for index in range(len(sources))]
 
 
-def until_eos(tokens: np.ndarray, limit: int, eos: int) -> Ids:
-    """``tokens`` up to their first ``eos``, included, and at most ``limit`` of them."""
-    ids = tokens[:limit].tolist()
-    return ids[: ids.index(eos) + 1] if eos in ids else ids
+def translation(tokens: Sequence[int] | np.ndarray, limit: int, generation: Generation) -> Ids:
+    """The translation in ``tokens`` as generated: up to their first EOS, included, and at most ``limit`` of them,
+    without the tokens ``generation`` forces first (a language code: the model's, not the text's)."""
+    ids = list(tokens[:limit])
+    ids = ids[: ids.index(generation.specials.eos) + 1] if generation.specials.eos in ids else ids
+    return [int(token) for token in ids[len(generation.forced) :]]
 
 
 def translate_ids(
@@ -130,19 +132,20 @@ def translate_ids(
     sources: Sequence[Ids],
     *,
     limit: Callable[[int], int],
-    specials: Specials,
+    generation: Generation,
     batch_tokens: int = BATCH_TOKENS,
     progress: bool = False,
 ) -> list[Ids]:
-    """Translate token-id sequences in batches of similar length (:func:`in_batches`, padded with ``specials.pad``)
-    with ``generate``, which gives ``(B, T)`` tokens a batch; the results come back in input order, each cut at its
-    first EOS (included) or its length limit."""
+    """Translate token-id sequences in batches of similar length (:func:`in_batches`, padded with ``generation``'s
+    pad) with ``generate``, which gives ``(B, T)`` tokens a batch; the results come back in input order, each its
+    :func:`translation`."""
 
     def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[Ids]:
         out = generate(src, limits, indices)
-        return [until_eos(tokens, limit, specials.eos) for tokens, limit in zip(out, limits, strict=True)]
+        return [translation(tokens, limit, generation) for tokens, limit in zip(out, limits, strict=True)]
 
-    return in_batches(run, sources, limit=limit, pad=specials.pad, batch_tokens=batch_tokens, progress=progress)
+    pad = generation.specials.pad
+    return in_batches(run, sources, limit=limit, pad=pad, batch_tokens=batch_tokens, progress=progress)
 
 
 class Translator:
@@ -179,7 +182,9 @@ class Translator:
         self.layouts = Layouts()
         """The model's weights laid out for decoding, once for every session: a translator never changes them."""
         self.source, self.target = self.checkpoint.source, self.checkpoint.target
-        self.specials: Specials = self.target.specials
+        self.generation: Generation = self.checkpoint.generation
+        """What this run generates with (its special ids, banned and forced tokens), whatever the search."""
+        self.specials: Specials = self.generation.specials
         self.longest_target = int(self.checkpoint.trainer["data"].get("longest_target", 0))
         self.langs: list[str] | None = self.checkpoint.options.get("langs")  # [source, target], when recorded
         self.batch_tokens = CUDA_BATCH_TOKENS if self.device.type == "cuda" else BATCH_TOKENS
@@ -240,16 +245,18 @@ class Translator:
         source = self.torch.from_numpy(src).to(self.device)
         return self.model.decoding_session(source, max_len=int(limits.max()), layouts=self.layouts)
 
+    def spec(self, search: SearchOptions) -> Generation:
+        """This run's generation, searching as ``search`` says."""
+        return replace(self.generation, search=search)
+
     def generate(self, search: SearchOptions = TRANSLATION) -> Generate:
         """What translates a batch as ``search`` says (one translation a sentence): ``src (B, Ls)``, each row's length
-        limit and index in the input (which seeds its sampling) -> tokens ``(B, T)``."""
-        torch = self.torch
+        limit and index in the input (which seeds its sampling) -> tokens ``(B, T)`` as generated."""
+        torch, spec = self.torch, self.spec(search)
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                session = self.session(src, limits)
-                specials = self.specials
-                return generate(session, len(src), search, max_len=limits, specials=specials, keys=indices)
+                return generate(self.session(src, limits), len(src), spec, max_len=limits, keys=indices)
 
         return run
 
@@ -267,7 +274,7 @@ class Translator:
         same whatever batches they fall in."""
         pieces, flat = self.pieces(texts, names)
         outputs = translate_ids(
-            self.generate(search), flat, limit=self.limit, specials=self.specials,
+            self.generate(search), flat, limit=self.limit, generation=self.generation,
             batch_tokens=self.batch_size(search), progress=progress,
         )  # fmt: skip
         self.tokens += sum(map(len, outputs))
@@ -298,14 +305,16 @@ class Translator:
         ``[(None, "")]``; a text longer than the model reads is translated in pieces (:meth:`pieces`, warnings
         naming it as ``names`` say): its ``i``-th translation joins its pieces' ``i``-th best, and its score is the
         sum of theirs."""
-        torch = self.torch
+        torch, spec = self.torch, self.spec(search)
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
             with torch.inference_mode():
-                session = self.session(src, limits)
-                found = n_best_search(session, len(src), search, max_len=limits, specials=self.specials)
+                found = n_best_search(self.session(src, limits), len(src), spec, max_len=limits)
             # The model's log-probabilities are finite: every sentence has `n_best` hypotheses.
-            return [[(score, tokens.tolist()) for score, tokens in best] for best in found]
+            return [
+                [(score, translation(tokens, limit, spec)) for score, tokens in best]
+                for best, limit in zip(found, limits, strict=True)
+            ]
 
         pieces, flat = self.pieces(texts, names)
         batches = in_batches(
@@ -334,12 +343,13 @@ class Translator:
         progress: bool = False,
     ) -> list[Scored]:
         """How probable the model finds each translation ``targets[i]`` of ``sources[i]``: teacher-forced, the model's
-        forward pass reads the source and BOS + the translation's tokens and predicts the translation's tokens + EOS;
-        the log-probabilities (natural log) of those, summed, with their count (EOS included). In length-sorted
+        forward pass reads the source and BOS + the forced tokens (which generation gives every translation first) +
+        the translation's tokens and predicts the translation's tokens + EOS; the log-probabilities (natural log) of
+        those, summed, with their count (EOS included). In length-sorted
         batches (:func:`in_batches`). A source or translation longer than the model reads is cut to what it reads
         (only what was read is scored: see the count), with one warning naming the lines as ``names`` say; a blank
         source, which the model never reads, scores ``nan``, with one warning."""
-        torch, specials = self.torch, self.specials
+        torch, specials, forced = self.torch, self.specials, list(self.generation.forced)
         names = names or [f"pair {i + 1}" for i in range(len(sources))]
         max_len = self.checkpoint.config.max_len
         blank, cut = [], []
@@ -351,10 +361,10 @@ class Translator:
             )
             if not source.strip():
                 blank.append(name)
-            if len(ids) > max_len or len(tokens) >= max_len:
+            if len(ids) > max_len or len(forced) + len(tokens) >= max_len:
                 cut.append(name)
             source_ids.append(ids[:max_len] or [specials.pad])  # a blank source is scored as nan below
-            target_ids.append([*tokens, specials.eos][:max_len])  # predicted: the translation and EOS
+            target_ids.append([*forced, *tokens, specials.eos][:max_len])  # predicted: the translation and EOS
         for what, listed, how in (
             (f"longer than this model reads (at most {max_len} tokens a side)", cut, "cut to what it reads"),
             ("blank: the model reads no empty source", blank, "scored nan"),
@@ -366,18 +376,18 @@ class Translator:
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[Scored]:
             rows = [target_ids[index] for index in indices]
             longest = max(map(len, rows))
-            tgt_in = np.full((len(rows), longest), specials.pad, dtype=np.int64)  # (B, Lt): BOS + translation
+            tgt_in = np.full((len(rows), longest), specials.pad, dtype=np.int64)  # (B, Lt): BOS + forced + translation
             tgt_out = np.full((len(rows), longest), specials.pad, dtype=np.int64)  # (B, Lt): translation + EOS
             for row, tokens in enumerate(rows):
                 tgt_in[row, 0], tgt_in[row, 1 : len(tokens)] = specials.bos, tokens[:-1]
-                tgt_out[row, : len(tokens)] = tokens
+                tgt_out[row, len(forced) : len(tokens)] = tokens[len(forced) :]  # the forced are given, not scored
             with torch.inference_mode():
                 out = torch.from_numpy(tgt_out).to(self.device)
                 logits = self.model(torch.from_numpy(src).to(self.device), torch.from_numpy(tgt_in).to(self.device))
                 logits = logits.float()  # (B, Lt, V)
                 picked = logits.gather(-1, out.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, Lt)
                 totals = picked.masked_fill(out == specials.pad, 0.0).sum(dim=1).double().cpu().numpy()  # (B,)
-            return [Scored(float(total), len(tokens)) for total, tokens in zip(totals, rows, strict=True)]
+            return [Scored(float(total), len(tokens) - len(forced)) for total, tokens in zip(totals, rows, strict=True)]
 
         scored = in_batches(
             run, source_ids, limit=self.limit, pad=specials.pad, batch_tokens=self.batch_tokens, progress=progress
@@ -395,11 +405,11 @@ class Translator:
                 f"the text to plot is longer than this model reads: {len(ids)} {self._unit()}, at most "
                 f"{self.checkpoint.config.max_len}"
             )
-        (out,) = translate_ids(self.generate(search), [ids], limit=self.limit, specials=self.specials)
-        src = torch.tensor([ids], device=self.device)
+        (out,) = translate_ids(self.generate(search), [ids], limit=self.limit, generation=self.generation)
+        src, forced = torch.tensor([ids], device=self.device), list(self.generation.forced)
         with torch.no_grad():
             memory = self.model.encode(src)
-            tgt = torch.tensor([[self.specials.bos, *out[:-1]]], device=self.device)
+            tgt = torch.tensor([[self.specials.bos, *forced, *out][: len(forced) + len(out)]], device=self.device)
             _, weights = self.model.decode(tgt, memory, return_weights=True)
         return Translation(
             source=text,
@@ -408,5 +418,5 @@ class Translator:
             target_tokens=self.target.pieces(out),
             source_word_starts=self.source.word_starts(ids),
             target_word_starts=self.target.word_starts(out),
-            cross_attention=[w[0].float().cpu().numpy() for w in weights],  # per layer (H, Lt, Ls)
+            cross_attention=[w[0, :, len(forced) :].float().cpu().numpy() for w in weights],  # per layer (H, Lt, Ls)
         )

@@ -428,9 +428,9 @@ class CompiledDecoding:
     def top_k(self, log_probs: Scores, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         return self._choices.top_k(log_probs.rows(), scores, beam, count)
 
-    def suppress(self, log_probs: Scores, token: int, rows: np.ndarray | None = None) -> Scores:
-        """The search's rows, ``token`` impossible (renormalised), their best chosen again."""
-        return Scores(self._choices.suppress(log_probs.rows(), token, rows), None, np.arange(len(log_probs.live)))
+    def suppress(self, log_probs: Scores, tokens: np.ndarray, rows: np.ndarray | None = None) -> Scores:
+        """The search's rows, ``tokens`` impossible (renormalised), their best chosen again."""
+        return Scores(self._choices.suppress(log_probs.rows(), tokens, rows), None, np.arange(len(log_probs.live)))
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them

@@ -14,7 +14,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -445,10 +445,10 @@ class Transformer(NamedTensorArguments, keras.Model):
 
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
     self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
-    a mask is not given, it is ``tokens != pad_id``. With ``tie_embeddings`` (one vocabulary for both sides), the
-    source embedding, the target embedding and the output projection share one matrix, as in the paper; with
-    ``tie_output`` the target embedding and the output projection do. The options for models trained elsewhere
-    (``positions``, ``scale_embeddings``, ``decoder_start_id``, ``banned_ids``) are :class:`TransformerConfig`'s.
+    a mask is not given, it is ``tokens != pad_id`` (a target's first position always real). With ``tie_embeddings``
+    (one vocabulary for both sides), the source embedding, the target embedding and the output projection share one
+    matrix, as in the paper; with ``tie_output`` the target embedding and the output projection do. The options for
+    models trained elsewhere (``positions``, ``scale_embeddings``) are :class:`TransformerConfig`'s.
     """
 
     tensor_arguments = ("src", "tgt")
@@ -473,15 +473,12 @@ class Transformer(NamedTensorArguments, keras.Model):
         positions: str = "interleaved",
         scale_embeddings: bool = True,
         tie_output: bool = False,
-        decoder_start_id: int | None = None,
-        banned_ids: Sequence[int] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
-            decoder_start_id, banned_ids,
         )  # fmt: skip
         # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
         embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
@@ -538,7 +535,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _target_key_mask(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor | None:
-        return target_padding_from_tokens(tokens, key_mask, self.config, OPS)
+        return target_padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _embed(
         self, embedding: layers.Embedding, tokens: Tensor, offset: int | Tensor, training: bool | None
@@ -640,8 +637,8 @@ class Transformer(NamedTensorArguments, keras.Model):
         src: Tensor,
         *,
         max_len: decoding.Limit,
-        bos_id: int,
-        eos_id: int,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
         src_key_mask: Tensor | None = None,
         beam_size: int = 1,
         use_cache: bool = True,
@@ -649,14 +646,16 @@ class Transformer(NamedTensorArguments, keras.Model):
         length_penalty: float = 1.0,
         compiled: bool | None = None,
         search: decoding.SearchOptions | None = None,
+        generation: decoding.Generation | None = None,
     ) -> np.ndarray:
-        """Translate ``src (B, Ls)``: greedy (``beam_size=1``), beam search, or as ``search`` says (a
-        :class:`multihead.decoding.SearchOptions`: greedy, beam search or sampling; not with ``beam_size`` or
-        ``length_penalty``).
+        """Translate ``src (B, Ls)`` as ``generation`` says (a :class:`multihead.decoding.Generation`: the special
+        ids, banned and forced tokens, the search), or as its keywords do: ``bos_id`` and ``eos_id``, greedy
+        (``beam_size=1``), beam search, or as ``search`` says (a :class:`multihead.decoding.SearchOptions`: greedy,
+        beam search or sampling; not with ``beam_size`` or ``length_penalty``).
 
         ``max_len``: the most tokens a row may take, one for all rows or one per row (a list or 1-D array of ``B``
         ints). Returns the generated tokens after BOS as an int64 array ``(B, T)``, ``T <= max(max_len)``; each row
-        stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
+        stops at its first EOS or its ``max_len`` and is padded after it with the pad (``pad_id`` default: the
         config's ``pad_id``, else ``eos_id``).
 
         ``compiled`` chooses how the decoding steps run: ``True``, as one traced program per step over a cache of
@@ -665,21 +664,14 @@ class Transformer(NamedTensorArguments, keras.Model):
         many times faster; ``False``, eagerly, operation by operation; ``None`` (default), compiled on TensorFlow and
         JAX, eager on the torch backend, which has no compiled path. Both give the same tokens.
         """
-        search = decoding.search_options(search, beam_size=beam_size, length_penalty=length_penalty)
-        pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
-        longest = decoding.check_generation_args(
-            self.config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=src
-        )
+        generation, longest = checks.check_generate_call(
+            self.config, generation, max_len=max_len, src=src, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+            beam_size=beam_size, length_penalty=length_penalty, search=search,
+        )  # fmt: skip
         session = self.decoding_session(
             src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, compiled=compiled
         )
-        return decoding.generate(
-            session,
-            int(src.shape[0]),
-            search,
-            max_len=max_len,
-            specials=decoding.Specials(pad=pad_id, bos=bos_id, eos=eos_id),
-        )
+        return decoding.generate(session, int(src.shape[0]), generation, max_len=max_len)
 
     def decoding_session(
         self,
@@ -727,8 +719,6 @@ class DecoderSteps:
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
-        banned = decoding.banned_row(model.config)
-        self.banned = None if banned is None else ops.convert_to_tensor(banned)  # (V,)
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """``src (N, Ls)`` encoded: the memory ``(N, Ls, E)`` and its key mask ``(N, Ls)`` (from the config's
@@ -764,10 +754,8 @@ class DecoderSteps:
         return self.log_probs(ops.take(hidden, position, axis=1))
 
     def log_probs(self, hidden: Tensor) -> Tensor:
-        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32: the banned tokens' ``-inf``, the
-        others' renormalised."""
-        logits = ops.cast(self.model.output_proj(hidden), "float32")  # (N, V)
-        return ops.log_softmax(logits if self.banned is None else logits + self.banned, axis=-1)
+        """``hidden (N, E)`` → next-token log-probabilities ``(N, V)`` in float32."""
+        return ops.log_softmax(ops.cast(self.model.output_proj(hidden), "float32"), axis=-1)  # (N, V)
 
     def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
@@ -778,11 +766,15 @@ class DecoderSteps:
     def argmax(self, log_probs: Tensor) -> np.ndarray:
         return np.asarray(ops.convert_to_numpy(ops.argmax(log_probs, axis=-1))).astype(np.int64)
 
-    def suppress(self, log_probs: Tensor, token: int, rows: np.ndarray | None = None) -> Tensor:
+    def suppress(self, log_probs: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
         """:meth:`multihead.decoding.Choices.suppress` of log-probabilities: renormalised."""
-        shape = tuple(int(size) for size in log_probs.shape)
-        impossible = np.zeros(shape, bool)  # (N, V)
-        impossible[slice(None) if rows is None else rows, token] = True
+        count, vocab = (int(size) for size in log_probs.shape)
+        impossible = np.zeros(vocab, bool)  # (V,)
+        impossible[tokens] = True
+        if rows is not None:
+            chosen = np.zeros(count, bool)
+            chosen[rows] = True
+            impossible = np.logical_and.outer(chosen, impossible)  # (N, V)
         return ops.log_softmax(ops.where(ops.convert_to_tensor(impossible), -np.inf, log_probs), axis=-1)
 
     def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,8 +119,7 @@ class Affine:
     ``kind`` says how: ``"onednn"`` a float32 weight packed for oneDNN ``(O, I)``; ``"bf16"`` the same in bfloat16
     (inputs rounded to it, outputs back in their dtype); ``"int8"`` PyTorch's packed int8 weight (``weight`` is then
     its packed parameters); ``"plain"`` ``x @ weight + bias`` with ``weight (I, O)``; ``"modules"`` the linears run as
-    they are (modules other than ``nn.Linear``, weights made in inference mode, which cannot be laid out). ``bias``
-    (``(O,)`` or ``None``) may differ from the linears' where the layout was made with a ``fill``.
+    they are (modules other than ``nn.Linear``, weights made in inference mode, which cannot be laid out).
     """
 
     kind: str
@@ -130,20 +129,17 @@ class Affine:
     reduce_range: bool = True
 
     @classmethod
-    def of(cls, *linears: nn.Linear, dtype: str | None = None, fill: dict[int, float] | None = None) -> Affine:
+    def of(cls, *linears: nn.Linear, dtype: str | None = None) -> Affine:
         """``linears`` (all ``nn.Linear``) as one; ``dtype``: computed in ``"int8"`` or ``"bf16"`` (see
-        :func:`quantize`); ``fill``: bias entries replaced (output feature → value), e.g. ``-inf`` for tokens a search
-        may never choose."""
+        :func:`quantize`)."""
         weight = torch.cat(tuple(linear.weight for linear in linears))  # (O, I)
         biases = [linear.bias for linear in linears]
         bias = None
-        if fill or any(b is not None for b in biases):
+        if any(b is not None for b in biases):
             bias = torch.cat([
                 torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device) if b is None else b
                 for linear, b in zip(linears, biases, strict=True)
             ])  # fmt: skip
-            for index, value in (fill or {}).items():
-                bias[index] = value
         if dtype == "int8":
             return cls._int8(weight, bias)
         if dtype == "bf16":
@@ -205,13 +201,11 @@ class StepLayout:
     more) makes the layout run the modules as they are.
 
     ``dtype`` and ``quantized`` (set by :func:`quantize`): the layout is quantized (``"int8"`` or ``"bf16"``), laid
-    out when :func:`quantize` ran, and every inference call takes it. ``fill``: bias entries the layout replaces (see
-    :meth:`Affine.of`).
+    out when :func:`quantize` ran, and every inference call takes it.
     """
 
-    def __init__(self, owner: nn.Module, *names: str, fill: Sequence[int] = ()) -> None:
+    def __init__(self, owner: nn.Module, *names: str) -> None:
         self.owner, self.names = owner, names
-        self.fill = {int(index): float("-inf") for index in fill}
         self.dtype: str | None = None
         self.quantized: Affine | None = None
 
@@ -225,12 +219,12 @@ class StepLayout:
         if len(linears) < len(modules):
             return Affine("modules", None, None, tuple(modules))
         with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-            return Affine.of(*linears, dtype=self.dtype, fill=self.fill)
+            return Affine.of(*linears, dtype=self.dtype)
 
     def apply(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
         """``x (..., I)`` through the linears. Without gradients: laid out by ``layouts`` when given (a decoding
         session's), quantized when :func:`quantize` made the layout so; else (and with gradients) through
-        :func:`linear`. A layout that replaces bias entries does so only where it is laid out."""
+        :func:`linear`."""
         if not torch.is_grad_enabled():
             if layouts is not None:
                 return layouts[self](x)

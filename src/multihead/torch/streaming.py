@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from multihead.cache import StepCache
-from multihead.decoding import SearchOptions, Specials, sample, sentence_generators, too_short
+from multihead.decoding import Generation, process, sample, sentence_generators
 from multihead.torch.layouts import Layouts
 from multihead.torch.transformer import Transformer
 from multihead.validation import check_positive_int
@@ -151,7 +151,8 @@ class _Sentence(Generic[Owner]):
 
 
 class Stream(Generic[Owner]):
-    """Sentences (token ids) translated by ``model`` as ``search`` says (greedy or sampling: one row a sentence), at
+    """Sentences (token ids) translated by ``model`` as ``generation`` says (a
+    :class:`~multihead.decoding.Generation` whose search is greedy or sampling: one row a sentence), at
     most ``rows`` at a time: :meth:`add` queues one, :meth:`step` lets those waiting join and decodes one token of
     each. Those waiting join once they are a quarter of the rows decoding, or have waited :data:`JOIN_AFTER` steps, or
     nothing is decoding: encoding a few sources at a time costs much more per source than a step. The model should
@@ -163,15 +164,17 @@ class Stream(Generic[Owner]):
         model: Transformer,
         *,
         rows: int,
-        search: SearchOptions,
-        specials: Specials,
+        generation: Generation,
         layouts: Layouts | None = None,
     ) -> None:
-        if not search.strategy.one_row:
+        if not isinstance(generation, Generation):
+            raise TypeError(f"`generation` must be a Generation, received {type(generation).__name__}")
+        generation.check(model.config.tgt_vocab)
+        if not generation.search.strategy.one_row:
             raise ValueError("a Stream decodes one row a sentence: beam search (beam_size > 1) translates in batches")
-        self.model, self.search = model, search
+        self.model, self.generation = model, generation
+        self.search, self.specials = generation.search, generation.specials
         self.max_rows = check_positive_int("rows", rows)
-        self.specials = specials
         self.device = model.src_embed.weight.device
         layers = len(model.decoder.layers)
         self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
@@ -297,9 +300,7 @@ class Stream(Generic[Owner]):
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
-        short = too_short(made, self.search)
-        if short is not None:
-            logits = self.steps.suppress(logits, self.specials.eos, short)
+        logits = process(self.steps, logits, made, self.generation)
         if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]

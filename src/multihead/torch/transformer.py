@@ -326,11 +326,11 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer for sequence-to-sequence tasks.
 
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions, as in the paper; the decoder's
-    self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and
-    a mask is not given, it is ``tokens != pad_id``. With ``tie_embeddings`` (one vocabulary for both sides), the
-    source embedding, the target embedding and the output projection share one matrix, as in the paper; with
-    ``tie_output`` the target embedding and the output projection do. The options for models trained elsewhere
-    (``positions``, ``scale_embeddings``, ``decoder_start_id``, ``banned_ids``) are :class:`TransformerConfig`'s.
+    self-attention is causal. Key masks are ``(B, L)`` bool, ``True`` at real tokens; when ``pad_id`` is set and a mask
+    is not given, it is ``tokens != pad_id`` (a target's first position always real). With ``tie_embeddings`` (one
+    vocabulary for both sides), the source embedding, the target embedding and the output projection share one matrix,
+    as in the paper; with ``tie_output`` the target embedding and the output projection do. The options for models
+    trained elsewhere (``positions``, ``scale_embeddings``) are :class:`TransformerConfig`'s.
 
     Example:
         >>> model = Transformer(20, 20, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
@@ -361,14 +361,11 @@ class Transformer(nn.Module):
         positions: str = "interleaved",
         scale_embeddings: bool = True,
         tie_output: bool = False,
-        decoder_start_id: int | None = None,
-        banned_ids: Sequence[int] = (),
     ) -> None:
         super().__init__()
         config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
-            decoder_start_id, banned_ids,
         )  # fmt: skip
         self.config = config
         self.src_embed = nn.Embedding(src_vocab, d_model)
@@ -387,10 +384,7 @@ class Transformer(nn.Module):
         if tie_embeddings or tie_output:
             self.output_proj.weight = self.tgt_embed.weight
             nn.init.zeros_(self.output_proj.bias)
-        # The output projection laid out for inference, and for searches: with the banned tokens' logits -inf.
-        output = StepLayout(self, schema.OUTPUT)
-        search = StepLayout(self, schema.OUTPUT, fill=config.banned_ids) if config.banned_ids else output
-        self._layouts = {"output": output, "search": search}
+        self._layouts = {"output": StepLayout(self, schema.OUTPUT)}  # the output projection laid out for inference
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -402,7 +396,7 @@ class Transformer(nn.Module):
         return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _target_key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
-        return target_padding_from_tokens(tokens, key_mask, self.config, OPS)
+        return target_padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
         embedded = embedding(tokens)  # (B, L, E)
@@ -511,8 +505,8 @@ class Transformer(nn.Module):
         src: torch.Tensor,
         *,
         max_len: decoding.Limit,
-        bos_id: int,
-        eos_id: int,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
         src_key_mask: torch.Tensor | None = None,
         beam_size: int = 1,
         use_cache: bool = True,
@@ -520,36 +514,31 @@ class Transformer(nn.Module):
         length_penalty: float = 1.0,
         search: decoding.SearchOptions | None = None,
         layouts: Layouts | None = None,
+        generation: decoding.Generation | None = None,
     ) -> torch.Tensor:
-        """Translate ``src (B, Ls)``: greedy (``beam_size=1``), beam search, or as ``search`` says (a
-        :class:`multihead.decoding.SearchOptions`: greedy, beam search or sampling; not with ``beam_size`` or
-        ``length_penalty``).
+        """Translate ``src (B, Ls)`` as ``generation`` says (a :class:`multihead.decoding.Generation`: the special
+        ids, banned and forced tokens, the search), or as its keywords do: ``bos_id`` and ``eos_id``, greedy
+        (``beam_size=1``), beam search, or as ``search`` says (a :class:`multihead.decoding.SearchOptions`: greedy,
+        beam search or sampling; not with ``beam_size`` or ``length_penalty``).
 
         ``max_len``: the most tokens a row may take, one for all rows or one per row (a list or 1-D array of ``B``
         ints). Returns the generated tokens after BOS, ``LongTensor (B, T)`` with ``T <= max(max_len)``; each row
-        stops at its first ``eos_id`` or its ``max_len`` and is padded after it with ``pad_id`` (default: the
+        stops at its first EOS or its ``max_len`` and is padded after it with the pad (``pad_id`` default: the
         config's ``pad_id``, else ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of
         recomputing the whole prefix; both give the same tokens. A step is the model's forward pass with the cache,
         one token per row; its projections are laid out for such rows once per call, from the weights as they are,
         or by ``layouts`` (a :class:`~multihead.torch.layouts.Layouts` kept by a caller whose weights stay fixed).
         """
-        search = decoding.search_options(search, beam_size=beam_size, length_penalty=length_penalty)
-        pad_id = decoding.resolve_pad_id(pad_id, self.config, eos_id)
-        longest = decoding.check_generation_args(
-            self.config, max_len=max_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, src=src
-        )
+        generation, longest = checks.check_generate_call(
+            self.config, generation, max_len=max_len, src=src, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+            beam_size=beam_size, length_penalty=length_penalty, search=search,
+        )  # fmt: skip
         check_flag("use_cache", use_cache)
         with torch.inference_mode():
             session = self.decoding_session(
                 src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, layouts=layouts
             )
-            tokens = decoding.generate(
-                session,
-                src.shape[0],
-                search,
-                max_len=max_len,
-                specials=decoding.Specials(pad=pad_id, bos=bos_id, eos=eos_id),
-            )
+            tokens = decoding.generate(session, src.shape[0], generation, max_len=max_len)
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
     def decoding_session(
@@ -583,9 +572,8 @@ class DecoderSteps:
         self.device = model.src_embed.weight.device
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``: the output
-        projection laid out for searches, which gives the banned tokens ``-inf``."""
-        return self.layouts[self.model._layouts["search"]](hidden).float()
+        """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``."""
+        return self.layouts[self.model._layouts["output"]](hidden).float()
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
@@ -635,9 +623,12 @@ class DecoderSteps:
             return logits.numpy().argmax(axis=-1)
         return logits.max(dim=-1).indices.cpu().numpy()
 
-    def suppress(self, logits: torch.Tensor, token: int, rows: np.ndarray | None = None) -> torch.Tensor:
+    def suppress(self, logits: torch.Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> torch.Tensor:
         # Logits: the searches' log-softmax renormalises the others.
-        logits[slice(None) if rows is None else torch.from_numpy(rows).to(logits.device), token] = float("-inf")
+        columns = torch.from_numpy(tokens).to(logits.device)
+        if rows is None:
+            return logits.index_fill_(1, columns, float("-inf"))
+        logits[torch.from_numpy(rows).to(logits.device)[:, None], columns] = float("-inf")
         return logits
 
     def top_k(self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
