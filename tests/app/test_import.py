@@ -508,9 +508,26 @@ def test_a_forced_first_token_imports_and_generates_as_transformers(
         got = imported.ours().generate(src, max_len=GENERATE, generation=imported.generation(beam_size=beams))
         assert generated(got) == generated(expected[:, 1:])
         assert (got[:, 0] == forced).all()
-    result = cli("translate", imported.run, "--input", write_lines(tmp_path / "source.de", texts))
+    source = write_lines(tmp_path / "source.de", texts)
+    result = cli("translate", imported.run, "--input", source)
     assert result.status == 0, result.err
     assert result.out_lines == transformers_translations(checkpoint, texts, forced)
+    # score counts the forced token with probability 1, as the search does: an n-best score is score's mean.
+    listed = cli("translate", imported.run, "--input", source, "--beam", "2", "--n-best", "2", "--length-penalty", "1")
+    assert listed.status == 0, listed.err
+    rows = [line.split("\t") for line in listed.out_lines]
+    write_lines(tmp_path / "src.txt", [texts[int(number) - 1] for number, _, _ in rows])
+    write_lines(tmp_path / "hyp.txt", [translation for _, _, translation in rows])
+    scored = cli("score", imported.run, tmp_path / "src.txt", tmp_path / "hyp.txt")
+    assert scored.status == 0, scored.err
+    means = [float(total) / int(count) for total, count, _ in (line.split("\t") for line in scored.out_lines)]
+    np.testing.assert_allclose(means, [float(score) for _, score, _ in rows], atol=2e-4)
+    for flag in ("--init", "--vocab-from"):  # training does not put forced tokens in its targets
+        refused = cli(
+            "train", flag, imported.run, "--data", source, source, "--out", tmp_path / "tuned", "--steps", "2"
+        )
+        assert_refused(refused, f"{flag} {imported.run}", "forced tokens", "take a run that forces none")
+        assert not (tmp_path / "tuned").exists()
 
 
 def test_translate_and_evaluate_give_transformers_translations(

@@ -343,9 +343,10 @@ class Translator:
         progress: bool = False,
     ) -> list[Scored]:
         """How probable the model finds each translation ``targets[i]`` of ``sources[i]``: teacher-forced, the model's
-        forward pass reads the source and BOS + the forced tokens (which generation gives every translation first) +
-        the translation's tokens and predicts the translation's tokens + EOS; the log-probabilities (natural log) of
-        those, summed, with their count (EOS included). In length-sorted
+        forward pass reads the source and BOS + the forced tokens + the translation's tokens and predicts the
+        translation's tokens + EOS; the log-probabilities (natural log) of those, summed, with their count (EOS
+        included, and the forced tokens, which generation gives every translation first with probability 1, as its
+        search counts them). In length-sorted
         batches (:func:`in_batches`). A source or translation longer than the model reads is cut to what it reads
         (only what was read is scored: see the count), with one warning naming the lines as ``names`` say; a blank
         source, which the model never reads, scores ``nan``, with one warning."""
@@ -380,14 +381,14 @@ class Translator:
             tgt_out = np.full((len(rows), longest), specials.pad, dtype=np.int64)  # (B, Lt): translation + EOS
             for row, tokens in enumerate(rows):
                 tgt_in[row, 0], tgt_in[row, 1 : len(tokens)] = specials.bos, tokens[:-1]
-                tgt_out[row, len(forced) : len(tokens)] = tokens[len(forced) :]  # the forced are given, not scored
+                tgt_out[row, len(forced) : len(tokens)] = tokens[len(forced) :]  # the forced: probability 1, not read
             with torch.inference_mode():
                 out = torch.from_numpy(tgt_out).to(self.device)
                 logits = self.model(torch.from_numpy(src).to(self.device), torch.from_numpy(tgt_in).to(self.device))
                 logits = logits.float()  # (B, Lt, V)
                 picked = logits.gather(-1, out.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, Lt)
                 totals = picked.masked_fill(out == specials.pad, 0.0).sum(dim=1).double().cpu().numpy()  # (B,)
-            return [Scored(float(total), len(tokens) - len(forced)) for total, tokens in zip(totals, rows, strict=True)]
+            return [Scored(float(total), len(tokens)) for total, tokens in zip(totals, rows, strict=True)]
 
         scored = in_batches(
             run, source_ids, limit=self.limit, pad=specials.pad, batch_tokens=self.batch_tokens, progress=progress
