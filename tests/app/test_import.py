@@ -328,7 +328,8 @@ def test_import_writes_a_run_and_says_what_it_imported(
     size = marian["shared"].model.config.vocab_size
     assert lines[2] == f"  vocabulary: {size} SentencePiece pieces, one for both sides"
     assert lines[3] == "  languages: de → en (German to English)"  # from the name, opus-mt-de-en
-    assert lines[4] == f"translate with: multihead translate {run} TEXT..."
+    assert lines[4] == "  generation: never ['<pad>']"  # OPUS-MT's bad_words_ids
+    assert lines[5] == f"translate with: multihead translate {run} TEXT..."
     assert (run / "latest").read_text().strip() == "step-0000000"
     checkpoint = run / "checkpoints" / "step-0000000"
     assert not (checkpoint / "optimizer.safetensors").exists()  # nothing to resume
@@ -495,6 +496,7 @@ def test_a_forced_first_token_imports_and_generates_as_transformers(
     _edit("generation_config.json", forced_bos_token_id=forced)(directory)
     result = cli("import", directory, tmp_path / "run")
     assert result.status == 0, result.err
+    assert "  generation: never ['<pad>'], every translation starts with [" in result.out
     imported = replace(checkpoint, directory=directory, run=tmp_path / "run")
     assert imported.generation().forced == (forced,)
     texts = sentences(30, seed=6)

@@ -293,6 +293,11 @@ def _import(args: argparse.Namespace) -> int:
         print(f"  vocabularies: source {len(source)}, target {len(target)} SentencePiece pieces")
     langs = pair_text(imported.langs) if imported.langs else "not recorded (import again with --langs SRC TGT)"
     print(f"  languages: {langs}")
+    generation = imported.generation
+    if generation.banned or generation.forced:
+        said = [f"never {target.pieces(list(generation.banned))}"] if generation.banned else []
+        said += [f"every translation starts with {target.pieces(list(generation.forced))}"] if generation.forced else []
+        print(f"  generation: {', '.join(said)}")
     print(f"translate with: {shlex.join(['multihead', 'translate', str(imported.run)])} TEXT...")
     return 0
 

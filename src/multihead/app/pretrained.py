@@ -134,6 +134,7 @@ class Imported:
     run: Path
     source_name: str
     config: TransformerConfig
+    generation: Generation
     source: Tokenizer
     target: Tokenizer
     langs: list[str] | None
@@ -168,7 +169,7 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     save_imported_run(run, config=config, generation=spec, weights=weights, tokenizers=(source, target),
                       options=options, record=record)  # fmt: skip
     parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
-    return Imported(run, source_name, config, source, target, langs, parameters)
+    return Imported(run, source_name, config, spec, source, target, langs, parameters)
 
 
 # --- where the checkpoint is ------------------------------------------------------------------------------
