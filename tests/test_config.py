@@ -19,8 +19,9 @@ from multihead.torch import Transformer
     [
         TransformerConfig(11, 12, d_model=16, num_heads=2, norm_first=True, activation="gelu", pad_id=0),
         TransformerConfig(9, 9, d_model=8, num_heads=2, num_encoder_layers=0, max_len=7, tie_embeddings=True),
+        TransformerConfig(9, 9, d_model=8, num_heads=2, norm_first=True, positions="fairseq", first_position=2),
     ],
-    ids=["gelu-pre-norm-pad", "tied-no-encoder-layers"],
+    ids=["gelu-pre-norm-pad", "tied-no-encoder-layers", "fairseq-positions-from-2"],
 )
 def test_config_json_round_trip(config: TransformerConfig) -> None:
     assert TransformerConfig.from_json(config.to_json()) == config
@@ -61,6 +62,8 @@ def test_config_fields_takes_a_config_or_a_dict_of_its_fields() -> None:
         ({"pad_id": 50}, ValueError, r"`pad_id` must be a token of both vocabularies \(< 10\), received 50"),
         ({"pad_id": False}, TypeError, r"`pad_id` must be an int"),
         ({"tie_embeddings": "yes"}, TypeError, r"`tie_embeddings` must be True or False, received 'yes'"),
+        ({"first_position": -1}, ValueError, r"`first_position` must be a non-negative int, received -1"),
+        ({"positions": "rotary"}, ValueError, r"`positions` must be one of \('interleaved', 'halves', 'fairseq'\)"),
         (
             {"tie_embeddings": True},
             ValueError,

@@ -18,7 +18,7 @@ from multihead.validation import (
 )
 
 ACTIVATIONS = ("relu", "gelu", "silu")
-POSITION_LAYOUTS = ("interleaved", "halves")
+POSITION_LAYOUTS = ("interleaved", "halves", "fairseq")
 """How the sinusoidal table lays out its sines and cosines (see :mod:`multihead.positional`)."""
 QUANTIZED = ("int8", "bf16")
 """What inference may compute the linear layers in besides the weights' own type (``multihead.torch.quantize``)."""
@@ -39,7 +39,9 @@ class TransformerConfig:
 
     Options for models trained elsewhere (Marian/OPUS-MT sets them all; the defaults are the paper's):
     ``activation`` ``"silu"`` (Marian's "swish"); ``positions``: the sinusoidal table's layout, ``"interleaved"``
-    (the paper's sin, cos, sin, ...) or ``"halves"`` (all sines, then all cosines); ``scale_embeddings``: multiply
+    (the paper's sin, cos, sin, ...), ``"halves"`` (all sines, then all cosines) or ``"fairseq"`` (M2M100's and
+    NLLB's; see :mod:`multihead.positional`); ``first_position``: the table's position of a sequence's first token
+    (fairseq's models count from their pad id + 1); ``scale_embeddings``: multiply
     embeddings by ``sqrt(d_model)``; ``tie_output``: the target embedding is also the output projection's weight
     while the source has its own (two vocabularies). The output projection always has a bias (Marian's
     ``final_logits_bias``). What generation reads (special ids, banned and forced tokens, the search) is a
@@ -62,6 +64,7 @@ class TransformerConfig:
     positions: str = "interleaved"
     scale_embeddings: bool = True
     tie_output: bool = False
+    first_position: int = 0
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "max_len"):
@@ -84,6 +87,7 @@ class TransformerConfig:
             raise ValueError(f"`positions` must be one of {POSITION_LAYOUTS}, received {self.positions!r}")
         check_flag("scale_embeddings", self.scale_embeddings)
         check_flag("tie_output", self.tie_output)
+        check_non_negative_int("first_position", self.first_position)
         if self.tie_output and self.tie_embeddings:
             raise ValueError("`tie_output` ties the target side only, `tie_embeddings` all three matrices: set one")
         if self.pad_id is not None:

@@ -208,6 +208,7 @@ def test_configs_and_keras_files_round_trip(tmp_path: Path) -> None:
     generations."""
     for layer in (
         mk.PositionalEncoding(12, max_len=37, dropout=0.1, layout="halves"),
+        mk.PositionalEncoding(12, max_len=37, layout="fairseq", start=2),
         mk.FeedForward(12, 20, activation="silu"),
     ):
         assert type(layer).from_config(layer.get_config()).get_config() == layer.get_config()
@@ -233,7 +234,7 @@ def test_configs_and_keras_files_round_trip(tmp_path: Path) -> None:
 def test_options_validate() -> None:
     with pytest.raises(ValueError, match=r"`tie_output` ties the target side only"):
         mk.Transformer(TGT_VOCAB, TGT_VOCAB, **SIZES, tie_output=True, tie_embeddings=True)
-    with pytest.raises(ValueError, match=r"`positions` must be one of \('interleaved', 'halves'\)"):
+    with pytest.raises(ValueError, match=r"`positions` must be one of \('interleaved', 'halves', 'fairseq'\)"):
         mk.Transformer(SRC_VOCAB, TGT_VOCAB, **SIZES, positions="sincos")
     with pytest.raises(ValueError, match=r"`layout` must be one of"):
         mk.PositionalEncoding(12, layout="sincos")

@@ -49,9 +49,10 @@ def torch_logits(model: mt.Transformer, src: np.ndarray, tgt: np.ndarray, **mask
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"norm_first": True, "activation": "gelu"}, {"pad_id": PAD}],
-    ids=["post-norm", "pre-norm-gelu", "pad-id"],
-)
+    [{}, {"norm_first": True, "activation": "gelu"}, {"pad_id": PAD},
+     {"norm_first": True, "positions": "fairseq", "first_position": 2}],
+    ids=["post-norm", "pre-norm-gelu", "pad-id", "pre-norm-fairseq-positions-from-2"],
+)  # fmt: skip
 def test_same_logits_as_torch_with_shared_weights(tmp_path: Path, options: dict) -> None:
     torch_model, keras_model = pair(tmp_path, **options)
     src, tgt = token_array(3, 7), token_array(3, 6, vocab=23)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from conftest import TorchCalls, filtered_distribution
-from multihead import checks, decoding
+from multihead import checks, decoding, positional
 from multihead.io import load_model, load_weights, save_model, save_weights
 from multihead.reference import sinusoidal_positions
 from multihead.torch import (
@@ -102,6 +102,9 @@ def test_positional_encoding_is_the_papers_table() -> None:
     x = torch.zeros(2, 7, 16)
     np.testing.assert_allclose(encoding(x, offset=3)[0].numpy(), table[3:10], atol=1e-6)
     np.testing.assert_allclose(encoding(x, offset=43)[0].numpy(), table[43:50], atol=1e-6)  # up to the last position
+    # A table that starts at position 2 (fairseq's models): offset 0 reads position 2.
+    fairseq = PositionalEncoding(16, max_len=48, layout="fairseq", start=2)
+    np.testing.assert_allclose(fairseq(x)[0].numpy(), positional.sinusoidal_positions(9, 16, "fairseq")[2:], atol=1e-6)
     # The unchecked path also takes one offset per row (decoding rows at different positions).
     y = torch.randn(3, 2, 16)
     per_row = encoding._forward(y, torch.tensor([5, 0, 48]))

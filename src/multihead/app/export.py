@@ -116,7 +116,8 @@ def _spec(checkpoint: Checkpoint, weights: dict[str, np.ndarray]) -> Any:
     )  # fmt: skip
     # CTranslate2 reads up to 1024 source tokens and writes up to 256 by default: the sinusoids go on that far (the
     # model trained on at most max_len positions, as `multihead translate` keeps to).
-    table = sinusoidal_positions(max(config.max_len, MAX_POSITIONS), config.d_model, config.positions)
+    table = sinusoidal_positions(max(config.max_len, MAX_POSITIONS), config.d_model, config.positions,
+                                 config.first_position)  # fmt: skip
     table = table.astype(np.float32)
     _stack(spec.encoder, weights, schema.ENCODER, schema.SOURCE_EMBEDDING, table, scale=config.scale_embeddings)
     _stack(spec.decoder, weights, schema.DECODER, schema.TARGET_EMBEDDING, table, scale=config.scale_embeddings)

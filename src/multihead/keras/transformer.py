@@ -62,18 +62,26 @@ def _build(layer: layers.Layer, *shapes: Shape) -> None:
 class PositionalEncoding(NamedTensorArguments, layers.Layer):
     """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout.
 
-    ``layout``: ``"interleaved"`` (the paper's) or ``"halves"`` (Marian's; see :mod:`multihead.positional`).
+    ``layout``: ``"interleaved"`` (the paper's), ``"halves"`` (Marian's) or ``"fairseq"`` (see
+    :mod:`multihead.positional`); ``start``: the table's position of a sequence's first token.
     """
 
     def __init__(
-        self, d_model: int, max_len: int = 512, dropout: float = 0.0, layout: str = "interleaved", **kwargs: Any
+        self,
+        d_model: int,
+        max_len: int = 512,
+        dropout: float = 0.0,
+        layout: str = "interleaved",
+        start: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
         self.rate = check_dropout("dropout", dropout)
         self.dropout = layers.Dropout(self.rate)
-        self.table = sinusoidal_positions(max_len, d_model, layout).astype("float32")  # derived, so never saved
+        self.start = check_non_negative_int("start", start)
+        self.table = sinusoidal_positions(max_len, d_model, layout, start).astype("float32")  # derived: never saved
         self.layout = layout
 
     def call(self, x: Tensor, offset: int = 0, training: bool | None = None) -> Tensor:
@@ -88,7 +96,8 @@ class PositionalEncoding(NamedTensorArguments, layers.Layer):
         return self.dropout(x + ops.cast(positions, x.dtype), training=training)
 
     def get_config(self) -> dict[str, Any]:
-        config = {"d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate, "layout": self.layout}
+        config = {"d_model": self.d_model, "max_len": self.max_len, "dropout": self.rate, "layout": self.layout,
+                  "start": self.start}  # fmt: skip
         return {**super().get_config(), **config}
 
 
@@ -448,7 +457,7 @@ class Transformer(NamedTensorArguments, keras.Model):
     a mask is not given, it is ``tokens != pad_id`` (a target's first position always real). With ``tie_embeddings``
     (one vocabulary for both sides), the source embedding, the target embedding and the output projection share one
     matrix, as in the paper; with ``tie_output`` the target embedding and the output projection do. The options for
-    models trained elsewhere (``positions``, ``scale_embeddings``) are :class:`TransformerConfig`'s.
+    models trained elsewhere (``positions``, ``first_position``, ``scale_embeddings``) are :class:`TransformerConfig`'s.
     """
 
     tensor_arguments = ("src", "tgt")
@@ -473,12 +482,14 @@ class Transformer(NamedTensorArguments, keras.Model):
         positions: str = "interleaved",
         scale_embeddings: bool = True,
         tie_output: bool = False,
+        first_position: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
+            first_position,
         )  # fmt: skip
         # std d_model^-1/2: unit variance after the sqrt(d_model) scaling, like the positional encodings
         embedding_init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
@@ -495,7 +506,7 @@ class Transformer(NamedTensorArguments, keras.Model):
             self.output_proj = TiedProjection(self.tgt_embed, name=schema.OUTPUT)
         else:
             self.output_proj = layers.Dense(tgt_vocab, name=schema.OUTPUT)
-        self.positional = PositionalEncoding(d_model, max_len, dropout, positions, name="positional")
+        self.positional = PositionalEncoding(d_model, max_len, dropout, positions, first_position, name="positional")
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack, name=schema.ENCODER)
         self.decoder = Decoder(num_decoder_layers, *stack, name=schema.DECODER)

@@ -51,17 +51,21 @@ class PositionalEncoding(nn.Module):
     """Adds the paper's sinusoidal position encodings to ``(B, L, E)`` inputs, then dropout.
 
     ``offset`` shifts the positions (the first new token's position when decoding with a cache). ``layout``:
-    ``"interleaved"`` (the paper's) or ``"halves"`` (Marian's; see :mod:`multihead.positional`).
+    ``"interleaved"`` (the paper's), ``"halves"`` (Marian's) or ``"fairseq"`` (see :mod:`multihead.positional`);
+    ``start``: the table's position of a sequence's first token.
     """
 
     table: torch.Tensor  # (max_len, E), a buffer
 
-    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0, layout: str = "interleaved") -> None:
+    def __init__(
+        self, d_model: int, max_len: int = 512, dropout: float = 0.0, layout: str = "interleaved", start: int = 0
+    ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-        table = torch.from_numpy(sinusoidal_positions(max_len, d_model, layout)).float()
+        start = check_non_negative_int("start", start)
+        table = torch.from_numpy(sinusoidal_positions(max_len, d_model, layout, start)).float()
         self.register_buffer("table", table, persistent=False)  # derived, so never saved
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -330,7 +334,7 @@ class Transformer(nn.Module):
     is not given, it is ``tokens != pad_id`` (a target's first position always real). With ``tie_embeddings`` (one
     vocabulary for both sides), the source embedding, the target embedding and the output projection share one matrix,
     as in the paper; with ``tie_output`` the target embedding and the output projection do. The options for models
-    trained elsewhere (``positions``, ``scale_embeddings``) are :class:`TransformerConfig`'s.
+    trained elsewhere (``positions``, ``first_position``, ``scale_embeddings``) are :class:`TransformerConfig`'s.
 
     Example:
         >>> model = Transformer(20, 20, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
@@ -361,16 +365,18 @@ class Transformer(nn.Module):
         positions: str = "interleaved",
         scale_embeddings: bool = True,
         tie_output: bool = False,
+        first_position: int = 0,
     ) -> None:
         super().__init__()
         config = TransformerConfig(
             src_vocab, tgt_vocab, d_model, num_heads, num_encoder_layers, num_decoder_layers, d_ff, dropout,
             activation, norm_first, max_len, pad_id, tie_embeddings, positions, scale_embeddings, tie_output,
+            first_position,
         )  # fmt: skip
         self.config = config
         self.src_embed = nn.Embedding(src_vocab, d_model)
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
-        self.positional = PositionalEncoding(d_model, max_len, dropout, positions)
+        self.positional = PositionalEncoding(d_model, max_len, dropout, positions, first_position)
         stack = (d_model, num_heads, d_ff, dropout, activation, norm_first)
         self.encoder = Encoder(num_encoder_layers, *stack)
         self.decoder = Decoder(num_decoder_layers, *stack)
