@@ -148,3 +148,16 @@ def test_forced_and_banned_tokens_export_to_ctranslate2(
     hypotheses = [[source.token_to_id(piece) for piece in result.hypotheses[0]] for result in found]
     assert all(ids[0] == forced and banned not in ids for ids in hypotheses)
     assert [source.decode(ids[1:]) for ids in hypotheses] == result.out_lines
+
+
+def test_fairseq_positions_from_a_later_position_export(corpus_run: CorpusRun, tmp_path: Path, cli: Callable) -> None:
+    """A model whose sinusoid table is fairseq's, counted from position 2 (M2M100's and NLLB's): the exported model
+    translates as ``multihead translate`` does (the same weights read with that table give other translations)."""
+    run = shutil.copytree(corpus_run.path, tmp_path / "run")
+    config = latest_checkpoint(run) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "positions": "fairseq", "first_position": 2}))
+    assert cli("export", run, tmp_path / "ct2").status == 0
+    result = cli("translate", run, *SAMPLES)
+    assert result.status == 0, result.err
+    assert result.out_lines != corpus_run.translations  # another table
+    assert ct2_translate(tmp_path / "ct2", SAMPLES, beam_size=1) == result.out_lines
