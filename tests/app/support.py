@@ -11,6 +11,7 @@ import gzip
 import itertools
 import json
 import os
+import random
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -203,3 +204,11 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any) -> None:
     for worker in workers:
         worker.join(timeout=180)
         assert worker.exitcode == 0
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+    """Made-up German of the training words (``PAIRS``'s), a few of them unknown to the vocabulary."""
+    rng = random.Random(seed)
+    words = [word for subject, _ in SUBJECTS for word in subject.split()] + [verb for verb, _ in VERBS]
+    words += ["Zebra", "quakt", "Qualle"]
+    return [" ".join(rng.choices(words, k=rng.randint(1, 9))) + rng.choice(["", ".", "!"]) for _ in range(count)]

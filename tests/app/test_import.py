@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import pytest
 import safetensors.numpy
 import torch
 
-from app.support import PAIRS, SUBJECTS, VERBS, Cli, assert_refused, subprocess_env, write_lines
+from app.support import PAIRS, Cli, assert_refused, sentences, subprocess_env, write_lines
 from multihead.app.pretrained import import_pretrained
 from multihead.decoding import Generation, SearchOptions, Specials
 from multihead.io import load_weights, read_config, read_weights
@@ -160,14 +159,6 @@ def marian(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Marian]:
             model = MarianMTModel.from_pretrained(directory).eval()
             made[kind] = Marian(directory, model, tokenizer, run, model.config.pad_token_id)
     return made
-
-
-def sentences(count: int, seed: int = 0) -> list[str]:
-    """Made-up German of the training words, a few of them unknown to the vocabulary."""
-    rng = random.Random(seed)
-    words = [word for subject, _ in SUBJECTS for word in subject.split()] + [verb for verb, _ in VERBS]
-    words += ["Zebra", "quakt", "Qualle"]
-    return [" ".join(rng.choices(words, k=rng.randint(1, 9))) + rng.choice(["", ".", "!"]) for _ in range(count)]
 
 
 def generated(tokens: torch.Tensor, eos: int = EOS) -> list[list[int]]:

@@ -283,8 +283,9 @@ def _import(args: argparse.Namespace) -> int:
     config, source, target = imported.config, imported.source, imported.target
     print(f"imported {imported.source_name} into {imported.run}")
     print(
-        f"  model: Marian Transformer, {config.num_encoder_layers} encoder and {config.num_decoder_layers} decoder "
-        f"layers, d_model {config.d_model}, {config.num_heads} heads, feed-forward {config.d_ff} "
+        f"  model: {imported.family} Transformer, {config.num_encoder_layers} encoder and "
+        f"{config.num_decoder_layers} decoder layers, d_model {config.d_model}, {config.num_heads} heads, "
+        f"feed-forward {config.d_ff} "
         f"({config.activation}), {_count(imported.parameters)} parameters, at most {config.max_len} tokens a side"
     )  # fmt: skip
     if config.tie_embeddings:
@@ -529,23 +530,26 @@ def _add_import(commands: argparse._SubParsersAction) -> None:
 
     command = _command(
         commands, "import", _import,
-        help="make a run of a Hugging Face Marian model (OPUS-MT's Helsinki-NLP/opus-mt-*)",
+        help="make a run of a Hugging Face Marian model (OPUS-MT's Helsinki-NLP/opus-mt-*) or M2M100 model",
         description="Write RUN, a new run directory that translate, evaluate, score, serve and export read as any "
-        "run, from SOURCE: a directory holding a Hugging Face Marian checkpoint as save_pretrained writes it (its "
-        "config, weights as safetensors or pytorch_model.bin, SentencePiece models and vocabularies), or a Hub name "
-        "such as Helsinki-NLP/opus-mt-de-en, downloaded with huggingface_hub (or found in its cache). The model "
-        "computes what Transformers' MarianMTModel computes; a model with anything multihead cannot compute "
-        "exactly (pre-norm layers, learned positions, another activation...) is refused, naming the setting. RUN "
+        "run, from SOURCE: a directory holding a Hugging Face Marian or M2M100 checkpoint as save_pretrained writes "
+        "it (its config, weights as safetensors or pytorch_model.bin, SentencePiece models and vocabularies), or a "
+        "Hub name such as Helsinki-NLP/opus-mt-de-en, downloaded with huggingface_hub (or found in its cache). The "
+        "model computes what Transformers' MarianMTModel or M2M100ForConditionalGeneration computes; a model with "
+        "anything multihead cannot compute exactly (learned positions, another activation...) is refused, naming "
+        "the setting. An M2M100 run translates the pair --langs names (else its tokenizer's src_lang and tgt_lang). "
+        "RUN "
         "appears whole or not at all; an existing RUN is refused, never overwritten. Fine-tune it on your corpus with "
         "multihead train --init RUN --data SRC TGT --out NEW.",
     )  # fmt: skip
-    command.add_argument("source", help="a Marian checkpoint's directory, or a Hugging Face Hub name")
+    command.add_argument("source", help="a Marian or M2M100 checkpoint's directory, or a Hugging Face Hub name")
     command.add_argument("run", help="the run directory to write (it must not exist)")
     langs = BY_NAME["langs"]
     command.add_argument(
         langs.flag, dest=langs.name, type=langs.kind.parse, **langs.argparse,
         help="the languages the model translates, ISO 639-1 codes (default: read from the model's name, such as "
-        "opus-mt-de-en, or from its tokenizer's settings; else none recorded)",
+        "opus-mt-de-en, or from its tokenizer's settings; else none recorded). An M2M100 model translates this pair "
+        "of its languages",
     )  # fmt: skip
 
 

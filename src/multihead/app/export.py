@@ -169,14 +169,17 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
         package = " sentencepiece"
         source, target = files[0], files[-1]
         eos = checkpoint.source.pieces([checkpoint.source.specials.eos])[0]
+        first = checkpoint.source.pieces(checkpoint.source.prefix)
+        forced = checkpoint.target.pieces(list(checkpoint.generation.forced))
         lines = [
             "import ctranslate2, sentencepiece",
             'translator = ctranslate2.Translator(".", device="cpu")  # this directory',
             f'source = sentencepiece.SentencePieceProcessor(model_file="{source}")',
             f'target = sentencepiece.SentencePieceProcessor(model_file="{target}")',
-            f'pieces = source.encode("Zwei Hunde spielen im Schnee.", out_type=str) + ["{eos}"]  # ends with EOS',
-            "result = translator.translate_batch([pieces])",
-            "print(target.decode(result[0].hypotheses[0]))",
+            f'pieces = {f"{first} + " if first else ""}source.encode("Zwei Hunde spielen im Schnee.", out_type=str) '
+            f'+ ["{eos}"]  # ends with EOS{", starts with its language" if first else ""}',
+            f"result = translator.translate_batch([pieces]{f', target_prefix=[{forced}]' if forced else ''})",
+            f"print(target.decode(result[0].hypotheses[0]{f'[{len(forced)}:]' if forced else ''}))",
         ]
     elif subword:
         source, target = files[0], files[-1]

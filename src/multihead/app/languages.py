@@ -22,6 +22,21 @@ NAMES = {
     "zh": "Chinese",
 }  # fmt: skip
 """English names of common languages (LibreTranslate's ``/languages`` gives names); others are named by code."""
+M2M100_CODES = {
+    "m2m100": (
+        "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de",
+        "el", "en", "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu", "ha", "he", "hi", "hr", "ht",
+        "hu", "hy", "id", "ig", "ilo", "is", "it", "ja", "jv", "ka", "kk", "km", "kn", "ko", "lb", "lg", "ln", "lo",
+        "lt", "lv", "mg", "mk", "ml", "mn", "mr", "ms", "my", "ne", "nl", "no", "ns", "oc", "or", "pa", "pl", "ps",
+        "pt", "ro", "ru", "sd", "si", "sk", "sl", "so", "sq", "sr", "ss", "su", "sv", "sw", "ta", "th", "tl", "tn",
+        "tr", "uk", "ur", "uz", "vi", "wo", "xh", "yi", "yo", "zh", "zu",
+    ),
+    "wmt21": (
+        "en", "ha", "is", "ja", "cs", "ru", "zh", "de",
+    ),
+}  # fmt: skip
+"""The languages of fairseq's M2M100 dictionaries (``M2M100Tokenizer``'s ``language_codes``), in their order: a
+model's ``__xx__`` tokens follow its ``vocab.json``'s pieces in this order, then its made-up words."""
 
 
 def language_code(text: str) -> str:

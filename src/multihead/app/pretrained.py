@@ -1,4 +1,5 @@
-"""Models trained elsewhere, imported as runs: Hugging Face Marian checkpoints (OPUS-MT's ``Helsinki-NLP/opus-mt-*``).
+"""Models trained elsewhere, imported as runs: Hugging Face Marian checkpoints (OPUS-MT's ``Helsinki-NLP/opus-mt-*``)
+and M2M100 checkpoints (``facebook/m2m100_418M``'s architecture).
 
 ``multihead import SOURCE RUN`` reads a checkpoint as Transformers' ``save_pretrained`` writes it, from a directory
 or, given a Hub name, from the Hugging Face Hub (``huggingface_hub.snapshot_download``, which reuses the local
@@ -35,6 +36,15 @@ Generation then differs from Transformers' ``generate`` in two places only: Tran
 set, it bans the pad after the softmax, leaving the others' probabilities as they were, where multihead (and
 CTranslate2) ban it before the softmax, so that they sum to 1: beam scores differ by ``log(1 - p(pad))``, nothing for
 a model that never learnt to write its pad.
+
+An M2M100 checkpoint (``model_type`` ``m2m_100``) is read the same way, as Transformers'
+``M2M100ForConditionalGeneration`` computes it: pre-norm layers with a LayerNorm after each stack (``norm_first``),
+fairseq's sinusoids counted from the pad id + 1 (``positions="fairseq"``, ``first_position``), one vocabulary tied to
+the output layer, the decoder starting from EOS. Its tokenizer is ``M2M100Tokenizer``'s: ``sentencepiece.bpe.model``
+and ``vocab.json``'s pieces, then a ``__xx__`` code of each of its languages (``language_codes``), then its made-up
+words. It translates between many languages; the run translates one pair, ``--langs SRC TGT`` (else the tokenizer's
+``src_lang`` and ``tgt_lang``): every source starts with the code of SRC, every translation with the code of TGT (the
+run's forced token, Transformers' ``forced_bos_token_id``).
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +60,7 @@ import numpy as np
 
 from multihead import schema
 from multihead.app.console import UserError, warn
-from multihead.app.languages import CODE, NAMES
+from multihead.app.languages import CODE, M2M100_CODES, NAMES
 from multihead.app.runs import check_new_run, save_imported_run
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.config import TransformerConfig
@@ -124,6 +134,15 @@ HEURISTICS = {
 }  # fmt: skip
 """Generation heuristics multihead's search does not apply, and the values that turn them off."""
 USED_GENERATION = {"bad_words_ids", "decoder_start_token_id", "pad_token_id", "eos_token_id", "forced_bos_token_id"}
+M2M100_SPM = "sentencepiece.bpe.model"
+M2M100_DEFAULTS = {"activation_function": "relu", "scale_embedding": True, "tie_word_embeddings": True, "dropout": 0.1}
+"""Transformers' ``M2M100Config`` defaults of the keys multihead reads that a ``config.json`` may lack."""
+M2M100_FIXED = {key: FIXED[key] for key in ("is_encoder_decoder", "is_decoder", "pruned_heads")} | {
+    "tie_word_embeddings": (True, "one vocabulary whose embedding matrix is also the output layer's"),
+}
+"""Keys of an M2M100 ``config.json`` whose value must be the one given, which is what multihead computes."""
+MADE_UP = "madeupword{:04d}"
+"""fairseq's names of the ids an M2M100 dictionary pads itself with after its language codes."""
 POSITIONS_TOLERANCE = 1e-4  # float32 tables computed in other ways differ by ~1e-7; learned ones by far more
 
 
@@ -133,6 +152,7 @@ class Imported:
 
     run: Path
     source_name: str
+    family: str  # "Marian" or "M2M100"
     config: TransformerConfig
     generation: Generation
     source: Tokenizer
@@ -150,9 +170,14 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     files = CheckpointFiles(directory, source_name)
     hf = files.json(CONFIG)
     generation = files.json(GENERATION) if (directory / GENERATION).is_file() else None
-    config, ids = transformer_config(hf, generation, files)
+    if hf.get("model_type") == "m2m_100":
+        config, ids = m2m100_config(hf, generation, files)
+        langs = list(langs) if langs is not None else m2m100_langs(files)
+        source, target, ids = m2m100_tokenizers(files, config, ids, langs)
+    else:
+        config, ids = transformer_config(hf, generation, files)
+        source, target = marian_tokenizers(files, config, ids)
     weights = marian_weights(files.tensors(), config, files)
-    source, target = marian_tokenizers(files, config, ids)
     try:
         spec = Generation(target.specials, banned=ids.banned, forced=ids.forced)
         spec.check(config.tgt_vocab)
@@ -169,7 +194,8 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     save_imported_run(run, config=config, generation=spec, weights=weights, tokenizers=(source, target),
                       options=options, record=record)  # fmt: skip
     parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
-    return Imported(run, source_name, config, spec, source, target, langs, parameters)
+    family = "M2M100" if hf.get("model_type") == "m2m_100" else "Marian"
+    return Imported(run, source_name, family, config, spec, source, target, langs, parameters)
 
 
 # --- where the checkpoint is ------------------------------------------------------------------------------
@@ -327,31 +353,10 @@ def transformer_config(
     """Our config of the Marian model ``config.json`` (``hf``) and ``generation_config.json`` describe, every value
     we cannot represent refused; and the ids the model fixes."""
     if hf.get("model_type") != "marian":
-        raise files.refuse(CONFIG, f"has model_type={hf.get('model_type')!r}: multihead imports Marian models only "
-                           "(model_type 'marian', as OPUS-MT's)")  # fmt: skip
-    for key, (expected, meaning) in FIXED.items():
-        if key in hf and hf[key] != expected:
-            raise files.refuse(CONFIG, f"has {key}={hf[key]!r}: multihead imports Marian models with {key}="
-                               f"{expected!r} only ({meaning})")  # fmt: skip
-    values = {**DEFAULTS, **hf}
-    missing = [key for key in REQUIRED if key not in values]
-    if missing:
-        raise files.refuse(CONFIG, f"lacks {missing}")
-    eos = values["eos_token_id"]
-    values["eos_token_id"] = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos  # one EOS, listed
-    for key in REQUIRED:
-        _check_int(files, CONFIG, key, values[key], minimum=0)
-    for first, second in SAME:
-        if second in values and values[first] != values[second]:
-            raise files.refuse(CONFIG, f"has {first}={values[first]!r} and {second}={values[second]!r}: multihead's "
-                               "Transformer has one value for both")  # fmt: skip
-    for key in ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings"):
-        if not isinstance(values[key], bool):
-            raise files.refuse(CONFIG, f"has {key}={values[key]!r}, not true or false")
+        raise files.refuse(CONFIG, f"has model_type={hf.get('model_type')!r}: multihead imports Marian models "
+                           "(model_type 'marian', as OPUS-MT's) and M2M100 models ('m2m_100')")  # fmt: skip
+    values = _read_config(hf, DEFAULTS, FIXED, ("share_encoder_decoder_embeddings",), files)
     activation = values["activation_function"]
-    if activation not in ACTIVATIONS:
-        raise files.refuse(CONFIG, f"has activation_function={activation!r}: multihead computes swish (SiLU), relu "
-                           "and gelu (the exact erf GELU) only")  # fmt: skip
     shared, tied = values["share_encoder_decoder_embeddings"], values["tie_word_embeddings"]
     if shared and not tied:
         raise files.refuse(CONFIG, "has tie_word_embeddings=False with share_encoder_decoder_embeddings=True: "
@@ -372,6 +377,65 @@ def transformer_config(
             d_ff=values["encoder_ffn_dim"], dropout=values["dropout"], activation=ACTIVATIONS[activation],
             max_len=values["max_position_embeddings"], pad_id=ids.pad, tie_embeddings=shared, positions="halves",
             scale_embeddings=values["scale_embedding"], tie_output=not shared and tied,
+        )  # fmt: skip
+    except (TypeError, ValueError) as error:
+        raise files.refuse(CONFIG, f"describes no model multihead can build: {error}") from None
+    return config, ids
+
+
+def _read_config(
+    hf: dict[str, Any],
+    defaults: dict[str, Any],
+    fixed: dict[str, tuple[Any, str]],
+    flags: Sequence[str],
+    files: CheckpointFiles,
+) -> dict[str, Any]:
+    """``config.json``'s values over ``defaults``, checked: ``fixed`` keys at their values, the ``REQUIRED`` ids and
+    sizes whole numbers, the ``SAME`` pairs equal, ``scale_embedding``, ``tie_word_embeddings`` and ``flags`` true or
+    false, the activation one multihead computes."""
+    model = hf.get("model_type")
+    for key, (expected, meaning) in fixed.items():
+        if key in hf and hf[key] != expected:
+            raise files.refuse(CONFIG, f"has {key}={hf[key]!r}: multihead imports {model} models with {key}="
+                               f"{expected!r} only ({meaning})")  # fmt: skip
+    values = {**defaults, **hf}
+    missing = [key for key in REQUIRED if key not in values]
+    if missing:
+        raise files.refuse(CONFIG, f"lacks {missing}")
+    eos = values["eos_token_id"]
+    values["eos_token_id"] = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos  # one EOS, listed
+    for key in REQUIRED:
+        _check_int(files, CONFIG, key, values[key], minimum=0)
+    for first, second in SAME:
+        if second in values and values[first] != values[second]:
+            raise files.refuse(CONFIG, f"has {first}={values[first]!r} and {second}={values[second]!r}: multihead's "
+                               "Transformer has one value for both")  # fmt: skip
+    for key in ("scale_embedding", "tie_word_embeddings", *flags):
+        if not isinstance(values[key], bool):
+            raise files.refuse(CONFIG, f"has {key}={values[key]!r}, not true or false")
+    if values["activation_function"] not in ACTIVATIONS:
+        raise files.refuse(CONFIG, f"has activation_function={values['activation_function']!r}: multihead computes "
+                           "swish (SiLU), relu and gelu (the exact erf GELU) only")  # fmt: skip
+    return values
+
+
+def m2m100_config(
+    hf: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles
+) -> tuple[TransformerConfig, MarianIds]:
+    """Our config of the M2M100 model ``config.json`` (``hf``) and ``generation_config.json`` describe (pre-norm
+    layers with a LayerNorm after each stack, fairseq's sinusoids counted from the pad id + 1, one vocabulary tied
+    to the output layer), every value we cannot represent refused; and the ids the model fixes."""
+    values = _read_config(hf, M2M100_DEFAULTS, M2M100_FIXED, (), files)
+    ids = MarianIds(values["pad_token_id"], values["decoder_start_token_id"], values["eos_token_id"],
+                    *_generation(values, generation, files))  # fmt: skip
+    try:
+        config = TransformerConfig(
+            src_vocab=values["vocab_size"], tgt_vocab=values["vocab_size"], d_model=values["d_model"],
+            num_heads=values["encoder_attention_heads"], num_encoder_layers=values["encoder_layers"],
+            num_decoder_layers=values["decoder_layers"], d_ff=values["encoder_ffn_dim"], dropout=values["dropout"],
+            activation=ACTIVATIONS[values["activation_function"]], norm_first=True,
+            max_len=values["max_position_embeddings"], pad_id=ids.pad, tie_embeddings=True, positions="fairseq",
+            first_position=ids.pad + 1, scale_embeddings=values["scale_embedding"],
         )  # fmt: skip
     except (TypeError, ValueError) as error:
         raise files.refuse(CONFIG, f"describes no model multihead can build: {error}") from None
@@ -451,6 +515,9 @@ def _layer_names(config: TransformerConfig) -> dict[str, str]:
             for part, marian in parts.items():
                 for leaf in (schema.WEIGHT, schema.BIAS):
                     names[f"{ours}.{part}.{leaf}"] = f"{theirs}.{marian}.{leaf}"
+        if config.norm_first:  # the LayerNorm after the stack (M2M100's)
+            for leaf in (schema.WEIGHT, schema.BIAS):
+                names[f"{stack}.{schema.STACK_NORM}.{leaf}"] = f"{MARIAN_STACKS[stack]}.layer_norm.{leaf}"
     return names
 
 
@@ -576,6 +643,62 @@ def marian_tokenizers(
             raise files.refuse(vocabulary, f"has {len(tokenizer)} pieces, the model's {side} vocabulary {size}")
         made.append(tokenizer)
     return made[0], made[1]
+
+
+def m2m100_langs(files: CheckpointFiles) -> list[str]:
+    """The pair an M2M100 run translates when ``--langs`` names none: its tokenizer's ``src_lang`` and ``tgt_lang``."""
+    settings = files.tokenizer_config()
+    pair = [settings.get("src_lang"), settings.get("tgt_lang")]
+    if not _codes(pair):
+        raise UserError(f"{files.name!r} is a many-to-many model and names no pair: give --langs SRC TGT (two of its "
+                        "languages, such as de en)")  # fmt: skip
+    return [str(code) for code in pair]
+
+
+def m2m100_tokenizers(
+    files: CheckpointFiles, config: TransformerConfig, ids: MarianIds, langs: Sequence[str]
+) -> tuple[SentencePieceTokenizer, SentencePieceTokenizer, MarianIds]:
+    """The tokenizers of an M2M100 model (``M2M100Tokenizer``'s ids: ``vocab.json``'s pieces, then a ``__xx__`` code
+    of each of its languages, then its made-up words), the source side's texts starting with the code of ``langs[0]``
+    and ending with EOS; and ``ids`` forcing the code of ``langs[1]`` first, as ``forced_bos_token_id`` does."""
+    settings = files.tokenizer_config()
+    family = settings.get("language_codes", "m2m100")
+    if family not in M2M100_CODES:
+        raise files.refuse(TOKENIZER_CONFIG, f"has language_codes={family!r}: multihead knows "
+                           f"{sorted(M2M100_CODES)}")  # fmt: skip
+    madeup = settings.get("num_madeup_words", 8)
+    _check_int(files, TOKENIZER_CONFIG, "num_madeup_words", madeup, minimum=0)
+    for file in (M2M100_SPM, VOCABULARY):
+        if not (files.directory / file).is_file():
+            raise UserError(f"{files.name!r} holds no {file}, which its tokenizer reads")
+    pieces = files.json(VOCABULARY)
+    codes = M2M100_CODES[family]
+    vocabulary = {**pieces, **{f"__{code}__": len(pieces) + index for index, code in enumerate(codes)}}
+    vocabulary |= {MADE_UP.format(index): len(pieces) + len(codes) + index for index in range(madeup)}
+    if len(vocabulary) != config.tgt_vocab:
+        raise files.refuse(VOCABULARY, f"has {len(pieces)} pieces, which with {len(codes)} language codes and "
+                           f"{madeup} made-up words make {len(vocabulary)} ids, not the model's "
+                           f"{config.tgt_vocab}")  # fmt: skip
+    unknown = [code for code in langs if f"__{code}__" not in vocabulary]
+    if unknown:
+        raise UserError(f"--langs {' '.join(langs)}: {files.name!r} has no language {unknown[0]!r}; its languages "
+                        f"are {' '.join(codes)}")  # fmt: skip
+    for special, model_id in (("</s>", ids.eos), ("<pad>", ids.pad)):
+        if pieces.get(special) != model_id:
+            raise files.refuse(VOCABULARY, f"gives {special!r} the id {pieces.get(special)!r}, but {CONFIG} "
+                               f"{model_id}: the tokenizer does not fit the model")  # fmt: skip
+    unk = pieces.get("<unk>")
+    if isinstance(unk, bool) or not isinstance(unk, int):
+        raise files.refuse(VOCABULARY, "has no '<unk>', which reads the pieces it lacks")
+    specials = Specials(pad=ids.pad, bos=ids.start, eos=ids.eos, unk=unk)
+    model = files.directory / M2M100_SPM
+    try:
+        source = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=True, specials=specials,
+                                        prefix=(vocabulary[f"__{langs[0]}__"],))  # fmt: skip
+        target = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=False, specials=specials)
+    except ValueError as error:
+        raise files.refuse(M2M100_SPM, f"is no SentencePiece model of this vocabulary: {error}") from None
+    return source, target, replace(ids, forced=(vocabulary[f"__{langs[1]}__"],))
 
 
 def default_langs(

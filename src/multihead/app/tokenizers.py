@@ -384,19 +384,32 @@ class SentencePieceTokenizer:
     A text is cut where a special's own text (``</s>``, ``<unk>``, ``<pad>``) stands in it; each other part loses a
     language code that opens it (``>>fr<<``, one piece of its own) and SentencePiece cuts the rest. Pieces the
     vocabulary lacks read as ``specials.unk``. The source side of a Marian model ends every text with ``specials.eos``
-    (``append_eos``); its target side does not, as the batches add it.
+    (``append_eos``); its target side does not, as the batches add it. ``prefix``: ids every encoded text starts with
+    (the source language's code of an M2M100 model, as ``M2M100Tokenizer`` puts it first).
     """
 
     kind = "sentencepiece"
     MARK = "▁"  # begins every word
 
-    def __init__(self, model: bytes, vocabulary: dict[str, int], *, append_eos: bool, specials: Specials) -> None:
+    def __init__(
+        self,
+        model: bytes,
+        vocabulary: dict[str, int],
+        *,
+        append_eos: bool,
+        specials: Specials,
+        prefix: Sequence[int] = (),
+    ) -> None:
         self.processor = sentencepiece_processor(model)
         self.symbols = vocabulary_symbols(vocabulary)
-        outside = [value for value in astuple(specials) if not 0 <= value < len(self.symbols)]
+        outside = [value for value in [*astuple(specials), *prefix] if not 0 <= value < len(self.symbols)]
         if outside:
-            raise ValueError(f"the specials {specials} must be ids of the vocabulary (0 to {len(self.symbols) - 1})")
+            raise ValueError(
+                f"the specials {specials} and prefix {list(prefix)} must be ids of the vocabulary (0 to "
+                f"{len(self.symbols) - 1})"
+            )
         self.model, self.append_eos, self.specials = bytes(model), append_eos, specials
+        self.prefix = [int(index) for index in prefix]
         self.vocabulary = dict(vocabulary)
         self.piece_ids = [  # SentencePiece's id -> ours
             self.vocabulary.get(self.processor.id_to_piece(index), specials.unk)
@@ -409,7 +422,7 @@ class SentencePieceTokenizer:
 
     @classmethod
     def from_files(
-        cls, model: Path, vocabulary: Path, *, append_eos: bool, specials: Specials
+        cls, model: Path, vocabulary: Path, *, append_eos: bool, specials: Specials, prefix: Sequence[int] = ()
     ) -> SentencePieceTokenizer:
         """The tokenizer of a SentencePiece model file (``source.spm``) and a JSON vocabulary of its pieces
         (``vocab.json``); ``ValueError`` naming a file that is missing or damaged."""
@@ -424,8 +437,8 @@ class SentencePieceTokenizer:
         except (OSError, UnicodeDecodeError, ValueError) as error:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"{str(vocabulary)!r} is damaged: {error}") from None
         try:
-            return cls(model_bytes, pieces, append_eos=append_eos, specials=specials)
-        except ValueError as error:  # the specials are not all ids of the vocabulary
+            return cls(model_bytes, pieces, append_eos=append_eos, specials=specials, prefix=prefix)
+        except ValueError as error:  # the specials or the prefix are not all ids of the vocabulary
             raise ValueError(f"{str(vocabulary)!r} does not fit: {error}") from None
 
     def __len__(self) -> int:
@@ -455,7 +468,8 @@ class SentencePieceTokenizer:
         ]
 
     def _ended(self, ids: list[int]) -> list[int]:
-        return [*ids, self.specials.eos] if self.append_eos else ids
+        """The ids of a text with the prefix before them and, where ``append_eos``, EOS after them."""
+        return [*self.prefix, *ids, self.specials.eos] if self.append_eos else [*self.prefix, *ids]
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
         pieces = self._pieces(text)
@@ -555,9 +569,11 @@ def sentencepiece_files(side: str, tokenizer: SentencePieceTokenizer, other: Tok
 def sentencepiece_entry(entry: dict[str, Any], directory: Path, side: str) -> SentencePieceTokenizer:
     """The tokenizer the manifest in ``directory`` describes for ``side``; ``ValueError`` naming the damaged file."""
     names = [entry.get("model"), entry.get("vocabulary")]
-    specials = entry.get("specials")
+    specials, prefix = entry.get("specials"), entry.get("prefix", [])
     if (
-        set(entry) != {"kind", "model", "vocabulary", "append_eos", "specials"}
+        set(entry) - {"prefix"} != {"kind", "model", "vocabulary", "append_eos", "specials"}
+        or not isinstance(prefix, list)
+        or not all(type(value) is int for value in prefix)
         or not all(isinstance(name, str) and name and Path(name).name == name for name in names)
         or not isinstance(entry["append_eos"], bool)
         or not isinstance(specials, dict)
@@ -566,11 +582,11 @@ def sentencepiece_entry(entry: dict[str, Any], directory: Path, side: str) -> Se
     ):
         raise ValueError(
             f"{str(directory / MANIFEST)!r} is damaged: its {side} must name a SentencePiece model and vocabulary "
-            "beside it, say whether to append EOS and give the ids of pad, bos, eos and unk"
+            "beside it, say whether to append EOS, give the ids of pad, bos, eos and unk, and may give a prefix of ids"
         )
     return SentencePieceTokenizer.from_files(
         directory / entry["model"], directory / entry["vocabulary"], append_eos=entry["append_eos"],
-        specials=Specials(**specials),
+        specials=Specials(**specials), prefix=prefix,
     )  # fmt: skip
 
 
@@ -608,6 +624,7 @@ def _described(tokenizer: Tokenizer) -> str:
     if isinstance(tokenizer, SentencePieceTokenizer):
         model = hashlib.sha256(tokenizer.model).hexdigest()
         rules = {"append_eos": tokenizer.append_eos, "specials": asdict(tokenizer.specials)}
+        rules |= {"prefix": tokenizer.prefix} if tokenizer.prefix else {}  # as a tokenizer without one always was
         return json.dumps({"kind": tokenizer.kind, "model": model, "symbols": tokenizer.symbols, **rules})
     raise TypeError(f"no description of a {type(tokenizer).__name__}")
 
@@ -629,7 +646,7 @@ def save_tokenizers(source: Tokenizer, target: Tokenizer, directory: Path) -> li
             model, vocabulary = sentencepiece_files(side, tokenizer, target if side == "source" else source)
             manifest[side] = {
                 "kind": tokenizer.kind, "model": model, "vocabulary": vocabulary, "append_eos": tokenizer.append_eos,
-                "specials": asdict(tokenizer.specials),
+                "specials": asdict(tokenizer.specials), **({"prefix": tokenizer.prefix} if tokenizer.prefix else {}),
             }  # fmt: skip
             pieces = json.dumps(tokenizer.vocabulary, ensure_ascii=False).encode("utf-8")
             for name, content in ((model, tokenizer.model), (vocabulary, pieces)):

@@ -1,0 +1,238 @@
+"""``multihead import`` of an M2M100 checkpoint (the architecture of M2M100 and NLLB-200): pre-norm layers with a
+LayerNorm after each stack, fairseq's sinusoids counted from the pad id + 1, one vocabulary of ``vocab.json``'s pieces,
+then a ``__xx__`` code of each of its 100 languages, then 8 made-up words; the source text starts with its language's
+code and ends with EOS, the translation starts with the target's (``forced_bos_token_id``). Against Transformers'
+``M2M100ForConditionalGeneration`` and ``M2M100Tokenizer`` on a tiny checkpoint made here, offline: a SentencePiece
+model trained on the made-up German and English of ``support.py``, a random model trained for a few steps so that its
+translations end, saved with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.support import PAIRS, Cli, assert_refused, sentences, write_lines
+from multihead.app.pretrained import import_pretrained
+from multihead.decoding import Generation, SearchOptions
+from multihead.io import load_weights, read_config
+from multihead.torch import Transformer
+
+pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+PAD, EOS = 1, 2  # fairseq's dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3
+GENERATE = 40
+
+
+@dataclass
+class M2M100:
+    """A saved M2M100 checkpoint, its model and tokenizer loaded by Transformers, and the run imported from it."""
+
+    directory: Path
+    model: object  # transformers.M2M100ForConditionalGeneration
+    tokenizer: object  # transformers.M2M100Tokenizer
+    run: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run / "checkpoints" / "step-0000000"
+
+    def ours(self) -> Transformer:
+        model = Transformer.from_config(read_config(self.checkpoint / "config.json")).eval()
+        load_weights(model, self.checkpoint / "model.safetensors")
+        return model
+
+    def generation(self, **search: object) -> Generation:
+        stored = Generation.from_dict(json.loads((self.checkpoint / "generation.json").read_text()))
+        return Generation(stored.specials, stored.banned, stored.forced, SearchOptions(**search))  # type: ignore[arg-type]
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True)
+        return batch["input_ids"], batch["attention_mask"]
+
+    def generate(self, texts: list[str], **options: object) -> torch.Tensor:
+        """Transformers' tokens into English, the decoder start first; forced EOS off (see test_import)."""
+        src, mask = self.encode(texts)
+        return self.model.generate(  # type: ignore[attr-defined]
+            input_ids=src, attention_mask=mask, do_sample=False, forced_eos_token_id=None,
+            forced_bos_token_id=self.tokenizer.get_lang_id("en"), **options,
+        )  # fmt: skip
+
+
+def make_checkpoint(directory: Path) -> Path:
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    spm = directory.parent / f"{directory.name}-spm"
+    spm.mkdir(parents=True)
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([text for pair in PAIRS for text in pair]), model_writer=model, vocab_size=120,
+        model_type="bpe", bos_id=0, pad_id=PAD, eos_id=EOS, unk_id=3, hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    (spm / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    vocabulary = {"<s>": 0, "<pad>": PAD, "</s>": EOS, "<unk>": 3}
+    for index in range(4, processor.get_piece_size()):
+        vocabulary[processor.id_to_piece(index)] = len(vocabulary)
+    (spm / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
+    tokenizer = M2M100Tokenizer(str(spm / "vocab.json"), str(spm / "sentencepiece.bpe.model"), src_lang="de",
+                                tgt_lang="en")  # fmt: skip
+    config = M2M100Config(
+        vocab_size=len(vocabulary) + 100 + 8, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=64, dropout=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(config)
+    # A few steps of training, so that its translations end, at various lengths.
+    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == PAD] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def m2m100(tmp_path_factory: pytest.TempPathFactory) -> M2M100:
+    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    root = tmp_path_factory.mktemp("m2m100")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        directory = make_checkpoint(root / "m2m100_tiny")
+    import_pretrained(str(directory), root / "run", langs=["de", "en"])
+    tokenizer = M2M100Tokenizer.from_pretrained(directory, src_lang="de", tgt_lang="en")
+    model = M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+    return M2M100(directory, model, tokenizer, root / "run")
+
+
+def generated(tokens: torch.Tensor) -> list[list[int]]:
+    """Each row's tokens up to its first EOS (included)."""
+    return [row[: row.index(EOS) + 1] if EOS in row else row for row in tokens.tolist()]
+
+
+def test_the_run_is_m2m100s_architecture_and_languages(m2m100: M2M100) -> None:
+    config = read_config(m2m100.checkpoint / "config.json")
+    assert (config.norm_first, config.positions, config.first_position, config.tie_embeddings) == (
+        True, "fairseq", PAD + 1, True,
+    )  # fmt: skip
+    generation = m2m100.generation()
+    assert generation.forced == (m2m100.tokenizer.get_lang_id("en"),)
+    assert (generation.specials.pad, generation.specials.bos, generation.specials.eos) == (PAD, EOS, EOS)
+    from multihead.app.tokenizers import load_tokenizers
+
+    source, _ = load_tokenizers(m2m100.checkpoint)
+    for text in sentences(20, seed=7):  # M2M100Tokenizer's ids: the language's code first, EOS last
+        assert source.encode(text)[0] == m2m100.tokenizer(text)["input_ids"], text
+
+
+def test_logits_equal_transformers(m2m100: M2M100) -> None:
+    """Sources padded at their ends; decoder inputs start from the decoder start (EOS), then the target's code."""
+    ours = m2m100.ours()
+    src, mask = m2m100.encode(sentences(4, seed=1))
+    tgt = torch.randint(4, 120, (4, 7), generator=torch.Generator().manual_seed(0))
+    tgt[:, 0], tgt[:, 1] = EOS, m2m100.tokenizer.get_lang_id("en")
+    with torch.no_grad():
+        expected = m2m100.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits  # type: ignore[operator]
+        got = ours(src, tgt, src_key_mask=mask.bool())
+    assert float((got - expected).abs().max()) <= 1e-4
+
+
+@pytest.mark.keras
+def test_keras_logits_equal_transformers(m2m100: M2M100) -> None:
+    from keras_helpers import numpy, tensor
+    from multihead.keras import Transformer as KerasTransformer
+
+    model = KerasTransformer.from_config(read_config(m2m100.checkpoint / "config.json"))
+    load_weights(model, m2m100.checkpoint / "model.safetensors")
+    src, mask = m2m100.encode(sentences(4, seed=2))
+    tgt = torch.randint(4, 120, (4, 6), generator=torch.Generator().manual_seed(1))
+    tgt[:, 0], tgt[:, 1] = EOS, m2m100.tokenizer.get_lang_id("en")
+    with torch.no_grad():
+        expected = m2m100.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits.numpy()  # type: ignore[operator]
+    got = numpy(model(tensor(src.numpy().astype("int32")), tensor(tgt.numpy().astype("int32")),
+                      src_key_mask=tensor(mask.numpy().astype(bool))))  # fmt: skip
+    assert float(np.abs(got - expected).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam"])
+def test_tokens_equal_generate_into_the_forced_language(m2m100: M2M100, beams: int) -> None:
+    """Greedy, and beam search as test_import compares it (``early_stopping="never"``, ``renormalize_logits``)."""
+    texts = sentences(30, seed=3)
+    expected = m2m100.generate(texts, num_beams=beams, max_length=GENERATE + 1, early_stopping="never",
+                               renormalize_logits=True)  # fmt: skip
+    src, mask = m2m100.encode(texts)
+    got = m2m100.ours().generate(src, src_key_mask=mask.bool(), max_len=GENERATE,
+                                 generation=m2m100.generation(beam_size=beams))  # fmt: skip
+    assert generated(got) == generated(expected[:, 1:])  # after the decoder start
+    assert sum(row[-1] == EOS for row in generated(got)) >= 25  # the limit is not what they reach
+
+
+def test_translate_gives_transformers_text(m2m100: M2M100, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """``translate``'s text is ``M2M100Tokenizer``'s decoding of the tokens after the target's code."""
+    texts = sentences(30, seed=4)
+    tokens = m2m100.generate(texts, num_beams=1, max_length=GENERATE + 1)
+    expected = m2m100.tokenizer.batch_decode(tokens[:, 2:], skip_special_tokens=True)  # type: ignore[attr-defined]
+    result = cli("translate", m2m100.run, "--input", write_lines(tmp_path / "source.de", texts))
+    assert result.status == 0, result.err
+    assert result.out_lines == expected
+
+
+def test_import_says_the_model_and_its_languages(m2m100: M2M100, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    result = cli("import", m2m100.directory, tmp_path / "run", "--langs", "de", "en")
+    assert result.status == 0, result.err
+    assert result.out_lines[1].startswith("  model: M2M100 Transformer, 2 encoder and 2 decoder layers")
+    assert "  generation: every translation starts with ['__en__']" in result.out_lines
+
+
+def test_a_pair_it_lacks_or_none_is_refused(m2m100: M2M100, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    assert_refused(cli("import", m2m100.directory, tmp_path / "run", "--langs", "de", "tlh"), "--langs de tlh",
+                   "no language 'tlh'", "its languages are af am ar")  # fmt: skip
+    directory = shutil.copytree(m2m100.directory, tmp_path / "unnamed")
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    settings.pop("src_lang"), settings.pop("tgt_lang")
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert_refused(cli("import", directory, tmp_path / "run"), "many-to-many", "give --langs SRC TGT")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["unnamed"]  # nothing written
+
+
+def test_export_translates_as_transformers(m2m100: M2M100, tmp_path: Path) -> None:
+    """The exported model, given the target's code as ``target_prefix``, gives CTranslate2 Transformers' greedy tokens;
+    the export's README translates as it says. (CTranslate2 4.8's own converter cannot convert this checkpoint under
+    Transformers 5, whose ``M2M100Tokenizer`` no longer counts the language codes in its vocabulary.)"""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from multihead.app.export import export
+
+    ours = export(m2m100.run, tmp_path / "ours", checkpoint=None, quantization=None)
+    tokenizer = m2m100.tokenizer
+    texts = sentences(30, seed=5)
+    batch = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(texts)["input_ids"]]  # type: ignore[operator]
+    prefix = [["__en__"]] * len(texts)
+    translator = ctranslate2.Translator(str(ours), device="cpu")
+    found = translator.translate_batch(batch, beam_size=1, max_decoding_length=GENERATE, target_prefix=prefix)
+    expected = [row[:-1] if row[-1] == EOS else row for row in generated(m2m100.generate(texts, num_beams=1,
+                max_length=GENERATE + 1)[:, 1:])]  # fmt: skip
+    assert [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in found] == expected  # type: ignore[attr-defined]
+    code = (ours / "README.md").read_text(encoding="utf-8").split("```python\n")[1].split("```")[0]
+    done = subprocess.run([sys.executable, "-c", code], cwd=ours, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("Zwei Hunde spielen im Schnee.")["input_ids"])  # type: ignore[operator]
+    (result,) = translator.translate_batch([pieces], target_prefix=prefix[:1])
+    assert done.stdout.strip() == tokenizer.convert_tokens_to_string(result.hypotheses[0][1:])  # type: ignore[attr-defined]
