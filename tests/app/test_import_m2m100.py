@@ -236,3 +236,44 @@ def test_export_translates_as_transformers(m2m100: M2M100, tmp_path: Path) -> No
     pieces = tokenizer.convert_ids_to_tokens(tokenizer("Zwei Hunde spielen im Schnee.")["input_ids"])  # type: ignore[operator]
     (result,) = translator.translate_batch([pieces], target_prefix=prefix[:1])
     assert done.stdout.strip() == tokenizer.convert_tokens_to_string(result.hypotheses[0][1:])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("source", "target"), [("de", "fr"), ("en", "de")], ids=["into-fr", "en-into-de"])
+def test_another_pair_of_its_languages_translates_as_transformers(
+    m2m100: M2M100, tmp_path: Path, cli: Callable[..., Cli], source: str, target: str
+) -> None:
+    """``--source-lang``/``--target-lang``: the source starts with the other code, the translation is forced to start
+    with the other target's, as ``M2M100Tokenizer(src_lang=...)`` and ``generate(forced_bos_token_id=...)`` do."""
+    from transformers import M2M100Tokenizer
+
+    tokenizer = M2M100Tokenizer.from_pretrained(m2m100.directory, src_lang=source, tgt_lang=target)
+    texts = sentences(20, seed=8)
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    tokens = m2m100.model.generate(  # type: ignore[attr-defined]
+        **batch, do_sample=False, num_beams=1, max_length=GENERATE + 1, forced_eos_token_id=None,
+        forced_bos_token_id=tokenizer.get_lang_id(target),
+    )  # fmt: skip
+    assert (tokens[:, 1] == tokenizer.get_lang_id(target)).all()
+    result = cli("translate", m2m100.run, "--input", write_lines(tmp_path / "source.txt", texts), "--source-lang",
+                 source, "--target-lang", target)  # fmt: skip
+    assert result.status == 0, result.err
+    assert result.out_lines == tokenizer.batch_decode(tokens[:, 2:], skip_special_tokens=True)
+
+
+def test_the_target_language_chooses_the_bleu_tokenizer(m2m100: M2M100, tmp_path: Path, cli: Callable) -> None:
+    source = write_lines(tmp_path / "source.de", sentences(3, seed=9))
+    result = cli("evaluate", m2m100.run, source, source, "--target-lang", "zh")
+    assert result.status == 0, result.err
+    scores = result.json()
+    assert (scores["langs"], scores["signature"]["bleu"].split("|")[3]) == (["de", "zh"], "tok:zh")
+
+
+def test_a_language_it_lacks_or_a_model_without_languages_is_refused(
+    m2m100: M2M100, task_run: Path, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    assert_refused(cli("translate", m2m100.run, "der Hund", "--target-lang", "tlh"), "--target-lang tlh",
+                   "no language 'tlh'", "the nearest it has: tl, th")  # fmt: skip
+    lines = write_lines(tmp_path / "lines.txt", ["der Hund"])
+    assert_refused(cli("score", m2m100.run, lines, lines, "--source-lang", "xx"), "--source-lang xx")
+    assert_refused(cli("translate", task_run, "abc", "--target-lang", "fr"), "--target-lang fr",
+                   "has no language tokens")  # fmt: skip

@@ -150,7 +150,10 @@ def _translate(args: argparse.Namespace) -> int:
             raise UserError(f"{flag}: nothing to show, the input holds no text")
     from multihead.app.translate import Translator, speed_text
 
-    translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
+    translator = Translator(
+        args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
+        target_lang=args.target_lang,
+    )  # fmt: skip
     if sys.stderr.isatty():
         say(f"{_languages(translator)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
     begin = time.perf_counter()
@@ -214,7 +217,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         )
     if not sources:
         raise UserError(f"SRC {args.src!r} and REF {args.ref!r} hold no lines: nothing to evaluate")
-    translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
+    translator = Translator(
+        args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
+        target_lang=args.target_lang,
+    )  # fmt: skip
     begin = time.perf_counter()
     hypotheses = translator.translate(
         sources, search=search, names=[f"SRC line {i + 1}" for i in range(len(sources))],
@@ -255,7 +261,10 @@ def _score(args: argparse.Namespace) -> int:
             f"SRC {args.src!r} has {plural(len(sources), 'line')} but HYP {args.hyp!r} has {len(translations)}; "
             "they must be line-aligned"
         )
-    translator = Translator(args.run, args.checkpoint, device=args.device, quantize=args.quantize)
+    translator = Translator(
+        args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
+        target_lang=args.target_lang,
+    )  # fmt: skip
     begin = time.perf_counter()
     scored = translator.score(
         sources, translations, names=[f"line {i + 1}" for i in range(len(sources))], progress=sys.stderr.isatty()
@@ -427,6 +436,19 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _add_language_options(command: argparse.ArgumentParser) -> None:
+    """What ``translate``, ``evaluate`` and ``score`` take to choose another pair of a many-to-many model's
+    languages than the run's."""
+    from multihead.app.languages import language_code
+
+    for flag, side in (("--source-lang", "source"), ("--target-lang", "target")):
+        command.add_argument(
+            flag, type=language_code, metavar="CODE",
+            help=f"the {side} language, one of a many-to-many model's (an imported M2M100 run's: its codes, such "
+            "as de or zh; default: the run's)",
+        )  # fmt: skip
+
+
 def _add_decoding_options(command: argparse.ArgumentParser) -> None:
     """What ``translate``, ``evaluate`` and ``serve`` share: the model's options and the search."""
     from multihead.app.options import add_search_arguments
@@ -464,6 +486,7 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         "no score and no translation",
     )  # fmt: skip
     _add_decoding_options(translate)
+    _add_language_options(translate)
 
 
 def _add_evaluate(commands: argparse._SubParsersAction) -> None:
@@ -483,6 +506,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         "where installed, else char; 13a for the others)",
     )  # fmt: skip
     _add_decoding_options(evaluate)
+    _add_language_options(evaluate)
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:
@@ -501,6 +525,7 @@ def _add_score(commands: argparse._SubParsersAction) -> None:
     score.add_argument("hyp", help="their translations, line-aligned with SRC (plain or .gz; - for stdin)")
     score.add_argument("--output", metavar="FILE", help="write the scores here (default: stdout)")
     _add_model_options(score)
+    _add_language_options(score)
 
 
 def _add_average(commands: argparse._SubParsersAction) -> None:

@@ -39,6 +39,16 @@ M2M100_CODES = {
 model's ``__xx__`` tokens follow its ``vocab.json``'s pieces in this order, then its made-up words."""
 
 
+CODE_TOKEN = re.compile(r"^__([a-z]{2,3})__$")
+"""A language's token in a many-to-many model's vocabulary (M2M100's ``__de__``)."""
+
+
+def code_tokens(vocabulary: dict[str, int]) -> dict[str, int]:
+    """The languages whose tokens a vocabulary holds, and their ids, in the order of the ids."""
+    found = {match[1]: index for piece, index in vocabulary.items() if (match := CODE_TOKEN.match(piece))}
+    return dict(sorted(found.items(), key=lambda item: item[1]))
+
+
 def language_code(text: str) -> str:
     """``text`` as a language code (argparse type): refused unless it looks like one."""
     if not CODE.match(text):

@@ -9,6 +9,8 @@ Notation: B batch, Ls source length, T generated length, H heads, Lt target leng
 
 from __future__ import annotations
 
+import copy
+import difflib
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -19,7 +21,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
+from multihead.app.languages import code_tokens, pair_text
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
+from multihead.app.tokenizers import SentencePieceTokenizer
 from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
 
 Ids = list[int]
@@ -152,10 +156,18 @@ class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
     :mod:`multihead.app.devices`), ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear
     layers in that type (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps
-    alike."""
+    alike. ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
+    (:meth:`choose_languages`)."""
 
     def __init__(
-        self, run: str | Path, checkpoint: str | None = None, *, device: str | None = None, quantize: str | None = None
+        self,
+        run: str | Path,
+        checkpoint: str | None = None,
+        *,
+        device: str | None = None,
+        quantize: str | None = None,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
     ) -> None:
         import torch
 
@@ -191,6 +203,40 @@ class Translator:
         self.tokens = 0
         """Target tokens this translator has generated or scored so far, EOS included: what speeds count."""
         self.torch = torch
+        if source_lang is not None or target_lang is not None:
+            self.choose_languages(source_lang, target_lang)
+
+    def choose_languages(self, source: str | None, target: str | None) -> None:
+        """Translate from ``source`` and into ``target`` (``None``: the run's), two of the languages of a model whose
+        sources start with their language's token and translations with theirs (M2M100's ``__de__``): the source
+        tokenizer's prefix and the forced token become theirs. Refused in one line for a model without them."""
+        source_side = self.source
+        codes = code_tokens(getattr(self.target, "vocabulary", {}))
+        if (
+            not isinstance(source_side, SentencePieceTokenizer)
+            or len(source_side.prefix) != 1
+            or len(self.generation.forced) != 1
+            or not codes
+        ):
+            given = " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source), ("--target-lang", target))
+                             if code is not None)  # fmt: skip
+            raise UserError(f"{given}: this run translates {pair_text(self.langs)} only (its model has no language "
+                            "tokens to choose another pair with)")  # fmt: skip
+        for flag, code in (("--source-lang", source), ("--target-lang", target)):
+            if code is not None and code not in codes:
+                nearest = difflib.get_close_matches(code, list(codes), n=3, cutoff=0.5)
+                shown = f"the nearest it has: {', '.join(nearest)}" if nearest else f"it has {' '.join(codes)}"
+                raise UserError(f"{flag} {code}: the model has no language {code!r}; {shown}")
+        if source is not None:
+            source_side = copy.copy(source_side)
+            source_side.prefix = [codes[source]]
+            self.source = source_side
+        if target is not None:
+            self.generation = replace(self.generation, forced=(codes[target],))
+        if self.langs is not None:
+            self.langs = [source or self.langs[0], target or self.langs[1]]
+        elif source is not None and target is not None:
+            self.langs = [source, target]
 
     def _unit(self) -> str:
         return {"char": "characters", "word": "words"}.get(self.source.kind, "subword tokens")
