@@ -21,18 +21,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import safetensors.numpy
 import torch
 
+from app.imported import Imported
 from app.support import PAIRS, Cli, assert_refused, sentences, subprocess_env, write_lines
 from multihead.app.pretrained import import_pretrained
-from multihead.decoding import Generation, SearchOptions, Specials
+from multihead.decoding import Generation, Specials
 from multihead.io import load_weights, read_config, read_weights
-from multihead.torch import Transformer
 
 pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -46,32 +45,10 @@ KINDS = pytest.mark.parametrize("kind", ["shared", "separate"])
 
 
 @dataclass
-class Marian:
-    """A saved Marian checkpoint, its model and tokenizer loaded by Transformers, and the run imported from it."""
+class Marian(Imported):
+    """A saved Marian checkpoint (see :class:`Imported`) and its pad id."""
 
-    directory: Path
-    model: object  # transformers.MarianMTModel
-    tokenizer: object  # transformers.MarianTokenizer
-    run: Path
     pad: int
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.run / "checkpoints" / "step-0000000"
-
-    def ours(self) -> Transformer:
-        model = Transformer.from_config(read_config(self.checkpoint / "config.json")).eval()
-        load_weights(model, self.checkpoint / "model.safetensors")
-        return model
-
-    def generation(self, **search: Any) -> Generation:
-        """The run's generation spec (Marian's: from the pad, never to it), searching as ``search`` says."""
-        stored = Generation.from_dict(json.loads((self.checkpoint / "generation.json").read_text()))
-        return replace(stored, search=SearchOptions(**search))
-
-    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True)
-        return batch["input_ids"], batch["attention_mask"]
 
 
 def _pieces(lines: list[str], size: int, path: Path) -> list[str]:

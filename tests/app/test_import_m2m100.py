@@ -16,18 +16,16 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from app.imported import Imported
 from app.support import PAIRS, Cli, assert_refused, sentences, write_lines
 from multihead.app.pretrained import import_pretrained
-from multihead.decoding import Generation, SearchOptions
 from multihead.io import load_weights, read_config
-from multihead.torch import Transformer
 
 pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -36,31 +34,8 @@ PAD, EOS = 1, 2  # fairseq's dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3
 GENERATE = 40
 
 
-@dataclass
-class M2M100:
-    """A saved M2M100 checkpoint, its model and tokenizer loaded by Transformers, and the run imported from it."""
-
-    directory: Path
-    model: object  # transformers.M2M100ForConditionalGeneration
-    tokenizer: object  # transformers.M2M100Tokenizer
-    run: Path
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.run / "checkpoints" / "step-0000000"
-
-    def ours(self) -> Transformer:
-        model = Transformer.from_config(read_config(self.checkpoint / "config.json")).eval()
-        load_weights(model, self.checkpoint / "model.safetensors")
-        return model
-
-    def generation(self, **search: object) -> Generation:
-        stored = Generation.from_dict(json.loads((self.checkpoint / "generation.json").read_text()))
-        return Generation(stored.specials, stored.banned, stored.forced, SearchOptions(**search))  # type: ignore[arg-type]
-
-    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True)
-        return batch["input_ids"], batch["attention_mask"]
+class M2M100(Imported):
+    """A saved M2M100 checkpoint (see :class:`Imported`)."""
 
     def generate(self, texts: list[str], **options: object) -> torch.Tensor:
         """Transformers' tokens into English, the decoder start first; forced EOS off (see test_import)."""
