@@ -251,4 +251,4 @@ def test_a_language_it_lacks_or_a_model_without_languages_is_refused(
     lines = write_lines(tmp_path / "lines.txt", ["der Hund"])
     assert_refused(cli("score", m2m100.run, lines, lines, "--source-lang", "xx"), "--source-lang xx")
     assert_refused(cli("translate", task_run, "abc", "--target-lang", "fr"), "--target-lang fr",
-                   "has no language tokens")  # fmt: skip
+                   "translates", "only (the languages to choose from are an M2M100 model's)")  # fmt: skip

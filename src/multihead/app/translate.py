@@ -220,8 +220,8 @@ class Translator:
         ):
             given = " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source), ("--target-lang", target))
                              if code is not None)  # fmt: skip
-            raise UserError(f"{given}: this run translates {pair_text(self.langs)} only (its model has no language "
-                            "tokens to choose another pair with)")  # fmt: skip
+            raise UserError(f"{given}: this run translates {pair_text(self.langs)} only (the languages to choose from "
+                            "are an M2M100 model's)")  # fmt: skip
         for flag, code in (("--source-lang", source), ("--target-lang", target)):
             if code is not None and code not in codes:
                 nearest = difflib.get_close_matches(code, list(codes), n=3, cutoff=0.5)
