@@ -43,6 +43,11 @@ CODE_TOKEN = re.compile(r"^__([a-z]{2,3})__$")
 """A language's token in a many-to-many model's vocabulary (M2M100's ``__de__``)."""
 
 
+def code_token(code: str) -> str:
+    """The token of language ``code`` in a many-to-many model's vocabulary (what :data:`CODE_TOKEN` reads)."""
+    return f"__{code}__"
+
+
 def code_tokens(vocabulary: dict[str, int]) -> dict[str, int]:
     """The languages whose tokens a vocabulary holds, and their ids, in the order of the ids."""
     found = {match[1]: index for piece, index in vocabulary.items() if (match := CODE_TOKEN.match(piece))}

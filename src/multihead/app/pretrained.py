@@ -60,7 +60,7 @@ import numpy as np
 
 from multihead import schema
 from multihead.app.console import UserError, warn
-from multihead.app.languages import CODE, M2M100_CODES, NAMES
+from multihead.app.languages import CODE, M2M100_CODES, NAMES, code_token
 from multihead.app.runs import check_new_run, save_imported_run
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.config import TransformerConfig
@@ -673,13 +673,13 @@ def m2m100_tokenizers(
             raise UserError(f"{files.name!r} holds no {file}, which its tokenizer reads")
     pieces = files.json(VOCABULARY)
     codes = M2M100_CODES[family]
-    vocabulary = {**pieces, **{f"__{code}__": len(pieces) + index for index, code in enumerate(codes)}}
+    vocabulary = {**pieces, **{code_token(code): len(pieces) + index for index, code in enumerate(codes)}}
     vocabulary |= {MADE_UP.format(index): len(pieces) + len(codes) + index for index in range(madeup)}
     if len(vocabulary) != config.tgt_vocab:
         raise files.refuse(VOCABULARY, f"has {len(pieces)} pieces, which with {len(codes)} language codes and "
                            f"{madeup} made-up words make {len(vocabulary)} ids, not the model's "
                            f"{config.tgt_vocab}")  # fmt: skip
-    unknown = [code for code in langs if f"__{code}__" not in vocabulary]
+    unknown = [code for code in langs if code_token(code) not in vocabulary]
     if unknown:
         raise UserError(f"--langs {' '.join(langs)}: {files.name!r} has no language {unknown[0]!r}; its languages "
                         f"are {' '.join(codes)}")  # fmt: skip
@@ -694,11 +694,11 @@ def m2m100_tokenizers(
     model = files.directory / M2M100_SPM
     try:
         source = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=True, specials=specials,
-                                        prefix=(vocabulary[f"__{langs[0]}__"],))  # fmt: skip
+                                        prefix=(vocabulary[code_token(langs[0])],))  # fmt: skip
         target = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=False, specials=specials)
     except ValueError as error:
         raise files.refuse(M2M100_SPM, f"is no SentencePiece model of this vocabulary: {error}") from None
-    return source, target, replace(ids, forced=(vocabulary[f"__{langs[1]}__"],))
+    return source, target, replace(ids, forced=(vocabulary[code_token(langs[1])],))
 
 
 def default_langs(
