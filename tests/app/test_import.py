@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -71,8 +71,9 @@ def _vocabulary(pieces: list[str], pad_at: int | None = None) -> dict[str, int]:
     return {symbol: index for index, symbol in enumerate(symbols)}
 
 
-def make_checkpoint(directory: Path, *, shared: bool) -> Path:
-    """A Marian checkpoint as ``save_pretrained`` writes it, into ``directory``."""
+def make_checkpoint(directory: Path, *, shared: bool, codes: Sequence[str] = ()) -> Path:
+    """A Marian checkpoint as ``save_pretrained`` writes it, into ``directory``; ``codes``: target languages' codes
+    (``>>fra<<``), pieces of the (shared) vocabulary, as a multilingual OPUS-MT model's."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     spm = directory.parent / f"{directory.name}-spm"
@@ -80,7 +81,7 @@ def make_checkpoint(directory: Path, *, shared: bool) -> Path:
     source = _pieces([de for de, _ in PAIRS], 90, spm / "source.spm")
     target = _pieces([en for _, en in PAIRS], 70, spm / "target.spm")
     if shared:
-        vocabularies = [_vocabulary(source + target)]
+        vocabularies = [_vocabulary([*codes, *source, *target])]
     else:
         # One pad id for both sides (multihead pads both with the config's pad_id): the target's last id, which the
         # longer source vocabulary also gives <pad>.
@@ -113,6 +114,9 @@ def make_checkpoint(directory: Path, *, shared: bool) -> Path:
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.3)  # a bias the import must carry
         model.final_logits_bias[0, EOS] = 0.0
+        for code in codes:  # each code changes the translation, as a multilingual model's do, and is never written
+            model.model.shared.weight[vocabularies[0][code]] = torch.randn(SIZES["d_model"]) * 2.0
+            model.final_logits_bias[0, vocabularies[0][code]] = -30.0
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -656,3 +660,60 @@ def test_a_new_model_learns_with_an_imported_vocabulary(
     assert (latest.options["tokenizer"], latest.options["vocab_size"]) == ("sentencepiece", None)
     assert (latest.path / "vocab.json").read_bytes() == (checkpoint.checkpoint / "vocab.json").read_bytes()
     assert cli("translate", out, "der Hund läuft").status == 0
+
+
+MARIAN_CODES = [">>cmn_Hans<<", ">>cmn_Hant<<", ">>fra<<", ">>deu<<"]
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory: pytest.TempPathFactory) -> Marian:
+    """A multilingual OPUS-MT-style checkpoint, whose sources open with their target's code, named as
+    ``opus-mt-de-zh`` is (its languages: de, zh), imported."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    root = tmp_path_factory.mktemp("multilingual")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Recommended: pip install sacremoses", UserWarning)
+        directory = make_checkpoint(root / "opus-mt-de-zh", shared=True, codes=MARIAN_CODES)
+        tokenizer = MarianTokenizer.from_pretrained(directory)
+    import_pretrained(str(directory), root / "run")
+    model = MarianMTModel.from_pretrained(directory).eval()
+    return Marian(directory, model, tokenizer, root / "run", model.config.pad_token_id)
+
+
+@pytest.mark.parametrize(
+    ("flags", "code"),
+    [((), ">>cmn_Hans<<"), (("--target-lang", "zh-Hant"), ">>cmn_Hant<<"), (("--target-lang", "fr"), ">>fra<<"),
+     (("--source-lang", "de", "--target-lang", "deu"), ">>deu<<")],
+    ids=["run's", "zh-Hant", "fr", "deu"],
+)  # fmt: skip
+def test_a_multilingual_marian_target_opens_the_source_as_its_users_write_it(
+    multilingual: Marian, tmp_path: Path, cli: Callable[..., Cli], flags: tuple[str, ...], code: str
+) -> None:
+    """The run's target (``zh``: Simplified Chinese), or ``--target-lang``'s, as the code ``MarianTokenizer``'s users
+    write before each source; a text that opens with a code of its own keeps it."""
+    texts = sentences(50, seed=11)
+    expected = transformers_translations(multilingual, [f"{code} {text}" for text in texts])
+    result = cli("translate", multilingual.run, "--input", write_lines(tmp_path / "source.de", texts), *flags)
+    assert result.status == 0, result.err
+    assert result.out_lines == expected
+    own = cli("translate", multilingual.run, f">>fra<< {texts[0]}", *flags)
+    assert own.out_lines == transformers_translations(multilingual, [f">>fra<< {texts[0]}"])
+
+
+def test_a_multilingual_marian_import_says_its_languages(
+    multilingual: Marian, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    result = cli("import", multilingual.directory, tmp_path / "run")
+    assert result.status == 0, result.err
+    assert "  4 target languages, chosen by translate --target-lang CODE; every source starts with ['>>cmn_Hans<<']" \
+        in result.out_lines  # fmt: skip
+    assert_refused(cli("translate", multilingual.run, "Hund", "--source-lang", "fr"), "--source-lang fr",
+                   "this model reads de (its sources carry no language token)")  # fmt: skip
+    assert_refused(cli("translate", multilingual.run, "Hund", "--target-lang", "ja"), "--target-lang ja",
+                   "no language 'ja'", "it has 4, such as cmn_Hans, cmn_Hant, fra, deu")  # fmt: skip
+    unnamed = shutil.copytree(multilingual.directory, tmp_path / "unnamed")
+    result = cli("import", unnamed, tmp_path / "unnamed-run")
+    assert result.status == 0, result.err
+    assert "give translate --target-lang CODE, or open each source with >>CODE<<" in result.err
+    assert "every source starts with []" in result.out

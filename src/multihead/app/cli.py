@@ -286,6 +286,7 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from multihead.app.languages import LanguageTokens
     from multihead.app.pretrained import import_pretrained
 
     imported = import_pretrained(args.source, Path(args.run), langs=args.langs)
@@ -303,6 +304,10 @@ def _import(args: argparse.Namespace) -> int:
         print(f"  vocabularies: source {len(source)}, target {len(target)} SentencePiece pieces")
     langs = pair_text(imported.langs) if imported.langs else "not recorded (import again with --langs SRC TGT)"
     print(f"  languages: {langs}")
+    tokens = LanguageTokens.of(getattr(source, "vocabulary", {}), getattr(target, "vocabulary", {}))
+    if tokens is not None:
+        print(f"  {len(tokens.targets)} target languages, chosen by translate --target-lang CODE; every source starts "
+              f"with {source.pieces(getattr(source, 'prefix', []))}")  # fmt: skip
     generation = imported.generation
     if generation.banned or generation.forced:
         said = [f"never {target.pieces(list(generation.banned))}"] if generation.banned else []

@@ -5,23 +5,23 @@ corpus's file names (``train.de.gz`` and ``train.en.gz``: ``de`` to ``en``), kep
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-CODE = re.compile(r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$")
-"""An ISO 639 code, with an optional script or region (``zh-Hans``, ``pt-BR``)."""
-NAMES = {
-    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish", "de": "German",
-    "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian", "fa": "Persian", "fi": "Finnish",
-    "fr": "French", "ga": "Irish", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian",
-    "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch",
-    "no": "Norwegian", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
-    "sl": "Slovenian", "sv": "Swedish", "th": "Thai", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese",
-    "zh": "Chinese",
-}  # fmt: skip
-"""English names of common languages (LibreTranslate's ``/languages`` gives names); others are named by code."""
+CODE = re.compile(r"^[a-z]{2,3}([-_][A-Za-z]{2,4})?$")
+"""An ISO 639 code, with an optional script or region (``zh-Hans``, ``pt-BR``); or a model's own code written with
+``_`` (NLLB's ``zho_Hant``, OPUS-MT's ``cmn_Hans``)."""
+COMMON = frozenset({
+    "ar", "bg", "ca", "cs", "da", "de", "el", "en", "es", "et", "fa", "fi", "fr", "ga", "he", "hi", "hu", "id",
+    "it", "ja", "ko", "lt", "lv", "nl", "no", "pl", "pt", "ro", "ru", "sk", "sl", "sv", "th", "tr", "uk", "vi",
+    "zh",
+})  # fmt: skip
+"""Common languages' ISO 639-1 codes: a model's name that ends in two of them names its pair (``...-en-fr``)."""
 M2M100_CODES = {
     "m2m100": (
         "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de",
@@ -40,18 +40,89 @@ model's ``__xx__`` tokens follow its ``vocab.json``'s pieces in this order, then
 
 
 CODE_TOKEN = re.compile(r"^__([a-z]{2,3})__$")
-"""A language's token in a many-to-many model's vocabulary (M2M100's ``__de__``)."""
+"""A language's token in M2M100's vocabulary (``__de__``)."""
+NLLB_TOKEN = re.compile(r"^([a-z]{3}_[A-Z][a-z]{3})$")
+"""A language's token in NLLB-200's vocabulary: ISO 639-3 and the script (``deu_Latn``, ``zho_Hant``)."""
+MARIAN_TOKEN = re.compile(r"^>>([a-z]{2,3}(?:_[A-Za-z]{2,4})?)<<$")
+"""A target language's token in a multilingual OPUS-MT model's vocabulary (``>>fra<<``, ``>>cmn_Hans<<``), which
+opens the source text."""
 
 
 def code_token(code: str) -> str:
-    """The token of language ``code`` in a many-to-many model's vocabulary (what :data:`CODE_TOKEN` reads)."""
+    """The token of language ``code`` in M2M100's vocabulary (what :data:`CODE_TOKEN` reads)."""
     return f"__{code}__"
 
 
-def code_tokens(vocabulary: dict[str, int]) -> dict[str, int]:
-    """The languages whose tokens a vocabulary holds, and their ids, in the order of the ids."""
-    found = {match[1]: index for piece, index in vocabulary.items() if (match := CODE_TOKEN.match(piece))}
+def code_tokens(vocabulary: Mapping[str, int], pattern: re.Pattern[str] = CODE_TOKEN) -> dict[str, int]:
+    """The languages whose tokens (as ``pattern`` reads them) a vocabulary holds, and their ids, in id order."""
+    found = {match[1]: index for piece, index in vocabulary.items() if (match := pattern.match(piece))}
     return dict(sorted(found.items(), key=lambda item: item[1]))
+
+
+def _language(code: str) -> Any:
+    """``code`` (ISO 639-1 or -3, with a script or region, ``-`` or ``_``) as a ``langcodes.Language`` whose
+    language is the macrolanguage where there is one (``cmn_Hans``: ``zh-Hans``); ``None`` for what is no tag."""
+    import langcodes
+
+    try:
+        return langcodes.Language.get(langcodes.Language.get(code.replace("_", "-")).prefer_macrolanguage().to_tag())
+    except ValueError:  # langcodes.tag_parser.LanguageTagError
+        return None
+
+
+def public_code(code: str) -> str:
+    """The code a LibreTranslate client knows for a model's language code: ISO 639-1 where there is one, its script
+    only where it is not the language's usual one (NLLB's ``deu_Latn``: ``de``; ``zho_Hant``: ``zh-Hant``)."""
+    language = _language(code)
+    return code if language is None else str(language.simplify_script().to_tag())
+
+
+@dataclass(frozen=True)
+class LanguageTokens:
+    """The language tokens of a model that translates between many languages, and where each goes.
+
+    M2M100 and NLLB-200: a text starts with its language's token (``sources``: ``__de__``, ``deu_Latn``), and the
+    translation with the target's (``targets``, forced first; ``forced_target``). A multilingual OPUS-MT model: the
+    source starts with the target's token (``>>cmn_Hans<<``), and ``sources`` is empty (its sources need no token).
+    Codes are the model's own; :meth:`choose` finds the model's code for an ISO one (``zh``: ``zho_Hans``)."""
+
+    sources: dict[str, int]
+    targets: dict[str, int]
+    forced_target: bool
+
+    @classmethod
+    def of(cls, source: Mapping[str, int], target: Mapping[str, int]) -> LanguageTokens | None:
+        """The language tokens of a model with these source and target vocabularies (piece -> id), if any."""
+        for pattern in (CODE_TOKEN, NLLB_TOKEN):
+            codes = code_tokens(target, pattern)
+            if len(codes) > 1:
+                return cls(code_tokens(source, pattern), codes, True)
+        codes = code_tokens(source, MARIAN_TOKEN)
+        return cls({}, codes, False) if codes else None
+
+    def choose(self, requested: str, *, target: bool) -> str:
+        """The model's code of the language ``requested`` (its own code, or an ISO one it matches in language and
+        script by ``langcodes``' distance, ``zh`` meaning Simplified Chinese and ``zh-Hant`` Traditional; the first
+        of equally close codes); ``ValueError`` naming the nearest codes it has."""
+        codes = list(self.targets if target else self.sources)
+        if requested in codes:
+            return requested
+        import langcodes
+
+        wanted, tags = _language(requested), dict[str, str]()
+        for code in codes:
+            language = _language(code)
+            if language is not None:
+                tags.setdefault(str(language.to_tag()), code)
+        if wanted is not None and tags:
+            match, _ = langcodes.closest_match(str(wanted.to_tag()), list(tags), max_distance=25)
+            if match in tags:
+                return tags[match]
+        same = [code for tag, code in tags.items() if wanted is not None and tag.split("-")[0] == wanted.language]
+        nearest = same[:5] or difflib.get_close_matches(requested, codes, n=3, cutoff=0.5)
+        some = ", ".join(codes[:8])
+        shown = f"the nearest it has: {', '.join(nearest)}" if nearest else f"it has {len(codes)}, such as {some}"
+        raise ValueError(f"the model has no language {requested!r}; {shown}")
 
 
 def language_code(text: str) -> str:
@@ -62,7 +133,10 @@ def language_code(text: str) -> str:
 
 
 def language_name(code: str) -> str:
-    return NAMES.get(code.split("-")[0], code)
+    """A language's English name (``zh-Hant``: Chinese (Traditional)); its code where ``langcodes`` knows none."""
+    language = _language(code)
+    name = None if language is None else str(language.display_name())
+    return code if name is None or name.startswith("Unknown language") else name
 
 
 def file_language(path: str) -> str | None:

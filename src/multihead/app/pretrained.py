@@ -60,7 +60,7 @@ import numpy as np
 
 from multihead import schema
 from multihead.app.console import UserError, warn
-from multihead.app.languages import CODE, M2M100_CODES, NAMES, code_token
+from multihead.app.languages import CODE, COMMON, M2M100_CODES, LanguageTokens, code_token, public_code
 from multihead.app.runs import check_new_run, save_imported_run
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.config import TransformerConfig
@@ -135,6 +135,7 @@ HEURISTICS = {
 """Generation heuristics multihead's search does not apply, and the values that turn them off."""
 USED_GENERATION = {"bad_words_ids", "decoder_start_token_id", "pad_token_id", "eos_token_id", "forced_bos_token_id"}
 M2M100_SPM = "sentencepiece.bpe.model"
+TOKENIZER_JSON = "tokenizer.json"
 M2M100_DEFAULTS = {"activation_function": "relu", "scale_embedding": True, "tie_word_embeddings": True, "dropout": 0.1}
 """Transformers' ``M2M100Config`` defaults of the keys multihead reads that a ``config.json`` may lack."""
 M2M100_FIXED = {key: FIXED[key] for key in ("is_encoder_decoder", "is_decoder", "pruned_heads")} | {
@@ -152,7 +153,7 @@ class Imported:
 
     run: Path
     source_name: str
-    family: str  # "Marian" or "M2M100"
+    family: str  # "Marian", "M2M100" or "NLLB-200"
     config: TransformerConfig
     generation: Generation
     source: Tokenizer
@@ -173,7 +174,7 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     if hf.get("model_type") == "m2m_100":
         config, ids = m2m100_config(hf, generation, files)
         langs = list(langs) if langs is not None else m2m100_langs(files)
-        source, target, ids = m2m100_tokenizers(files, config, ids, langs)
+        source, target, ids, langs = many_to_many_tokenizers(files, config, ids, langs)
     else:
         config, ids = transformer_config(hf, generation, files)
         source, target = marian_tokenizers(files, config, ids)
@@ -185,6 +186,8 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
         raise files.refuse(GENERATION if generation is not None else CONFIG, f"describes no generation multihead "
                            f"can run: {error}") from None  # fmt: skip
     langs = list(langs) if langs is not None else default_langs(source_name, directory, hf, files.tokenizer_config())
+    if hf.get("model_type") != "m2m_100":
+        marian_target_code(files, source, target, langs)
     for note in files.notes:
         warn(note)
     record = {"source": source_name, "config": hf, "generation_config": generation, "weights": files.weights_name}
@@ -194,7 +197,7 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     save_imported_run(run, config=config, generation=spec, weights=weights, tokenizers=(source, target),
                       options=options, record=record)  # fmt: skip
     parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
-    family = "M2M100" if hf.get("model_type") == "m2m_100" else "Marian"
+    family = "Marian" if hf.get("model_type") != "m2m_100" else "NLLB-200" if is_nllb(files) else "M2M100"
     return Imported(run, source_name, family, config, spec, source, target, langs, parameters)
 
 
@@ -645,8 +648,30 @@ def marian_tokenizers(
     return made[0], made[1]
 
 
+def marian_target_code(
+    files: CheckpointFiles, source: SentencePieceTokenizer, target: SentencePieceTokenizer, langs: list[str] | None
+) -> None:
+    """A multilingual OPUS-MT model's sources open with their target language's code (``>>cmn_Hans<<``), as
+    ``MarianTokenizer``'s users write it: the source tokenizer's prefix becomes the code of ``langs[1]`` (``zh``:
+    the first Simplified Chinese code), if the model has one; else a warning says how to choose one."""
+    tokens = LanguageTokens.of(source.vocabulary, target.vocabulary)
+    if tokens is None or tokens.forced_target:
+        return
+    try:
+        if langs is None:
+            raise ValueError("the run's languages are not recorded")
+        code = tokens.choose(langs[1], target=True)
+    except ValueError as error:
+        files.notes.append(f"{files.name!r} writes in {len(tokens.targets)} languages, chosen by a code that opens "
+                           f"the source ({', '.join(list(tokens.targets)[:4])}...); {error}: give translate "
+                           "--target-lang CODE, or open each source with >>CODE<<")  # fmt: skip
+        return
+    source.prefix = [tokens.targets[code]]
+
+
 def m2m100_langs(files: CheckpointFiles) -> list[str]:
-    """The pair an M2M100 run translates when ``--langs`` names none: its tokenizer's ``src_lang`` and ``tgt_lang``."""
+    """The pair a many-to-many run translates when ``--langs`` names none: its tokenizer's ``src_lang`` and
+    ``tgt_lang``."""
     settings = files.tokenizer_config()
     pair = [settings.get("src_lang"), settings.get("tgt_lang")]
     if not _codes(pair):
@@ -655,12 +680,14 @@ def m2m100_langs(files: CheckpointFiles) -> list[str]:
     return [str(code) for code in pair]
 
 
-def m2m100_tokenizers(
-    files: CheckpointFiles, config: TransformerConfig, ids: MarianIds, langs: Sequence[str]
-) -> tuple[SentencePieceTokenizer, SentencePieceTokenizer, MarianIds]:
-    """The tokenizers of an M2M100 model (``M2M100Tokenizer``'s ids: ``vocab.json``'s pieces, then a ``__xx__`` code
-    of each of its languages, then its made-up words), the source side's texts starting with the code of ``langs[0]``
-    and ending with EOS; and ``ids`` forcing the code of ``langs[1]`` first, as ``forced_bos_token_id`` does."""
+def is_nllb(files: CheckpointFiles) -> bool:
+    """Whether an M2M100 checkpoint's tokenizer is NLLB-200's (``NllbTokenizer``), not ``M2M100Tokenizer``."""
+    return str(files.tokenizer_config().get("tokenizer_class", "")).startswith("Nllb")
+
+
+def m2m100_vocabulary(files: CheckpointFiles, config: TransformerConfig) -> dict[str, int]:
+    """``M2M100Tokenizer``'s ids: ``vocab.json``'s pieces, then a ``__xx__`` code of each of its languages, then its
+    made-up words."""
     settings = files.tokenizer_config()
     family = settings.get("language_codes", "m2m100")
     if family not in M2M100_CODES:
@@ -668,9 +695,7 @@ def m2m100_tokenizers(
                            f"{sorted(M2M100_CODES)}")  # fmt: skip
     madeup = settings.get("num_madeup_words", 8)
     _check_int(files, TOKENIZER_CONFIG, "num_madeup_words", madeup, minimum=0)
-    for file in (M2M100_SPM, VOCABULARY):
-        if not (files.directory / file).is_file():
-            raise UserError(f"{files.name!r} holds no {file}, which its tokenizer reads")
+    _require(files, M2M100_SPM, VOCABULARY)
     pieces = files.json(VOCABULARY)
     codes = M2M100_CODES[family]
     vocabulary = {**pieces, **{code_token(code): len(pieces) + index for index, code in enumerate(codes)}}
@@ -679,26 +704,71 @@ def m2m100_tokenizers(
         raise files.refuse(VOCABULARY, f"has {len(pieces)} pieces, which with {len(codes)} language codes and "
                            f"{madeup} made-up words make {len(vocabulary)} ids, not the model's "
                            f"{config.tgt_vocab}")  # fmt: skip
-    unknown = [code for code in langs if code_token(code) not in vocabulary]
-    if unknown:
-        raise UserError(f"--langs {' '.join(langs)}: {files.name!r} has no language {unknown[0]!r}; its languages "
-                        f"are {' '.join(codes)}")  # fmt: skip
+    return vocabulary
+
+
+def nllb_vocabulary(files: CheckpointFiles, config: TransformerConfig) -> dict[str, int]:
+    """``NllbTokenizer``'s ids, as ``tokenizer.json`` gives them: its model's pieces (``<s>``, ``<pad>``, ``</s>``,
+    ``<unk>``, then SentencePiece's pieces one id on) and its added tokens (the ``deu_Latn`` codes, ``<mask>``); ids
+    the model has beyond them (NLLB-200's embedding has two more rows) are made-up words."""
+    if files.tokenizer_config().get("legacy_behaviour"):
+        raise files.refuse(TOKENIZER_CONFIG, "has legacy_behaviour=true (the source's language code after its "
+                           "EOS): multihead reads NLLB's sources as Transformers does by default, code "
+                           "first")  # fmt: skip
+    _require(files, M2M100_SPM, TOKENIZER_JSON)
+    settings = files.json(TOKENIZER_JSON)
+    model, added = settings.get("model"), settings.get("added_tokens", [])
+    if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict) or not isinstance(added, list):
+        raise files.refuse(TOKENIZER_JSON, "holds no vocabulary (a model's 'vocab' of pieces and ids, and "
+                           "'added_tokens')")  # fmt: skip
+    try:
+        vocabulary = {**model["vocab"], **{token["content"]: token["id"] for token in added}}
+    except (KeyError, TypeError):
+        raise files.refuse(TOKENIZER_JSON, "has an added token without its 'content' and 'id'") from None
+    size = len(vocabulary)
+    if size > config.tgt_vocab:
+        raise files.refuse(TOKENIZER_JSON, f"has {size} ids, more than the model's {config.tgt_vocab}")
+    return vocabulary | {MADE_UP.format(index): size + index for index in range(config.tgt_vocab - size)}
+
+
+def _require(files: CheckpointFiles, *names: str) -> None:
+    for file in names:
+        if not (files.directory / file).is_file():
+            raise UserError(f"{files.name!r} holds no {file}, which its tokenizer reads")
+
+
+def many_to_many_tokenizers(
+    files: CheckpointFiles, config: TransformerConfig, ids: MarianIds, langs: Sequence[str]
+) -> tuple[SentencePieceTokenizer, SentencePieceTokenizer, MarianIds, list[str]]:
+    """The tokenizers of an M2M100 or NLLB-200 model (:func:`m2m100_vocabulary`, :func:`nllb_vocabulary`), the
+    source side's texts starting with the code of ``langs[0]`` and ending with EOS; ``ids`` forcing the code of
+    ``langs[1]`` first, as ``forced_bos_token_id`` does; and ``langs`` as the codes clients know (``deu_Latn``:
+    ``de``)."""
+    vocabulary = (nllb_vocabulary if is_nllb(files) else m2m100_vocabulary)(files, config)
+    file = TOKENIZER_JSON if is_nllb(files) else VOCABULARY
+    tokens = LanguageTokens.of(vocabulary, vocabulary)
+    if tokens is None or not tokens.forced_target:
+        raise files.refuse(file, "holds no language codes (M2M100's __de__, NLLB's deu_Latn)")
+    try:
+        codes = [tokens.choose(code, target=side == 1) for side, code in enumerate(langs)]
+    except ValueError as error:
+        raise UserError(f"--langs {' '.join(langs)}: {files.name!r}: {error}") from None
     for special, model_id in (("</s>", ids.eos), ("<pad>", ids.pad)):
-        if pieces.get(special) != model_id:
-            raise files.refuse(VOCABULARY, f"gives {special!r} the id {pieces.get(special)!r}, but {CONFIG} "
+        if vocabulary.get(special) != model_id:
+            raise files.refuse(file, f"gives {special!r} the id {vocabulary.get(special)!r}, but {CONFIG} "
                                f"{model_id}: the tokenizer does not fit the model")  # fmt: skip
-    unk = pieces.get("<unk>")
+    unk = vocabulary.get("<unk>")
     if isinstance(unk, bool) or not isinstance(unk, int):
-        raise files.refuse(VOCABULARY, "has no '<unk>', which reads the pieces it lacks")
+        raise files.refuse(file, "has no '<unk>', which reads the pieces it lacks")
     specials = Specials(pad=ids.pad, bos=ids.start, eos=ids.eos, unk=unk)
     model = files.directory / M2M100_SPM
     try:
         source = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=True, specials=specials,
-                                        prefix=(vocabulary[code_token(langs[0])],))  # fmt: skip
+                                        prefix=(tokens.sources[codes[0]],))  # fmt: skip
         target = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=False, specials=specials)
     except ValueError as error:
         raise files.refuse(M2M100_SPM, f"is no SentencePiece model of this vocabulary: {error}") from None
-    return source, target, replace(ids, forced=(vocabulary[code_token(langs[1])],))
+    return source, target, replace(ids, forced=(tokens.targets[codes[1]],)), [public_code(code) for code in codes]
 
 
 def default_langs(
@@ -713,7 +783,7 @@ def default_langs(
         found = NAMED_PAIR.search(name.rstrip("/").rsplit("/", 1)[-1])
         if found is not None:
             pair = [found["source"], found["target"]]
-            if _codes(pair) and (found["opus"] or all(code in NAMES for code in pair)):
+            if _codes(pair) and (found["opus"] or all(code in COMMON for code in pair)):
                 return pair
     pair = [tokenizer_config.get("source_lang"), tokenizer_config.get("target_lang")]
     return pair if _codes(pair) else None

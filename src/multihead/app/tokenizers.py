@@ -385,7 +385,8 @@ class SentencePieceTokenizer:
     language code that opens it (``>>fr<<``, one piece of its own) and SentencePiece cuts the rest. Pieces the
     vocabulary lacks read as ``specials.unk``. The source side of a Marian model ends every text with ``specials.eos``
     (``append_eos``); its target side does not, as the batches add it. ``prefix``: ids every encoded text starts with
-    (the source language's code of an M2M100 model, as ``M2M100Tokenizer`` puts it first).
+    (the source language's code of an M2M100 or NLLB model, as their tokenizers put it first; the target language's
+    code of a multilingual OPUS-MT model, unless the text opens with a code of its own).
     """
 
     kind = "sentencepiece"
@@ -460,21 +461,22 @@ class SentencePieceTokenizer:
                 parts.append((part, False))
         return parts
 
-    def _pieces(self, text: str) -> list[str]:
-        return [
-            piece
-            for part, whole in self._parts(text)
-            for piece in ([part] if whole else self.processor.encode(part, out_type=str))
-        ]
-
-    def _ended(self, ids: list[int]) -> list[int]:
-        """The ids of a text with the prefix before them and, where ``append_eos``, EOS after them."""
-        return [*self.prefix, *ids, self.specials.eos] if self.append_eos else [*self.prefix, *ids]
+    def _ended(self, ids: list[int], layout: list[tuple[str, bool]]) -> list[int]:
+        """The ids of a text cut as ``layout`` with the prefix before them (unless the text opens with a language code
+        of its own, ``>>fra<<``, which takes its place) and, where ``append_eos``, EOS after them."""
+        own_code = bool(layout) and layout[0][1] and layout[0][0].startswith(">>")
+        prefix = [] if own_code else self.prefix
+        return [*prefix, *ids, self.specials.eos] if self.append_eos else [*prefix, *ids]
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
-        pieces = self._pieces(text)
+        layout = self._parts(text)
+        pieces = [
+            piece
+            for part, whole in layout
+            for piece in ([part] if whole else self.processor.encode(part, out_type=str))
+        ]
         ids = [self.vocabulary.get(piece, self.specials.unk) for piece in pieces]
-        return self._ended(ids), [piece for piece in pieces if piece not in self.vocabulary]
+        return self._ended(ids, layout), [piece for piece in pieces if piece not in self.vocabulary]
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         """SentencePiece cuts all the texts at once, into its own ids, which become ours; a part holding what it does
@@ -495,7 +497,7 @@ class SentencePieceTokenizer:
                     ids += [self.vocabulary.get(piece, unk) for piece in pieces]
                 else:
                     ids += map(self.piece_ids.__getitem__, numbers)
-            encoded.append(self._ended(ids))
+            encoded.append(self._ended(ids, layout))
         return encoded
 
     def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:

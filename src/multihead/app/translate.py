@@ -10,7 +10,6 @@ Notation: B batch, Ls source length, T generated length, H heads, Lt target leng
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
-from multihead.app.languages import code_tokens, pair_text
+from multihead.app.languages import LanguageTokens, pair_text, public_code
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
 from multihead.app.tokenizers import SentencePieceTokenizer
 from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
@@ -207,36 +206,41 @@ class Translator:
             self.choose_languages(source_lang, target_lang)
 
     def choose_languages(self, source: str | None, target: str | None) -> None:
-        """Translate from ``source`` and into ``target`` (``None``: the run's), two of the languages of a model whose
-        sources start with their language's token and translations with theirs (M2M100's ``__de__``): the source
-        tokenizer's prefix and the forced token become theirs. Refused in one line for a model without them."""
-        source_side = self.source
-        codes = code_tokens(getattr(self.target, "vocabulary", {}))
-        if (
-            not isinstance(source_side, SentencePieceTokenizer)
-            or len(source_side.prefix) != 1
-            or len(self.generation.forced) != 1
-            or not codes
-        ):
-            given = " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source), ("--target-lang", target))
-                             if code is not None)  # fmt: skip
-            raise UserError(f"{given}: this run translates {pair_text(self.langs)} only (the languages to choose from "
-                            "are an M2M100 model's)")  # fmt: skip
-        for flag, code in (("--source-lang", source), ("--target-lang", target)):
-            if code is not None and code not in codes:
-                nearest = difflib.get_close_matches(code, list(codes), n=3, cutoff=0.5)
-                shown = f"the nearest it has: {', '.join(nearest)}" if nearest else f"it has {' '.join(codes)}"
-                raise UserError(f"{flag} {code}: the model has no language {code!r}; {shown}")
-        if source is not None:
-            source_side = copy.copy(source_side)
-            source_side.prefix = [codes[source]]
-            self.source = source_side
-        if target is not None:
-            self.generation = replace(self.generation, forced=(codes[target],))
-        if self.langs is not None:
-            self.langs = [source or self.langs[0], target or self.langs[1]]
-        elif source is not None and target is not None:
-            self.langs = [source, target]
+        """Translate from ``source`` and into ``target`` (``None``: the run's; an ISO code or the model's own, see
+        :meth:`LanguageTokens.choose`), two of the languages of a model that marks them with tokens: M2M100's and
+        NLLB's source tokenizer's prefix and forced token become theirs, a multilingual OPUS-MT model's sources start
+        with the target's. Refused in one line for a model without them, or a language it lacks."""
+        given = " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source), ("--target-lang", target))
+                         if code is not None)  # fmt: skip
+        tokens = self.language_tokens
+        if tokens is None or not isinstance(self.source, SentencePieceTokenizer):
+            pair = pair_text(self.langs, task=self.checkpoint.options.get("task"))
+            raise UserError(f"{given}: this run translates {pair} only; its model marks no languages with tokens "
+                            "(M2M100, NLLB-200 and multilingual OPUS-MT models do)")  # fmt: skip
+        source_side = copy.copy(self.source)
+        recorded: Sequence[str | None] = self.langs or (None, None)
+        try:
+            if source is not None and tokens.sources:
+                source = tokens.choose(source, target=False)
+                source_side.prefix = [tokens.sources[source]]
+            elif source is not None and source != recorded[0] and recorded[0] not in (None, "mul"):
+                raise ValueError(f"this model reads {recorded[0]} (its sources carry no language token)")
+            if target is not None:
+                target = tokens.choose(target, target=True)
+                if tokens.forced_target:
+                    self.generation = replace(self.generation, forced=(tokens.targets[target],))
+                else:
+                    source_side.prefix = [tokens.targets[target]]
+        except ValueError as error:
+            raise UserError(f"{given}: {error}") from None
+        self.source = source_side
+        chosen = [None if code is None else public_code(code) for code in (source, target)]
+        self.langs = [chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"]
+
+    @property
+    def language_tokens(self) -> LanguageTokens | None:
+        """The language tokens of this run's model, if it translates between many languages."""
+        return LanguageTokens.of(getattr(self.source, "vocabulary", {}), getattr(self.target, "vocabulary", {}))
 
     def _unit(self) -> str:
         return {"char": "characters", "word": "words"}.get(self.source.kind, "subword tokens")

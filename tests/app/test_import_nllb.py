@@ -1,0 +1,236 @@
+"""``multihead import`` of an NLLB-200 checkpoint: M2M100's architecture with ``NllbTokenizer``'s ids, which
+``tokenizer.json`` holds (``<s>``, ``<pad>``, ``</s>``, ``<unk>``, SentencePiece's pieces one id on, the ``deu_Latn``
+language codes and ``<mask>`` as added tokens), an embedding with rows beyond them (NLLB-200's has two). The source
+starts with its language's code and ends with EOS; the translation starts with the target's. Against Transformers'
+``M2M100ForConditionalGeneration`` and ``NllbTokenizer`` on a tiny checkpoint made here, offline: a SentencePiece
+model trained on ``support.py``'s made-up German and English beside five of NLLB's codes, saved with
+``save_pretrained`` beside ``sentencepiece.bpe.model``, as the Hub's NLLB checkpoints hold it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.imported import Imported
+from app.support import PAIRS, Cli, assert_refused, sentences, write_lines
+from multihead.app.pretrained import import_pretrained
+from multihead.io import load_weights, read_config
+
+pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+PAD, EOS = 1, 2  # fairseq's dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3
+CODES = ["deu_Latn", "eng_Latn", "fra_Latn", "zho_Hans", "zho_Hant"]
+GENERATE = 40
+EXTRA_ROWS = 2  # the model's vocabulary beyond the tokenizer's, as NLLB-200's 256,206 beside 256,204
+
+
+class Nllb(Imported):
+    """A saved NLLB-style checkpoint (see :class:`Imported`)."""
+
+    def tokenizer_for(self, source: str, target: str) -> object:
+        from transformers import NllbTokenizer
+
+        return NllbTokenizer.from_pretrained(self.directory, src_lang=source, tgt_lang=target)
+
+    def trainer(self) -> dict:
+        return json.loads((self.checkpoint / "trainer.json").read_text())
+
+    def generate(
+        self, texts: list[str], source: str = "deu_Latn", target: str = "eng_Latn", **options: object
+    ) -> torch.Tensor:
+        """Transformers' tokens from ``source`` into ``target``, the decoder start first; forced EOS off."""
+        tokenizer = self.tokenizer_for(source, target)
+        batch = tokenizer(texts, return_tensors="pt", padding=True)  # type: ignore[operator]
+        return self.model.generate(  # type: ignore[attr-defined]
+            **batch, do_sample=False, forced_eos_token_id=None, max_length=GENERATE + 1,
+            forced_bos_token_id=tokenizer.convert_tokens_to_ids(target), **options,  # type: ignore[attr-defined]
+        )  # fmt: skip
+
+
+def make_checkpoint(directory: Path) -> Path:
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    spm = directory.parent / f"{directory.name}-spm"
+    spm.mkdir(parents=True)
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([text for pair in PAIRS for text in pair]), model_writer=model, vocab_size=120,
+        model_type="bpe", hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    (spm / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    tokenizer = NllbTokenizer.from_pretrained(spm, src_lang="deu_Latn", tgt_lang="eng_Latn", extra_special_tokens=CODES)
+    config = M2M100Config(
+        vocab_size=len(tokenizer) + EXTRA_ROWS, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=64, dropout=0.0, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=EOS,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(config)
+    # A few steps of training, so that its translations end, at various lengths.
+    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == PAD] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    shutil.copy(spm / "sentencepiece.bpe.model", directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory: pytest.TempPathFactory) -> Nllb:
+    from transformers import M2M100ForConditionalGeneration, NllbTokenizer
+
+    root = tmp_path_factory.mktemp("nllb")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        directory = make_checkpoint(root / "nllb_tiny")
+    import_pretrained(str(directory), root / "run", langs=["de", "en"])
+    tokenizer = NllbTokenizer.from_pretrained(directory, src_lang="deu_Latn", tgt_lang="eng_Latn")
+    model = M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+    return Nllb(directory, model, tokenizer, root / "run")
+
+
+def generated(tokens: torch.Tensor) -> list[list[int]]:
+    """Each row's tokens up to its first EOS (included)."""
+    return [row[: row.index(EOS) + 1] if EOS in row else row for row in tokens.tolist()]
+
+
+def test_the_run_reads_nllbs_ids_and_records_iso_codes(nllb: Nllb) -> None:
+    generation = nllb.generation()
+    assert generation.forced == (nllb.tokenizer.convert_tokens_to_ids("eng_Latn"),)
+    assert nllb.trainer()["options"]["langs"] == ["de", "en"]
+    from multihead.app.tokenizers import load_tokenizers
+
+    source, _ = load_tokenizers(nllb.checkpoint)
+    assert len(source) == len(nllb.tokenizer) + EXTRA_ROWS
+    for text in [*sentences(20, seed=7), "zwei   Hunde"]:  # NllbTokenizer's ids
+        assert source.encode(text)[0] == nllb.tokenizer(text)["input_ids"], text  # type: ignore[operator]
+
+
+def test_logits_equal_transformers(nllb: Nllb) -> None:
+    ours = nllb.ours()
+    src, mask = nllb.encode(sentences(4, seed=1))
+    tgt = torch.randint(4, 80, (4, 7), generator=torch.Generator().manual_seed(0))
+    tgt[:, 0], tgt[:, 1] = EOS, nllb.tokenizer.convert_tokens_to_ids("zho_Hans")
+    with torch.no_grad():
+        expected = nllb.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits  # type: ignore[operator]
+        got = ours(src, tgt, src_key_mask=mask.bool())
+    assert float((got - expected).abs().max()) <= 1e-4
+
+
+@pytest.mark.keras
+def test_keras_logits_equal_transformers(nllb: Nllb) -> None:
+    from keras_helpers import numpy, tensor
+    from multihead.keras import Transformer as KerasTransformer
+
+    model = KerasTransformer.from_config(read_config(nllb.checkpoint / "config.json"))
+    load_weights(model, nllb.checkpoint / "model.safetensors")
+    src, mask = nllb.encode(sentences(4, seed=2))
+    tgt = torch.randint(4, 80, (4, 6), generator=torch.Generator().manual_seed(1))
+    tgt[:, 0], tgt[:, 1] = EOS, nllb.tokenizer.convert_tokens_to_ids("eng_Latn")
+    with torch.no_grad():
+        expected = nllb.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits.numpy()  # type: ignore[operator]
+    got = numpy(model(tensor(src.numpy().astype("int32")), tensor(tgt.numpy().astype("int32")),
+                      src_key_mask=tensor(mask.numpy().astype(bool))))  # fmt: skip
+    assert float(np.abs(got - expected).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam"])
+def test_tokens_equal_generate(nllb: Nllb, beams: int) -> None:
+    texts = sentences(30, seed=3)
+    expected = nllb.generate(texts, num_beams=beams, early_stopping="never", renormalize_logits=True)
+    src, mask = nllb.encode(texts)
+    got = nllb.ours().generate(src, src_key_mask=mask.bool(), max_len=GENERATE,
+                               generation=nllb.generation(beam_size=beams))  # fmt: skip
+    assert generated(got) == generated(expected[:, 1:])  # after the decoder start
+    assert sum(row[-1] == EOS for row in generated(got)) >= 25  # the limit is not what they reach
+
+
+@pytest.mark.parametrize(
+    ("flags", "source", "target"),
+    [((), "deu_Latn", "eng_Latn"), (("--target-lang", "zh"), "deu_Latn", "zho_Hans"),
+     (("--target-lang", "zh-TW", "--source-lang", "en"), "eng_Latn", "zho_Hant"),
+     (("--source-lang", "fra_Latn", "--target-lang", "deu_Latn"), "fra_Latn", "deu_Latn")],
+    ids=["run's", "zh", "zh-TW-from-en", "nllb-codes"],
+)  # fmt: skip
+def test_translate_into_each_target_gives_transformers_text(
+    nllb: Nllb, tmp_path: Path, cli: Callable[..., Cli], flags: tuple[str, ...], source: str, target: str
+) -> None:
+    """``--source-lang``/``--target-lang`` as ISO codes (``zh`` is Simplified Chinese, ``zh-TW`` Traditional) or
+    NLLB's own: the text is ``NllbTokenizer(src_lang=...)``'s input, ``generate(forced_bos_token_id=...)``'s tokens
+    after the target's code, decoded by ``batch_decode``."""
+    texts = sentences(50, seed=4)
+    tokens = nllb.generate(texts, source, target, num_beams=1)
+    assert (tokens[:, 1] == nllb.tokenizer.convert_tokens_to_ids(target)).all()
+    expected = nllb.tokenizer.batch_decode(tokens[:, 2:], skip_special_tokens=True)  # type: ignore[attr-defined]
+    result = cli("translate", nllb.run, "--input", write_lines(tmp_path / "source.txt", texts), *flags)
+    assert result.status == 0, result.err
+    assert result.out_lines == expected
+
+
+def test_import_says_the_model(nllb: Nllb, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    result = cli("import", nllb.directory, tmp_path / "run", "--langs", "zh-Hant", "de")
+    assert result.status == 0, result.err
+    assert result.out_lines[1].startswith("  model: NLLB-200 Transformer, 2 encoder and 2 decoder layers")
+    assert "  generation: every translation starts with ['deu_Latn']" in result.out_lines
+    trainer = json.loads((tmp_path / "run" / "checkpoints" / "step-0000000" / "trainer.json").read_text())
+    assert trainer["options"]["langs"] == ["zh-Hant", "de"]
+
+
+def test_what_it_cannot_read_is_refused(nllb: Nllb, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    assert_refused(cli("import", nllb.directory, tmp_path / "run", "--langs", "de", "ja"), "--langs de ja",
+                   "no language 'ja'", "it has 5, such as deu_Latn")  # fmt: skip
+    legacy = shutil.copytree(nllb.directory, tmp_path / "legacy")
+    settings = json.loads((legacy / "tokenizer_config.json").read_text())
+    (legacy / "tokenizer_config.json").write_text(json.dumps(settings | {"legacy_behaviour": True}))
+    assert_refused(cli("import", legacy, tmp_path / "run"), "tokenizer_config.json", "legacy_behaviour=true")
+    bare = shutil.copytree(nllb.directory, tmp_path / "bare")
+    (bare / "tokenizer.json").unlink()
+    assert_refused(cli("import", bare, tmp_path / "run"), "holds no tokenizer.json")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bare", "legacy"]  # nothing written
+    assert_refused(cli("translate", nllb.run, "Hund", "--target-lang", "zh-Hang"), "--target-lang zh-Hang",
+                   "no language 'zh-Hang'", "the nearest it has: zho_Hans, zho_Hant")  # fmt: skip
+
+
+def test_export_translates_as_ctranslate2s_own_conversion(nllb: Nllb, tmp_path: Path) -> None:
+    """Our export and CTranslate2's converter of the checkpoint give the same tokens, given the target's code as
+    ``target_prefix``: Transformers' greedy tokens, into each of two targets."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from ctranslate2.converters import TransformersConverter
+
+    from multihead.app.export import export
+
+    ours = ctranslate2.Translator(str(export(nllb.run, tmp_path / "ours", checkpoint=None, quantization=None)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        converted = TransformersConverter(str(nllb.directory)).convert(str(tmp_path / "theirs"))
+    theirs = ctranslate2.Translator(converted)
+    texts = sentences(30, seed=5)
+    tokenizer = nllb.tokenizer
+    batch = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(texts)["input_ids"]]  # type: ignore[operator]
+    for target in ("eng_Latn", "zho_Hant"):
+        prefix = [[target]] * len(texts)
+        found = [
+            [result.hypotheses[0] for result in translator.translate_batch(
+                batch, beam_size=1, max_decoding_length=GENERATE, target_prefix=prefix)]
+            for translator in (ours, theirs)
+        ]  # fmt: skip
+        assert found[0] == found[1]
+        expected = generated(nllb.generate(texts, "deu_Latn", target, num_beams=1)[:, 1:])
+        assert [tokenizer.convert_tokens_to_ids(tokens) for tokens in found[0]] == [
+            row[:-1] if row[-1] == EOS else row for row in expected
+        ]  # type: ignore[attr-defined]
