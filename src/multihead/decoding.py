@@ -420,14 +420,28 @@ def n_best_search(
     )  # fmt: skip
 
 
-def process(choices: Choices, logits: Tensor, lengths: np.ndarray, generation: Generation) -> Tensor:
+def process(
+    choices: Choices,
+    logits: Tensor,
+    lengths: np.ndarray,
+    generation: Generation,
+    forced: Sequence[Sequence[int]] | None = None,
+) -> Tensor:
     """A step's ``logits (N, V)`` for rows that have made ``lengths (N,)`` tokens (BOS aside), with what
     ``generation`` makes impossible ``-inf`` (see the module's docstring): the one place where a step's logits are
-    processed, for every search and for a stream whose rows sit at lengths of their own."""
+    processed, for every search and for a stream whose rows sit at lengths of their own. ``forced``: each row's own
+    forced tokens instead of ``generation``'s (a stream's sentences, each into a language of its own)."""
     if generation.banned:
         logits = choices.suppress(logits, np.asarray(generation.banned, dtype=np.int64))
-    for place, token in enumerate(generation.forced):
-        rows = np.flatnonzero(lengths == place)
+    if forced is None:
+        forced_at = [(place, token, np.flatnonzero(lengths == place)) for place, token in enumerate(generation.forced)]
+    else:
+        due: dict[tuple[int, int], list[int]] = {}  # (place, token) -> the rows that must take it now
+        for row in np.flatnonzero(lengths < max(map(len, forced), default=0)).tolist():
+            if lengths[row] < len(forced[row]):
+                due.setdefault((int(lengths[row]), forced[row][lengths[row]]), []).append(row)
+        forced_at = [(place, token, np.asarray(rows, dtype=np.int64)) for (place, token), rows in due.items()]
+    for _, token, rows in forced_at:
         if len(rows):
             others = np.delete(np.arange(int(logits.shape[-1]), dtype=np.int64), token)
             logits = choices.suppress(logits, others, None if len(rows) == len(lengths) else rows)

@@ -706,7 +706,7 @@ def test_a_multilingual_marian_import_says_its_languages(
 ) -> None:
     result = cli("import", multilingual.directory, tmp_path / "run")
     assert result.status == 0, result.err
-    assert "  4 target languages, chosen by translate --target-lang CODE; every source starts with ['>>cmn_Hans<<']" \
+    assert "  4 target languages: translate --target-lang CODE; every source starts with ['>>cmn_Hans<<']" \
         in result.out_lines  # fmt: skip
     assert_refused(cli("translate", multilingual.run, "Hund", "--source-lang", "fr"), "--source-lang fr",
                    "this model reads de (its sources carry no language token)")  # fmt: skip
@@ -717,3 +717,26 @@ def test_a_multilingual_marian_import_says_its_languages(
     assert result.status == 0, result.err
     assert "give translate --target-lang CODE, or open each source with >>CODE<<" in result.err
     assert "every source starts with []" in result.out
+
+
+def test_serve_answers_each_target_of_a_multilingual_marian(multilingual: Marian) -> None:
+    """The run's source into each of the model's targets (the codes clients know: ``cmn_Hant`` is ``zh-Hant``), as
+    ``translate --target-lang`` translates."""
+    from app.served import request, serving
+    from multihead.app.serve import Limits, Service, create_app
+    from multihead.app.translate import Translator
+
+    translator = Translator(multilingual.run)
+    texts = sentences(6, seed=13)
+    with serving(create_app(Service(translator, translator.langs or []), Limits())) as url:
+        status, languages = request(url, "/languages")
+        assert (status, languages[0]) == (200, {"code": "de", "name": "German",
+                                                "targets": ["zh", "zh-Hant", "fr", "de"]})  # fmt: skip
+        for target in ("zh", "zh-Hant", "fr"):
+            expected = translator.for_languages(None, target).translate(texts)
+            assert request(url, "/translate", {"q": texts, "source": "de", "target": target}) == (
+                200, {"translatedText": expected}
+            )  # fmt: skip
+        assert request(url, "/translate", {"q": "Hund", "source": "fr", "target": "zh"}) == (
+            400, {"error": "Chinese (zh) is not available as a target language from French (fr)"}
+        )  # fmt: skip

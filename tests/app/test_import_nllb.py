@@ -204,6 +204,8 @@ def test_what_it_cannot_read_is_refused(nllb: Nllb, tmp_path: Path, cli: Callabl
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bare", "legacy"]  # nothing written
     assert_refused(cli("translate", nllb.run, "Hund", "--target-lang", "zh-Hang"), "--target-lang zh-Hang",
                    "no language 'zh-Hang'", "the nearest it has: zho_Hans, zho_Hant")  # fmt: skip
+    assert_refused(cli("serve", nllb.run, "--port", "0", "--langs", "de", "tlh"), "--langs de tlh",
+                   "no language 'tlh'")  # fmt: skip
 
 
 def test_export_translates_as_ctranslate2s_own_conversion(nllb: Nllb, tmp_path: Path) -> None:
@@ -234,3 +236,51 @@ def test_export_translates_as_ctranslate2s_own_conversion(nllb: Nllb, tmp_path: 
         assert [tokenizer.convert_tokens_to_ids(tokens) for tokens in found[0]] == [
             row[:-1] if row[-1] == EOS else row for row in expected
         ]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("beams", [1, 2], ids=["stream", "rounds"])
+def test_serve_answers_every_pair_of_its_languages_as_translate(nllb: Nllb, beams: int) -> None:
+    """``/languages`` lists each of the model's languages (as ISO codes) with every other as a target; ``/translate``
+    answers any pair as ``translate --source-lang --target-lang`` does, requests into different languages at once
+    sharing the batch (greedy) or each pair's rounds (beam search)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.served import request, serving
+    from multihead.app.serve import Limits, Service, create_app
+    from multihead.app.translate import Translator
+    from multihead.decoding import SearchOptions
+
+    translator = Translator(nllb.run)
+    search = SearchOptions(beam_size=beams)
+    codes = ["de", "en", "fr", "zh", "zh-Hant"]
+    texts = sentences(6, seed=12)
+    pairs = [("de", "en"), ("de", "zh"), ("en", "zh-Hant"), ("fr", "de"), ("zh-Hant", "fr")] * 2
+    expected = {pair: translator.for_languages(*pair).translate(texts, search=search) for pair in set(pairs)}
+    with serving(create_app(Service(translator, translator.langs or [], search=search), Limits())) as url:
+        status, languages = request(url, "/languages")
+        assert status == 200
+        assert [(entry["code"], entry["name"], entry["targets"]) for entry in languages] == [
+            (code, name, [other for other in codes if other != code])
+            for code, name in zip(codes, ["German", "English", "French", "Chinese", "Chinese (Traditional)"],
+                                  strict=True)
+        ]  # fmt: skip
+
+        def ask(pair: tuple[str, str]) -> tuple[int, object]:
+            return request(url, "/translate", {"q": texts, "source": pair[0], "target": pair[1]})
+
+        with ThreadPoolExecutor(len(pairs)) as pool:
+            answers = list(pool.map(ask, pairs, timeout=120))
+        assert answers == [(200, {"translatedText": expected[pair]}) for pair in pairs]
+        traditional = translator.for_languages("de", "zh-Hant").translate(texts, search=search)
+        assert request(url, "/translate", {"q": texts, "source": "de", "target": "zh-TW"}) == (
+            200, {"translatedText": traditional}
+        )  # fmt: skip
+        assert request(url, "/translate", {"q": "Hund", "source": "de", "target": "ja"}) == (
+            400, {"error": "ja is not supported"}
+        )  # fmt: skip
+        assert request(url, "/translate", {"q": "Hund", "source": "de", "target": "de"}) == (
+            400, {"error": "German (de) is not available as a target language from German (de)"}
+        )  # fmt: skip
+        status, view = request(url, "/attention", {"q": texts[0], "source": "de", "target": "zh"})
+        assert status == 200
+        assert view["target"] == expected[("de", "zh")][0]

@@ -267,12 +267,15 @@ def test_the_served_page_translates_and_shows_a_real_runs_attention(driver: Chro
         driver.get(f"{url}/")
         wait = WebDriverWait(driver, 30)
         wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
+        assert (options(driver, "source"), options(driver, "target")) == ([("de", "German")], [("en", "English")])
         driver.find_element(By.ID, "text").send_keys(SAMPLES[0])
         driver.find_element(By.ID, "translate").click()
         wait.until(lambda _: driver.find_element(By.ID, "translation").text == corpus_run.translations[0])
         wait.until(lambda _: texts(driver, "#attention th.source-word") == expected["source_words"])
         assert texts(driver, "#attention th.target-word") == expected["target_words"]
-        assert driver.execute_script("return window.fetched") == ["/frontend/settings", "/translate", "/attention"]
+        assert driver.execute_script("return window.fetched") == [
+            "/frontend/settings", "/languages", "/translate", "/attention"
+        ]  # fmt: skip
         choose(driver, "layer", "0")
         choose(driver, "head", "1")
         assert cells(driver) == as_rendered(expected["layers"][0][1])

@@ -108,7 +108,7 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
     add(8)  # one is less than a quarter of 8
     for _ in range(streaming.JOIN_AFTER):
         stream.step()
-        assert [owner for _, owner, _, _ in stream.waiting] == [8]
+        assert [entry.owner for entry in stream.waiting] == [8]
     stream.step()
     assert not stream.waiting
     assert 8 in [sentence.owner for sentence in stream.sentences]
@@ -193,7 +193,7 @@ def test_the_worker_answers_every_request_with_its_own_translations(translator: 
     futures = []
     for index, texts in enumerate(requests):
         futures.append(Future())
-        batcher.jobs.put((texts, futures[-1]))
+        batcher.jobs.put((serve.Texts(texts, None), futures[-1]))
         if index == 4:
             futures.append(Future())
             batcher.jobs.put((lambda: 1 / 0, futures[-1]))

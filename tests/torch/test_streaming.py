@@ -136,3 +136,32 @@ def test_each_sentence_is_processed_at_its_own_length(generation: Generation) ->
         assert got[index][: len(generation.forced)] == list(generation.forced)
         assert not set(got[index]) & set(generation.banned)
         assert unheld.index(EOS) < 3  # without it, EOS comes early
+
+
+@pytest.mark.parametrize(
+    "search", [SearchOptions(), SearchOptions(sampling_topk=0, seed=3)], ids=["greedy", "sampled"]
+)
+def test_each_sentence_may_force_tokens_of_its_own(search: SearchOptions) -> None:
+    """Sentences into different languages share the stream: each starts with its own forced tokens (or the
+    generation's, ``None``) and gets what ``generate`` gives it alone with those."""
+    transformer, texts = model(), sources(12)
+    own: list[tuple[int, ...] | None] = [(7,), (8, 9), None, (10,)] * 3
+    stream = Stream(transformer, rows=4, generation=spec(search, forced=(11,), banned=(5,)))
+    rng, pending, got = random.Random(2), list(range(len(texts))), {}
+    while pending or len(stream):
+        while pending and rng.random() < 0.5:
+            index = pending.pop(0)
+            stream.add(texts[index], index, limit=8, key=index, forced=own[index])
+        got.update(stream.step())
+    for index, ids in enumerate(texts):
+        forced = (11,) if own[index] is None else own[index]
+        with torch.inference_mode():
+            session = transformer.decoding_session(torch.tensor([ids]), max_len=8)
+            alone = decoding.generate(session, 1, spec(search, forced=forced, banned=(5,)), max_len=8, keys=[index])
+        expected = alone[0].tolist()
+        assert got[index] == (expected[: expected.index(EOS) + 1] if EOS in expected else expected), index
+        assert tuple(got[index][: len(forced)]) == forced
+    with pytest.raises(ValueError, match=r"`forced` must be a target token \(< 23\), received 30"):
+        stream.add(texts[0], 0, limit=8, forced=(30,))
+    with pytest.raises(ValueError, match=r"`banned` holds \[5\], which `forced` makes"):
+        stream.add(texts[0], 0, limit=8, forced=(5,))

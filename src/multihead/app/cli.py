@@ -306,8 +306,12 @@ def _import(args: argparse.Namespace) -> int:
     print(f"  languages: {langs}")
     tokens = LanguageTokens.of(getattr(source, "vocabulary", {}), getattr(target, "vocabulary", {}))
     if tokens is not None:
-        print(f"  {len(tokens.targets)} target languages, chosen by translate --target-lang CODE; every source starts "
-              f"with {source.pieces(getattr(source, 'prefix', []))}")  # fmt: skip
+        opening = f"every source starts with {source.pieces(getattr(source, 'prefix', []))}"
+        if tokens.sources:
+            print(f"  {len(tokens.targets)} languages, any into any other: translate --source-lang/--target-lang "
+                  f"CODE; {opening}")  # fmt: skip
+        else:
+            print(f"  {len(tokens.targets)} target languages: translate --target-lang CODE; {opening}")
     generation = imported.generation
     if generation.banned or generation.forced:
         said = [f"never {target.pieces(list(generation.banned))}"] if generation.banned else []

@@ -74,7 +74,36 @@ def public_code(code: str) -> str:
     """The code a LibreTranslate client knows for a model's language code: ISO 639-1 where there is one, its script
     only where it is not the language's usual one (NLLB's ``deu_Latn``: ``de``; ``zho_Hant``: ``zh-Hant``)."""
     language = _language(code)
-    return code if language is None else str(language.simplify_script().to_tag())
+    if language is None:
+        return code
+    if language.script is not None and language.script == type(language).get(language.language).maximize().script:
+        language = language.update_dict({"script": None})
+    return str(language.to_tag())
+
+
+def _tags(codes: Sequence[str]) -> dict[str, str]:
+    """Each code's standard tag (``cmn_Hans``: ``zh-Hans``) -> the first code with that tag."""
+    tags: dict[str, str] = {}
+    for code in codes:
+        language = _language(code)
+        if language is not None:
+            tags.setdefault(str(language.to_tag()), code)
+    return tags
+
+
+def closest_code(requested: str, codes: Sequence[str]) -> str | None:
+    """The code among ``codes`` of the language ``requested``: itself, else the closest in language and script by
+    ``langcodes``' distance (``zh`` matches Simplified Chinese, ``zh-Hant`` and ``zh-TW`` Traditional), the first of
+    equally close ones; ``None`` where none is close."""
+    if requested in codes:
+        return requested
+    import langcodes
+
+    wanted, tags = _language(requested), _tags(codes)
+    if wanted is None or not tags:
+        return None
+    match, _ = langcodes.closest_match(str(wanted.to_tag()), list(tags), max_distance=25)
+    return tags.get(match)
 
 
 @dataclass(frozen=True)
@@ -105,19 +134,10 @@ class LanguageTokens:
         script by ``langcodes``' distance, ``zh`` meaning Simplified Chinese and ``zh-Hant`` Traditional; the first
         of equally close codes); ``ValueError`` naming the nearest codes it has."""
         codes = list(self.targets if target else self.sources)
-        if requested in codes:
-            return requested
-        import langcodes
-
-        wanted, tags = _language(requested), dict[str, str]()
-        for code in codes:
-            language = _language(code)
-            if language is not None:
-                tags.setdefault(str(language.to_tag()), code)
-        if wanted is not None and tags:
-            match, _ = langcodes.closest_match(str(wanted.to_tag()), list(tags), max_distance=25)
-            if match in tags:
-                return tags[match]
+        found = closest_code(requested, codes)
+        if found is not None:
+            return found
+        wanted, tags = _language(requested), _tags(codes)
         same = [code for tag, code in tags.items() if wanted is not None and tag.split("-")[0] == wanted.language]
         nearest = same[:5] or difflib.get_close_matches(requested, codes, n=3, cutoff=0.5)
         some = ", ".join(codes[:8])

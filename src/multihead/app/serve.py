@@ -39,8 +39,8 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from multihead.app.console import UserError, say
-from multihead.app.detect import LanguageIdentifier
-from multihead.app.languages import language_name, pair_text
+from multihead.app.detect import Detected, LanguageIdentifier
+from multihead.app.languages import closest_code, language_name, pair_text, public_code
 from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, Translating, settle
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.app.view import attention_view, page
@@ -100,6 +100,14 @@ def read_api_keys(path: str) -> frozenset[str]:
 # --- the worker ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Texts:
+    """A request's texts for the worker, and the translator of their languages (``None``: the engine's)."""
+
+    texts: list[str]
+    translator: Translator | None
+
+
 class Batcher:
     """Texts from concurrent requests, translated together by ``engine`` (a :class:`Translating`, which takes each
     request's texts line by line); each request gets its own answers, in order. ``run`` jobs (the page's attention,
@@ -120,10 +128,18 @@ class Batcher:
         if self.thread is not None:
             self.thread.start()
 
-    async def texts(self, texts: list[str], *, request: Request | None = None, timeout: float = -1) -> list[str]:
-        """``texts`` translated; an :class:`ApiError` when ``request``'s client leaves first (499) or ``timeout``
-        seconds (``-1``: no limit) pass first (503), and then the worker drops them."""
-        return await self._submit(texts, request, timeout)
+    async def texts(
+        self,
+        texts: list[str],
+        *,
+        translator: Translator | None = None,
+        request: Request | None = None,
+        timeout: float = -1,
+    ) -> list[str]:
+        """``texts`` translated (by ``translator``: another pair's, else the engine's); an :class:`ApiError` when
+        ``request``'s client leaves first (499) or ``timeout`` seconds (``-1``: no limit) pass first (503), and then
+        the worker drops them."""
+        return await self._submit(Texts(texts, translator), request, timeout)
 
     async def run(self, call: Callable[[], Any], *, request: Request | None = None, timeout: float = -1) -> Any:
         """``call()`` on the worker, alone; cancelled as :meth:`texts` is, unless it has begun."""
@@ -182,7 +198,7 @@ class Batcher:
                     if callable(work):
                         settle(future, work())
                     else:
-                        engine.add(work, future)
+                        engine.add(work.texts, future, translator=work.translator)
                 except Exception as error:  # the request's to answer; the worker goes on
                     settle(future, error=error)
                 self.busy_since = None
@@ -211,9 +227,15 @@ class Lines:
     def __len__(self) -> int:
         return len(self.engine)
 
-    def add(self, texts: Sequence[str], future: Future, finish: Finish = lambda translated: translated) -> None:
+    def add(
+        self,
+        texts: Sequence[str],
+        future: Future,
+        finish: Finish = lambda translated: translated,
+        translator: Translator | None = None,
+    ) -> None:
         lines, flat = split_lines(texts)
-        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)))
+        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)), translator)
 
     def step(self) -> None:
         self.engine.step()
@@ -260,46 +282,70 @@ class RateLimiter:
 
 
 class Service:
-    """A loaded run, its language pair, the search it translates with, and the worker."""
+    """A loaded run, the pairs of languages it serves (``langs``, its pair, is the default; a model that marks its
+    languages with tokens serves every pair it has: :meth:`pair`), the search it translates with, and the worker."""
 
     def __init__(
         self, translator: Translator, langs: Sequence[str], *, search: SearchOptions = TRANSLATION, thread: bool = True
     ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.search = search
-        self.identifier = LanguageIdentifier(langs)
+        self.pairs = served_pairs(translator, self.source, self.target)
+        """Each source language's targets (the codes clients send), the run's source first."""
+        self.translators: dict[tuple[str, str], Translator] = {(self.source, self.target): translator}
+        self.identifier = LanguageIdentifier(list(dict.fromkeys([*self.pairs, *self.targets()])))
         engine = (StreamingTranslator if search.strategy.one_row else RoundTranslator)(
             translator, rows=GATHER, search=search
         )
         self.batcher = Batcher(Lines(engine), thread=thread)
 
-    def hypotheses(self, texts: list[str], count: int) -> list[list[str]]:
-        """Each text's ``count`` best translations from a beam search at least 2 and ``count`` wide, with the
-        service's length penalty and limit (a blank text: itself)."""
+    def hypotheses(self, translator: Translator, texts: list[str], count: int) -> list[list[str]]:
+        """Each text's ``count`` best translations by ``translator`` (a pair's) from a beam search at least 2 and
+        ``count`` wide, with the service's length penalty and limit (a blank text: itself)."""
         search = SearchOptions(
             beam_size=max(self.search.beam_size, count, 2), length_penalty=self.search.length_penalty, n_best=count,
             max_length=self.search.max_length,
         )  # fmt: skip
-        found = self.translator.hypotheses(texts, search)
+        found = translator.hypotheses(texts, search)
         return [[text] if not text.strip() else best for text, best in zip(texts, found, strict=True)]
 
-    def languages(self) -> list[dict[str, Any]]:
-        return [
-            {"code": self.source, "name": language_name(self.source), "targets": [self.target]},
-            {"code": self.target, "name": language_name(self.target), "targets": []},
-        ]
+    def targets(self) -> list[str]:
+        return list(dict.fromkeys(code for targets in self.pairs.values() for code in targets))
 
-    def check_pair(self, source: str, target: str) -> None:
-        known = {self.source, self.target}
-        for code in (source, target):
-            if code not in known:
-                raise ApiError(400, f"{code} is not supported")
-        if (source, target) != (self.source, self.target):
+    def languages(self) -> list[dict[str, Any]]:
+        """LibreTranslate's ``/languages``: every language served, with the targets it translates into."""
+        codes = dict.fromkeys([*self.pairs, *self.targets()])
+        return [{"code": code, "name": language_name(code), "targets": self.pairs.get(code, [])} for code in codes]
+
+    def code(self, requested: str) -> str:
+        """The served code of the language ``requested`` (:func:`closest_code`: ``zh-TW`` is ``zh-Hant``)."""
+        found = closest_code(requested, list(dict.fromkeys([*self.pairs, *self.targets()])))
+        if found is None:
+            raise ApiError(400, f"{requested} is not supported")
+        return found
+
+    def pair(self, source: str, target: str) -> Translator:
+        """The translator from ``source`` into ``target`` (served codes), as LibreTranslate refuses a pair it lacks."""
+        if target not in self.pairs.get(source, []):
             raise ApiError(
                 400,
                 f"{language_name(target)} ({target}) is not available as a target language from "
                 f"{language_name(source)} ({source})",
             )
+        found = self.translators.get((source, target))
+        if found is None:
+            marked = self.translator.language_tokens
+            found = self.translator.for_languages(source if marked and marked.sources else None, target)
+            self.translators[(source, target)] = found
+        return found
+
+    def source_of(self, found: Detected, target: str) -> str:
+        """The source language of a text ``found`` in (``source: "auto"``): that language when it translates into
+        ``target``, else the run's source, else the first that does."""
+        for code in (found.language if found.identified else None, self.source):
+            if target in self.pairs.get(code or "", []):
+                return code or ""
+        return next((code for code, targets in self.pairs.items() if target in targets), self.source)
 
     async def translate_html(self, text: str, translate: Callable[[list[str]], Awaitable[list[str]]]) -> str:
         """``text`` as HTML: its text nodes translated by ``translate`` (outside ``script`` and ``style``), its tags as
@@ -319,6 +365,21 @@ class Service:
             lead, trail = part[: len(part) - len(part.lstrip())], part[len(part.rstrip()) :]
             parts[index] = lead + html.escape(translation, quote=False) + trail
         return "".join(parts)
+
+
+def served_pairs(translator: Translator, source: str, target: str) -> dict[str, list[str]]:
+    """The pairs a run serves, as the codes clients send (:func:`public_code`): its own, ``source`` into ``target``;
+    with a model that marks its languages with tokens, every pair it has (M2M100's and NLLB's: each language into
+    every other; a multilingual OPUS-MT model's: ``source`` into each of its targets)."""
+    tokens = translator.language_tokens
+    if tokens is None:
+        return {source: [target]}
+    targets = list(dict.fromkeys(map(public_code, tokens.targets)))
+    targets += [] if target in targets else [target]
+    if not tokens.sources:
+        return {source: targets}
+    sources = list(dict.fromkeys([source, *map(public_code, tokens.sources)]))
+    return {code: [other for other in targets if other != code] for code in sources}
 
 
 async def _arguments(request: Request) -> dict[str, Any]:
@@ -401,30 +462,50 @@ class Endpoints:
             raise ApiError(400, f"Invalid request: missing {'source' if source is None else 'target'} parameter")
         alternatives = self.alternatives(arguments)
         texts = _texts(q, self.limits)
-        detected = [service.identifier.detect(text)[0] for text in texts] if source == "auto" else None
-        service.check_pair(service.source if detected else source, target)
+        chosen, target = None if source == "auto" else service.code(source), service.code(target)
+        detected = [service.identifier.detect(text)[0] for text in texts] if chosen is None else None
+        if detected:
+            sources = [service.source_of(found, target) for found in detected]
+        else:
+            sources = [chosen or service.source] * len(texts)
+        translators = {code: service.pair(code, target) for code in dict.fromkeys(sources)}
         text_format = _text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
             raise ApiError(400, f"{text_format} format is not supported")
         others: list[list[str]] = [[] for _ in texts]  # alternatives: none for HTML, as LibreTranslate
+        # A text already in the target language (source "auto") is kept as it is; the others go by their sources.
+        kept = [found.language == target for found in detected] if detected else [False] * len(texts)
+        groups: dict[str, list[int]] = {}
+        for index, (code, keep) in enumerate(zip(sources, kept, strict=True)):
+            if not keep:
+                groups.setdefault(code, []).append(index)
 
-        def translate(texts: list[str]) -> Awaitable[list[str]]:
-            return service.batcher.texts(texts, request=request, timeout=self.limits.timeout)
+        def translate(translator: Translator) -> Callable[[list[str]], Awaitable[list[str]]]:
+            return lambda texts: service.batcher.texts(
+                texts, translator=translator, request=request, timeout=self.limits.timeout
+            )
 
+        translated = list(texts)
         if text_format == "html":
-            translated = [await service.translate_html(text, translate) for text in texts]
+            for index, code in enumerate(sources):
+                translated[index] = await service.translate_html(texts[index], translate(translators[code]))
         elif alternatives:
             best = await service.batcher.run(
-                lambda: service.hypotheses(texts, alternatives + 1), request=request, timeout=self.limits.timeout
-            )
-            translated = [found[0] for found in best]
-            others = [[other for other in dict.fromkeys(found[1:]) if other != found[0]] for found in best]
-        elif detected:  # a text already in the target language is kept as it is
-            kept = [found.language == service.target for found in detected]
-            done = iter(await translate([text for text, keep in zip(texts, kept, strict=True) if not keep]))
-            translated = [text if keep else next(done) for text, keep in zip(texts, kept, strict=True)]
+                lambda: {code: service.hypotheses(translators[code], [texts[i] for i in indices], alternatives + 1)
+                         for code, indices in groups.items()},
+                request=request, timeout=self.limits.timeout,
+            )  # fmt: skip
+            for code, indices in groups.items():
+                for index, found in zip(indices, best[code], strict=True):
+                    translated[index] = found[0]
+                    others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
         else:
-            translated = await translate(texts)
+            done = await asyncio.gather(
+                *(translate(translators[code])([texts[i] for i in indices]) for code, indices in groups.items())
+            )
+            for indices, outputs in zip(groups.values(), done, strict=True):
+                for index, output in zip(indices, outputs, strict=True):
+                    translated[index] = output
         answer: dict[str, Any] = {"translatedText": translated if isinstance(q, list) else translated[0]}
         if detected:
             languages = [found.as_json() for found in detected]
@@ -452,10 +533,11 @@ class Endpoints:
         if sentence is None:
             raise ApiError(400, "Invalid request: q holds no text")
         service = self.service
+        source, target = _text_argument(arguments, "source"), _text_argument(arguments, "target")
+        translator = service.pair(service.code(source or service.source), service.code(target or service.target))
         found = await service.batcher.run(
-            lambda: service.translator.attention(sentence, search=service.search),
-            request=request, timeout=self.limits.timeout,
-        )  # fmt: skip
+            lambda: translator.attention(sentence, search=service.search), request=request, timeout=self.limits.timeout
+        )
         return JSONResponse(attention_view(found))
 
     async def detect(self, request: Request) -> JSONResponse:
@@ -568,12 +650,23 @@ def serve(
 
     sock = listening_socket(host, port)
     translator = Translator(run, checkpoint, device=device, quantize=quantize)
+    marked = translator.language_tokens
+    if langs and marked is not None:  # the default pair among the model's
+        try:
+            translator.choose_languages(
+                langs[0] if marked.sources else None, langs[1], named=f"--langs {' '.join(langs)}"
+            )
+        except UserError:
+            sock.close()
+            raise
+        langs = translator.langs
     task = translator.checkpoint.options.get("task")
     langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
     if not langs:
         sock.close()
         raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
     service = Service(translator, langs, search=search, thread=False)
+    pairs = sum(map(len, service.pairs.values()))
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(service, limits),
@@ -585,7 +678,8 @@ def serve(
     )
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    say(f"serving {run} ({pair_text(langs)}, checkpoint {translator.checkpoint.path.name}) at "
+    others = f" and {pairs - 1} other pairs of its {len(service.languages())} languages" if pairs > 1 else ""
+    say(f"serving {run} ({pair_text(langs)}{others}, checkpoint {translator.checkpoint.path.name}) at "
         f"http://{shown}:{bound_port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
 
     def stop(sig: int, frame: Any) -> None:  # a second signal stops without waiting for the requests in flight

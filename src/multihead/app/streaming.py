@@ -40,8 +40,11 @@ class Translating(Protocol):
         """Pieces being translated or waiting for a place."""
         ...
 
-    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
-        """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result once all have been translated."""
+    def add(
+        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
+    ) -> None:
+        """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result once all have been translated.
+        ``translator``: the engine's translator between other languages (:meth:`Translator.for_languages`)."""
         ...
 
     def step(self) -> None:
@@ -55,11 +58,12 @@ class Translating(Protocol):
 
 @dataclass(eq=False)
 class _Job:
-    """One request: its texts not yet cut into pieces (``uncut``, with their places), each text's pieces as far as
-    they are cut, the pieces cut and not yet given out (index among the request's pieces, ids), the translations of
-    those that have ended, how many are being translated. Texts are cut as their pieces are wanted, so that a large
-    request costs the worker no long pause when it comes."""
+    """One request: the translator of its languages, its texts not yet cut into pieces (``uncut``, with their
+    places), each text's pieces as far as they are cut, the pieces cut and not yet given out (index among the
+    request's pieces, ids), the translations of those that have ended, how many are being translated. Texts are cut
+    as their pieces are wanted, so that a large request costs the worker no long pause when it comes."""
 
+    translator: Translator
     uncut: deque[tuple[int, str]]
     future: Future
     finish: Finish = field(repr=False)
@@ -98,8 +102,10 @@ class Requests:
     def __len__(self) -> int:
         return self.waiting
 
-    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
-        job = _Job(deque(enumerate(texts)), future, finish)
+    def add(
+        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
+    ) -> None:
+        job = _Job(translator or self.translator, deque(enumerate(texts)), future, finish)
         self.waiting += len(texts)
         self._cut(job)  # its first piece, or the answer of blank texts
         if job.pending:
@@ -111,13 +117,13 @@ class Requests:
         translated, answer it."""
         while job.uncut and not job.pending:
             index, text = job.uncut.popleft()
-            (pieces,), _ = self.translator.pieces([text], [f"text {index + 1}"])
+            (pieces,), _ = job.translator.pieces([text], [f"text {index + 1}"])
             job.pending.extend(enumerate(pieces, start=len(job.outputs)))
             job.outputs += [[] for _ in pieces]
             job.pieces.append(pieces)
             self.waiting += len(pieces) - 1
         if job.done:
-            settle(job.future, job.finish(self.translator.joined(job.pieces, job.outputs)))
+            settle(job.future, job.finish(job.translator.joined(job.pieces, job.outputs)))
 
     def take(self, count: int) -> list[tuple[_Job, int, Ids]]:
         """At most ``count`` pieces, in turn: (request, the piece's index in it, its ids)."""
@@ -146,7 +152,7 @@ class Requests:
         self.running -= 1
         if job.done:
             self.live.remove(job)
-            settle(job.future, job.finish(self.translator.joined(job.pieces, job.outputs)))
+            settle(job.future, job.finish(job.translator.joined(job.pieces, job.outputs)))
 
     def drop_abandoned(self) -> set[_Job]:
         """Forget the requests whose future is done before their answer (cancelled); those requests."""
@@ -180,19 +186,23 @@ class StreamingTranslator:
     def __len__(self) -> int:
         return len(self.stream) + len(self.requests)
 
-    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
+    def add(
+        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
+    ) -> None:
         """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result in :meth:`step` (at once, when they
-        hold no piece to translate)."""
-        self.requests.add(texts, future, finish)
+        hold no piece to translate). Each request's pieces start their translations with its translator's forced
+        tokens (its target language's)."""
+        self.requests.add(texts, future, finish, translator)
 
     def step(self) -> None:
         gone = self.requests.drop_abandoned()
         if gone:
             self.stream.drop(lambda owner: owner[0] in gone)
         for job, index, ids in self.requests.take(self.rows - len(self.stream)):
-            self.stream.add(ids, (job, index), limit=self.translator.limit(len(ids)), key=index)
+            forced = job.translator.generation.forced
+            self.stream.add(ids, (job, index), limit=job.translator.limit(len(ids)), key=index, forced=forced)
         for (job, index), tokens in self.stream.step():
-            self.requests.ended(job, index, translation(tokens, len(tokens), self.translator.generation))
+            self.requests.ended(job, index, translation(tokens, len(tokens), job.translator.generation))
 
     def fail(self, error: BaseException) -> None:
         self.stream.clear()
@@ -201,30 +211,35 @@ class StreamingTranslator:
 
 class RoundTranslator:
     """Texts translated in rounds (beam search, one batch of beams a round): each round takes at most ``rows``
-    pieces, in turn from every request, and translates them in the translator's token-bounded batches. A
-    :class:`Translating`."""
+    pieces, in turn from every request, and translates them in the translator's token-bounded batches (those of
+    each pair of languages apart). A :class:`Translating`."""
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
-        self.translator, self.rows = translator, rows
+        self.translator, self.rows, self.search = translator, rows, search
         self.requests = Requests(translator)
-        self.generate, self.batch_tokens = translator.generate(search), translator.batch_size(search)
+        self.batch_tokens = translator.batch_size(search)
 
     def __len__(self) -> int:
         return len(self.requests)
 
-    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep) -> None:
-        self.requests.add(texts, future, finish)
+    def add(
+        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
+    ) -> None:
+        self.requests.add(texts, future, finish, translator)
 
     def step(self) -> None:
         self.requests.drop_abandoned()
-        taken = self.requests.take(self.rows)
-        sources = [ids for _, _, ids in taken]
-        outputs = translate_ids(
-            self.generate, sources, limit=self.translator.limit, generation=self.translator.generation,
-            batch_tokens=self.batch_tokens,
-        )  # fmt: skip
-        for (job, index, _), tokens in zip(taken, outputs, strict=True):
-            self.requests.ended(job, index, tokens)
+        pairs: dict[int, list[tuple[_Job, int, Ids]]] = {}  # by the translator of their languages
+        for piece in self.requests.take(self.rows):
+            pairs.setdefault(id(piece[0].translator), []).append(piece)
+        for pieces in pairs.values():
+            translator = pieces[0][0].translator
+            outputs = translate_ids(
+                translator.generate(self.search), [ids for _, _, ids in pieces], limit=translator.limit,
+                generation=translator.generation, batch_tokens=self.batch_tokens,
+            )  # fmt: skip
+            for (job, index, _), tokens in zip(pieces, outputs, strict=True):
+                self.requests.ended(job, index, tokens)
 
     def fail(self, error: BaseException) -> None:
         self.requests.fail(error)

@@ -205,13 +205,14 @@ class Translator:
         if source_lang is not None or target_lang is not None:
             self.choose_languages(source_lang, target_lang)
 
-    def choose_languages(self, source: str | None, target: str | None) -> None:
+    def choose_languages(self, source: str | None, target: str | None, *, named: str | None = None) -> None:
         """Translate from ``source`` and into ``target`` (``None``: the run's; an ISO code or the model's own, see
         :meth:`LanguageTokens.choose`), two of the languages of a model that marks them with tokens: M2M100's and
         NLLB's source tokenizer's prefix and forced token become theirs, a multilingual OPUS-MT model's sources start
-        with the target's. Refused in one line for a model without them, or a language it lacks."""
-        given = " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source), ("--target-lang", target))
-                         if code is not None)  # fmt: skip
+        with the target's. Refused in one line for a model without them, or a language it lacks, naming what chose
+        them as ``named`` says (default: ``--source-lang``/``--target-lang``)."""
+        given = named or " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source),
+                                  ("--target-lang", target)) if code is not None)  # fmt: skip
         tokens = self.language_tokens
         if tokens is None or not isinstance(self.source, SentencePieceTokenizer):
             pair = pair_text(self.langs, task=self.checkpoint.options.get("task"))
@@ -236,6 +237,13 @@ class Translator:
         self.source = source_side
         chosen = [None if code is None else public_code(code) for code in (source, target)]
         self.langs = [chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"]
+
+    def for_languages(self, source: str | None, target: str | None) -> Translator:
+        """This translator between ``source`` and ``target`` (:meth:`choose_languages`), sharing its model, layouts
+        and device: ``serve``'s translator of one request's pair."""
+        other = copy.copy(self)
+        other.choose_languages(source, target)
+        return other
 
     @property
     def language_tokens(self) -> LanguageTokens | None:

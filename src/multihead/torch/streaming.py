@@ -22,6 +22,7 @@ cross-attention buffers hold, H key/value heads, D head dim, E d_model, n senten
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -142,11 +143,21 @@ class _Caches:
         return self.own.length
 
 
+@dataclass(frozen=True)
+class _Waiting(Generic[Owner]):
+    ids: Sequence[int]  # its source
+    owner: Owner
+    limit: int
+    key: int  # names its random generator
+    forced: tuple[int, ...]
+
+
 @dataclass
 class _Sentence(Generic[Owner]):
     owner: Owner  # what :meth:`Stream.step` returns with the translation
     limit: int  # the most tokens it may take
     generator: np.random.Generator | None  # its draws, when sampling
+    forced: tuple[int, ...]  # the tokens it starts with: its own, or the generation's
     tokens: list[int] = field(default_factory=list)
 
 
@@ -181,7 +192,7 @@ class Stream(Generic[Owner]):
         self.cache = _Caches(self.own, self.memory)
         self.steps = model.decoder_steps(layouts)
         self.sentences: list[_Sentence[Owner]] = []  # row i's
-        self.waiting: deque[tuple[Sequence[int], Owner, int, int]] = deque()  # ids, owner, limit, key
+        self.waiting: deque[_Waiting[Owner]] = deque()
         self.tokens = np.zeros(0, dtype=np.int64)  # (N,) each row's last token
         self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of its first token
         self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
@@ -192,15 +203,21 @@ class Stream(Generic[Owner]):
         """Sentences in the stream or waiting to join."""
         return len(self.sentences) + len(self.waiting)
 
-    def add(self, ids: Sequence[int], owner: Owner, *, limit: int, key: int = 0) -> None:
+    def add(
+        self, ids: Sequence[int], owner: Owner, *, limit: int, key: int = 0, forced: Sequence[int] | None = None
+    ) -> None:
         """Queue source ``ids`` (at most the model's ``max_len``, not empty), translated into at most ``limit`` tokens
         (and the search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
-        ``generate`` call would)."""
-        self.waiting.append((ids, owner, int(self.search.limit(limit, 1)[0]), key))
+        ``generate`` call would); ``forced``: the tokens its translation starts with, instead of the generation's
+        (its target language's code, where sentences go into different languages)."""
+        own = tuple(self.generation.forced if forced is None else forced)
+        if forced is not None:
+            dataclasses.replace(self.generation, forced=own).check(self.model.config.tgt_vocab)
+        self.waiting.append(_Waiting(ids, owner, int(self.search.limit(limit, 1)[0]), key, own))
 
     def clear(self) -> list[Owner]:
         """Drop every sentence; their owners."""
-        owners = [sentence.owner for sentence in self.sentences] + [owner for _, owner, _, _ in self.waiting]
+        owners = [sentence.owner for sentence in self.sentences] + [entry.owner for entry in self.waiting]
         self.sentences, self.waiting = [], deque()
         self._keep(np.zeros(0, dtype=np.int64))
         return owners
@@ -208,11 +225,11 @@ class Stream(Generic[Owner]):
     def drop(self, dropped: Callable[[Owner], bool]) -> list[Owner]:
         """Drop the sentences (decoding or waiting) whose owner ``dropped`` names, e.g. those nobody waits for any
         more; their owners. The others decode on as before."""
-        waiting = [entry for entry in self.waiting if dropped(entry[1])]
+        waiting = [entry for entry in self.waiting if dropped(entry.owner)]
         if waiting:
-            self.waiting = deque(entry for entry in self.waiting if not dropped(entry[1]))
+            self.waiting = deque(entry for entry in self.waiting if not dropped(entry.owner))
         rows = [row for row, sentence in enumerate(self.sentences) if dropped(sentence.owner)]
-        owners = [self.sentences[row].owner for row in rows] + [owner for _, owner, _, _ in waiting]
+        owners = [self.sentences[row].owner for row in rows] + [entry.owner for entry in waiting]
         with torch.inference_mode():
             self._leave(rows)
         return owners
@@ -245,10 +262,10 @@ class Stream(Generic[Owner]):
         self.waited = 0
         # They stay waiting until they have joined: a failure before then fails them too (see clear).
         joining = [self.waiting[index] for index in range(count)]
-        lengths = np.array([len(ids) for ids, _, _, _ in joining], dtype=np.int64)
+        lengths = np.array([len(entry.ids) for entry in joining], dtype=np.int64)
         src = np.full((count, lengths.max()), self.model.config.pad_id or 0, dtype=np.int64)  # (n, Ls)
-        for row, (ids, _, _, _) in enumerate(joining):
-            src[row, : len(ids)] = ids
+        for row, entry in enumerate(joining):
+            src[row, : len(entry.ids)] = entry.ids
         key_mask = torch.from_numpy(np.arange(src.shape[1]) < lengths[:, None]).to(self.device)  # (n, Ls)
         memory, _ = self.steps.encode(torch.from_numpy(src).to(self.device), key_mask)  # (n, Ls, E)
         start, rows = len(self.sentences), len(self.sentences) + count
@@ -258,11 +275,11 @@ class Stream(Generic[Owner]):
         self.own.fit(rows, self.length + 1, keys)  # self-attention's keys and values are shaped as cross-attention's
         for _ in range(count):
             self.waiting.popleft()
-        keys_drawn = [key for _, _, _, key in joining]
+        keys_drawn = [entry.key for entry in joining]
         generators = sentence_generators(self.search.seed, keys_drawn) if self.search.strategy.draws else None
         self.sentences += [
-            _Sentence(owner, limit, None if generators is None else generators[index])
-            for index, (_, owner, limit, _) in enumerate(joining)
+            _Sentence(entry.owner, entry.limit, None if generators is None else generators[index], entry.forced)
+            for index, entry in enumerate(joining)
         ]
         self.tokens = np.concatenate([self.tokens, np.full(count, self.specials.bos, dtype=np.int64)])
         self.starts = np.concatenate([self.starts, np.full(count, self.length, dtype=np.int64)])
@@ -300,7 +317,9 @@ class Stream(Generic[Owner]):
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
-        logits = process(self.steps, logits, made, self.generation)
+        own = [sentence.forced for sentence in self.sentences]
+        mixed = any(forced != self.generation.forced for forced in own)  # else the generation's, for every row
+        logits = process(self.steps, logits, made, self.generation, own if mixed else None)
         if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]
