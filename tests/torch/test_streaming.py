@@ -138,9 +138,7 @@ def test_each_sentence_is_processed_at_its_own_length(generation: Generation) ->
         assert unheld.index(EOS) < 3  # without it, EOS comes early
 
 
-@pytest.mark.parametrize(
-    "search", [SearchOptions(), SearchOptions(sampling_topk=0, seed=3)], ids=["greedy", "sampled"]
-)
+@pytest.mark.parametrize("search", [SearchOptions(), SearchOptions(sampling_topk=0, seed=3)], ids=["greedy", "sampled"])
 def test_each_sentence_may_force_tokens_of_its_own(search: SearchOptions) -> None:
     """Sentences into different languages share the stream: each starts with its own forced tokens (or the
     generation's, ``None``) and gets what ``generate`` gives it alone with those."""
