@@ -10,6 +10,7 @@ model trained on ``support.py``'s made-up German and English beside five of NLLB
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import shutil
 import warnings
@@ -284,3 +285,32 @@ def test_serve_answers_every_pair_of_its_languages_as_translate(nllb: Nllb, beam
         status, view = request(url, "/attention", {"q": texts[0], "source": "de", "target": "zh"})
         assert status == 200
         assert view["target"] == expected[("de", "zh")][0]
+
+
+def test_fine_tuning_on_one_pair_keeps_its_language_tokens(nllb: Nllb, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """``train --init`` on a corpus whose file names (or ``--langs``) give the pair: every source starts with its
+    language's code and every target with the target's, as Transformers' ``NllbTokenizer(src_lang, tgt_lang)``
+    labels them; the tuned run translates that pair."""
+    from multihead.app.tokenizers import load_tokenizers
+
+    texts = sentences(40, seed=14)
+    corpus = [write_lines(tmp_path / f"train.{side}", texts) for side in ("de", "fr")]
+    tuned = tmp_path / "tuned"
+    result = cli("train", "--init", nllb.run, "--data", *corpus, "--out", tuned, "--steps", "2", "--no-progress")
+    assert result.status == 0, result.err
+    tokenizer = nllb.tokenizer_for("deu_Latn", "fra_Latn")
+    labelled = tokenizer(texts, text_target=texts)  # type: ignore[operator]
+    for side, key in (("source", "input_ids"), ("target", "labels")):
+        tokens, offsets = (np.load(tuned / "encoded" / f"{side}.{part}.npy") for part in ("tokens", "offsets"))
+        ours = [tokens[start:end].tolist() for start, end in itertools.pairwise(offsets)]
+        expected = [row if side == "source" else row[:-1] for row in labelled[key]]  # the batches add targets' EOS
+        assert len(ours) >= 30  # a tenth held out to validate
+        assert all(row in expected for row in ours)
+    checkpoint = tuned / "checkpoints" / "step-0000002"
+    source, _ = load_tokenizers(checkpoint)
+    assert source.encode(texts[0])[0] == tokenizer(texts[0])["input_ids"]  # type: ignore[operator]
+    generation = json.loads((checkpoint / "generation.json").read_text())
+    assert generation["forced"] == [tokenizer.convert_tokens_to_ids("fra_Latn")]  # type: ignore[attr-defined]
+    assert_refused(cli("train", "--init", nllb.run, "--data", *corpus, "--langs", "de", "ja", "--out",
+                       tmp_path / "other", "--steps", "2"), "--langs de ja", "no language 'ja'")  # fmt: skip
+    assert not (tmp_path / "other").exists()

@@ -597,18 +597,11 @@ def initial_run(options: TrainOptions) -> tuple[TrainOptions, Checkpoint]:
 
 
 def _other_run(run: str, flag: str, which: str | None, doing: str) -> Checkpoint:
-    """The checkpoint ``which`` of the run in ``run``, which ``flag`` names; refused in one line where it is none, or
-    where its generation forces first tokens, which training does not put in its targets."""
+    """The checkpoint ``which`` of the run in ``run``, which ``flag`` names; refused in one line where it is none."""
     try:
         checkpoint, _ = open_checkpoint(Path(run), which, lambda found: None, doing=doing)
     except RunError as error:
         raise UserError(f"{flag}: {error}") from None
-    forced = checkpoint.generation.forced
-    if forced:
-        raise UserError(
-            f"{flag} {run}: its model starts every translation with {checkpoint.target.pieces(list(forced))} (forced "
-            "tokens), which training does not put in its targets yet: take a run that forces none"
-        )
     return checkpoint
 
 

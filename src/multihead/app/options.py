@@ -379,7 +379,9 @@ class TrainOptions:
     langs: Sequence[str] | None = option(
         "--langs",
         "the languages translated, ISO 639-1 codes (default: what the run recorded, for a new "
-        "run read from --data file names such as train.de.gz train.en.gz)",
+        "run read from --data file names such as train.de.gz train.en.gz); with --init or --vocab-from of a "
+        "many-to-many model (M2M100, NLLB-200, multilingual OPUS-MT), the pair of its languages trained, whose "
+        "tokens open every source and target",
         LANGS,
         recipe=False,
         argparse=dict(nargs=2, metavar=("SRC", "TGT")),

@@ -18,6 +18,7 @@ and each subword vocabulary, SentencePiece model and vocabulary of its pieces is
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -524,6 +525,18 @@ class SentencePieceTokenizer:
             piece.startswith(self.MARK) or index in self.skipped or (piece.startswith(">>") and piece.endswith("<<"))
             for index, piece in zip(ids, self.pieces(ids), strict=True)
         ]
+
+
+def forcing(target: Tokenizer, forced: Sequence[int]) -> Tokenizer:
+    """``target`` encoding every text after the ``forced`` tokens (a multilingual model's target-language code,
+    which generation forces first): what training's targets are made with, as Transformers' labels hold the code."""
+    if not forced:
+        return target
+    if not isinstance(target, SentencePieceTokenizer):
+        raise TypeError(f"forced tokens go with a SentencePiece vocabulary, not a {type(target).__name__}")
+    found = copy.copy(target)
+    found.prefix = list(forced)
+    return found
 
 
 def sentencepiece_processor(model: bytes) -> Any:

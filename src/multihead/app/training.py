@@ -51,6 +51,7 @@ from multihead.app.data import (
     vocabulary_from,
 )
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device, use_threads
+from multihead.app.languages import LanguageTokens
 from multihead.app.memory import release_freed_memory
 from multihead.app.options import (
     DATA,
@@ -87,8 +88,8 @@ from multihead.app.runs import (
     write_history,
 )
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import Tokenizer, build_tokenizers
-from multihead.app.translate import length_limit, translate_ids
+from multihead.app.tokenizers import Tokenizer, build_tokenizers, forcing
+from multihead.app.translate import language_pair, length_limit, translate_ids
 from multihead.config import TransformerConfig
 from multihead.decoding import Generation
 
@@ -113,6 +114,11 @@ class Setup:
     generation: Generation
     prepared: Prepared
     initial: Checkpoint | None = None
+
+    @property
+    def targets(self) -> Tokenizer:
+        """What training's targets are encoded with: the target tokenizer, after the tokens generation forces."""
+        return forcing(self.target, self.generation.forced)
 
 
 def _resolve(
@@ -211,14 +217,23 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
         release_freed_memory()  # theirs and the BPE trainer's
     else:
         source, target = taken.source, taken.target
-    # A vocabulary taken from another run (an imported one's) keeps what that run's generation bans and forces.
+    # A vocabulary taken from another run (an imported one's) keeps what that run's generation bans and forces, for
+    # the pair --langs chooses of a model that marks its languages with tokens (M2M100, NLLB, multilingual OPUS-MT).
     generation = Generation(target.specials) if taken is None else taken.generation
+    if taken is not None and resolved.langs and LanguageTokens.of(*(getattr(side, "vocabulary", {})
+                                                                    for side in (source, target))):  # fmt: skip
+        try:
+            source, generation, _ = language_pair(source, target, generation, taken.options.get("langs"),
+                                                  *resolved.langs)  # fmt: skip
+        except ValueError as error:
+            raise UserError(f"--langs {' '.join(resolved.langs)}: {error}") from None
+    targets = forcing(target, generation.forced)
     if initial is None:
-        config = _config(resolved, source, target, data.positions(source, target))
+        config = _config(resolved, source, targets, data.positions(source, targets))
     else:
         config = replace(initial.config, dropout=resolved.dropout)
-        data.fit(config.max_len, source, target)
-    prepared = data.prepare(out, source, target, options.progress)
+        data.fit(config.max_len, source, targets)
+    prepared = data.prepare(out, source, targets, options.progress)
     return Setup(resolved, data, source, target, config, generation, prepared, initial)
 
 
@@ -515,7 +530,7 @@ class Training:
             self._start()
         setup = self.setup
         self.batches: Batches = setup.data.batches(
-            setup.options, setup.source, setup.target, setup.prepared, self.trainer.pad_to()
+            setup.options, setup.source, setup.targets, setup.prepared, self.trainer.pad_to()
         )
 
     def _resume(self) -> None:
@@ -642,7 +657,7 @@ class Training:
 
         def loss() -> float:
             sources = setup.source.encode_all([s for s, _ in pairs])
-            targets = setup.target.encode_all([t for _, t in pairs])
+            targets = setup.targets.encode_all([t for _, t in pairs])
             batches = evaluation_batches(sources, targets, setup.target.specials, 4096)
             summed = sum(self.trainer.loss_sum(batch) for _, batch in batches)
             return summed / sum(len(t) + 1 for t in targets)

@@ -22,7 +22,7 @@ import numpy as np
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.languages import LanguageTokens, pair_text, public_code
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.tokenizers import SentencePieceTokenizer
+from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
 
 Ids = list[int]
@@ -151,6 +151,39 @@ def translate_ids(
     return in_batches(run, sources, limit=limit, pad=pad, batch_tokens=batch_tokens, progress=progress)
 
 
+def language_pair(
+    source_side: Tokenizer,
+    target_side: Tokenizer,
+    generation: Generation,
+    langs: Sequence[str] | None,
+    source: str | None,
+    target: str | None,
+) -> tuple[Tokenizer, Generation, list[str]]:
+    """The source tokenizer, generation and languages (``langs``: the run's) that translate from ``source`` into
+    ``target`` (``None``: the run's; an ISO code or the model's own, see :meth:`LanguageTokens.choose`), two of the
+    languages of a model that marks them with tokens: M2M100's and NLLB's source tokenizer's prefix and forced token
+    become theirs, a multilingual OPUS-MT model's sources start with the target's. ``ValueError`` for a model without
+    them, or a language it lacks."""
+    tokens = LanguageTokens.of(getattr(source_side, "vocabulary", {}), getattr(target_side, "vocabulary", {}))
+    if tokens is None or not isinstance(source_side, SentencePieceTokenizer):
+        raise ValueError("the model marks no languages with tokens")
+    source_side = copy.copy(source_side)
+    recorded: Sequence[str | None] = langs or (None, None)
+    if source is not None and tokens.sources:
+        source = tokens.choose(source, target=False)
+        source_side.prefix = [tokens.sources[source]]
+    elif source is not None and source != recorded[0] and recorded[0] not in (None, "mul"):
+        raise ValueError(f"this model reads {recorded[0]} (its sources carry no language token)")
+    if target is not None:
+        target = tokens.choose(target, target=True)
+        if tokens.forced_target:
+            generation = replace(generation, forced=(tokens.targets[target],))
+        else:
+            source_side.prefix = [tokens.targets[target]]
+    chosen = [None if code is None else public_code(code) for code in (source, target)]
+    return source_side, generation, [chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"]
+
+
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
     :mod:`multihead.app.devices`), ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear
@@ -206,37 +239,20 @@ class Translator:
             self.choose_languages(source_lang, target_lang)
 
     def choose_languages(self, source: str | None, target: str | None, *, named: str | None = None) -> None:
-        """Translate from ``source`` and into ``target`` (``None``: the run's; an ISO code or the model's own, see
-        :meth:`LanguageTokens.choose`), two of the languages of a model that marks them with tokens: M2M100's and
-        NLLB's source tokenizer's prefix and forced token become theirs, a multilingual OPUS-MT model's sources start
-        with the target's. Refused in one line for a model without them, or a language it lacks, naming what chose
-        them as ``named`` says (default: ``--source-lang``/``--target-lang``)."""
+        """Translate from ``source`` and into ``target`` (see :func:`language_pair`); refused in one line, naming
+        what chose them as ``named`` says (default: ``--source-lang``/``--target-lang``)."""
         given = named or " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source),
                                   ("--target-lang", target)) if code is not None)  # fmt: skip
-        tokens = self.language_tokens
-        if tokens is None or not isinstance(self.source, SentencePieceTokenizer):
+        if self.language_tokens is None:
             pair = pair_text(self.langs, task=self.checkpoint.options.get("task"))
             raise UserError(f"{given}: this run translates {pair} only; its model marks no languages with tokens "
                             "(M2M100, NLLB-200 and multilingual OPUS-MT models do)")  # fmt: skip
-        source_side = copy.copy(self.source)
-        recorded: Sequence[str | None] = self.langs or (None, None)
         try:
-            if source is not None and tokens.sources:
-                source = tokens.choose(source, target=False)
-                source_side.prefix = [tokens.sources[source]]
-            elif source is not None and source != recorded[0] and recorded[0] not in (None, "mul"):
-                raise ValueError(f"this model reads {recorded[0]} (its sources carry no language token)")
-            if target is not None:
-                target = tokens.choose(target, target=True)
-                if tokens.forced_target:
-                    self.generation = replace(self.generation, forced=(tokens.targets[target],))
-                else:
-                    source_side.prefix = [tokens.targets[target]]
+            self.source, self.generation, self.langs = language_pair(
+                self.source, self.target, self.generation, self.langs, source, target
+            )
         except ValueError as error:
             raise UserError(f"{given}: {error}") from None
-        self.source = source_side
-        chosen = [None if code is None else public_code(code) for code in (source, target)]
-        self.langs = [chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"]
 
     def for_languages(self, source: str | None, target: str | None) -> Translator:
         """This translator between ``source`` and ``target`` (:meth:`choose_languages`), sharing its model, layouts
