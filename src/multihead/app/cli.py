@@ -446,15 +446,16 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
 
 
 def _add_language_options(command: argparse.ArgumentParser) -> None:
-    """What ``translate``, ``evaluate`` and ``score`` take to choose another pair of a many-to-many model's
+    """What ``translate``, ``evaluate`` and ``score`` take to choose another pair of a many-language model's
     languages than the run's."""
     from multihead.app.languages import language_code
 
     for flag, side in (("--source-lang", "source"), ("--target-lang", "target")):
         command.add_argument(
             flag, type=language_code, metavar="CODE",
-            help=f"the {side} language, one of a many-to-many model's (an imported M2M100 run's: its codes, such "
-            "as de or zh; default: the run's)",
+            help=f"the {side} language, one of a many-language model's (an imported M2M100, NLLB-200 or "
+            "multilingual OPUS-MT run's): an ISO code such as de, zh or zh-Hant, or the model's own such as "
+            "zho_Hant (default: the run's)",
         )  # fmt: skip
 
 

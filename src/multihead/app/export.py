@@ -177,7 +177,7 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
             f'source = sentencepiece.SentencePieceProcessor(model_file="{source}")',
             f'target = sentencepiece.SentencePieceProcessor(model_file="{target}")',
             f'pieces = {f"{first} + " if first else ""}source.encode("Zwei Hunde spielen im Schnee.", out_type=str) '
-            f'+ ["{eos}"]  # ends with EOS{", starts with its language" if first else ""}',
+            f'+ ["{eos}"]  # ends with EOS{", opens with a language code" if first else ""}',
             f"result = translator.translate_batch([pieces]{f', target_prefix=[{forced}]' if forced else ''})",
             f"print(target.decode(result[0].hypotheses[0]{f'[{len(forced)}:]' if forced else ''}))",
         ]

@@ -1,5 +1,5 @@
 """Models trained elsewhere, imported as runs: Hugging Face Marian checkpoints (OPUS-MT's ``Helsinki-NLP/opus-mt-*``)
-and M2M100 checkpoints (``facebook/m2m100_418M``'s architecture).
+and M2M100 checkpoints (``facebook/m2m100_418M``'s architecture, and NLLB-200's).
 
 ``multihead import SOURCE RUN`` reads a checkpoint as Transformers' ``save_pretrained`` writes it, from a directory
 or, given a Hub name, from the Hugging Face Hub (``huggingface_hub.snapshot_download``, which reuses the local
@@ -44,7 +44,11 @@ the output layer, the decoder starting from EOS. Its tokenizer is ``M2M100Tokeni
 and ``vocab.json``'s pieces, then a ``__xx__`` code of each of its languages (``language_codes``), then its made-up
 words. It translates between many languages; the run translates one pair, ``--langs SRC TGT`` (else the tokenizer's
 ``src_lang`` and ``tgt_lang``): every source starts with the code of SRC, every translation with the code of TGT (the
-run's forced token, Transformers' ``forced_bos_token_id``).
+run's forced token, Transformers' ``forced_bos_token_id``). An NLLB-200 checkpoint is an M2M100 one whose
+``tokenizer_config.json`` names ``NllbTokenizer``: its ids are ``tokenizer.json``'s (the model's pieces and the added
+tokens, its ``deu_Latn`` codes among them), the embedding's rows beyond them made-up words. A multilingual OPUS-MT
+model (target codes such as ``>>fra<<`` in its vocabulary) gets its sources opened with the code of the run's target
+(:func:`marian_target_code`). Another pair of such a model's languages: :func:`multihead.app.translate.language_pair`.
 """
 
 from __future__ import annotations
