@@ -339,6 +339,15 @@ class Service:
             self.translators[(source, target)] = found
         return found
 
+    def route(self, texts: list[str], source: str, target: str) -> tuple[str, list[Detected] | None, list[str]]:
+        """A request's ``target`` as served, each text's language as ``/detect`` finds it (``source: "auto"``, else
+        ``None``), and each text's source language as served."""
+        chosen, target = None if source == "auto" else self.code(source), self.code(target)
+        if chosen is not None:
+            return target, None, [chosen] * len(texts)
+        detected = [self.identifier.detect(text)[0] for text in texts]
+        return target, detected, [self.source_of(found, target) for found in detected]
+
     def source_of(self, found: Detected, target: str) -> str:
         """The source language of a text ``found`` in (``source: "auto"``): that language when it translates into
         ``target``, else the run's source, else the first that does."""
@@ -462,12 +471,7 @@ class Endpoints:
             raise ApiError(400, f"Invalid request: missing {'source' if source is None else 'target'} parameter")
         alternatives = self.alternatives(arguments)
         texts = _texts(q, self.limits)
-        chosen, target = None if source == "auto" else service.code(source), service.code(target)
-        detected = [service.identifier.detect(text)[0] for text in texts] if chosen is None else None
-        if detected:
-            sources = [service.source_of(found, target) for found in detected]
-        else:
-            sources = [chosen or service.source] * len(texts)
+        target, detected, sources = service.route(texts, source, target)
         translators = {code: service.pair(code, target) for code in dict.fromkeys(sources)}
         text_format = _text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
@@ -631,6 +635,21 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _served_langs(translator: Translator, langs: Sequence[str] | None, run: str) -> Sequence[str]:
+    """The pair ``serve`` defaults to: ``langs`` (of a model of many languages: the pair it chooses), else the run's,
+    else a built-in task's; refused in one line where there is none."""
+    marked = translator.language_tokens
+    if langs and marked is not None:
+        named = f"--langs {' '.join(langs)}"
+        translator.choose_languages(langs[0] if marked.sources else None, langs[1], named=named)
+        langs = translator.langs
+    task = translator.checkpoint.options.get("task")
+    langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
+    if not langs:
+        raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
+    return langs
+
+
 def serve(
     run: str,
     *,
@@ -650,21 +669,11 @@ def serve(
 
     sock = listening_socket(host, port)
     translator = Translator(run, checkpoint, device=device, quantize=quantize)
-    marked = translator.language_tokens
-    if langs and marked is not None:  # the default pair among the model's
-        try:
-            translator.choose_languages(
-                langs[0] if marked.sources else None, langs[1], named=f"--langs {' '.join(langs)}"
-            )
-        except UserError:
-            sock.close()
-            raise
-        langs = translator.langs
-    task = translator.checkpoint.options.get("task")
-    langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
-    if not langs:
+    try:
+        langs = _served_langs(translator, langs, run)
+    except UserError:
         sock.close()
-        raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
+        raise
     service = Service(translator, langs, search=search, thread=False)
     pairs = sum(map(len, service.pairs.values()))
     server = uvicorn.Server(
