@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from multihead.decoding import Generation, SearchOptions
@@ -39,3 +40,23 @@ class Imported:
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.tokenizer(texts, return_tensors="pt", padding=True)
         return batch["input_ids"], batch["attention_mask"]
+
+    def logits_error(self, texts: list[str], start: tuple[int, ...], *, seed: int, length: int, keras: bool) -> float:
+        """The largest difference between our logits (PyTorch's, or with ``keras`` Keras') and Transformers' for the
+        sources ``texts`` and random decoder inputs that begin with ``start`` (the decoder start, a language code)."""
+        src, mask = self.encode(texts)
+        high = int(self.model.config.vocab_size)
+        tgt = torch.randint(4, min(high, 80), (len(texts), length), generator=torch.Generator().manual_seed(seed))
+        tgt[:, : len(start)] = torch.tensor(start)
+        with torch.no_grad():
+            expected = self.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits.numpy()
+            if not keras:
+                return float(np.abs(self.ours()(src, tgt, src_key_mask=mask.bool()).numpy() - expected).max())
+        from keras_helpers import numpy, tensor
+        from multihead.keras import Transformer as KerasTransformer
+
+        model = KerasTransformer.from_config(read_config(self.checkpoint / "config.json"))
+        load_weights(model, self.checkpoint / "model.safetensors")
+        got = numpy(model(tensor(src.numpy().astype("int32")), tensor(tgt.numpy().astype("int32")),
+                          src_key_mask=tensor(mask.numpy().astype(bool))))  # fmt: skip
+        return float(np.abs(got - expected).max())

@@ -743,3 +743,30 @@ def test_serve_answers_each_target_of_a_multilingual_marian(multilingual: Marian
         assert request(url, "/translate", {"q": "Hund", "source": "fr", "target": "zh"}) == (
             400, {"error": "Chinese (zh) is not available as a target language from French (fr)"}
         )  # fmt: skip
+
+
+def test_a_multilingual_marian_export_translates_as_ctranslate2s_own_converter(
+    multilingual: Marian, tmp_path: Path
+) -> None:
+    """Sources opened with a target's code: our export's tokens are those of CTranslate2's converter (the pad's
+    embedding made zero, as in the export test above), and its README opens the source with the run's code."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from multihead.app.export import export
+
+    directory = shutil.copytree(multilingual.directory, tmp_path / "opus-mt-de-zh")
+    _tensors(lambda tensors: tensors["model.shared.weight"].__setitem__(multilingual.pad, 0.0))(directory)
+    import_pretrained(str(directory), tmp_path / "run")
+    theirs = tmp_path / "theirs"
+    ctranslate2.converters.TransformersConverter(str(directory)).convert(str(theirs))
+    ours = export(tmp_path / "run", tmp_path / "ours", checkpoint=None, quantization=None)
+    tokenizer = multilingual.tokenizer
+    for code in (">>cmn_Hans<<", ">>fra<<"):
+        texts = [f"{code} {text}" for text in sentences(30, seed=15)]
+        batch = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(texts)["input_ids"]]
+        found = [
+            [result.hypotheses[0] for result in ctranslate2.Translator(str(converted)).translate_batch(
+                batch, beam_size=1, max_decoding_length=GENERATE)]
+            for converted in (ours, theirs)
+        ]  # fmt: skip
+        assert found[0] == found[1]
+    assert "['>>cmn_Hans<<'] + source.encode(" in (ours / "README.md").read_text(encoding="utf-8")

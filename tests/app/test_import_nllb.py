@@ -24,7 +24,6 @@ import torch
 from app.imported import Imported
 from app.support import PAIRS, Cli, assert_refused, sentences, write_lines
 from multihead.app.pretrained import import_pretrained
-from multihead.io import load_weights, read_config
 
 pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -123,31 +122,14 @@ def test_the_run_reads_nllbs_ids_and_records_iso_codes(nllb: Nllb) -> None:
 
 
 def test_logits_equal_transformers(nllb: Nllb) -> None:
-    ours = nllb.ours()
-    src, mask = nllb.encode(sentences(4, seed=1))
-    tgt = torch.randint(4, 80, (4, 7), generator=torch.Generator().manual_seed(0))
-    tgt[:, 0], tgt[:, 1] = EOS, nllb.tokenizer.convert_tokens_to_ids("zho_Hans")
-    with torch.no_grad():
-        expected = nllb.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits  # type: ignore[operator]
-        got = ours(src, tgt, src_key_mask=mask.bool())
-    assert float((got - expected).abs().max()) <= 1e-4
+    code = nllb.tokenizer.convert_tokens_to_ids("zho_Hans")
+    assert nllb.logits_error(sentences(4, seed=1), (EOS, code), seed=0, length=7, keras=False) <= 1e-4
 
 
 @pytest.mark.keras
 def test_keras_logits_equal_transformers(nllb: Nllb) -> None:
-    from keras_helpers import numpy, tensor
-    from multihead.keras import Transformer as KerasTransformer
-
-    model = KerasTransformer.from_config(read_config(nllb.checkpoint / "config.json"))
-    load_weights(model, nllb.checkpoint / "model.safetensors")
-    src, mask = nllb.encode(sentences(4, seed=2))
-    tgt = torch.randint(4, 80, (4, 6), generator=torch.Generator().manual_seed(1))
-    tgt[:, 0], tgt[:, 1] = EOS, nllb.tokenizer.convert_tokens_to_ids("eng_Latn")
-    with torch.no_grad():
-        expected = nllb.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits.numpy()  # type: ignore[operator]
-    got = numpy(model(tensor(src.numpy().astype("int32")), tensor(tgt.numpy().astype("int32")),
-                      src_key_mask=tensor(mask.numpy().astype(bool))))  # fmt: skip
-    assert float(np.abs(got - expected).max()) <= 1e-4
+    code = nllb.tokenizer.convert_tokens_to_ids("eng_Latn")
+    assert nllb.logits_error(sentences(4, seed=2), (EOS, code), seed=1, length=6, keras=True) <= 1e-4
 
 
 @pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam"])
