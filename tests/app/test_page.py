@@ -283,3 +283,39 @@ def test_the_served_page_translates_and_shows_a_real_runs_attention(driver: Chro
         assert source_weights(driver) == [f"{weight:.3f}" for weight in expected["layers"][0][1][0]]
         assert driver.find_element(By.ID, "error").is_displayed() is False
         assert driver.save_screenshot(str(tmp_path / "page.png"))
+
+
+def test_the_served_page_chooses_a_pair_of_a_multilingual_runs_languages(driver: Chrome, tmp_path: Path) -> None:
+    """A run of many languages (a tiny NLLB-style checkpoint, imported): the selectors list its languages, the
+    target's those of the source chosen, and the page translates and draws the pair chosen."""
+    pytest.importorskip("transformers")
+    import warnings
+
+    from app.support import sentences
+    from app.test_import_nllb import make_checkpoint
+    from multihead.app.pretrained import import_pretrained
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        directory = make_checkpoint(tmp_path / "nllb")
+    import_pretrained(str(directory), tmp_path / "run", langs=["de", "en"])
+    translator = Translator(tmp_path / "run")
+    text = sentences(1, seed=16)[0]
+    chosen = translator.for_languages("fr", "zh-Hant")
+    with serving(create_app(Service(translator, translator.langs or []), Limits())) as url:
+        driver.get(f"{url}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
+        names = {"de": "German", "en": "English", "fr": "French", "zh": "Chinese", "zh-Hant": "Chinese (Traditional)"}
+        assert options(driver, "source") == list(names.items())
+        assert options(driver, "target") == [(code, name) for code, name in names.items() if code != "de"]
+        choose(driver, "source", "fr")
+        assert options(driver, "target") == [(code, name) for code, name in names.items() if code != "fr"]
+        assert selected(driver, "target") == "en"  # the target chosen before, which French has too
+        choose(driver, "target", "zh-Hant")
+        assert driver.find_element(By.ID, "title").text == "French → Chinese (Traditional)"
+        driver.find_element(By.ID, "text").send_keys(text)
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda _: driver.find_element(By.ID, "translation").text == chosen.translate([text])[0])
+        expected = attention_view(chosen.attention(text))
+        wait.until(lambda _: texts(driver, "#attention th.target-word") == expected["target_words"])
