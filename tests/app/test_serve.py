@@ -269,7 +269,7 @@ class Counted:
 
     def __init__(self, translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
         self.service = Service(translator, ["de", "en"])
-        self.engine = self.service.batcher.engine.engine
+        self.engine = self.service.batcher.engine.engine.engines[0]
         self.translated = 0
         ended = self.engine.requests.ended
 

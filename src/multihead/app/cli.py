@@ -627,17 +627,22 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     from multihead.app.options import BY_NAME, limit, seconds_limit
 
     serve = _command(
-        commands, "serve", _serve, help="serve a run over LibreTranslate's HTTP API, with an attention page at /",
-        description="Serve the run over LibreTranslate's HTTP API (POST /translate, GET /languages, POST /detect, "
+        commands, "serve", _serve, help="serve runs over LibreTranslate's HTTP API, with an attention page at /",
+        description="Serve the runs over LibreTranslate's HTTP API (POST /translate, GET /languages, POST /detect, "
         "GET /health, GET /frontend/settings), so that LibreTranslate's clients work unchanged, and a page at / that "
-        "translates and shows the cross-attention. Concurrent requests are translated together, a large text sharing "
-        "the running batch with the short requests that come after it; the work of a client that disconnects is "
-        "dropped. GET /health answers 503 when the translation worker has been stuck on one step for a minute. "
-        "SIGINT or SIGTERM refuses new requests, answers those in flight (dropping them after 30 seconds) and "
-        "exits 0. Needs the serve extra: pip install "
+        "translates and shows the cross-attention. Each request goes to the run that serves its source and target "
+        "(--langs: the first run's pair, the page's default). Concurrent requests are translated together, a large "
+        "text sharing the running batch with the short requests that come after it; the work of a client that "
+        "disconnects is dropped. GET /health answers 503 when the translation worker has been stuck on one step for "
+        "a minute. SIGINT or SIGTERM refuses new requests, answers those in flight (dropping them after 30 seconds) "
+        "and exits 0. Needs the serve extra: pip install "
         "'multihead[serve]'. See docs/serving.md.",
     )  # fmt: skip
-    serve.add_argument("run", help=RUN_HELP)
+    serve.add_argument(
+        "run", nargs="+", metavar="RUN",
+        help="run directories (or directories holding runs), each serving its pairs; a pair two runs serve goes to "
+        "the one named first, a pair none serves through English (or another language both legs share)",
+    )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=limit(0), default=5000, help="the port to listen on (0: a free one)")
     BY_NAME["langs"].add_to(serve)

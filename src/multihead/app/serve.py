@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,7 @@ from starlette.routing import Route
 from multihead.app.console import UserError, say
 from multihead.app.detect import Detected, LanguageIdentifier
 from multihead.app.languages import closest_code, language_name, pair_text, public_code
+from multihead.app.runs import has_checkpoints
 from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, Translating, settle
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.app.view import attention_view, page
@@ -217,6 +218,38 @@ async def _client_left(request: Request) -> None:
         pass
 
 
+class Engines:
+    """The engines of the runs served, one a run, as one :class:`Translating`: a request goes to the engine of its
+    translator's run (the first engine's without one); a step steps every engine that has work, so that no run
+    waits for another's requests to end."""
+
+    def __init__(self, engines: Sequence[StreamingTranslator | RoundTranslator]) -> None:
+        self.engines = list(engines)
+        self.by_model = {id(engine.translator.model): engine for engine in self.engines}
+
+    def __len__(self) -> int:
+        return sum(len(engine) for engine in self.engines)
+
+    def add(
+        self,
+        texts: Sequence[str],
+        future: Future,
+        finish: Finish = lambda translated: translated,
+        translator: Translator | None = None,
+    ) -> None:
+        engine = self.engines[0] if translator is None else self.by_model[id(translator.model)]
+        engine.add(texts, future, finish, translator)
+
+    def step(self) -> None:
+        for engine in self.engines:
+            if len(engine):
+                engine.step()
+
+    def fail(self, error: BaseException) -> None:
+        for engine in self.engines:
+            engine.fail(error)
+
+
 class Lines:
     """A :class:`Translating` whose requests' texts ``engine`` translates line by line, as ``translate`` translates
     lines (a blank line stays blank)."""
@@ -282,40 +315,84 @@ class RateLimiter:
 
 
 class Service:
-    """A loaded run, the pairs of languages it serves (``langs``, its pair, is the default; a model that marks its
-    languages with tokens serves every pair it has: :meth:`pair`), the search it translates with, and the worker."""
+    """The runs served (``translator`` and its pair ``langs``, the default; ``more``: other runs, each with its pair),
+    the pairs of languages they serve (a model that marks its languages with tokens serves every pair it has; a pair
+    two runs serve goes to the one named first; a pair none serves goes through a language both legs share, English
+    first: :meth:`legs`), the search they translate with, and the worker, which steps each run's engine in turn."""
 
     def __init__(
-        self, translator: Translator, langs: Sequence[str], *, search: SearchOptions = TRANSLATION, thread: bool = True
+        self,
+        translator: Translator,
+        langs: Sequence[str],
+        *,
+        more: Sequence[tuple[Translator, Sequence[str]]] = (),
+        search: SearchOptions = TRANSLATION,
+        thread: bool = True,
     ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.search = search
-        self.pairs = served_pairs(translator, self.source, self.target)
-        """Each source language's targets (the codes clients send), the run's source first."""
-        self.translators: dict[tuple[str, str], Translator] = {(self.source, self.target): translator}
-        self.identifier = LanguageIdentifier(list(dict.fromkeys([*self.pairs, *self.targets()])))
-        engine = (StreamingTranslator if search.strategy.one_row else RoundTranslator)(
-            translator, rows=GATHER, search=search
-        )
-        self.batcher = Batcher(Lines(engine), thread=thread)
+        self.runs = [(translator, langs), *more]
+        self.direct: dict[tuple[str, str], int] = {}
+        """Each pair a run serves (the codes clients send) -> the first run named that serves it."""
+        for index, (run, (source, target, *_)) in enumerate(self.runs):
+            for code, targets in served_pairs(run, source, target).items():
+                for other in targets:
+                    if other != code:  # a multilingual OPUS-MT model's own source among its targets
+                        self.direct.setdefault((code, other), index)
+        codes = list(dict.fromkeys(code for pair in self.direct for code in pair))
+        self.pivots = pivots(self.direct, codes)
+        reachable = {*self.direct, *self.pivots}
+        self.pairs = {
+            source: [target for target in codes if (source, target) in reachable]
+            for source in codes
+            if any(pair[0] == source for pair in reachable)
+        }
+        """Each source language's targets, the first run's source first."""
+        self.translators: dict[tuple[str, str], Translator] = {}
+        self.identifier = LanguageIdentifier(list(dict.fromkeys([self.source, *codes])))
+        kind = StreamingTranslator if search.strategy.one_row else RoundTranslator
+        engines = [kind(run, rows=GATHER, search=search) for run, _ in self.runs]
+        self.batcher = Batcher(Lines(Engines(engines)), thread=thread)
 
-    def hypotheses(self, translator: Translator, texts: list[str], count: int) -> list[list[str]]:
-        """Each text's ``count`` best translations by ``translator`` (a pair's) from a beam search at least 2 and
-        ``count`` wide, with the service's length penalty and limit (a blank text: itself)."""
+    def hypotheses(self, legs: Sequence[Translator], texts: list[str], count: int) -> list[list[str]]:
+        """Each text's ``count`` best translations through ``legs`` (a pair's translators; through a pivot, those of
+        the first leg's best translation) from a beam search at least 2 and ``count`` wide, with the service's length
+        penalty and limit (a blank text: itself)."""
         search = SearchOptions(
             beam_size=max(self.search.beam_size, count, 2), length_penalty=self.search.length_penalty, n_best=count,
             max_length=self.search.max_length,
         )  # fmt: skip
-        found = translator.hypotheses(texts, search)
+        sources = texts
+        for leg in legs[:-1]:
+            sources = leg.translate(sources, search=self.search)
+        found = legs[-1].hypotheses(sources, search)
         return [[text] if not text.strip() else best for text, best in zip(texts, found, strict=True)]
 
     def targets(self) -> list[str]:
         return list(dict.fromkeys(code for targets in self.pairs.values() for code in targets))
 
     def languages(self) -> list[dict[str, Any]]:
-        """LibreTranslate's ``/languages``: every language served, with the targets it translates into."""
-        codes = dict.fromkeys([*self.pairs, *self.targets()])
-        return [{"code": code, "name": language_name(code), "targets": self.pairs.get(code, [])} for code in codes]
+        """LibreTranslate's ``/languages``: every language served, with the targets it translates into; with several
+        runs also (beyond LibreTranslate's keys) ``runs``, which runs serve each target (two for a pivot)."""
+        found = []
+        for code in dict.fromkeys([*self.pairs, *self.targets()]):
+            targets = self.pairs.get(code, [])
+            entry: dict[str, Any] = {"code": code, "name": language_name(code), "targets": targets}
+            if len(self.runs) > 1:
+                entry["runs"] = {target: [self.name(run) for run in self.route_of(code, target)] for target in targets}
+            found.append(entry)
+        return found
+
+    def name(self, index: int) -> str:
+        """Run ``index``'s name: its directory's."""
+        return self.runs[index][0].checkpoint.path.parents[1].name
+
+    def route_of(self, source: str, target: str) -> list[int]:
+        """The runs a pair goes through: one, or two through its pivot."""
+        if (source, target) in self.direct:
+            return [self.direct[(source, target)]]
+        middle = self.pivots[(source, target)]
+        return [self.direct[(source, middle)], self.direct[(middle, target)]]
 
     def code(self, requested: str) -> str:
         """The served code of the language ``requested`` (:func:`closest_code`: ``zh-TW`` is ``zh-Hant``)."""
@@ -324,20 +401,28 @@ class Service:
             raise ApiError(400, f"{requested} is not supported")
         return found
 
-    def pair(self, source: str, target: str) -> Translator:
-        """The translator from ``source`` into ``target`` (served codes), as LibreTranslate refuses a pair it lacks."""
+    def legs(self, source: str, target: str) -> list[Translator]:
+        """The translators from ``source`` into ``target`` (served codes): one, or two through a pivot; refused as
+        LibreTranslate refuses a pair it lacks."""
         if target not in self.pairs.get(source, []):
             raise ApiError(
                 400,
                 f"{language_name(target)} ({target}) is not available as a target language from "
                 f"{language_name(source)} ({source})",
             )
+        if (source, target) in self.pivots:
+            middle = self.pivots[(source, target)]
+            return [*self.legs(source, middle), *self.legs(middle, target)]
         found = self.translators.get((source, target))
         if found is None:
-            marked = self.translator.language_tokens
-            found = self.translator.for_languages(source if marked and marked.sources else None, target)
+            run, langs = self.runs[self.direct[(source, target)]]
+            if (source, target) == tuple(langs[:2]):
+                found = run
+            else:
+                marked = run.language_tokens
+                found = run.for_languages(source if marked and marked.sources else None, target)
             self.translators[(source, target)] = found
-        return found
+        return [found]
 
     def route(self, texts: list[str], source: str, target: str) -> tuple[str, list[Detected] | None, list[str]]:
         """A request's ``target`` as served, each text's language as ``/detect`` finds it (``source: "auto"``, else
@@ -374,6 +459,24 @@ class Service:
             lead, trail = part[: len(part) - len(part.lstrip())], part[len(part.rstrip()) :]
             parts[index] = lead + html.escape(translation, quote=False) + trail
         return "".join(parts)
+
+
+PIVOT = "en"
+"""The language a pair no run serves goes through first, where both legs are served (as Argos Translate does)."""
+
+
+def pivots(direct: Collection[tuple[str, str]], codes: Sequence[str]) -> dict[tuple[str, str], str]:
+    """The pairs of ``codes`` that no run serves (``direct``) but two do through one language: that language,
+    :data:`PIVOT` where it can, else the first that can."""
+    found = {}
+    for source in codes:
+        for target in codes:
+            if source == target or (source, target) in direct:
+                continue
+            middles = [code for code in (PIVOT, *codes) if (source, code) in direct and (code, target) in direct]
+            if middles:
+                found[(source, target)] = middles[0]
+    return found
 
 
 def served_pairs(translator: Translator, source: str, target: str) -> dict[str, list[str]]:
@@ -472,7 +575,7 @@ class Endpoints:
         alternatives = self.alternatives(arguments)
         texts = _texts(q, self.limits)
         target, detected, sources = service.route(texts, source, target)
-        translators = {code: service.pair(code, target) for code in dict.fromkeys(sources)}
+        translators = {code: service.legs(code, target) for code in dict.fromkeys(sources)}
         text_format = _text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
             raise ApiError(400, f"{text_format} format is not supported")
@@ -484,10 +587,14 @@ class Endpoints:
             if not keep:
                 groups.setdefault(code, []).append(index)
 
-        def translate(translator: Translator) -> Callable[[list[str]], Awaitable[list[str]]]:
-            return lambda texts: service.batcher.texts(
-                texts, translator=translator, request=request, timeout=self.limits.timeout
-            )
+        def translate(legs: list[Translator]) -> Callable[[list[str]], Awaitable[list[str]]]:
+            async def through(texts: list[str]) -> list[str]:  # a pivot's second leg translates the first's texts
+                for leg in legs:
+                    texts = await service.batcher.texts(texts, translator=leg, request=request,
+                                                        timeout=self.limits.timeout)  # fmt: skip
+                return texts
+
+            return through
 
         translated = list(texts)
         if text_format == "html":
@@ -538,7 +645,13 @@ class Endpoints:
             raise ApiError(400, "Invalid request: q holds no text")
         service = self.service
         source, target = _text_argument(arguments, "source"), _text_argument(arguments, "target")
-        translator = service.pair(service.code(source or service.source), service.code(target or service.target))
+        source, target = service.code(source or service.source), service.code(target or service.target)
+        legs = service.legs(source, target)
+        if len(legs) > 1:
+            middle = language_name(service.pivots[(source, target)])
+            raise ApiError(400, f"{language_name(source)} ({source}) to {language_name(target)} ({target}) goes "
+                           f"through {middle}: no one model's attention")  # fmt: skip
+        translator = legs[0]
         found = await service.batcher.run(
             lambda: translator.attention(sentence, search=service.search), request=request, timeout=self.limits.timeout
         )
@@ -650,8 +763,19 @@ def _served_langs(translator: Translator, langs: Sequence[str] | None, run: str)
     return langs
 
 
+def run_paths(given: Sequence[str]) -> list[str]:
+    """The runs ``given`` names, in order: each a run directory, or a directory holding runs (those in it, by
+    name)."""
+    found = []
+    for name in given:
+        path = Path(name)
+        inside = sorted(child for child in path.iterdir() if has_checkpoints(child)) if path.is_dir() else []
+        found += [name] if has_checkpoints(path) or not inside else [str(child) for child in inside]
+    return found
+
+
 def serve(
-    run: str,
+    runs: Sequence[str],
     *,
     host: str,
     port: int,
@@ -662,19 +786,23 @@ def serve(
     langs: Sequence[str] | None,
     limits: Limits,
 ) -> int:
-    """Serve ``run`` until SIGINT or SIGTERM: then new requests are refused, those in flight answered within
-    :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. A run of a built-in task serves
-    its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
+    """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
+    answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``langs``: the
+    first run's pair. A run of a built-in task serves its inputs as the language ``TASK`` and its outputs as
+    ``TASK-out`` unless ``langs`` says otherwise."""
     import uvicorn
 
     sock = listening_socket(host, port)
-    translator = Translator(run, checkpoint, device=device, quantize=quantize)
+    loaded: list[tuple[Translator, Sequence[str]]] = []
     try:
-        langs = _served_langs(translator, langs, run)
+        for index, run in enumerate(run_paths(runs)):
+            translator = Translator(run, checkpoint, device=device, quantize=quantize)
+            loaded.append((translator, _served_langs(translator, None if index else langs, run)))
     except UserError:
         sock.close()
         raise
-    service = Service(translator, langs, search=search, thread=False)
+    (translator, langs), more = loaded[0], loaded[1:]
+    service = Service(translator, langs, more=more, search=search, thread=False)
     pairs = sum(map(len, service.pairs.values()))
     server = uvicorn.Server(
         uvicorn.Config(
@@ -687,9 +815,14 @@ def serve(
     )
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    others = f" and {pairs - 1} other pairs of its {len(service.languages())} languages" if pairs > 1 else ""
-    say(f"serving {run} ({pair_text(langs)}{others}, checkpoint {translator.checkpoint.path.name}) at "
-        f"http://{shown}:{bound_port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
+    served = f"{len(loaded)} runs" if more else f"{runs[0]} (checkpoint {translator.checkpoint.path.name})"
+    others = f"; {pairs} pairs of {len(service.languages())} languages" if pairs > 1 else ""
+    say(f"serving {served}, by default {pair_text(langs)}{others}, at http://{shown}:{bound_port} (Ctrl-C stops)",
+        sys.stderr)  # fmt: skip
+    for index in range(len(loaded)) if more else ():
+        served_pairs_of = sum(owner == index for owner in service.direct.values())
+        said = f"{served_pairs_of} pairs" if served_pairs_of else "no pair: the runs named before it serve all of its"
+        say(f"  {service.name(index)}: {pair_text(loaded[index][1])}; {said}", sys.stderr)
 
     def stop(sig: int, frame: Any) -> None:  # a second signal stops without waiting for the requests in flight
         server.force_exit, server.should_exit = server.should_exit, True

@@ -1,0 +1,110 @@
+"""``serve`` of several runs: each request goes to the run that serves its pair (the first named, where two do), a
+pair no run serves goes through English, both legs translated as any request is; ``/languages`` lists every pair.
+
+Three tiny runs, imported from checkpoints made here (offline): a Marian de → en, a Marian en → sv (the same
+weights, another name) and an NLLB-style model of de, en, fr, zh and zh-Hant.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from libretranslatepy import LibreTranslateAPI
+
+from app.served import request, serving
+from app.support import sentences
+from multihead.app.pretrained import import_pretrained
+from multihead.app.serve import Limits, Service, create_app, pivots, run_paths
+from multihead.app.translate import Translator
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Translator]:
+    from app.test_import import make_checkpoint as marian
+    from app.test_import_nllb import make_checkpoint as nllb
+
+    root = tmp_path_factory.mktemp("many")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        made = marian(root / "checkpoints" / "opus-mt-de-en", shared=True)
+        import_pretrained(str(made), root / "runs" / "de-en")
+        import_pretrained(str(made), root / "runs" / "en-sv", langs=["en", "sv"])
+        import_pretrained(str(nllb(root / "checkpoints" / "nllb")), root / "runs" / "nllb", langs=["de", "en"])
+    return {name: Translator(root / "runs" / name) for name in ("de-en", "en-sv", "nllb")}
+
+
+@pytest.fixture(scope="module")
+def url(runs: dict[str, Translator]) -> Iterator[str]:
+    first, *more = runs.values()
+    service = Service(first, first.langs or [], more=[(run, run.langs or []) for run in more])
+    with serving(create_app(service, Limits())) as found:
+        yield found
+
+
+def test_languages_lists_every_pair_and_the_runs_that_serve_it(url: str) -> None:
+    status, languages = request(url, "/languages")
+    assert status == 200
+    found = {entry["code"]: (entry["targets"], entry["runs"]) for entry in languages}
+    assert list(found) == ["de", "en", "fr", "zh", "zh-Hant", "sv"]  # the sources first
+    assert found["de"][0] == ["en", "sv", "fr", "zh", "zh-Hant"]
+    assert found["de"][1] == {"en": ["de-en"], "sv": ["de-en", "en-sv"], "fr": ["nllb"], "zh": ["nllb"],
+                              "zh-Hant": ["nllb"]}  # fmt: skip
+    assert found["en"][1]["sv"] == ["en-sv"]
+    assert found["fr"][1]["sv"] == ["nllb", "en-sv"]  # through English
+    assert found["sv"] == ([], {})  # no run reads Swedish
+
+
+def test_every_pair_answers_what_translate_gives(url: str, runs: dict[str, Translator]) -> None:
+    """Direct pairs as the run that serves them translates; pivoted ones as two ``translate``s in a row; many at once,
+    through LibreTranslate's own client."""
+    texts = sentences(8, seed=21)
+    english = runs["nllb"].for_languages("fr", "en").translate(texts)
+    expected = {
+        ("de", "en"): runs["de-en"].translate(texts),
+        ("en", "de"): runs["nllb"].for_languages("en", "de").translate(texts),
+        ("en", "sv"): runs["en-sv"].translate(texts),
+        ("de", "sv"): runs["en-sv"].translate(runs["de-en"].translate(texts)),
+        ("fr", "sv"): runs["en-sv"].translate(english),
+        ("zh", "fr"): runs["nllb"].for_languages("zh", "fr").translate(texts),
+    }
+    client = LibreTranslateAPI(url)
+
+    def ask(pair: tuple[str, str]) -> list[str]:
+        return [client.translate(text, *pair) for text in texts]
+
+    pairs = list(expected) * 2
+    with ThreadPoolExecutor(len(pairs)) as pool:
+        answers = list(pool.map(ask, pairs, timeout=120))
+    assert answers == [expected[pair] for pair in pairs]
+
+
+def test_a_pair_no_run_serves_is_refused_as_libretranslate_refuses_it(url: str) -> None:
+    assert request(url, "/translate", {"q": "Hund", "source": "sv", "target": "de"}) == (
+        400, {"error": "German (de) is not available as a target language from Swedish (sv)"}
+    )  # fmt: skip
+    assert request(url, "/translate", {"q": "Hund", "source": "de", "target": "ja"}) == (
+        400, {"error": "ja is not supported"}
+    )  # fmt: skip
+    status, answer = request(url, "/attention", {"q": "Hund", "source": "de", "target": "sv"})
+    assert (status, answer["error"]) == (400, "German (de) to Swedish (sv) goes through English: no one model's "
+                                              "attention")  # fmt: skip
+
+
+def test_pivots_go_through_english_first() -> None:
+    direct = {("de", "en"), ("en", "sv"), ("de", "fr"), ("fr", "sv"), ("sv", "fi")}
+    assert pivots(direct, ["de", "en", "sv", "fr", "fi"]) == {
+        ("de", "sv"): "en", ("en", "fi"): "sv", ("fr", "fi"): "sv",
+    }  # fmt: skip
+
+
+def test_a_directory_of_runs_is_its_runs_by_name(runs: dict[str, Translator], tmp_path: Path) -> None:
+    root = runs["de-en"].checkpoint.path.parents[2]
+    assert run_paths([str(root)]) == [str(root / name) for name in ("de-en", "en-sv", "nllb")]
+    assert run_paths([str(root / "nllb"), str(root / "de-en")]) == [str(root / "nllb"), str(root / "de-en")]
+    assert run_paths([str(tmp_path / "none")]) == [str(tmp_path / "none")]  # refused when it is opened
