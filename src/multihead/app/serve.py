@@ -774,6 +774,22 @@ def run_paths(given: Sequence[str]) -> list[str]:
     return found
 
 
+def _say_serving(service: Service, runs: Sequence[str], sock: socket.socket) -> None:
+    """Where the service listens, what it serves by default, and each run's pairs."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    first, many = service.runs[0][0], len(service.runs) > 1
+    served = f"{len(service.runs)} runs" if many else f"{runs[0]} (checkpoint {first.checkpoint.path.name})"
+    pairs = sum(map(len, service.pairs.values()))
+    others = f"; {pairs} pairs of {len(service.languages())} languages" if pairs > 1 else ""
+    say(f"serving {served}, by default {pair_text([service.source, service.target])}{others}, at "
+        f"http://{shown}:{port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
+    for index in range(len(service.runs)) if many else ():
+        count = sum(owner == index for owner in service.direct.values())
+        said = f"{count} pairs" if count else "no pair: the runs named before it serve all of its"
+        say(f"  {service.name(index)}: {pair_text(service.runs[index][1])}; {said}", sys.stderr)
+
+
 def serve(
     runs: Sequence[str],
     *,
@@ -803,7 +819,6 @@ def serve(
         raise
     (translator, langs), more = loaded[0], loaded[1:]
     service = Service(translator, langs, more=more, search=search, thread=False)
-    pairs = sum(map(len, service.pairs.values()))
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(service, limits),
@@ -813,16 +828,7 @@ def serve(
             timeout_graceful_shutdown=int(DRAIN),
         )
     )
-    bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    served = f"{len(loaded)} runs" if more else f"{runs[0]} (checkpoint {translator.checkpoint.path.name})"
-    others = f"; {pairs} pairs of {len(service.languages())} languages" if pairs > 1 else ""
-    say(f"serving {served}, by default {pair_text(langs)}{others}, at http://{shown}:{bound_port} (Ctrl-C stops)",
-        sys.stderr)  # fmt: skip
-    for index in range(len(loaded)) if more else ():
-        served_pairs_of = sum(owner == index for owner in service.direct.values())
-        said = f"{served_pairs_of} pairs" if served_pairs_of else "no pair: the runs named before it serve all of its"
-        say(f"  {service.name(index)}: {pair_text(loaded[index][1])}; {said}", sys.stderr)
+    _say_serving(service, runs, sock)
 
     def stop(sig: int, frame: Any) -> None:  # a second signal stops without waiting for the requests in flight
         server.force_exit, server.should_exit = server.should_exit, True
