@@ -1,18 +1,25 @@
 """A service in the tests' own process (``from app.served import serving, request``): an app on uvicorn in a
-thread, on a free loopback port, and one plain HTTP request to it."""
+thread, on a free loopback port, and one plain HTTP request to it; and ``multihead serve`` in a subprocess
+(``start``)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
+import select
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from app.support import subprocess_env
 from multihead.app.serve import listening_socket
 
 
@@ -50,3 +57,18 @@ def request(url: str, path: str, body: bytes | dict | None = None, *, kind: str 
         return response.status, json.loads(text)
     except ValueError:
         return response.status, text
+
+
+def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str, str]:
+    """``multihead serve RUN --port 0 FLAGS`` in a subprocess, its URL once it listens, and the line naming it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multihead", "serve", str(run), "--port", "0", *flags],
+        stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+    )  # fmt: skip
+    ready, _, _ = select.select([process.stderr], [], [], 120)
+    line = process.stderr.readline() if ready else ""
+    found = re.search(r"http://127\.0\.0\.1:\d+", line)
+    if found is None:
+        process.kill()
+        raise AssertionError(f"no URL in {line!r}: {process.communicate(timeout=30)[1]}")
+    return process, found[0], line

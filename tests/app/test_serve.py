@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,8 +18,8 @@ from typing import Any
 import pytest
 from libretranslatepy import LibreTranslateAPI
 
-from app.served import request, serving
-from app.support import SAMPLES, Cli, CorpusRun, assert_refused, beam, subprocess_env
+from app.served import request, serving, start
+from app.support import SAMPLES, Cli, CorpusRun, assert_refused, beam
 from multihead.app import serve
 from multihead.app.languages import from_file_names
 from multihead.app.serve import Limits, Service, create_app
@@ -352,21 +349,6 @@ def test_a_built_in_task_is_served_as_its_own_languages(short_run: Path) -> None
 
 
 # --- the command ----------------------------------------------------------------------------------------------
-
-
-def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str, str]:
-    """``multihead serve RUN --port 0 FLAGS`` in a subprocess, its URL once it listens, and the line naming it."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "multihead", "serve", str(run), "--port", "0", *flags],
-        stderr=subprocess.PIPE, text=True, env=subprocess_env(),
-    )  # fmt: skip
-    ready, _, _ = select.select([process.stderr], [], [], 120)
-    line = process.stderr.readline() if ready else ""
-    found = re.search(r"http://127\.0\.0\.1:\d+", line)
-    if found is None:
-        process.kill()
-        raise AssertionError(f"no URL in {line!r}: {process.communicate(timeout=30)[1]}")
-    return process, found[0], line
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
