@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from multihead.app.translate import TRANSLATION, Ids, Translator, translate_ids, translation
 from multihead.decoding import SearchOptions
@@ -56,14 +56,27 @@ class Translating(Protocol):
         ...
 
 
+class Cutting(Protocol):
+    """What scheduling reads of a translator (:class:`Translator`'s methods): texts cut into the pieces its model
+    reads, and the pieces' translations joined back into texts. A fake one tests :class:`Requests` without a
+    model."""
+
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[list[Ids]], list[Ids]]: ...
+
+    def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]: ...
+
+
+C = TypeVar("C", bound=Cutting)
+
+
 @dataclass(eq=False)
-class _Job:
+class _Job(Generic[C]):
     """One request: the translator of its languages, its texts not yet cut into pieces (``uncut``, with their
     places), each text's pieces as far as they are cut, the pieces cut and not yet given out (index among the
     request's pieces, ids), the translations of those that have ended, how many are being translated. Texts are cut
     as their pieces are wanted, so that a large request costs the worker no long pause when it comes."""
 
-    translator: Translator
+    translator: C
     uncut: deque[tuple[int, str]]
     future: Future
     finish: Finish = field(repr=False)
@@ -88,23 +101,21 @@ def settle(future: Future, result: Any = None, error: BaseException | None = Non
         pass
 
 
-class Requests:
+class Requests(Generic[C]):
     """Requests' pieces (token ids), given out in turn: one piece of each request with pieces left, round and round,
     each request holding at most :data:`SHARE` more than the others together while others are being translated."""
 
-    def __init__(self, translator: Translator) -> None:
+    def __init__(self, translator: C) -> None:
         self.translator = translator
-        self.turns: deque[_Job] = deque()  # the requests with pieces not yet given out, in turn
-        self.live: list[_Job] = []  # every request not yet answered
+        self.turns: deque[_Job[C]] = deque()  # the requests with pieces not yet given out, in turn
+        self.live: list[_Job[C]] = []  # every request not yet answered
         self.waiting = 0  # pieces not yet given out, a text not yet cut counting as one
         self.running = 0  # pieces given out, not yet ended
 
     def __len__(self) -> int:
         return self.waiting
 
-    def add(
-        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
-    ) -> None:
+    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: C | None = None) -> None:
         job = _Job(translator or self.translator, deque(enumerate(texts)), future, finish)
         self.waiting += len(texts)
         self._cut(job)  # its first piece, or the answer of blank texts
@@ -112,7 +123,7 @@ class Requests:
             self.turns.append(job)
             self.live.append(job)
 
-    def _cut(self, job: _Job) -> None:
+    def _cut(self, job: _Job[C]) -> None:
         """Cut ``job``'s texts until one of their pieces is pending, or none is left: then, if nothing of it is being
         translated, answer it."""
         while job.uncut and not job.pending:
@@ -125,10 +136,10 @@ class Requests:
         if job.done:
             settle(job.future, job.finish(job.translator.joined(job.pieces, job.outputs)))
 
-    def take(self, count: int) -> list[tuple[_Job, int, Ids]]:
+    def take(self, count: int) -> list[tuple[_Job[C], int, Ids]]:
         """At most ``count`` pieces, in turn: (request, the piece's index in it, its ids)."""
-        taken: list[tuple[_Job, int, Ids]] = []
-        held_back: list[_Job] = []
+        taken: list[tuple[_Job[C], int, Ids]] = []
+        held_back: list[_Job[C]] = []
         while len(taken) < count and self.turns:
             job = self.turns.popleft()
             if len(self.live) > 1 and job.running >= self.running - job.running + SHARE:
@@ -145,7 +156,7 @@ class Requests:
         self.turns.extendleft(reversed(held_back))
         return taken
 
-    def ended(self, job: _Job, index: int, tokens: Ids) -> None:
+    def ended(self, job: _Job[C], index: int, tokens: Ids) -> None:
         """Piece ``index`` of ``job`` translated as ``tokens``: the request answered once all of its pieces are."""
         job.outputs[index] = tokens
         job.running -= 1
@@ -154,7 +165,7 @@ class Requests:
             self.live.remove(job)
             settle(job.future, job.finish(job.translator.joined(job.pieces, job.outputs)))
 
-    def drop_abandoned(self) -> set[_Job]:
+    def drop_abandoned(self) -> set[_Job[C]]:
         """Forget the requests whose future is done before their answer (cancelled); those requests."""
         gone = {job for job in self.live if job.future.done()}
         if gone:
@@ -178,8 +189,8 @@ class StreamingTranslator:
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator, self.rows = translator, rows
-        self.requests = Requests(translator)
-        self.stream: Stream[tuple[_Job, int]] = Stream(
+        self.requests: Requests[Translator] = Requests(translator)
+        self.stream: Stream[tuple[_Job[Translator], int]] = Stream(
             translator.model, rows=rows, generation=translator.spec(search), layouts=translator.layouts,
         )  # fmt: skip
 
@@ -216,7 +227,7 @@ class RoundTranslator:
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator, self.rows, self.search = translator, rows, search
-        self.requests = Requests(translator)
+        self.requests: Requests[Translator] = Requests(translator)
         self.batch_tokens = translator.batch_size(search)
 
     def __len__(self) -> int:
@@ -229,7 +240,7 @@ class RoundTranslator:
 
     def step(self) -> None:
         self.requests.drop_abandoned()
-        pairs: dict[int, list[tuple[_Job, int, Ids]]] = {}  # by the translator of their languages
+        pairs: dict[int, list[tuple[_Job[Translator], int, Ids]]] = {}  # by the translator of their languages
         for piece in self.requests.take(self.rows):
             pairs.setdefault(id(piece[0].translator), []).append(piece)
         for pieces in pairs.values():

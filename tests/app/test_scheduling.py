@@ -1,0 +1,80 @@
+"""``serve``'s scheduling of requests (``multihead.app.streaming.Requests``) on a fake translator, in milliseconds:
+pieces given out in turn, one request's share bounded while others wait, abandoned requests dropped, answers joined
+in order. The fake cuts a text into its words (a piece each: the word's length) and joins the outputs back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from multihead.app.streaming import SHARE, Requests
+
+Ids = list[int]
+
+
+class Words:
+    """A :class:`~multihead.app.streaming.Cutting` without a model: a word is a piece, its ids its length."""
+
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[list[Ids]], list[Ids]]:
+        cut = [[[len(word)] for word in text.split()] for text in texts]
+        return cut, [piece for text in cut for piece in text]
+
+    def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
+        each = iter(outputs)
+        return [" ".join(str(next(each)[0]) for _ in text) for text in pieces]
+
+
+def test_pieces_are_given_out_in_turn_and_answers_joined_in_order() -> None:
+    requests: Requests[Words] = Requests(Words())
+    heavy, short = Future(), Future()
+    requests.add(["a bb ccc dddd " * 5], heavy)
+    requests.add(["xx yyy", "", "z"], short)
+    taken = requests.take(6)
+    assert [job.future for job, _, _ in taken] == [heavy, short] * 3  # one of each, in turn
+    for job, index, ids in taken:
+        requests.ended(job, index, [ids[0] * 10])
+    assert short.result(timeout=0) == ["20 30", "", "10"]
+    assert not heavy.done()
+    while remaining := requests.take(8):
+        for job, index, ids in remaining:
+            requests.ended(job, index, [ids[0]])
+    assert heavy.result(timeout=0) == [" ".join(["10", "20", "30"] + ["4", "1", "2", "3"] * 4 + ["4"])]
+    assert (requests.live, len(requests), requests.running) == ([], 0, 0)
+
+
+def test_one_request_holds_at_most_its_share_while_others_are_translated() -> None:
+    requests: Requests[Words] = Requests(Words())
+    heavy, short = Future(), Future()
+    requests.add([" ".join(["w"] * 100)], heavy)
+    first = requests.take(50)  # alone, it takes every place
+    assert len(first) == 50
+    requests.add(["a b"], short)
+    more = requests.take(50)
+    assert [job for job, _, _ in more].count(first[0][0]) == 0  # at its share: only the short request's pieces
+    assert len(more) == 2
+    for job, index, ids in more:
+        requests.ended(job, index, ids)
+    assert short.result(timeout=0) == ["1 1"]
+    for job, index, ids in first[: 50 - SHARE]:
+        requests.ended(job, index, ids)
+    assert len(requests.take(100)) == 50  # alone again: the rest
+
+
+def test_an_abandoned_request_is_dropped_with_its_pieces() -> None:
+    requests: Requests[Words] = Requests(Words())
+    heavy, short = Future(), Future()
+    requests.add([" ".join(["w"] * 1000)], heavy)
+    requests.add(["a b c"], short)
+    first = requests.take(4)
+    heavy.cancel()
+    gone = requests.drop_abandoned()
+    assert [job.future for job in gone] == [heavy]
+    assert len(requests) == sum(len(job.pending) + len(job.uncut) for job in requests.turns) < 3
+    for job, index, ids in first:  # the heavy request's are dropped from the batch with it (never end)
+        if job.future is short:
+            requests.ended(job, index, ids)
+    while taken := requests.take(8):
+        assert all(job.future is short for job, _, _ in taken)
+        for job, index, ids in taken:
+            requests.ended(job, index, ids)
+    assert short.result(timeout=0) == ["1 1 1"]
