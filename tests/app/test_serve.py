@@ -266,7 +266,7 @@ class Counted:
 
     def __init__(self, translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
         self.service = Service(translator, ["de", "en"])
-        self.engine = self.service.batcher.engine.engine.engines[0]
+        self.engine = self.service.engines.slots[0].engine
         self.translated = 0
         ended = self.engine.requests.ended
 

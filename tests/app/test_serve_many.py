@@ -108,3 +108,30 @@ def test_a_directory_of_runs_is_its_runs_by_name(runs: dict[str, Translator], tm
     assert run_paths([str(root)]) == [str(root / name) for name in ("de-en", "en-sv", "nllb")]
     assert run_paths([str(root / "nllb"), str(root / "de-en")]) == [str(root / "nllb"), str(root / "de-en")]
     assert run_paths([str(tmp_path / "none")]) == [str(tmp_path / "none")]  # refused when it is opened
+
+
+def test_max_loaded_holds_one_model_and_answers_every_pair(runs: dict[str, Translator]) -> None:
+    """``--max-loaded 1`` with two runs, requests alternating between their pairs: each answered as its run
+    translates, one model held at a time (the other's released: no reference to it is left), ``/health`` naming it."""
+    import gc
+    import weakref
+
+    paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
+    loaders = [lambda path=path: Translator(path) for path in paths]
+    first, second = (load() for load in loaders)
+    second.release()
+    service = Service(first, first.langs or [], more=[(second, second.langs or [])], loaders=loaders, max_loaded=1)
+    texts = sentences(4, seed=22)
+    expected = {("de", "en"): runs["de-en"].translate(texts), ("de", "fr"): runs["nllb"].for_languages(
+        "de", "fr").translate(texts)}  # fmt: skip
+    held = weakref.ref(first.model)
+    with serving(create_app(service, Limits())) as url:
+        for turn, pair in enumerate([("de", "en"), ("de", "fr"), ("de", "en"), ("de", "fr")]):
+            assert request(url, "/translate", {"q": texts, "source": pair[0], "target": pair[1]}) == (
+                200, {"translatedText": expected[pair]}
+            )  # fmt: skip
+            loaded = service.engines.loaded()
+            assert loaded == [0 if pair == ("de", "en") else 1]
+            assert request(url, "/health") == (200, {"status": "ok", "loaded": [service.name(loaded[0])]})
+            gc.collect()
+            assert (held() is None) == (turn > 0)  # the first model, released at the first French request, is gone

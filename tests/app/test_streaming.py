@@ -188,7 +188,7 @@ def test_the_worker_answers_every_request_with_its_own_translations(translator: 
     between them; a failing job answers its own request only; after close, what was queued is answered."""
     service = serve.Service(translator, ["de", "en"], search=beam(size), thread=False)
     batcher = service.batcher
-    assert isinstance(batcher.engine.engine.engines[0], StreamingTranslator if size == 1 else RoundTranslator)
+    assert isinstance(service.engines.slots[0].engine, StreamingTranslator if size == 1 else RoundTranslator)
     requests = [[f"{SAMPLES[i % 6]}\n\n{SAMPLES[(i + 1) % 6]}", " "] for i in range(10)]
     futures = []
     for index, texts in enumerate(requests):

@@ -385,7 +385,7 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
-        quantize=args.quantize, search=search, langs=args.langs, limits=limits,
+        quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
     )  # fmt: skip
 
 
@@ -642,6 +642,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "run", nargs="+", metavar="RUN",
         help="run directories (or directories holding runs), each serving its pairs; a pair two runs serve goes to "
         "the one named first, a pair none serves through English (or another language both legs share)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-loaded", type=limit(1), metavar="N",
+        help="hold the models of at most N runs at once: the least recently used idle one is released, and loaded "
+        "again when a request needs it (default: every run's)",
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=limit(0), default=5000, help="the port to listen on (0: a free one)")

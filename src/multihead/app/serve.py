@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import html
 import json
 import queue
@@ -27,7 +28,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -42,7 +43,7 @@ from multihead.app.console import UserError, say
 from multihead.app.detect import Detected, LanguageIdentifier
 from multihead.app.languages import closest_code, language_name, pair_text, public_code
 from multihead.app.runs import has_checkpoints
-from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, Translating, settle
+from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, settle
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.app.view import attention_view, page
 from multihead.decoding import SearchOptions
@@ -103,14 +104,14 @@ def read_api_keys(path: str) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class Texts:
-    """A request's texts for the worker, and the translator of their languages (``None``: the engine's)."""
+    """A request's texts for the worker, and their pair of languages (``None``: the first run's own)."""
 
     texts: list[str]
-    translator: Translator | None
+    pair: tuple[str, str] | None
 
 
 class Batcher:
-    """Texts from concurrent requests, translated together by ``engine`` (a :class:`Translating`, which takes each
+    """Texts from concurrent requests, translated together by ``engine`` (:class:`Lines`, which takes each
     request's texts line by line); each request gets its own answers, in order. ``run`` jobs (the page's attention,
     alternatives) take the worker alone. The worker is :meth:`work`: on a thread of its own, or, with
     ``thread=False``, on whichever thread calls it (``serve`` gives it the main thread: PyTorch's CPU threads wake
@@ -121,7 +122,7 @@ class Batcher:
 
     STOP = object()
 
-    def __init__(self, engine: Translating, *, thread: bool = True) -> None:
+    def __init__(self, engine: Lines, *, thread: bool = True) -> None:
         self.engine = engine
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.busy_since: float | None = None  # when the worker began the step or job it is on; None when idle
@@ -133,14 +134,14 @@ class Batcher:
         self,
         texts: list[str],
         *,
-        translator: Translator | None = None,
+        pair: tuple[str, str] | None = None,
         request: Request | None = None,
         timeout: float = -1,
     ) -> list[str]:
-        """``texts`` translated (by ``translator``: another pair's, else the engine's); an :class:`ApiError` when
-        ``request``'s client leaves first (499) or ``timeout`` seconds (``-1``: no limit) pass first (503), and then
-        the worker drops them."""
-        return await self._submit(Texts(texts, translator), request, timeout)
+        """``texts`` translated (from ``pair[0]`` into ``pair[1]``; ``None``: the first run's pair); an
+        :class:`ApiError` when ``request``'s client leaves first (499) or ``timeout`` seconds (``-1``: no limit) pass
+        first (503), and then the worker drops them."""
+        return await self._submit(Texts(texts, pair), request, timeout)
 
     async def run(self, call: Callable[[], Any], *, request: Request | None = None, timeout: float = -1) -> Any:
         """``call()`` on the worker, alone; cancelled as :meth:`texts` is, unless it has begun."""
@@ -199,7 +200,7 @@ class Batcher:
                     if callable(work):
                         settle(future, work())
                     else:
-                        engine.add(work.texts, future, translator=work.translator)
+                        engine.add(work.texts, future, pair=work.pair)
                 except Exception as error:  # the request's to answer; the worker goes on
                     settle(future, error=error)
                 self.busy_since = None
@@ -218,43 +219,130 @@ async def _client_left(request: Request) -> None:
         pass
 
 
-class Engines:
-    """The engines of the runs served, one a run, as one :class:`Translating`: a request goes to the engine of its
-    translator's run (the first engine's without one); a step steps every engine that has work, so that no run
-    waits for another's requests to end."""
+Pair = tuple[str, str]
+"""A source and a target language, as clients name them."""
 
-    def __init__(self, engines: Sequence[StreamingTranslator | RoundTranslator]) -> None:
-        self.engines = list(engines)
-        self.by_model = {id(engine.translator.model): engine for engine in self.engines}
+
+@dataclass
+class _Slot:
+    """A run served: as first loaded (its languages and tokenizers; its model released beyond ``--max-loaded``), how
+    to load it again, and while loaded its translator, engine and translators of its pairs."""
+
+    first: Translator
+    load: Callable[[], Translator] | None
+    translator: Translator | None = None
+    engine: StreamingTranslator | RoundTranslator | None = None
+    views: dict[Pair, Translator] = field(default_factory=dict)
+    used: float = 0.0
+
+
+class Engines:
+    """The engines of the runs served (each a :class:`Translating`), one a run, as one whose requests name their pair
+    (the default: the first run's): a request goes to the engine of the run ``owner`` says serves its pair, loading the
+    run where it is not loaded (with ``max_loaded``, the least recently used idle run is released first; a request
+    waits while none is idle); a step steps every engine that has work, so that no run waits for another's requests
+    to end."""
+
+    def __init__(
+        self,
+        runs: Sequence[tuple[Translator, Sequence[str]]],
+        make: Callable[[Translator], StreamingTranslator | RoundTranslator],
+        owner: Callable[[Pair], int],
+        *,
+        loaders: Sequence[Callable[[], Translator]] | None = None,
+        max_loaded: int | None = None,
+    ) -> None:
+        self.make, self.owner, self.max_loaded = make, owner, max_loaded
+        self.slots = [_Slot(run, None if loaders is None else loaders[index]) for index, (run, _) in enumerate(runs)]
+        self.own = [(langs[0], langs[1]) for _, langs in runs]  # each run's pair, its translator's own
+        for slot in self.slots:
+            if slot.first.model is not None:
+                slot.translator, slot.engine = slot.first, make(slot.first)
+        self.deferred: list[tuple[Sequence[str], Future, Finish, Pair | None]] = []
 
     def __len__(self) -> int:
-        return sum(len(engine) for engine in self.engines)
+        return sum(len(slot.engine) for slot in self.slots if slot.engine is not None) + len(self.deferred)
+
+    def loaded(self) -> list[int]:
+        return [index for index, slot in enumerate(self.slots) if slot.translator is not None]
+
+    def translator(self, pair: Pair | None) -> Translator | None:
+        """The translator of ``pair`` (``None``: the first run's own), its run loaded; ``None`` while its run cannot
+        be loaded (every loaded run busy at ``max_loaded``)."""
+        index = 0 if pair is None else self.owner(pair)
+        slot = self.slots[index]
+        if slot.translator is None and not self._load(index):
+            return None
+        slot.used = time.monotonic()
+        if pair is None or self.own[index] == pair:
+            return slot.translator
+        found = slot.views.get(pair)
+        if found is None and slot.translator is not None:
+            marked = slot.translator.language_tokens
+            found = slot.translator.for_languages(pair[0] if marked and marked.sources else None, pair[1])
+            slot.views[pair] = found
+        return found
+
+    def _load(self, index: int) -> bool:
+        loaded = self.loaded()
+        if self.max_loaded is not None and len(loaded) >= self.max_loaded:
+            idle = [i for i in loaded if not len(self.slots[i].engine or ())]
+            if len(loaded) - len(idle) >= self.max_loaded:
+                return False
+            gone = min(idle, key=lambda i: self.slots[i].used)
+            released = self.slots[gone]
+            if released.translator is not None:
+                released.translator.release()
+            released.translator, released.engine, released.views = None, None, {}
+            say(f"released {self.slots[gone].first.checkpoint.path.parents[1].name} (--max-loaded "
+                f"{self.max_loaded})", sys.stderr)  # fmt: skip
+        slot = self.slots[index]
+        if slot.load is None:
+            raise RuntimeError("a run released without a way to load it again")
+        slot.translator = slot.load()
+        slot.engine = self.make(slot.translator)
+        say(f"loaded {slot.first.checkpoint.path.parents[1].name}", sys.stderr)
+        return True
 
     def add(
         self,
         texts: Sequence[str],
         future: Future,
         finish: Finish = lambda translated: translated,
-        translator: Translator | None = None,
+        pair: Pair | None = None,
     ) -> None:
-        engine = self.engines[0] if translator is None else self.by_model[id(translator.model)]
+        translator = self.translator(pair)
+        if translator is None:
+            self.deferred.append((texts, future, finish, pair))
+            return
+        index = 0 if pair is None else self.owner(pair)
+        engine = self.slots[index].engine
+        assert engine is not None  # loaded just now
         engine.add(texts, future, finish, translator)
 
     def step(self) -> None:
-        for engine in self.engines:
-            if len(engine):
-                engine.step()
+        waiting, self.deferred = self.deferred, []
+        for texts, future, finish, pair in waiting:
+            if not future.done():
+                self.add(texts, future, finish, pair)
+        for slot in self.slots:
+            if slot.engine is not None and len(slot.engine):
+                slot.engine.step()
 
     def fail(self, error: BaseException) -> None:
-        for engine in self.engines:
-            engine.fail(error)
+        for slot in self.slots:
+            if slot.engine is not None:
+                slot.engine.fail(error)
+        for _, future, _, _ in self.deferred:
+            settle(future, error=error)
+        self.deferred = []
 
 
 class Lines:
-    """A :class:`Translating` whose requests' texts ``engine`` translates line by line, as ``translate`` translates
-    lines (a blank line stays blank)."""
+    """An :class:`Engines` whose requests' texts are translated line by line, as ``translate`` translates lines (a
+    blank line stays blank)."""
 
-    def __init__(self, engine: Translating) -> None:
+    def __init__(self, engine: Engines) -> None:
         self.engine = engine
 
     def __len__(self) -> int:
@@ -265,10 +353,10 @@ class Lines:
         texts: Sequence[str],
         future: Future,
         finish: Finish = lambda translated: translated,
-        translator: Translator | None = None,
+        pair: Pair | None = None,
     ) -> None:
         lines, flat = split_lines(texts)
-        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)), translator)
+        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)), pair)
 
     def step(self) -> None:
         self.engine.step()
@@ -328,6 +416,8 @@ class Service:
         more: Sequence[tuple[Translator, Sequence[str]]] = (),
         search: SearchOptions = TRANSLATION,
         thread: bool = True,
+        loaders: Sequence[Callable[[], Translator]] | None = None,
+        max_loaded: int | None = None,
     ) -> None:
         self.translator, self.source, self.target = translator, langs[0], langs[1]
         self.search = search
@@ -348,14 +438,23 @@ class Service:
             if any(pair[0] == source for pair in reachable)
         }
         """Each source language's targets, the first run's source first."""
-        self.translators: dict[tuple[str, str], Translator] = {}
         self.identifier = LanguageIdentifier(list(dict.fromkeys([self.source, *codes])))
         kind = StreamingTranslator if search.strategy.one_row else RoundTranslator
-        engines = [kind(run, rows=GATHER, search=search) for run, _ in self.runs]
-        self.batcher = Batcher(Lines(Engines(engines)), thread=thread)
+        self.engines = Engines(
+            self.runs, lambda run: kind(run, rows=GATHER, search=search), self.direct.__getitem__,
+            loaders=loaders, max_loaded=max_loaded,
+        )  # fmt: skip
+        self.batcher = Batcher(Lines(self.engines), thread=thread)
 
-    def hypotheses(self, legs: Sequence[Translator], texts: list[str], count: int) -> list[list[str]]:
-        """Each text's ``count`` best translations through ``legs`` (a pair's translators; through a pivot, those of
+    def loaded(self, leg: Pair) -> Translator:
+        """On the worker: the translator of ``leg``, its run loaded (a job that runs alone may release another)."""
+        found = self.engines.translator(leg)
+        if found is None:
+            raise ApiError(503, "Every model this server may hold at once is busy: try again shortly")
+        return found
+
+    def hypotheses(self, legs: Sequence[Pair], texts: list[str], count: int) -> list[list[str]]:
+        """On the worker: each text's ``count`` best translations through ``legs`` (a pair, or a pivot's two: those of
         the first leg's best translation) from a beam search at least 2 and ``count`` wide, with the service's length
         penalty and limit (a blank text: itself)."""
         search = SearchOptions(
@@ -364,8 +463,8 @@ class Service:
         )  # fmt: skip
         sources = texts
         for leg in legs[:-1]:
-            sources = leg.translate(sources, search=self.search)
-        found = legs[-1].hypotheses(sources, search)
+            sources = self.loaded(leg).translate(sources, search=self.search)
+        found = self.loaded(legs[-1]).hypotheses(sources, search)
         return [[text] if not text.strip() else best for text, best in zip(texts, found, strict=True)]
 
     def targets(self) -> list[str]:
@@ -401,9 +500,9 @@ class Service:
             raise ApiError(400, f"{requested} is not supported")
         return found
 
-    def legs(self, source: str, target: str) -> list[Translator]:
-        """The translators from ``source`` into ``target`` (served codes): one, or two through a pivot; refused as
-        LibreTranslate refuses a pair it lacks."""
+    def legs(self, source: str, target: str) -> list[Pair]:
+        """The pairs a translation from ``source`` into ``target`` (served codes) goes through: itself, or its pivot's
+        two; refused as LibreTranslate refuses a pair it lacks."""
         if target not in self.pairs.get(source, []):
             raise ApiError(
                 400,
@@ -412,17 +511,8 @@ class Service:
             )
         if (source, target) in self.pivots:
             middle = self.pivots[(source, target)]
-            return [*self.legs(source, middle), *self.legs(middle, target)]
-        found = self.translators.get((source, target))
-        if found is None:
-            run, langs = self.runs[self.direct[(source, target)]]
-            if (source, target) == tuple(langs[:2]):
-                found = run
-            else:
-                marked = run.language_tokens
-                found = run.for_languages(source if marked and marked.sources else None, target)
-            self.translators[(source, target)] = found
-        return [found]
+            return [(source, middle), (middle, target)]
+        return [(source, target)]
 
     def route(self, texts: list[str], source: str, target: str) -> tuple[str, list[Detected] | None, list[str]]:
         """A request's ``target`` as served, each text's language as ``/detect`` finds it (``source: "auto"``, else
@@ -587,11 +677,10 @@ class Endpoints:
             if not keep:
                 groups.setdefault(code, []).append(index)
 
-        def translate(legs: list[Translator]) -> Callable[[list[str]], Awaitable[list[str]]]:
+        def translate(legs: list[Pair]) -> Callable[[list[str]], Awaitable[list[str]]]:
             async def through(texts: list[str]) -> list[str]:  # a pivot's second leg translates the first's texts
                 for leg in legs:
-                    texts = await service.batcher.texts(texts, translator=leg, request=request,
-                                                        timeout=self.limits.timeout)  # fmt: skip
+                    texts = await service.batcher.texts(texts, pair=leg, request=request, timeout=self.limits.timeout)
                 return texts
 
             return through
@@ -651,10 +740,10 @@ class Endpoints:
             middle = language_name(service.pivots[(source, target)])
             raise ApiError(400, f"{language_name(source)} ({source}) to {language_name(target)} ({target}) goes "
                            f"through {middle}: no one model's attention")  # fmt: skip
-        translator = legs[0]
         found = await service.batcher.run(
-            lambda: translator.attention(sentence, search=service.search), request=request, timeout=self.limits.timeout
-        )
+            lambda: service.loaded(legs[0]).attention(sentence, search=service.search),
+            request=request, timeout=self.limits.timeout,
+        )  # fmt: skip
         return JSONResponse(attention_view(found))
 
     async def detect(self, request: Request) -> JSONResponse:
@@ -669,9 +758,10 @@ class Endpoints:
     async def health(self, request: Request) -> JSONResponse:
         """``{"status": "ok"}`` (LibreTranslate's answer) while the worker makes progress; 503 with how long it has
         been on one step or job once that is over :data:`STALLED_AFTER` seconds."""
-        stalled = self.service.batcher.stalled()
+        stalled, service = self.service.batcher.stalled(), self.service
         if stalled is None:
-            return JSONResponse({"status": "ok"})
+            loaded = {"loaded": [service.name(index) for index in service.engines.loaded()]}
+            return JSONResponse({"status": "ok", **(loaded if len(service.runs) > 1 else {})})
         message = f"the translation worker has been on one step for {stalled:.0f} seconds"
         return JSONResponse({"status": "stalled", "error": message}, status_code=503)
 
@@ -748,6 +838,34 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _load_run(
+    run: str, checkpoint: str | None, device: str | None, quantize: str | None, langs: Sequence[str] | None
+) -> tuple[Translator, Sequence[str]]:
+    """A run's translator, and the pair it serves by default (:func:`_served_langs`)."""
+    translator = Translator(run, checkpoint, device=device, quantize=quantize)
+    return translator, _served_langs(translator, langs, run)
+
+
+def _service(
+    loaders: Sequence[Callable[[], tuple[Translator, Sequence[str]]]], search: SearchOptions, max_loaded: int | None
+) -> Service:
+    """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``
+    released at once (loaded again when asked)."""
+    loaded: list[tuple[Translator, Sequence[str]]] = []
+    for index, load in enumerate(loaders):
+        loaded.append(load())
+        if max_loaded is not None and index >= max_loaded:
+            loaded[-1][0].release()
+    (translator, langs), more = loaded[0], loaded[1:]
+    reload = [functools.partial(_translator_only, load) for load in loaders]
+    return Service(translator, langs, more=more, search=search, thread=False, loaders=reload, max_loaded=max_loaded)
+
+
+def _translator_only(load: Callable[[], tuple[Translator, Sequence[str]]]) -> Translator:
+    """What ``load`` loads, without its pair: a released run loaded again (its pair is known)."""
+    return load()[0]
+
+
 def _served_langs(translator: Translator, langs: Sequence[str] | None, run: str) -> Sequence[str]:
     """The pair ``serve`` defaults to: ``langs`` (of a model of many languages: the pair it chooses), else the run's,
     else a built-in task's; refused in one line where there is none."""
@@ -801,24 +919,25 @@ def serve(
     search: SearchOptions,
     langs: Sequence[str] | None,
     limits: Limits,
+    max_loaded: int | None = None,
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
     answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``langs``: the
-    first run's pair. A run of a built-in task serves its inputs as the language ``TASK`` and its outputs as
-    ``TASK-out`` unless ``langs`` says otherwise."""
+    first run's pair; ``max_loaded``: the most runs whose models are held at once (:class:`Engines`). A run of a
+    built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
+    otherwise."""
     import uvicorn
 
     sock = listening_socket(host, port)
-    loaded: list[tuple[Translator, Sequence[str]]] = []
+    loaders = [
+        functools.partial(_load_run, run, checkpoint, device, quantize, None if index else langs)
+        for index, run in enumerate(run_paths(runs))
+    ]
     try:
-        for index, run in enumerate(run_paths(runs)):
-            translator = Translator(run, checkpoint, device=device, quantize=quantize)
-            loaded.append((translator, _served_langs(translator, None if index else langs, run)))
+        service = _service(loaders, search, max_loaded)
     except UserError:
         sock.close()
         raise
-    (translator, langs), more = loaded[0], loaded[1:]
-    service = Service(translator, langs, more=more, search=search, thread=False)
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(service, limits),

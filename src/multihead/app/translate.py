@@ -238,6 +238,12 @@ class Translator:
         if source_lang is not None or target_lang is not None:
             self.choose_languages(source_lang, target_lang)
 
+    def release(self) -> None:
+        """Let go of the model (``serve --max-loaded``): the run's languages and tokenizers stay, nothing translates
+        until a new translator of the run is made."""
+        self.model = None
+        self.layouts = self.layouts.__class__()
+
     def choose_languages(self, source: str | None, target: str | None, *, named: str | None = None) -> None:
         """Translate from ``source`` and into ``target`` (see :func:`language_pair`); refused in one line, naming
         what chose them as ``named`` says (default: ``--source-lang``/``--target-lang``)."""
