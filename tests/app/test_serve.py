@@ -101,6 +101,11 @@ def test_alternatives_are_the_beams_next_best(url: str, translator: Translator) 
     assert len(set(best[0])) == 3  # distinct, so both alternatives are there
     status, answer = request(url, "/translate", {"q": SAMPLES[:2], "source": "de", "target": "en", "alternatives": 2})
     assert answer == {"translatedText": [b[0] for b in best], "alternatives": [b[1:] for b in best]}
+    # A text of lines: line by line (each line's beam search a job of its own), the i-th best of each joined.
+    status, answer = request(url, "/translate", {"q": "\n".join(SAMPLES[:2]), "source": "de", "target": "en",
+                                                 "alternatives": 2})  # fmt: skip
+    assert answer == {"translatedText": "\n".join(b[0] for b in best),
+                      "alternatives": ["\n".join(b[i] for b in best) for i in (1, 2)]}  # fmt: skip
     assert request(url, "/translate", {"q": "a", "source": "de", "target": "en", "alternatives": 5}) == (
         400, {"error": "Invalid request: alternatives parameter must be <= 4"})  # fmt: skip
 

@@ -690,13 +690,9 @@ class Endpoints:
             for index, code in enumerate(sources):
                 translated[index] = await service.translate_html(texts[index], translate(translators[code]))
         elif alternatives:
-            best = await service.batcher.run(
-                lambda: {code: service.hypotheses(translators[code], [texts[i] for i in indices], alternatives + 1)
-                         for code, indices in groups.items()},
-                request=request, timeout=self.limits.timeout,
-            )  # fmt: skip
             for code, indices in groups.items():
-                for index, found in zip(indices, best[code], strict=True):
+                for index in indices:
+                    found = await self.best(translators[code], texts[index], alternatives + 1, request)
                     translated[index] = found[0]
                     others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
         else:
@@ -713,6 +709,18 @@ class Endpoints:
         if alternatives:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
         return JSONResponse(answer)
+
+    async def best(self, legs: list[Pair], text: str, count: int, request: Request) -> list[str]:
+        """The ``count`` best translations of ``text`` through ``legs``, line by line (the ``i``-th best of each line,
+        joined): each line's beam search is a job of its own on the worker, so that the requests being streamed take
+        their steps between them."""
+        lines, _ = split_lines([text])
+        found = []
+        for line in lines[0]:
+            job = functools.partial(self.service.hypotheses, legs, [line], count)
+            (best,) = await self.service.batcher.run(job, request=request, timeout=self.limits.timeout)
+            found.append(best)
+        return ["\n".join(line[min(i, len(line) - 1)] for line in found) for i in range(count)]
 
     def alternatives(self, arguments: dict[str, Any]) -> int:
         try:
