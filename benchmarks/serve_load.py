@@ -17,6 +17,9 @@ each client a thread with one keep-alive connection that POSTs a random sentence
 * heavy: the clients as in the clean phase, beside one heavy client that posts one text of as many sentences as a
   request may hold (1 MiB, one a line) and gives up after ``--give-up`` seconds (3), again and again: every answer
   must be right, and the clients' p95 latency at most twice the clean phase's;
+* alternatives: the clients as in the clean phase, beside one client that posts a text of ``ALTERNATIVE_LINES``
+  sentences (one a line) asking for 3 alternatives (a beam search of each line), again and again: every answer must
+  be right, and the clients' p95 latency at most twice the clean phase's;
 * sigterm: SIGTERM to the server after a quarter of ``--seconds`` (2 s at least); each request must then be answered
   correctly or never reach the server: refused or reset before it is sent, or sent after the SIGTERM and reset unread
   (a TCP reset with no response: the server closed the connection without reading it). One in flight at the SIGTERM
@@ -58,6 +61,7 @@ TIMEOUT = 30.0  # seconds: every HTTP request
 START_TIMEOUT, EXIT_TIMEOUT, TRANSLATE_TIMEOUT = 120.0, 60.0, 3600.0
 JSON, FORM = "application/json", "application/x-www-form-urlencoded"
 TARGET_RATIO = 0.70
+ALTERNATIVE_LINES = 20
 HEAVY_P95 = 2.0  # the heavy phase's p95 latency over the clean phase's, at most
 BODY_LIMIT = 1 << 20  # what serve accepts
 
@@ -341,6 +345,20 @@ def heavy_client(port: int, body: bytes, give_up: float, phase: Phase) -> int:
     return sent
 
 
+def alternatives_client(port: int, body: bytes, phase: Phase) -> int:
+    """``body`` (asking for alternatives) posted again and again until the phase ends, each answer read; how many
+    answers were a 200."""
+    answered = 0
+    while time.monotonic() < phase.deadline and not phase.stop.is_set():
+        connection = http.client.HTTPConnection(HOST, port, timeout=TRANSLATE_TIMEOUT)
+        connection.request("POST", "/translate", body=body, headers={"Content-Type": JSON})
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        answered += response.status == 200
+    return answered
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)] * 1000 if ordered else math.nan
@@ -393,7 +411,9 @@ def benchmark(args: argparse.Namespace, directory: Path) -> int:
         results: dict[str, tuple[Tally, float]] = {}
         body, heavy_lines = heavy_body(sentences, source, target)
         heavy = {"lines": heavy_lines, "sent": 0}
-        for name in ("clean", "malformed", "heavy"):
+        asking = json.dumps({"q": "\n".join(sentences[:ALTERNATIVE_LINES]), "source": source, "target": target,
+                             "alternatives": 3}).encode()  # fmt: skip
+        for name in ("clean", "malformed", "heavy", "alternatives"):
             if server.poll() is not None:
                 raise Failed(f"multihead serve exited with status {server.returncode} before the {name} phase")
             print(f"phase {name}: {args.clients} clients, {args.seconds:g} s ...", file=sys.stderr)
@@ -402,7 +422,11 @@ def benchmark(args: argparse.Namespace, directory: Path) -> int:
             def meanwhile(phase: Phase = phase) -> None:
                 heavy["sent"] = heavy_client(port, body, args.give_up, phase)
 
-            results[name] = run_phase(load, phase, args.clients, meanwhile if name == "heavy" else None)
+            def asks(phase: Phase = phase) -> None:
+                heavy["alternatives"] = alternatives_client(port, asking, phase)
+
+            beside = {"heavy": meanwhile, "alternatives": asks}.get(name)
+            results[name] = run_phase(load, phase, args.clients, beside)
         delay = max(args.seconds / 4, 2.0)
         print(f"phase sigterm: SIGTERM after {delay:g} s, up to {EXIT_TIMEOUT:.0f} s to exit ...", file=sys.stderr)
         phase = Phase("sigterm", time.monotonic() + delay + EXIT_TIMEOUT + 5)
@@ -431,7 +455,9 @@ def report(
     exit_result: dict[str, float | int | None],
     heavy_sent: dict[str, int],
 ) -> int:
-    clean, malformed, heavy, sigterm = (results[name][0] for name in ("clean", "malformed", "heavy", "sigterm"))
+    clean, malformed, heavy, asking, sigterm = (
+        results[name][0] for name in ("clean", "malformed", "heavy", "alternatives", "sigterm")
+    )
     rates = {name: tally.ok / seconds for name, (tally, seconds) in results.items()}
     print(f"\nbaseline: multihead translate, {n} sentences in {wall:.2f} s, {load_seconds:.2f} s of it loading "
           f"(the time for 1 sentence): {raw_rate:.2f} sentences/s with loading, {baseline:.2f} without")  # fmt: skip
@@ -450,6 +476,9 @@ def report(
     heavy_p95 = percentile(heavy.latencies, 0.95) / percentile(clean.latencies, 0.95)
     print(f"heavy: {heavy_sent['sent']} texts of {heavy_sent['lines']} sentences, each left after {args.give_up:g} s; "
           f"the clients' p95 at {heavy_p95:.2f} times the clean phase's")  # fmt: skip
+    asking_p95 = percentile(asking.latencies, 0.95) / percentile(clean.latencies, 0.95)
+    print(f"alternatives: {heavy_sent.get('alternatives', 0)} texts of {ALTERNATIVE_LINES} sentences with 3 "
+          f"alternatives answered; the clients' p95 at {asking_p95:.2f} times the clean phase's")  # fmt: skip
     status = exit_result["status"]
     exited = f"exit status {status} after {exit_result['seconds']:.2f} s" if status is not None else "no exit: killed"
     unanswered = sigterm.lost_in_flight + sigterm.lost_after
@@ -472,6 +501,9 @@ def report(
         ("heavy: errors = 0", heavy.errors, heavy.errors == 0),
         ("heavy: wrong = 0", heavy.wrong, heavy.wrong == 0),
         (f"heavy: p95 / clean p95 <= {HEAVY_P95}", f"{heavy_p95:.2f}", heavy_p95 <= HEAVY_P95),
+        ("alternatives: errors = 0", asking.errors, asking.errors == 0),
+        ("alternatives: wrong = 0", asking.wrong, asking.wrong == 0),
+        (f"alternatives: p95 / clean p95 <= {HEAVY_P95}", f"{asking_p95:.2f}", asking_p95 <= HEAVY_P95),
         ("sigterm: errors = 0", sigterm.errors, sigterm.errors == 0),
         ("sigterm: wrong = 0", sigterm.wrong, sigterm.wrong == 0),
         ("sigterm: unanswered = 0", unanswered, unanswered == 0),

@@ -50,6 +50,9 @@ from multihead.decoding import SearchOptions
 
 GATHER = 256
 """The most sentences the worker translates together (in one running batch, or one round of beam search)."""
+ALONE_SHARE = 0.3
+"""The share of the worker's time that jobs which run alone (alternatives, the page's attention) take while requests
+are being translated: each waits until the steps since the last have taken (1 - share) / share of its time."""
 STALLED_AFTER = 60.0
 """Seconds on one step or job after which ``/health`` reports the worker stalled."""
 WAKE = 0.5
@@ -113,7 +116,8 @@ class Texts:
 class Batcher:
     """Texts from concurrent requests, translated together by ``engine`` (:class:`Lines`, which takes each
     request's texts line by line); each request gets its own answers, in order. ``run`` jobs (the page's attention,
-    alternatives) take the worker alone. The worker is :meth:`work`: on a thread of its own, or, with
+    alternatives) take the worker alone, in turn with the engine's steps. The worker is :meth:`work`: on a thread of
+    its own, or, with
     ``thread=False``, on whichever thread calls it (``serve`` gives it the main thread: PyTorch's CPU threads wake
     fastest for it). :meth:`close` lets it finish what was queued, then stop.
 
@@ -126,6 +130,8 @@ class Batcher:
         self.engine = engine
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.busy_since: float | None = None  # when the worker began the step or job it is on; None when idle
+        self.alone: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()  # jobs waiting their turn
+        self.credit = 0.0  # seconds a job that runs alone may take now (< 0: the steps' time it must wait)
         self.thread = threading.Thread(target=self.work, name="translation worker", daemon=True) if thread else None
         if self.thread is not None:
             self.thread.start()
@@ -179,38 +185,54 @@ class Batcher:
 
     def work(self) -> None:
         """Take the jobs until :meth:`close`: each request's texts added to the engine as they come, between its
-        steps; a job that runs alone, when its turn comes."""
+        steps; a job that runs alone (alternatives, attention) when its turn comes: at once when nothing is being
+        translated, else once the steps since the last such job have had their share of the worker's time
+        (:data:`ALONE_SHARE` to the jobs)."""
         engine, stopping = self.engine, False
-        while not stopping or len(engine):
-            while not stopping:  # what is queued; waiting for it only when nothing is being translated
+        while not stopping or len(engine) or self.alone:
+            while not stopping:  # what is queued; waiting for it only when there is nothing to do
+                busy = bool(len(engine) or self.alone)
                 try:
-                    job = self.jobs.get_nowait() if len(engine) else self.jobs.get(timeout=WAKE)
+                    job = self.jobs.get_nowait() if busy else self.jobs.get(timeout=WAKE)
                 except queue.Empty:
-                    if len(engine):
+                    if busy:
                         break
                     continue
                 if job is self.STOP:
                     stopping = True
                     break
                 work, future = job
-                if future.done():  # cancelled while it was queued
-                    continue
-                self.busy_since = time.monotonic()
-                try:
-                    if callable(work):
-                        settle(future, work())
-                    else:
-                        engine.add(work.texts, future, pair=work.pair)
-                except Exception as error:  # the request's to answer; the worker goes on
-                    settle(future, error=error)
-                self.busy_since = None
+                if callable(work):
+                    self.alone.append((work, future))
+                elif not future.done():  # not cancelled while it was queued
+                    self._run(future, functools.partial(engine.add, work.texts, future, pair=work.pair))
+            if not len(engine):
+                self.credit = 0.0  # nothing to be fair to
+            if self.alone and self.credit >= 0:
+                work, future = self.alone.popleft()
+                if not future.done():
+                    started = time.monotonic()
+                    self._run(future, work, answer=True)
+                    self.credit -= time.monotonic() - started
             if len(engine):
-                self.busy_since = time.monotonic()
-                try:
-                    engine.step()
-                except Exception as error:  # every request being translated gets it; the worker goes on
-                    engine.fail(error)
-                self.busy_since = None
+                started = time.monotonic()
+                self._run(None, engine.step)
+                self.credit = min(0.0, self.credit + (time.monotonic() - started) * ALONE_SHARE / (1 - ALONE_SHARE))
+
+    def _run(self, future: Future | None, call: Callable[[], Any], *, answer: bool = False) -> None:
+        """``call()``, its time marked busy; its result ``future``'s with ``answer``, its error ``future``'s (``None``:
+        every request being translated)."""
+        self.busy_since = time.monotonic()
+        try:
+            result = call()
+            if answer and future is not None:
+                settle(future, result)
+        except Exception as error:  # the request's to answer (or the engine's); the worker goes on
+            if future is None:
+                self.engine.fail(error)
+            else:
+                settle(future, error=error)
+        self.busy_since = None
 
 
 async def _client_left(request: Request) -> None:
