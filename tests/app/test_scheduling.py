@@ -4,8 +4,12 @@ in order. The fake cuts a text into its words (a piece each: the word's length) 
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from concurrent.futures import Future
+
+import pytest
 
 from multihead.app.streaming import SHARE, Requests
 
@@ -78,3 +82,59 @@ def test_an_abandoned_request_is_dropped_with_its_pieces() -> None:
         for job, index, ids in taken:
             requests.ended(job, index, ids)
     assert short.result(timeout=0) == ["1 1 1"]
+
+
+class Clock:
+    """A fake ``time.monotonic`` that the fake engine's steps and the jobs advance."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Steps:
+    """A fake engine (what :class:`~multihead.app.serve.Batcher` drives) with ``count`` steps to take, each 2 ms."""
+
+    def __init__(self, clock: Clock, count: int, log: list[str]) -> None:
+        self.clock, self.count, self.log = clock, count, log
+
+    def __len__(self) -> int:
+        return self.count
+
+    def step(self) -> None:
+        self.clock.now += 0.002
+        self.count -= 1
+        self.log.append("step")
+
+    def fail(self, error: BaseException) -> None:
+        raise AssertionError(error)
+
+
+def test_jobs_that_run_alone_take_their_share_of_the_worker_between_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four 10 ms jobs beside 100 steps of 2 ms: the first at once, each next one once the steps since the last have
+    taken (1 - share) / share of its time."""
+    from multihead.app import serve
+
+    clock, log = Clock(), []
+    monkeypatch.setattr(serve.time, "monotonic", clock)
+    batcher = serve.Batcher(Steps(clock, 100, log), thread=False)  # type: ignore[arg-type]
+
+    def job(name: str) -> str:
+        clock.now += 0.010
+        log.append(name)
+        return name
+
+    futures = [Future() for _ in range(4)]
+    for index, future in enumerate(futures):
+        batcher.jobs.put((lambda index=index: job(f"job {index}"), future))
+    batcher.jobs.put(batcher.STOP)
+    batcher.work()
+    assert [future.result(timeout=0) for future in futures] == [f"job {index}" for index in range(4)]
+    places = [index for index, entry in enumerate(log) if entry.startswith("job")]
+    wait = math.ceil(0.010 / (0.002 * serve.ALONE_SHARE / (1 - serve.ALONE_SHARE)))  # steps between two jobs
+    assert places[0] == 0  # at once
+    assert [b - a - 1 for a, b in itertools.pairwise(places[:3])] == [wait, wait]
+    assert log.count("step") == 100
+    assert places[3] - places[2] - 1 == wait
