@@ -37,6 +37,7 @@ def run(streaming_translator: StreamingTranslator, requests: list[list[str]], *,
             futures.append(Future())
             streaming_translator.add(pending.pop(0), futures[-1])
         streaming_translator.step()
+        assert not streaming_translator.stream.waiting  # pieces wait in the requests' queue only, never the stream's
         steps += 1
         assert steps < 10_000
     return [future.result(timeout=0) for future in futures]
@@ -125,7 +126,8 @@ def test_a_large_request_shares_the_batch_and_takes_it_all_alone(translator: Tra
 
     def held() -> Counter:
         stream = streaming_translator.stream
-        owners = [sentence.owner for sentence in stream.sentences] + [owner for _, owner, _, _ in stream.waiting]
+        assert not stream.waiting  # the requests' pieces wait in one queue: Requests'
+        owners = [sentence.owner for sentence in stream.sentences]
         return Counter(job.future for job, _ in owners)
 
     streaming_translator.step()

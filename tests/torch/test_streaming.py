@@ -163,3 +163,27 @@ def test_each_sentence_may_force_tokens_of_its_own(search: SearchOptions) -> Non
         stream.add(texts[0], 0, limit=8, forced=(30,))
     with pytest.raises(ValueError, match=r"`banned` holds \[5\], which `forced` makes"):
         stream.add(texts[0], 0, limit=8, forced=(5,))
+
+
+def test_room_says_how_many_would_join_by_the_rule_sentences_wait_by() -> None:
+    """``room(available)``: all that fit when nothing decodes or a quarter of the rows decoding joins; none else,
+    each such step counted, until ``JOIN_AFTER`` steps have passed."""
+    from multihead.torch.streaming import JOIN_AFTER
+
+    transformer = model()
+    with torch.no_grad():
+        transformer.output_proj.bias[EOS] = -1e9  # no sentence ends
+    stream = Stream(transformer, rows=16, generation=spec(SearchOptions()))
+    texts = sources(16)
+    assert stream.room(20) == 16  # nothing decoding: as many as fit
+    for index in range(8):
+        stream.add(texts[index], index, limit=30)
+    stream.step()
+    assert (len(stream.sentences), stream.room(1)) == (8, 0)  # one is less than a quarter of 8
+    for _ in range(JOIN_AFTER - 1):
+        stream.step()
+        assert stream.room(1) == 0
+    stream.step()
+    assert stream.room(1) == 1  # waited long enough
+    assert stream.room(2) == 2  # a quarter of 8
+    assert stream.room(100) == 8  # the rows left

@@ -8,7 +8,8 @@ shares the batch with the short requests that come after it instead of going bef
 are being translated, one request holds at most :data:`SHARE` more places than all of them together, so that it
 cannot swell the batch (and every step's time) far past what they need. Alone, a request takes every place. A
 request whose future is done before its answer (cancelled: its client left, or its time ran out) is dropped at the
-next step, its sentences with it.
+next step, its sentences with it. Pieces wait in one queue, the requests' turns: the stream is given only what joins
+it at the next step (``Stream.room``), so a dropped request leaves no sentence waiting elsewhere.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ class StreamingTranslator:
         gone = self.requests.drop_abandoned()
         if gone:
             self.stream.drop(lambda owner: owner[0] in gone)
-        for job, index, ids in self.requests.take(self.rows - len(self.stream)):
+        for job, index, ids in self.requests.take(self.stream.room(len(self.requests))):  # they join at this step
             forced = job.translator.generation.forced
             self.stream.add(ids, (job, index), limit=job.translator.limit(len(ids)), key=index, forced=forced)
         for (job, index), tokens in self.stream.step():

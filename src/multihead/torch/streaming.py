@@ -215,6 +215,19 @@ class Stream(Generic[Owner]):
             dataclasses.replace(self.generation, forced=own).check(self.model.config.tgt_vocab)
         self.waiting.append(_Waiting(ids, owner, int(self.search.limit(limit, 1)[0]), key, own))
 
+    def room(self, available: int) -> int:
+        """How many of ``available`` sentences not yet added would join at the next step, by the rule sentences
+        :meth:`add`-ed wait by: a caller that asks once a step (a step they wait is counted) and adds only that many
+        keeps its sentences in its own queue, never waiting here."""
+        count = min(self.max_rows - len(self.sentences), len(self.waiting) + available)
+        if count <= 0:
+            return 0
+        if self.sentences and count * 4 < len(self.sentences) and self.waited < JOIN_AFTER:
+            if not self.waiting:  # else the step counts it
+                self.waited += 1
+            return 0
+        return max(0, count - len(self.waiting))
+
     def clear(self) -> list[Owner]:
         """Drop every sentence; their owners."""
         owners = [sentence.owner for sentence in self.sentences] + [entry.owner for entry in self.waiting]
