@@ -4,6 +4,7 @@ and the run ``multihead import`` made of it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,45 @@ class Imported:
         got = numpy(model(tensor(src.numpy().astype("int32")), tensor(tgt.numpy().astype("int32")),
                           src_key_mask=tensor(mask.numpy().astype(bool))))  # fmt: skip
         return float(np.abs(got - expected).max())
+
+
+def train_briefly(model: Any, tokenizer: Any, pad: int, steps: int = 60) -> None:
+    """A few steps of training on the made-up pairs (``support.PAIRS``), so that the model's translations end, at
+    various lengths (a random model's repeat a token)."""
+    from app.support import PAIRS
+
+    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == pad] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def generated(tokens: torch.Tensor, eos: int) -> list[list[int]]:
+    """Each row's tokens up to its first EOS (included)."""
+    return [row[: row.index(eos) + 1] if eos in row else row for row in tokens.tolist()]
+
+
+def imported(
+    root: Path,
+    name: str,
+    make: Callable[[Path], Path],
+    kind: type[Imported],
+    model_class: Any,
+    tokenizer: Callable[[Path], Any],
+) -> Any:
+    """A checkpoint ``make`` saves into ``root / name`` (Transformers' UserWarnings quiet), imported as the run
+    ``root / "run"`` (of the pair de → en), with its model and tokenizer (``tokenizer(directory)``) as Transformers
+    loads them: a ``kind``."""
+    import warnings
+
+    from multihead.app.pretrained import import_pretrained
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        directory = make(root / name)
+    import_pretrained(str(directory), root / "run", langs=["de", "en"])
+    model = model_class.from_pretrained(directory).eval()
+    return kind(directory, model, tokenizer(directory), root / "run")

@@ -27,7 +27,8 @@ import pytest
 import safetensors.numpy
 import torch
 
-from app.imported import Imported
+from app.imported import Imported, train_briefly
+from app.imported import generated as up_to_eos
 from app.support import PAIRS, Cli, assert_refused, sentences, subprocess_env, write_lines
 from multihead.app.pretrained import import_pretrained
 from multihead.decoding import Generation, Specials
@@ -103,14 +104,7 @@ def make_checkpoint(directory: Path, *, shared: bool, codes: Sequence[str] = ())
     torch.manual_seed(0)
     model = MarianMTModel(config)
     model.generation_config.bad_words_ids = [[pad]]  # as OPUS-MT's generation configs ban the pad
-    # A few steps of training, so that its translations end, at various lengths (a random model's repeat a token).
-    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
-    batch["labels"][batch["labels"] == pad] = -100
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(TRAINING_STEPS):
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_briefly(model, tokenizer, pad, TRAINING_STEPS)
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.3)  # a bias the import must carry
         model.final_logits_bias[0, EOS] = 0.0
@@ -143,11 +137,7 @@ def marian(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Marian]:
 
 
 def generated(tokens: torch.Tensor, eos: int = EOS) -> list[list[int]]:
-    """Each row's tokens up to its first EOS (included)."""
-    rows = []
-    for row in tokens.tolist():
-        rows.append(row[: row.index(eos) + 1] if eos in row else row)
-    return rows
+    return up_to_eos(tokens, eos)
 
 
 def _edit(file: str, **changes: object) -> Callable[[Path], None]:

@@ -14,16 +14,15 @@ import json
 import shutil
 import subprocess
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from app.imported import Imported
+from app.imported import Imported, imported, train_briefly
+from app.imported import generated as up_to_eos
 from app.support import PAIRS, Cli, assert_refused, sentences, write_lines
-from multihead.app.pretrained import import_pretrained
 from multihead.io import read_config
 
 pytest.importorskip("transformers")
@@ -70,14 +69,7 @@ def make_checkpoint(directory: Path) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = M2M100ForConditionalGeneration(config)
-    # A few steps of training, so that its translations end, at various lengths.
-    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
-    batch["labels"][batch["labels"] == PAD] = -100
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_briefly(model, tokenizer, PAD)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -87,19 +79,13 @@ def make_checkpoint(directory: Path) -> Path:
 def m2m100(tmp_path_factory: pytest.TempPathFactory) -> M2M100:
     from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
 
-    root = tmp_path_factory.mktemp("m2m100")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning)
-        directory = make_checkpoint(root / "m2m100_tiny")
-    import_pretrained(str(directory), root / "run", langs=["de", "en"])
-    tokenizer = M2M100Tokenizer.from_pretrained(directory, src_lang="de", tgt_lang="en")
-    model = M2M100ForConditionalGeneration.from_pretrained(directory).eval()
-    return M2M100(directory, model, tokenizer, root / "run")
+    return imported(tmp_path_factory.mktemp("m2m100"), "m2m100_tiny", make_checkpoint, M2M100,
+                    M2M100ForConditionalGeneration,
+                    lambda found: M2M100Tokenizer.from_pretrained(found, src_lang="de", tgt_lang="en"))  # fmt: skip
 
 
 def generated(tokens: torch.Tensor) -> list[list[int]]:
-    """Each row's tokens up to its first EOS (included)."""
-    return [row[: row.index(EOS) + 1] if EOS in row else row for row in tokens.tolist()]
+    return up_to_eos(tokens, EOS)
 
 
 def test_the_run_is_m2m100s_architecture_and_languages(m2m100: M2M100) -> None:

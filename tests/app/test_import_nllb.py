@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from app.imported import Imported
+from app.imported import Imported, imported, train_briefly
+from app.imported import generated as up_to_eos
 from app.support import PAIRS, Cli, assert_refused, sentences, write_lines
-from multihead.app.pretrained import import_pretrained
 
 pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -76,14 +76,7 @@ def make_checkpoint(directory: Path) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = M2M100ForConditionalGeneration(config)
-    # A few steps of training, so that its translations end, at various lengths.
-    batch = tokenizer([de for de, _ in PAIRS], text_target=[en for _, en in PAIRS], return_tensors="pt", padding=True)
-    batch["labels"][batch["labels"] == PAD] = -100
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_briefly(model, tokenizer, PAD)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     shutil.copy(spm / "sentencepiece.bpe.model", directory)
@@ -94,19 +87,15 @@ def make_checkpoint(directory: Path) -> Path:
 def nllb(tmp_path_factory: pytest.TempPathFactory) -> Nllb:
     from transformers import M2M100ForConditionalGeneration, NllbTokenizer
 
-    root = tmp_path_factory.mktemp("nllb")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning)
-        directory = make_checkpoint(root / "nllb_tiny")
-    import_pretrained(str(directory), root / "run", langs=["de", "en"])
-    tokenizer = NllbTokenizer.from_pretrained(directory, src_lang="deu_Latn", tgt_lang="eng_Latn")
-    model = M2M100ForConditionalGeneration.from_pretrained(directory).eval()
-    return Nllb(directory, model, tokenizer, root / "run")
+    def tokenizer(found: Path) -> object:
+        return NllbTokenizer.from_pretrained(found, src_lang="deu_Latn", tgt_lang="eng_Latn")
+
+    return imported(tmp_path_factory.mktemp("nllb"), "nllb_tiny", make_checkpoint, Nllb,
+                    M2M100ForConditionalGeneration, tokenizer)  # fmt: skip
 
 
 def generated(tokens: torch.Tensor) -> list[list[int]]:
-    """Each row's tokens up to its first EOS (included)."""
-    return [row[: row.index(EOS) + 1] if EOS in row else row for row in tokens.tolist()]
+    return up_to_eos(tokens, EOS)
 
 
 def test_the_run_reads_nllbs_ids_and_records_iso_codes(nllb: Nllb) -> None:
