@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -291,3 +292,24 @@ def test_lines_are_the_same_whatever_the_block_they_are_read_in(
     bad.write_bytes(b"gut\nauch gut\nschlecht \xff hier\nwieder gut\n")
     with pytest.raises(UserError, match=r"bad.txt' line 3 is not UTF-8 text"):
         read_lines(bad, "--data")
+
+
+def test_held_out_pairs_longer_than_the_model_reads_are_evaluated_not_fatal(
+    tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """A validation pair longer than the model's positions (the corpus recipe's 256): its source is cut to what the
+    model reads for BLEU, and the pair is left out of the validation loss, as training leaves such pairs out; the run
+    trains, evaluates and resumes."""
+    from app.support import CORPUS_FLAGS
+
+    data = write_corpus(tmp_path / "corpus")
+    long_pair = (" ".join(["Hund"] * 600), " ".join(["dog"] * 600))
+    valid = write_corpus(tmp_path / "corpus", [*VALID[:5], long_pair], "valid")
+    flags = [*CORPUS_FLAGS, "--eval-every", "2", "--no-progress"]
+    result = cli("train", "--data", *data, "--valid", *valid, "--out", tmp_path / "run", "--steps", "2", *flags)
+    assert result.status == 0, result.err
+    evals = json.loads((latest_checkpoint(tmp_path / "run") / "trainer.json").read_text())["evals"]
+    assert evals
+    assert all(entry["examples"] == 6 and math.isfinite(entry["valid_loss"]) for entry in evals)
+    resumed = cli("train", "--resume", "--out", tmp_path / "run", "--data", *data, "--valid", *valid, "--steps", "4")
+    assert resumed.status == 0, resumed.err

@@ -641,8 +641,9 @@ class Training:
     # evaluate ------------------------------------------------------------------------------------------
 
     def _translate(self, sources: Sequence[str]) -> list[str]:
+        """Greedy translations of held-out ``sources``, each cut to the positions the model has."""
         setup = self.setup
-        ids = setup.source.encode_all(sources)
+        ids = [piece[: setup.config.max_len] for piece in setup.source.encode_all(sources)]
         longest = setup.prepared.facts["longest_target"]
         limit = lambda length: length_limit(length, longest, setup.config.max_len)  # noqa: E731
         generate = lambda src, limits, _: self.trainer.generate(src, limits)  # noqa: E731 (greedy: no sentence keys)
@@ -655,9 +656,14 @@ class Training:
         setup = self.setup
         pairs = setup.data.evaluation_pairs(count)
 
-        def loss() -> float:
-            sources = setup.source.encode_all([s for s, _ in pairs])
-            targets = setup.targets.encode_all([t for _, t in pairs])
+        def loss() -> float:  # over the pairs the model has positions for, as training takes only those
+            max_len = setup.config.max_len
+            encoded = zip(setup.source.encode_all([s for s, _ in pairs]),
+                          setup.targets.encode_all([t for _, t in pairs]), strict=True)  # fmt: skip
+            kept = [(s, t) for s, t in encoded if len(s) <= max_len and len(t) < max_len]
+            if not kept:
+                return math.nan
+            sources, targets = [s for s, _ in kept], [t for _, t in kept]
             batches = evaluation_batches(sources, targets, setup.target.specials, 4096)
             summed = sum(self.trainer.loss_sum(batch) for _, batch in batches)
             return summed / sum(len(t) + 1 for t in targets)
