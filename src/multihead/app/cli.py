@@ -624,7 +624,7 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.options import BY_NAME, limit, seconds_limit
+    from multihead.app.options import BY_NAME, limit, port_number, seconds_limit
 
     serve = _command(
         commands, "serve", _serve, help="serve runs over LibreTranslate's HTTP API, with an attention page at /",
@@ -649,7 +649,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "again when a request needs it (default: every run's)",
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
-    serve.add_argument("--port", type=limit(0), default=5000, help="the port to listen on (0: a free one)")
+    serve.add_argument("--port", type=port_number, default=5000, help="the port to listen on (0: a free one)")
     BY_NAME["langs"].add_to(serve)
     serve.add_argument("--char-limit", type=limit(-1), default=-1, help="characters per text (-1: no limit)")
     serve.add_argument("--batch-limit", type=limit(-1), default=-1, help="texts per request (-1: no limit)")

@@ -57,6 +57,14 @@ def limit(minimum: int) -> Callable[[str], int]:
     return lambda text: _whole(text, minimum)
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (a free one) to 65535."""
+    value = _whole(text, 0)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port, 0 (a free one) to 65535, received {text}")
+    return value
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
