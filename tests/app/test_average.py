@@ -82,3 +82,14 @@ def test_average_refuses_bad_choices_and_an_existing_out_in_one_line(
         kept = snapshot(existing)
         assert_refused(cli("average", task_run, "--last", "2", "--out", existing), "exists", "--out")
         assert snapshot(existing) == kept
+
+
+def test_training_says_how_many_checkpoints_it_averaged(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """``--average 5`` with four step checkpoints kept: the average of those four, and said so."""
+    from app.support import CORPUS_FLAGS, write_corpus
+
+    data = write_corpus(tmp_path / "corpus")
+    result = cli("train", "--data", *data, "--out", tmp_path / "run", "--steps", "4", *CORPUS_FLAGS, "--eval-every",
+                 "4", "--checkpoint-every", "1", "--keep", "5", "--average", "5", "--no-progress")  # fmt: skip
+    assert result.status == 0, result.err
+    assert any(line.startswith("average of the last 4 checkpoints: BLEU") for line in result.out_lines), result.out

@@ -65,6 +65,20 @@ def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[st
     assert "--generation" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", ["translate", "score", "evaluate", "serve", "demo"])
+def test_the_help_of_a_command_that_runs_a_model_speaks_of_that_command(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--threads`` and ``--device`` as they act here: not training's Keras frameworks, torchrun or resume."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "where the model runs: auto, cpu, cuda or cuda:N" in text
+    for word in ("torchrun", "on resume", "--framework keras"):
+        assert word not in text, word
+
+
 @pytest.mark.parametrize("kind", ["task", "corpus", "task-newest-damaged"])
 def test_demo_refuses_a_run_of_something_else(
     kind: str, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch

@@ -144,6 +144,10 @@ def test_a_bad_request_is_refused_as_libretranslate_refuses_it(url: str, body: A
     assert request(url, "/translate", body) == (status, {"error": error})
 
 
+def test_a_browsers_icon_request_is_answered_without_an_error(url: str) -> None:
+    assert request(url, "/favicon.ico") == (204, "")
+
+
 def test_unknown_paths_methods_and_huge_bodies_are_json_errors(url: str) -> None:
     assert request(url, "/nowhere") == (404, {"error": "Not Found"})
     assert request(url, "/translate", method="GET") == (405, {"error": "Method Not Allowed"})

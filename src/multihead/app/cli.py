@@ -432,11 +432,11 @@ def _add_checkpoint_option(command: argparse.ArgumentParser) -> None:
 def _add_model_options(command: argparse.ArgumentParser) -> None:
     """What the commands that run a trained model share: where (``--device``, ``--threads``, both ``train``'s own
     option), which checkpoint, and in what precision."""
-    from multihead.app.options import BY_NAME
+    from multihead.app.options import BY_NAME, RUN_DEVICE_HELP, RUN_THREADS_HELP
     from multihead.config import QUANTIZED
 
-    BY_NAME["device"].add_to(command)
-    BY_NAME["threads"].add_to(command)
+    BY_NAME["device"].add_to(command, help=RUN_DEVICE_HELP)
+    BY_NAME["threads"].add_to(command, help=RUN_THREADS_HELP)
     _add_checkpoint_option(command)
     command.add_argument(
         "--quantize", choices=QUANTIZED,
@@ -589,7 +589,7 @@ def _add_import(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.options import BY_NAME, limit
+    from multihead.app.options import BY_NAME, RUN_DEVICE_HELP, limit
 
     demo = _command(
         commands, "demo", _demo,
@@ -600,7 +600,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     demo.add_argument("--out", default="runs/dates", help="run directory (resumed when it holds the demo's run)")
     demo.add_argument("--steps", type=limit(1), default=DEMO_STEPS, help="training steps")
-    BY_NAME["device"].add_to(demo)
+    BY_NAME["device"].add_to(demo, help=RUN_DEVICE_HELP)
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

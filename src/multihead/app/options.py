@@ -257,7 +257,11 @@ THREADS_HELP = (
     "pools too, JAX's cannot be set); fewer than the cores leaves them to other work (default: the cores other "
     "processes leave free when the command starts, at least 1; with OMP_NUM_THREADS set, PyTorch's choice)"
 )
-"""What ``--threads`` does, on every command that runs a model (see :func:`multihead.app.devices.use_threads`)."""
+"""What ``--threads`` does for ``train`` (see :func:`multihead.app.devices.use_threads`)."""
+RUN_THREADS_HELP = THREADS_HELP.replace("; for --framework keras TensorFlow's pools too, JAX's cannot be set", "")
+"""What ``--threads`` does on the commands that run a trained model (PyTorch's, whatever trained it)."""
+RUN_DEVICE_HELP = f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the CPU)"
+"""What ``--device`` does on the commands that run a trained model (``demo`` too)."""
 
 
 @dataclass(frozen=True)
@@ -295,12 +299,13 @@ class Option:
         corpus = "none" if self.corpus is None else self.corpus
         return f"default: {task} for a built-in task, {corpus} for --data{gpu}"
 
-    def add_to(self, parser: Any) -> None:
-        """This option as an argument of ``parser`` (or of an argument group)."""
+    def add_to(self, parser: Any, *, help: str | None = None) -> None:
+        """This option as an argument of ``parser`` (or of an argument group), with its help or, on another command,
+        ``help``."""
         extra = dict(self.argparse)
         if self.kind.parse is not None:
             extra["type"] = self.kind.parse
-        parser.add_argument(self.flag, dest=self.name, help=self.help_text(), **extra)
+        parser.add_argument(self.flag, dest=self.name, help=help or self.help_text(), **extra)
 
     def help_text(self) -> str:
         if not self.recipe:

@@ -257,13 +257,14 @@ def save_step(
     return save_checkpoint(out, checkpoint_name(step), writers, tokenizers=tokenizers, keep=keep)
 
 
-def save_average(out: Path, count: int, tokenizers: tuple[Tokenizer, Tokenizer]) -> Path | None:
-    """Average the weights of the last ``count`` step checkpoints into ``checkpoints/average`` (with the newest one's
-    config and ``trainer.json``); ``None`` when there are fewer than two."""
+def save_average(out: Path, count: int, tokenizers: tuple[Tokenizer, Tokenizer]) -> tuple[Path, int] | None:
+    """Average the weights of the last ``count`` step checkpoints (fewer where fewer are kept) into
+    ``checkpoints/average`` (with the newest one's config and ``trainer.json``): it, and how many were averaged;
+    ``None`` when there are fewer than two."""
     kept = _step_checkpoints(out)[-count:]
     if len(kept) < 2:
         return None
-    return save_checkpoint(out, AVERAGE, _average_writers(kept), tokenizers=tokenizers)
+    return save_checkpoint(out, AVERAGE, _average_writers(kept), tokenizers=tokenizers), len(kept)
 
 
 def _mean_weights(paths: Sequence[Path]) -> dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ from urllib.parse import parse_qs
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from multihead.app.console import UserError, say
@@ -808,6 +808,10 @@ class Endpoints:
             }
         )  # fmt: skip
 
+    async def favicon(self, request: Request) -> Response:
+        """No icon (204): a browser's request for one is answered without an error in the log."""
+        return Response(status_code=204)
+
     async def index(self, request: Request) -> HTMLResponse:
         return HTMLResponse(self.page)
 
@@ -837,6 +841,7 @@ def create_app(service: Service, limits: Limits) -> Starlette:
         Route("/translate", endpoints.translate, methods=["POST"]),
         Route("/attention", endpoints.attention, methods=["POST"]),
         Route("/detect", endpoints.detect, methods=["POST"]),
+        Route("/favicon.ico", endpoints.favicon, methods=["GET"]),
         Route("/languages", endpoints.languages, methods=["GET", "POST"]),
         Route("/health", endpoints.health, methods=["GET"]),
         Route("/frontend/settings", endpoints.settings, methods=["GET"]),

@@ -886,9 +886,10 @@ class Training:
             self.consider(self.evaluate(o.eval_examples), checkpoint_name(self.step_count))
         averaged = save_average(self.out, o.average, (self.setup.source, self.setup.target)) if o.average else None
         if averaged is not None:
-            self.trainer.load_weights(averaged / WEIGHTS)
+            directory, count = averaged
+            self.trainer.load_weights(directory / WEIGHTS)
             evaluation = {**self.evaluate(o.eval_examples), "checkpoint": AVERAGE}
-            say(f"average of the last {o.average} checkpoints: {metric.upper()} {evaluation[metric]:.2f}")
+            say(f"average of the last {count} checkpoints: {metric.upper()} {evaluation[metric]:.2f}")
             self.consider(evaluation, AVERAGE)
         self.write_history()
         best = max((e for e in self.history["evals"] if metric in e), key=lambda e: e[metric])
