@@ -125,6 +125,28 @@ def test_a_sentences_length_limit_does_not_depend_on_its_batch(
     assert lengths == [max(1, len(translator.source.encode(line)[0]) - 3) for line in lines]  # every limit bound
 
 
+@pytest.mark.parametrize("size", [1, 2], ids=["greedy", "beam"])
+def test_max_length_is_the_limit_more_or_less_than_the_default_within_the_models_positions(
+    corpus_run: CorpusRun, size: int
+) -> None:
+    """A model that never ends (its EOS banned by an output bias) translates to the limit: ``--max-length`` above
+    the default (twice the source's plus 10) as well as below it, and never past the model's positions."""
+    import torch
+
+    from multihead.decoding import SearchOptions
+
+    translator = Translator(corpus_run.path)
+    with torch.no_grad():
+        translator.model.output_proj.bias[translator.specials.eos] = -1e9
+    line = SOURCES[0]
+    default = translator.limit(len(translator.source.encode(line)[0]))
+    positions = translator.checkpoint.config.max_len - 1
+    for asked, expected in ((None, default), (3, 3), (default + 20, default + 20), (10_000, positions)):
+        before = translator.tokens
+        translator.translate([line], search=SearchOptions(beam_size=size, max_length=asked))
+        assert translator.tokens - before == expected, asked
+
+
 def test_beam_search_gives_one_translation_per_input(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
     greedy = cli("translate", corpus_run.path, *SAMPLES)
     beam = cli("translate", corpus_run.path, *SAMPLES, "--beam", "4", "--length-penalty", "1.0")

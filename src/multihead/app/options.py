@@ -195,8 +195,9 @@ SEARCH_OPTIONS = (
      "sampling (above 0; below 1 sharper, above flatter)"),
     ("seed", "--seed", limit(0), "S", "seed of the sampling: the same seed and input give the same translations "
      "(default: a fresh seed each run)"),
-    ("max_length", "--max-length", limit(1), "N", "the most tokens a translation may take (default: twice the "
-     "source's plus 10, or the longest training target if more, within the model's positions)"),
+    ("max_length", "--max-length", limit(1), "N", "the most tokens a translation may take, more or fewer than by "
+     "default, within the model's positions (default: twice the source's plus 10, or the longest training target if "
+     "more)"),
     ("min_length", "--min-length", limit(0), "N", "the fewest tokens a translation takes before its end token "
      "(default 0); the length limit still ends it"),
 )  # fmt: skip

@@ -189,7 +189,7 @@ class StreamingTranslator:
     :class:`Translating`."""
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
-        self.translator, self.rows = translator, rows
+        self.translator, self.rows, self.search = translator, rows, search
         self.requests: Requests[Translator] = Requests(translator)
         self.stream: Stream[tuple[_Job[Translator], int]] = Stream(
             translator.model, rows=rows, generation=translator.spec(search), layouts=translator.layouts,
@@ -212,7 +212,8 @@ class StreamingTranslator:
             self.stream.drop(lambda owner: owner[0] in gone)
         for job, index, ids in self.requests.take(self.stream.room(len(self.requests))):  # they join at this step
             forced = job.translator.generation.forced
-            self.stream.add(ids, (job, index), limit=job.translator.limit(len(ids)), key=index, forced=forced)
+            limit = job.translator.limits(self.search)(len(ids))
+            self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced)
         for (job, index), tokens in self.stream.step():
             self.requests.ended(job, index, translation(tokens, len(tokens), job.translator.generation))
 
@@ -247,7 +248,7 @@ class RoundTranslator:
         for pieces in pairs.values():
             translator = pieces[0][0].translator
             outputs = translate_ids(
-                translator.generate(self.search), [ids for _, _, ids in pieces], limit=translator.limit,
+                translator.generate(self.search), [ids for _, _, ids in pieces], limit=translator.limits(self.search),
                 generation=translator.generation, batch_tokens=self.batch_tokens,
             )  # fmt: skip
             for (job, index, _), tokens in zip(pieces, outputs, strict=True):

@@ -315,6 +315,14 @@ class Translator:
         """How many tokens a translation of ``source_length`` tokens may take (:func:`length_limit`)."""
         return length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
 
+    def limits(self, search: SearchOptions) -> Callable[[int], int]:
+        """How many tokens a translation of a source's length may take under ``search``: its ``max_length`` where it
+        sets one (more than :meth:`limit` allows, too), within the positions the model has; else :meth:`limit`."""
+        if search.max_length is None:
+            return self.limit
+        most = min(search.max_length, self.checkpoint.config.max_len - 1)
+        return lambda source_length: most
+
     def batch_size(self, search: SearchOptions) -> int:
         """Source tokens per batch for ``search``: the device's, divided by the beams."""
         return self.batch_tokens // search.beam_size
@@ -354,7 +362,7 @@ class Translator:
         same whatever batches they fall in."""
         pieces, flat = self.pieces(texts, names)
         outputs = translate_ids(
-            self.generate(search), flat, limit=self.limit, generation=self.generation,
+            self.generate(search), flat, limit=self.limits(search), generation=self.generation,
             batch_tokens=self.batch_size(search), progress=progress,
         )  # fmt: skip
         self.tokens += sum(map(len, outputs))
@@ -398,7 +406,12 @@ class Translator:
 
         pieces, flat = self.pieces(texts, names)
         batches = in_batches(
-            run, flat, limit=self.limit, pad=self.specials.pad, batch_tokens=self.batch_size(search), progress=progress
+            run,
+            flat,
+            limit=self.limits(search),
+            pad=self.specials.pad,
+            batch_tokens=self.batch_size(search),
+            progress=progress,
         )
         self.tokens += sum(len(tokens) for best in batches for _, tokens in best)
         outputs = iter(batches)
@@ -486,7 +499,7 @@ class Translator:
                 f"the text to plot is longer than this model reads: {len(ids)} {self._unit()}, at most "
                 f"{self.checkpoint.config.max_len}"
             )
-        (out,) = translate_ids(self.generate(search), [ids], limit=self.limit, generation=self.generation)
+        (out,) = translate_ids(self.generate(search), [ids], limit=self.limits(search), generation=self.generation)
         src, forced = torch.tensor([ids], device=self.device), list(self.generation.forced)
         with torch.no_grad():
             memory = self.model.encode(src)
