@@ -114,3 +114,15 @@ def test_a_command_without_threads_takes_the_free_cores(
     result = cli(*arguments("translate", task_run, tmp_path))
     assert result.status == 0, result.err
     assert torch.get_num_threads() == free
+
+
+@pytest.mark.usefixtures("threads")
+def test_more_threads_than_cores_are_warned_about(task_run: Path, cli: Callable[..., Cli]) -> None:
+    import os
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    result = cli("translate", task_run, "abc", "--threads", str(usable + 1))
+    assert result.status == 0, result.err
+    assert f"warning: --threads {usable + 1}: this process may use {usable} cores" in result.err
+    quiet = cli("translate", task_run, "abc", "--threads", str(usable))
+    assert "--threads" not in quiet.err

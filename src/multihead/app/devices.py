@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from multihead import cpu
-from multihead.app.console import UserError
+from multihead.app.console import UserError, warn
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -136,6 +136,10 @@ def use_threads(count: int) -> None:
     has not been imported yet (it reads them once). JAX's threads cannot be set."""
     import torch
 
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if count > usable:
+        warn(f"--threads {count}: this process may use {usable} cores; more threads than cores take turns on them "
+             "(slower, not faster)")  # fmt: skip
     torch.set_num_threads(count)
     for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         os.environ[name] = str(count)
