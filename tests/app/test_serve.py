@@ -434,6 +434,7 @@ def test_serve_refuses_what_it_cannot_do_in_one_line(corpus_run: CorpusRun, tmp_
     (tmp_path / "keys").write_text("# no keys yet\n\n")
     assert_refused(cli("serve", corpus_run.path, "--api-keys", tmp_path / "keys"), "holds no key")
     assert_refused(cli("serve", corpus_run.path, "--langs", "german", "en"), "--langs", "ISO 639-1")
+    assert_refused(cli("serve", corpus_run.path, "--langs", "xx", "yy"), "--langs", "'xx', which names no language")
     assert_refused(cli("serve", corpus_run.path, "--char-limit", "-2"), "--char-limit", "-1 (no limit)")
     assert_refused(cli("serve", corpus_run.path, "--port", "70000"), "--port", "0 (a free one) to 65535")
     with socket.socket() as taken:

@@ -23,7 +23,7 @@ the run's source language with confidence 0 (LibreTranslate's is ``en``, the lan
 ``[0]["language"]`` and may send it back as ``source``: an empty list would break the first, ``und`` the second, so
 0 is what says "not identified" (``Detected.identified``); a real candidate is never under 10.
 
-A run's language the model does not know (a built-in task's pseudo-languages, ``--langs xx yy``) is never a
+A run's language the model does not know (a built-in task's pseudo-languages, ``reverse``) is never a
 candidate, so a run with two such languages answers every text with its source at confidence 0: the service cannot
 tell, and says so. Codes with a script or region (``zh-Hans``, ``pt-BR``) are identified by their language
 (``zh``, ``pt``) and answered as the run spells them; of two run languages with the same language, only the first

@@ -152,6 +152,18 @@ def language_code(text: str) -> str:
     return text
 
 
+def known_language_code(text: str) -> str:
+    """``text`` as the code of a language ``langcodes`` knows (argparse type): what names a run's languages
+    (``--langs``), refused unless ISO 639 has it (``xx`` has no language)."""
+    import langcodes
+
+    code = language_code(text)
+    if not langcodes.tag_is_valid(code.replace("_", "-")):
+        raise argparse.ArgumentTypeError(f"must be an ISO 639 language code such as de, en or zh, received {text!r}, "
+                                         "which names no language")  # fmt: skip
+    return code
+
+
 def language_name(code: str) -> str:
     """A language's English name (``zh-Hant``: Chinese (Traditional)); its code where ``langcodes`` knows none."""
     language = _language(code)

@@ -23,7 +23,7 @@ from typing import Any
 from multihead.app.console import UserError
 from multihead.app.devices import DEVICE_CHOICES, PRECISIONS, device_name
 from multihead.app.generated import TASKS
-from multihead.app.languages import language_code
+from multihead.app.languages import known_language_code
 from multihead.app.tokenizers import ALL_KINDS, KINDS
 from multihead.app.translate import TRANSLATION
 from multihead.decoding import SearchOptions
@@ -133,12 +133,12 @@ def _check_langs(flag: str, value: Any) -> None:
         raise UserError(f"{flag} takes two language codes, SRC TGT, received {value!r}")
     for code in value:
         try:
-            language_code(code)
+            known_language_code(code)
         except argparse.ArgumentTypeError as error:
             raise UserError(f"{flag} {error}") from None
 
 
-LANGS = Kind(language_code, _check_langs)
+LANGS = Kind(known_language_code, _check_langs)
 
 
 # --- the search: translate, evaluate and serve -------------------------------------------------------------
