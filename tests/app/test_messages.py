@@ -329,6 +329,7 @@ def assert_one_line_error(status: int, lines: list[str], fragment: str) -> None:
         (["translate", "RUN", "abc", "--sampling-topk", "5", "--beam", "4"], "--beam"),
         (["evaluate", "RUN", "SRC", "REF", "--sampling-temperature", "0.5"], "--sampling-topk"),
         (["translate", "RUN", "abc", "--seed", "-1"], "--seed"),
+        (["translate", "RUN", "abc", "--seed", "3"], "--seed 3 seeds sampling"),
         (["translate", "RUN", "abc", "--max-length", "0"], "--max-length"),
         (["translate", "RUN", "abc", "--min-length", "-1"], "--min-length"),
         (["evaluate", "RUN", "SRC", "REF", "--min-length", "9", "--max-length", "8"], "--min-length 9 is above"),
@@ -340,6 +341,7 @@ def assert_one_line_error(status: int, lines: list[str], fragment: str) -> None:
         "warmup-zero", "minutes-word", "task-and-data", "beam-zero", "beam-too-wide",
         "length-penalty-negative", "length-penalty-nan", "topk-negative", "topp-zero", "topp-above-one",
         "temperature-zero", "temperature-inf", "sampling-with-beams", "temperature-without-sampling", "seed-negative",
+        "seed-without-sampling",
         "max-length-zero", "min-length-negative", "min-above-max", "serve-sampling-with-beams", "demo-steps-zero",
     ],
 )  # fmt: skip

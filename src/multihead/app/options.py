@@ -224,8 +224,8 @@ def search_text(search: SearchOptions) -> str:
 
 
 def search_options(args: argparse.Namespace) -> SearchOptions:
-    """The search the command line asks for; a combination that makes none (sampling with a beam, a temperature
-    without sampling, ``translate --n-best N`` with a narrower beam) refused in one line naming the flags."""
+    """The search the command line asks for; a combination that makes none (sampling with a beam, a temperature or a
+    seed without sampling, ``translate --n-best N`` with a narrower beam) refused in one line naming the flags."""
     values = {name: getattr(args, name) for name in SEARCH_FLAGS}
     n_best = getattr(args, "n_best", None)  # translate's --n-best
     if n_best is not None:
@@ -235,6 +235,9 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
                 f"received --beam {values['beam_size']}"
             )
         values["n_best"] = n_best
+    if values["seed"] is not None and values["sampling_topk"] == 1:
+        raise UserError(f"--seed {values['seed']} seeds sampling, which this search does not do: add --sampling-topk 0 "
+                        "(every token) or K > 1, or drop --seed")  # fmt: skip
     try:
         return SearchOptions(**values)
     except ValueError as error:
