@@ -68,7 +68,10 @@ def write_directory(target: Path, write: Callable[[Path], None], *, prefix: str)
     """Call ``write(staging)`` on a new temporary directory beside ``target`` (named ``prefix...``), make its files
     durable with the modes a plain ``open()`` gives, then swap it into ``target``'s place in one step (a previous
     ``target`` is removed). A failure or a crash leaves ``target`` as it was; the staging directory is removed."""
-    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    except OSError as error:  # named by the directory asked for, not the staging directory's made-up name
+        raise OSError(f"cannot write {str(target)!r}: {error.strerror or error}") from None
     try:
         write(staging)
         for written in staging.iterdir():

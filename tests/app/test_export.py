@@ -161,3 +161,12 @@ def test_fairseq_positions_from_a_later_position_export(corpus_run: CorpusRun, t
     assert result.status == 0, result.err
     assert result.out_lines != corpus_run.translations  # another table
     assert ct2_translate(tmp_path / "ct2", SAMPLES, beam_size=1) == result.out_lines
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="Linux's /proc, where no directory can be made")
+def test_an_unwritable_place_is_named_as_given(task_run: Path, cli: Callable) -> None:
+    """Not the hidden staging directory beside it, which the user never named."""
+    result = cli("export", task_run, "/proc/exported")
+    assert result.status != 0
+    assert "cannot write '/proc/exported'" in result.err
+    assert ".tmp" not in result.err
