@@ -126,3 +126,21 @@ def test_more_threads_than_cores_are_warned_about(task_run: Path, cli: Callable[
     assert f"warning: --threads {usable + 1}: this process may use {usable} cores" in result.err
     quiet = cli("translate", task_run, "abc", "--threads", str(usable))
     assert "--threads" not in quiet.err
+
+
+def test_the_demo_takes_the_free_cores(
+    tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As every command that runs a model: on a busy machine the demo computes with the cores left free."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(devices, "default_threads", DEFAULT)
+    busy(monkeypatch, 1.0)
+    seen: list[int] = []
+    monkeypatch.setattr("multihead.app.cli._demo", lambda args: seen.append(torch.get_num_threads()) or 0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert cli("demo", "--out", tmp_path / "demo").status == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]

@@ -589,7 +589,7 @@ def _add_import(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_demo(commands: argparse._SubParsersAction) -> None:
-    from multihead.app.options import BY_NAME, RUN_DEVICE_HELP, limit
+    from multihead.app.options import BY_NAME, RUN_DEVICE_HELP, RUN_THREADS_HELP, limit
 
     demo = _command(
         commands, "demo", _demo,
@@ -601,6 +601,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--out", default="runs/dates", help="run directory (resumed when it holds the demo's run)")
     demo.add_argument("--steps", type=limit(1), default=DEMO_STEPS, help="training steps")
     BY_NAME["device"].add_to(demo, help=RUN_DEVICE_HELP)
+    BY_NAME["threads"].add_to(demo, help=RUN_THREADS_HELP.replace("the process computes", "the demo computes"))
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
