@@ -144,3 +144,24 @@ def test_the_demo_takes_the_free_cores(
     finally:
         torch.set_num_threads(before)
     assert seen == [1]
+
+
+@pytest.mark.usefixtures("threads")
+def test_a_run_records_its_threads_and_resumes_with_them(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """The CPU threads change the float rounding, so a run's numbers: ``--resume`` takes the run's own again, and
+    warns when ``--threads`` chooses others."""
+    import json
+
+    out = tmp_path / "run"
+    train = ["train", "--task", "copy", "--batch-size", "4", "--eval-examples", "2", "--out", out, *SMALL_FLAGS]
+    assert cli(*train, "--steps", "2", "--threads", "1").status == 0
+    trainer = json.loads((out / "checkpoints" / "step-0000002" / "trainer.json").read_text())
+    assert trainer["process"]["threads"] == 1
+    torch.set_num_threads(2)  # what this machine would give it now
+    resumed = cli("train", "--resume", "--out", out, "--steps", "3")
+    assert resumed.status == 0, resumed.err
+    assert "resuming with the 1 CPU thread the run trained with" in resumed.out + resumed.err
+    assert torch.get_num_threads() == 1
+    other = cli("train", "--resume", "--out", out, "--steps", "4", "--threads", "2")
+    assert other.status == 0, other.err
+    assert "this run trained with 1 CPU thread; with 2, its sums round otherwise" in other.err

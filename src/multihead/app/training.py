@@ -34,6 +34,7 @@ from multihead.app.console import (
     UserError,
     framework_notices_filtered,
     is_main_rank,
+    plural,
     progress_bar,
     rank,
     say,
@@ -570,8 +571,18 @@ class Training:
             release_freed_memory()
 
     def _warn_of_changes(self, before: dict[str, Any], saved_accumulate: int) -> None:
-        """Say what resuming changes in how the run trains: Keras' backend, or the batch a step takes (world size
-        × ``--accumulate`` batches of ``--batch-tokens``; the run's process ``before``, its ``saved_accumulate``)."""
+        """Say what resuming changes in how the run trains: Keras' backend, the CPU threads (without ``--threads``,
+        the run's own are taken), or the batch a step takes (world size × ``--accumulate`` batches of
+        ``--batch-tokens``; the run's process ``before``, its ``saved_accumulate``)."""
+        import torch
+
+        threads, current = before.get("threads"), torch.get_num_threads()
+        if threads is not None and threads != current and self.options.threads is None:
+            use_threads(threads)
+            say(f"resuming with the {plural(threads, 'CPU thread')} the run trained with (--threads N chooses others)")
+        elif threads is not None and threads != current:
+            warn(f"this run trained with {plural(threads, 'CPU thread')}; with {current}, its sums round otherwise: it "
+                 "goes on as it would not have without the interruption")  # fmt: skip
         trained_on, now = before.get("keras_backend"), self.trainer.facts().get("keras_backend")
         if trained_on is not None and trained_on != now:
             warn(f"this run trained on the Keras backend {trained_on}; it goes on with {now} (KERAS_BACKEND): the "
@@ -724,8 +735,11 @@ class Training:
         self._save_seconds = time.monotonic() - began
 
     def process_facts(self) -> dict[str, Any]:
-        """How this run is trained: the framework's facts (device, precision...) and the world size."""
-        return {**self.trainer.facts(), "world_size": self.world}
+        """How this run is trained: the framework's facts (device, precision...), the world size and the CPU threads
+        (they change the float rounding of the CPU's sums, so the run's numbers)."""
+        import torch
+
+        return {**self.trainer.facts(), "world_size": self.world, "threads": torch.get_num_threads()}
 
     def write_history(self) -> None:
         self.losses_read()
