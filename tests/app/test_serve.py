@@ -91,6 +91,15 @@ def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun) -> None:
     assert status == 200
     expected = f'<p class="x">{one}</p>\n<script>keep();</script><!-- a <b>note</b> --><b> {two} </b>'
     assert answer == {"translatedText": expected.replace("&", "&amp;")}
+    # A line break inside an element is a space; a node without a letter is kept; "auto" reads the text, not tags.
+    broken = f"<p>{SAMPLES[0].replace(' ', chr(10), 1)}</p><p><b>{SAMPLES[1]}</b>.</p>"
+    status, answer = request(url, "/translate", {"q": broken, "source": "auto", "target": "en", "format": "html"})
+    assert status == 200
+    assert answer["translatedText"] == f"<p>{one}</p><p><b>{two}</b>.</p>".replace("&", "&amp;")
+    assert answer["detectedLanguage"]["language"] == "de"
+    english = "<p>The weather is very nice today and the children are playing in the garden.</p>"
+    status, answer = request(url, "/translate", {"q": english, "source": "auto", "target": "en", "format": "html"})
+    assert (status, answer["translatedText"], answer["detectedLanguage"]["language"]) == (200, english, "en")
 
 
 def test_alternatives_are_the_beams_next_best(url: str, translator: Translator) -> None:

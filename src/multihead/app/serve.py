@@ -554,23 +554,38 @@ class Service:
         return next((code for code, targets in self.pairs.items() if target in targets), self.source)
 
     async def translate_html(self, text: str, translate: Callable[[list[str]], Awaitable[list[str]]]) -> str:
-        """``text`` as HTML: its text nodes translated by ``translate`` (outside ``script`` and ``style``), its tags as
-        they were."""
-        parts = re.split(r"(<!--.*?-->|<[^>]*>)", text, flags=re.DOTALL)
-        nodes, skipping = [], None
-        for index, part in enumerate(parts):
-            if index % 2:  # a tag or a comment
-                tag = re.match(r"<(/?)([A-Za-z][\w-]*)", part)
-                if tag and tag[2].lower() in SKIPPED:
-                    skipping = None if tag[1] else tag[2].lower()
-            elif part.strip() and skipping is None:
-                nodes.append(index)
-        translated = await translate([html.unescape(parts[i]).strip() for i in nodes])
+        """``text`` as HTML: its text nodes translated by ``translate`` (outside ``script`` and ``style``; a node
+        without a letter, such as the full stop after a ``</b>``, kept as it is), each as one text (its line breaks
+        and runs of spaces are one space, as a browser shows them), its tags as they were."""
+        parts, nodes = html_nodes(text)
+        nodes = [index for index in nodes if any(char.isalpha() for char in parts[index])]
+        translated = await translate([" ".join(html.unescape(parts[i]).split()) for i in nodes])
         for index, translation in zip(nodes, translated, strict=True):
             part = parts[index]
             lead, trail = part[: len(part) - len(part.lstrip())], part[len(part.rstrip()) :]
             parts[index] = lead + html.escape(translation, quote=False) + trail
         return "".join(parts)
+
+
+def html_nodes(text: str) -> tuple[list[str], list[int]]:
+    """``text`` cut at its tags and comments (odd places), and the places of its text nodes that show: not blank, not
+    inside ``script`` or ``style``."""
+    parts = re.split(r"(<!--.*?-->|<[^>]*>)", text, flags=re.DOTALL)
+    nodes, skipping = [], None
+    for index, part in enumerate(parts):
+        if index % 2:  # a tag or a comment
+            tag = re.match(r"<(/?)([A-Za-z][\w-]*)", part)
+            if tag and tag[2].lower() in SKIPPED:
+                skipping = None if tag[1] else tag[2].lower()
+        elif part.strip() and skipping is None:
+            nodes.append(index)
+    return parts, nodes
+
+
+def visible_text(text: str) -> str:
+    """What an HTML ``text`` shows, its nodes' text one space apart: what its language is told from."""
+    parts, nodes = html_nodes(text)
+    return " ".join(" ".join(html.unescape(parts[index]).split()) for index in nodes)
 
 
 PIVOT = "en"
@@ -686,11 +701,12 @@ class Endpoints:
             raise ApiError(400, f"Invalid request: missing {'source' if source is None else 'target'} parameter")
         alternatives = self.alternatives(arguments)
         texts = _texts(q, self.limits)
-        target, detected, sources = service.route(texts, source, target)
-        translators = {code: service.legs(code, target) for code in dict.fromkeys(sources)}
         text_format = _text_argument(arguments, "format") or "text"
         if text_format not in ("text", "html"):
             raise ApiError(400, f"{text_format} format is not supported")
+        shown = [visible_text(text) for text in texts] if text_format == "html" else texts  # what detection reads
+        target, detected, sources = service.route(shown, source, target)
+        translators = {code: service.legs(code, target) for code in dict.fromkeys(sources)}
         others: list[list[str]] = [[] for _ in texts]  # alternatives: none for HTML, as LibreTranslate
         # A text already in the target language (source "auto") is kept as it is; the others go by their sources.
         kept = [found.language == target for found in detected] if detected else [False] * len(texts)
@@ -709,8 +725,9 @@ class Endpoints:
 
         translated = list(texts)
         if text_format == "html":
-            for index, code in enumerate(sources):
-                translated[index] = await service.translate_html(texts[index], translate(translators[code]))
+            for code, indices in groups.items():
+                for index in indices:
+                    translated[index] = await service.translate_html(texts[index], translate(translators[code]))
         elif alternatives:
             for code, indices in groups.items():
                 for index in indices:
