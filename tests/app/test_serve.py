@@ -75,6 +75,9 @@ def test_detection_names_the_language_among_the_runs_or_none(url: str, corpus_ru
     assert (status, found["language"]) == (200, "en")
     assert 50 < found["confidence"] <= 100
     assert request(url, "/detect", {"q": japanese}) == (200, [{"confidence": 0.0, "language": "de"}])
+    status, each = request(url, "/detect", {"q": [english, japanese]})  # a list: each text's candidates
+    assert (status, [candidates[0]["language"] for candidates in each]) == (200, ["en", "de"])
+    assert each[1] == [{"confidence": 0.0, "language": "de"}]
     status, answer = request(url, "/translate", {"q": [english, SAMPLES[1]], "source": "auto", "target": "en"})
     assert (status, answer["translatedText"]) == (200, [english, corpus_run.translations[1]])
     assert [found["language"] for found in answer["detectedLanguage"]] == ["en", "de"]

@@ -796,8 +796,10 @@ class Endpoints:
     async def detect(self, request: Request) -> JSONResponse:
         arguments = await _arguments(request)
         self.checked_access(arguments, request)
-        texts = _texts(arguments.get("q"), self.limits)
-        return JSONResponse([found.as_json() for found in self.service.identifier.detect("\n".join(texts))])
+        q = arguments.get("q")
+        texts = _texts(q, self.limits)
+        found = [[each.as_json() for each in self.service.identifier.detect(text)] for text in texts]
+        return JSONResponse(found if isinstance(q, list) else found[0])  # a list of texts: each text's candidates
 
     async def languages(self, request: Request) -> JSONResponse:
         return JSONResponse(self.service.languages())
