@@ -524,3 +524,44 @@ def test_int8_is_refused_off_the_cpu(corpus_run: CorpusRun, cli: Callable[..., C
     result = cli("translate", corpus_run.path, "Hallo", "--quantize", "int8", "--device", "cuda")
     assert_refused(result, "--quantize int8 runs on the CPU", "--device cpu")
     assert_refused(cli("translate", corpus_run.path, "Hallo", "--quantize", "int4"), "--quantize", "'int4'")
+
+
+def test_output_is_written_as_it_is_done_and_resume_continues_it(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--output FILE`` gets its lines a part at a time: an interruption keeps the parts done (exit 130), and
+    ``--resume`` continues after the last complete line (an unfinished one dropped), to what one run writes."""
+    import multihead.app.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "TRANSLATE_CHUNK", 3)
+    lines = [SOURCES[i % len(SOURCES)] for i in range(10)]
+    source, out = write_lines(tmp_path / "source.de", lines), tmp_path / "out.en"
+    whole = cli("translate", corpus_run.path, "--input", source)
+    assert whole.status == 0, whole.err
+    calls = []
+    translate_from = Translator.translate_from
+
+    def interrupted(self: Translator, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return translate_from(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Translator, "translate_from", interrupted)
+        assert cli("translate", corpus_run.path, "--input", source, "--output", out).status == 130
+    assert out.read_text().splitlines() == whole.out_lines[:6]  # two parts of three, done and durable
+    with out.open("a") as handle:
+        handle.write("an unfinished li")
+    resumed = cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume")
+    assert resumed.status == 0, resumed.err
+    assert "resuming" in resumed.err and "after its 6 lines, 4 texts left" in resumed.err
+    assert out.read_text().splitlines() == whole.out_lines
+    again = cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume")
+    assert (again.status, out.read_text().splitlines()) == (0, whole.out_lines)  # nothing left: as it was
+    assert_refused(cli("translate", corpus_run.path, "--input", source, "--resume"), "--resume", "--output FILE")
+    assert_refused(cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume",
+                       "--sampling-topk", "0"), "--resume continues greedy or beam search")  # fmt: skip
+    write_lines(out, whole.out_lines + ["one more"])
+    assert_refused(cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume"),
+                   "holds 11 lines, more than the input's 10 texts")  # fmt: skip

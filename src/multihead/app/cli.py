@@ -143,6 +143,11 @@ def _translate(args: argparse.Namespace) -> int:
     from multihead.app.options import search_options, search_text
 
     search = search_options(args)
+    if args.resume and (args.output is None or args.n_best is not None):
+        raise UserError("--resume continues a translation into --output FILE (one line a text, no --n-best)")
+    if args.resume and search.strategy.draws:
+        raise UserError("--resume continues greedy or beam search: a sampled text draws as the ones before it did, "
+                        "so translate the whole input again")  # fmt: skip
     texts, names = _translation_input(args)
     _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
@@ -156,8 +161,10 @@ def _translate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if sys.stderr.isatty():
         say(f"{_languages(translator)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
-    begin = time.perf_counter()
-    if args.n_best is None:
+    begin, count = time.perf_counter(), len(texts)
+    if args.n_best is None and args.output is not None:  # a batch job: its lines written as they are done
+        count = _translate_into(args.output, texts, names, translator, search, resume=args.resume)
+    elif args.n_best is None:
         lines = translator.translate(texts, search=search, names=names, progress=sys.stderr.isatty())
     else:
         found = translator.scored_hypotheses(texts, search, names=names, progress=sys.stderr.isatty())
@@ -167,9 +174,10 @@ def _translate(args: argparse.Namespace) -> int:
             for score, text in hypotheses
         ]
     seconds = time.perf_counter() - begin
-    _write_output(args.output, lines)
+    if args.n_best is not None or args.output is None:
+        _write_output(args.output, lines)
     if texts and not args.text:  # a batch job: a file or a pipe
-        done = speed_text(len(texts), "sentence", translator.tokens, seconds)
+        done = speed_text(count, "sentence", translator.tokens, seconds)
         say(f"translated {done}, {search_text(search)}", sys.stderr)
     if args.html:
         from multihead.app.view import attention_view, write_page
@@ -189,6 +197,45 @@ def _translate(args: argparse.Namespace) -> int:
         path = plot_cross_attention(translator.attention(first, search=search), args.plot)
         print(f"attention plot: {path}", file=sys.stderr)
     return 0
+
+
+TRANSLATE_CHUNK = 500
+"""Texts ``translate --output`` translates before it writes their lines (and makes them durable)."""
+
+
+def _translate_into(
+    path: str, texts: list[str], names: list[str], translator: Any, search: Any, *, resume: bool
+) -> int:
+    """``texts`` translated into the file ``path``, a line each, written part by part as they are done (an
+    interrupted job keeps what it finished); with ``resume``, after the complete lines ``path`` already holds. How
+    many it translated."""
+    from multihead.app.console import progress_bar
+
+    done = 0
+    target = Path(path)
+    if resume and target.exists():
+        data = target.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        done = complete.count(b"\n")
+        if done > len(texts):
+            raise UserError(f"--resume: {path} holds {done} lines, more than the input's {len(texts)} texts: it is "
+                            "not their translation")  # fmt: skip
+        if len(complete) < len(data):
+            target.write_bytes(complete)  # an unfinished last line goes
+        say(f"resuming {path} after its {done} lines, {len(texts) - done} texts left", sys.stderr)
+    bar = progress_bar(len(texts), initial=done, unit="sentence")
+    key = 0
+    with open(target, "ab" if done else "wb") as out:
+        for start in range(done, len(texts), TRANSLATE_CHUNK):
+            end = min(start + TRANSLATE_CHUNK, len(texts))
+            lines, key = translator.translate_from(texts[start:end], search=search, names=names[start:end],
+                                                   first_key=key)  # fmt: skip
+            out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+            bar.update(end - start)
+    bar.close()
+    return len(texts) - done
 
 
 def _without_final_blanks(lines: list[str]) -> list[str]:
@@ -481,7 +528,14 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
     translate.add_argument("run", help=RUN_HELP)
     translate.add_argument("text", nargs="*", help="texts to translate")
     translate.add_argument("--input", metavar="FILE", help="translate each line of FILE (plain or .gz; - for stdin)")
-    translate.add_argument("--output", metavar="FILE", help="write the translations here (default: stdout)")
+    translate.add_argument(
+        "--output", metavar="FILE",
+        help="write the translations here, a part at a time as they are done (default: stdout)",
+    )  # fmt: skip
+    translate.add_argument(
+        "--resume", action="store_true",
+        help="continue an interrupted --output FILE after its last complete line (greedy or beam search)",
+    )  # fmt: skip
     translate.add_argument("--plot", metavar="PATH", help="save the first text's cross-attention maps (PNG)")
     translate.add_argument(
         "--html", metavar="FILE",

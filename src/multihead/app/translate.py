@@ -360,13 +360,28 @@ class Translator:
         translated in pieces (:meth:`pieces`). ``names`` say how warnings refer to each text. A sampled piece draws
         from a generator seeded by the search's seed and its place among all pieces, so the same texts translate the
         same whatever batches they fall in."""
+        return self.translate_from(texts, search=search, names=names, progress=progress)[0]
+
+    def translate_from(
+        self,
+        texts: Sequence[str],
+        *,
+        search: SearchOptions = TRANSLATION,
+        names: Sequence[str] | None = None,
+        progress: bool = False,
+        first_key: int = 0,
+    ) -> tuple[list[str], int]:
+        """:meth:`translate` of ``texts`` that follow ``first_key`` pieces of the same input (their sampled pieces
+        draw as they would among all of it), and the key of the piece after them: a long input translated a part at
+        a time."""
         pieces, flat = self.pieces(texts, names)
+        run = self.generate(search)
         outputs = translate_ids(
-            self.generate(search), flat, limit=self.limits(search), generation=self.generation,
-            batch_tokens=self.batch_size(search), progress=progress,
+            lambda src, limits, indices: run(src, limits, indices + first_key), flat, limit=self.limits(search),
+            generation=self.generation, batch_tokens=self.batch_size(search), progress=progress,
         )  # fmt: skip
         self.tokens += sum(map(len, outputs))
-        return self.joined(pieces, outputs)
+        return self.joined(pieces, outputs), first_key + len(flat)
 
     def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
         """Each text's translation: the translations ``outputs`` of all pieces, in order, joined text by text."""
