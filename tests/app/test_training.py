@@ -569,7 +569,7 @@ def test_without_a_terminal_a_line_every_n_steps_and_train_jsonl_appended_on_res
     assert first.status == 0, first.err
     lines = [line for line in first.out_lines if STEP_LINE.fullmatch(line)]
     assert [STEP_LINE.fullmatch(line).groups() for line in lines] == [("3", "7"), ("6", "7")], first.out
-    assert "step 4: loss " in first.out  # the evaluation's line, as before
+    assert "step 4: this step's training loss " in first.out  # the evaluation's line, its loss named
     log = read_log(out)
     assert [(entry["event"], entry["step"]) for entry in log] == [
         ("start", 0), ("step", 3), ("evaluation", 4), ("step", 6), ("evaluation", 7),

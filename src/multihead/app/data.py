@@ -218,7 +218,7 @@ class Task:
         return {"accuracy": exact_match(translations, [t for _, t in pairs]), "examples": len(pairs)}
 
     def describe(self, step: int, loss: float | None, evaluation: dict[str, Any]) -> str:
-        trained = "before training" if loss is None else f"loss {loss:.4f}"
+        trained = "before training" if loss is None else f"this step's training loss {loss:.4f}"
         return f"step {step}: {trained}, held-out exact match {evaluation['accuracy']:.3f}"
 
     def summary(self, evaluation: dict[str, Any], checkpoint: str | None) -> str:
@@ -367,7 +367,7 @@ class Corpus:
         return {"valid_loss": loss(), **scores, "examples": len(pairs)}
 
     def describe(self, step: int, loss: float | None, evaluation: dict[str, Any]) -> str:
-        trained = "before training" if loss is None else f"loss {loss:.3f}"
+        trained = "before training" if loss is None else f"this step's training loss {loss:.3f}"
         return (
             f"step {step}: {trained}, validation loss {evaluation['valid_loss']:.3f}, "
             f"BLEU {evaluation['bleu']:.2f}, chrF {evaluation['chrf']:.2f}"
