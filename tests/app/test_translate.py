@@ -555,13 +555,13 @@ def test_output_is_written_as_it_is_done_and_resume_continues_it(
         handle.write("an unfinished li")
     resumed = cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume")
     assert resumed.status == 0, resumed.err
-    assert "resuming" in resumed.err and "after its 6 lines, 4 texts left" in resumed.err
+    assert "after its 6 lines, 4 texts left" in resumed.err
     assert out.read_text().splitlines() == whole.out_lines
     again = cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume")
     assert (again.status, out.read_text().splitlines()) == (0, whole.out_lines)  # nothing left: as it was
     assert_refused(cli("translate", corpus_run.path, "--input", source, "--resume"), "--resume", "--output FILE")
     assert_refused(cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume",
                        "--sampling-topk", "0"), "--resume continues greedy or beam search")  # fmt: skip
-    write_lines(out, whole.out_lines + ["one more"])
+    write_lines(out, [*whole.out_lines, "one more"])
     assert_refused(cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume"),
                    "holds 11 lines, more than the input's 10 texts")  # fmt: skip
