@@ -184,7 +184,7 @@ def test_training_flags_are_defined_only_in_the_options_table() -> None:
     flags = {name: {flag for action in parser._actions for flag in action.option_strings}
              for name, parser in commands.choices.items()}  # fmt: skip
     train_only = flags["train"] - set().union(*(found for name, found in flags.items() if name != "train"))
-    assert {"--d-model", "--joint-vocab", "--resume"} <= train_only
+    assert {"--d-model", "--joint-vocab", "--warmup"} <= train_only  # (--resume: translate --resume too)
     assert flag_definitions(APPLICATION / "options.py", train_only)  # the check finds the table
     for path in sorted(APPLICATION.glob("*.py")):
         if path.name != "options.py":
