@@ -565,3 +565,22 @@ def test_output_is_written_as_it_is_done_and_resume_continues_it(
     write_lines(out, [*whole.out_lines, "one more"])
     assert_refused(cli("translate", corpus_run.path, "--input", source, "--output", out, "--resume"),
                    "holds 11 lines, more than the input's 10 texts")  # fmt: skip
+
+
+def test_normalize_moses_reads_the_source_as_moses_normalizes_it(
+    corpus_run: CorpusRun, cli: Callable[..., Cli]
+) -> None:
+    """``--normalize moses``: each source goes through Moses' punctuation normalizer (as ``MarianTokenizer`` applies
+    it) before the model reads it: the translation of the normalized text."""
+    from sacremoses import MosesPunctNormalizer
+
+    odd = f"„{SOURCES[0][:-1]}“ ,  sagt er …"
+    plain = MosesPunctNormalizer(lang="de").normalize(odd)
+    assert plain != odd
+    expected = Translator(corpus_run.path).translate([plain])
+    assert Translator(corpus_run.path, normalize="moses").translate([odd]) == expected
+    result = cli("translate", corpus_run.path, odd, "--normalize", "moses")
+    assert (result.status, result.out_lines) == (0, expected)
+    refused = cli("translate", corpus_run.path, odd, "--normalize", "nfkc")
+    assert refused.status == 2
+    assert "argument --normalize: invalid choice: 'nfkc'" in refused.err

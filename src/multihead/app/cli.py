@@ -157,7 +157,7 @@ def _translate(args: argparse.Namespace) -> int:
 
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang,
+        target_lang=args.target_lang, normalize=args.normalize,
     )  # fmt: skip
     if sys.stderr.isatty():
         say(f"{_languages(translator)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
@@ -266,7 +266,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise UserError(f"SRC {args.src!r} and REF {args.ref!r} hold no lines: nothing to evaluate")
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang,
+        target_lang=args.target_lang, normalize=args.normalize,
     )  # fmt: skip
     begin = time.perf_counter()
     hypotheses = translator.translate(
@@ -310,7 +310,7 @@ def _score(args: argparse.Namespace) -> int:
         )
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang,
+        target_lang=args.target_lang, normalize=args.normalize,
     )  # fmt: skip
     begin = time.perf_counter()
     scored = translator.score(
@@ -433,6 +433,7 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
+        normalize=args.normalize,
     )  # fmt: skip
 
 
@@ -489,6 +490,11 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
         "--quantize", choices=QUANTIZED,
         help="compute the linear layers in int8 (weights per output feature, inputs as they come) or bf16 (fast on "
         "CPUs with bfloat16 instructions); the CPU only (default: float32; docs/performance.md has speeds and BLEU)",
+    )  # fmt: skip
+    command.add_argument(
+        "--normalize", choices=("moses",),
+        help="normalize the source's punctuation first, as Moses' normalizer does (sacremoses; what MarianTokenizer "
+        "applies, so that an imported OPUS-MT model reads what it was trained on; default: the text as it is)",
     )  # fmt: skip
 
 

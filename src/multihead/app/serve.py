@@ -893,10 +893,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def _load_run(
-    run: str, checkpoint: str | None, device: str | None, quantize: str | None, langs: Sequence[str] | None
+    run: str,
+    checkpoint: str | None,
+    device: str | None,
+    quantize: str | None,
+    normalize: str | None,
+    langs: Sequence[str] | None,
 ) -> tuple[Translator, Sequence[str]]:
     """A run's translator, and the pair it serves by default (:func:`_served_langs`)."""
-    translator = Translator(run, checkpoint, device=device, quantize=quantize)
+    translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize)
     return translator, _served_langs(translator, langs, run)
 
 
@@ -974,17 +979,19 @@ def serve(
     langs: Sequence[str] | None,
     limits: Limits,
     max_loaded: int | None = None,
+    normalize: str | None = None,
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
     answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``langs``: the
-    first run's pair; ``max_loaded``: the most runs whose models are held at once (:class:`Engines`). A run of a
+    first run's pair; ``max_loaded``: the most runs whose models are held at once (:class:`Engines`); ``normalize``:
+    the sources' punctuation normalizer (:class:`Translator`). A run of a
     built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
     otherwise."""
     import uvicorn
 
     sock = listening_socket(host, port)
     loaders = [
-        functools.partial(_load_run, run, checkpoint, device, quantize, None if index else langs)
+        functools.partial(_load_run, run, checkpoint, device, quantize, normalize, None if index else langs)
         for index, run in enumerate(run_paths(runs))
     ]
     try:

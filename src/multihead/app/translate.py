@@ -10,6 +10,7 @@ Notation: B batch, Ls source length, T generated length, H heads, Lt target leng
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -184,6 +185,16 @@ def language_pair(
     return source_side, generation, [chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"]
 
 
+def moses_normalizer() -> Callable[[str], Any]:
+    """Moses' punctuation normalizer of a language (``sacremoses.MosesPunctNormalizer``, made once per language),
+    refused in one line where ``sacremoses`` is not installed."""
+    try:
+        import sacremoses
+    except ImportError:
+        raise UserError("--normalize moses needs sacremoses: pip install sacremoses") from None
+    return functools.lru_cache(maxsize=None)(lambda lang: sacremoses.MosesPunctNormalizer(lang=lang))
+
+
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
     :mod:`multihead.app.devices`), ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear
@@ -200,6 +211,7 @@ class Translator:
         quantize: str | None = None,
         source_lang: str | None = None,
         target_lang: str | None = None,
+        normalize: str | None = None,
     ) -> None:
         import torch
 
@@ -235,6 +247,8 @@ class Translator:
         self.tokens = 0
         """Target tokens this translator has generated or scored so far, EOS included: what speeds count."""
         self.torch = torch
+        self.normalizer = moses_normalizer() if normalize == "moses" else None
+        """What the sources' punctuation goes through first (``normalize="moses"``), if anything."""
         if source_lang is not None or target_lang is not None:
             self.choose_languages(source_lang, target_lang)
 
@@ -284,12 +298,20 @@ class Translator:
             warn(f"{name}: {shown} not in the model's vocabulary, read as <unk>")
         return ids
 
+    def normalized(self, text: str) -> str:
+        """A source ``text`` as the model reads it: through the punctuation normalizer, where there is one, for the
+        source's language."""
+        if self.normalizer is None or not text.strip():
+            return text
+        return str(self.normalizer((self.langs or ["en"])[0].split("-")[0]).normalize(text))
+
     def _pieces(self, text: str, name: str) -> list[Ids]:
         """``text`` as the pieces the model reads: itself, or, when it is longer than the model reads, each of its
         sentences (as the model learnt to translate them; a sentence too long alone is cut), with one warning
         naming it. A blank text is no piece."""
         if not text.strip():
             return []
+        text = self.normalized(text)
         ids, max_len = self._encode(text, name), self.checkpoint.config.max_len
         if len(ids) <= max_len:
             return [ids]
@@ -465,7 +487,7 @@ class Translator:
         source_ids, target_ids = [], []
         for source, target, name in zip(sources, targets, names, strict=True):
             ids, tokens = (
-                self._encode(source, f"{name} (source)"),
+                self._encode(self.normalized(source), f"{name} (source)"),
                 self._encode(target, f"{name} (translation)", target=True),
             )
             if not source.strip():
@@ -508,7 +530,7 @@ class Translator:
     def attention(self, text: str, *, search: SearchOptions = TRANSLATION) -> Translation:
         """One sentence's translation with every decoder layer's cross-attention."""
         torch = self.torch
-        ids = self._encode(text, "the text")
+        ids = self._encode(self.normalized(text), "the text")
         if len(ids) > self.checkpoint.config.max_len:
             raise UserError(
                 f"the text to plot is longer than this model reads: {len(ids)} {self._unit()}, at most "
