@@ -89,7 +89,7 @@ from multihead.app.runs import (
     write_history,
 )
 from multihead.app.schedule import learning_rate
-from multihead.app.tokenizers import Tokenizer, build_tokenizers, forcing
+from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer, build_tokenizers, forcing
 from multihead.app.translate import language_pair, length_limit, translate_ids
 from multihead.config import TransformerConfig
 from multihead.decoding import Generation
@@ -221,10 +221,12 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
     # A vocabulary taken from another run (an imported one's) keeps what that run's generation bans and forces, for
     # the pair --langs chooses of a model that marks its languages with tokens (M2M100, NLLB, multilingual OPUS-MT).
     generation = Generation(target.specials) if taken is None else taken.generation
-    if taken is not None and resolved.langs and LanguageTokens.of(*(getattr(side, "vocabulary", {})
-                                                                    for side in (source, target))):  # fmt: skip
+    tokens = None  # a taken vocabulary's language tokens, read once
+    if taken is not None and resolved.langs and isinstance(source, SentencePieceTokenizer):
+        tokens = LanguageTokens.of(source.vocabulary, getattr(target, "vocabulary", {}))
+    if taken is not None and tokens is not None and resolved.langs:
         try:
-            source, generation, _ = language_pair(source, target, generation, taken.options.get("langs"),
+            source, generation, _ = language_pair(tokens, source, generation, taken.options.get("langs"),
                                                   *resolved.langs)  # fmt: skip
         except ValueError as error:
             raise UserError(f"--langs {' '.join(resolved.langs)}: {error}") from None

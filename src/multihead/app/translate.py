@@ -153,8 +153,8 @@ def translate_ids(
 
 
 def language_pair(
+    tokens: LanguageTokens,
     source_side: Tokenizer,
-    target_side: Tokenizer,
     generation: Generation,
     langs: Sequence[str] | None,
     source: str | None,
@@ -163,10 +163,9 @@ def language_pair(
     """The source tokenizer, generation and languages (``langs``: the run's) that translate from ``source`` into
     ``target`` (``None``: the run's; an ISO code or the model's own, see :meth:`LanguageTokens.choose`), two of the
     languages of a model that marks them with tokens: M2M100's and NLLB's source tokenizer's prefix and forced token
-    become theirs, a multilingual OPUS-MT model's sources start with the target's. ``ValueError`` for a model without
-    them, or a language it lacks."""
-    tokens = LanguageTokens.of(getattr(source_side, "vocabulary", {}), getattr(target_side, "vocabulary", {}))
-    if tokens is None or not isinstance(source_side, SentencePieceTokenizer):
+    become theirs, a multilingual OPUS-MT model's sources start with the target's (``tokens``: the model's language
+    tokens, :meth:`LanguageTokens.of`). ``ValueError`` for a language it lacks."""
+    if not isinstance(source_side, SentencePieceTokenizer):
         raise ValueError("the model marks no languages with tokens")
     source_side = copy.copy(source_side)
     recorded: Sequence[str | None] = langs or (None, None)
@@ -263,13 +262,14 @@ class Translator:
         what chose them as ``named`` says (default: ``--source-lang``/``--target-lang``)."""
         given = named or " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source),
                                   ("--target-lang", target)) if code is not None)  # fmt: skip
-        if self.language_tokens is None:
+        tokens = self.language_tokens
+        if tokens is None:
             pair = pair_text(self.langs, task=self.checkpoint.options.get("task"))
             raise UserError(f"{given}: this run translates {pair} only; its model marks no languages with tokens "
                             "(M2M100, NLLB-200 and multilingual OPUS-MT models do)")  # fmt: skip
         try:
             self.source, self.generation, self.langs = language_pair(
-                self.source, self.target, self.generation, self.langs, source, target
+                tokens, self.source, self.generation, self.langs, source, target
             )
         except ValueError as error:
             raise UserError(f"{given}: {error}") from None
@@ -281,9 +281,10 @@ class Translator:
         other.choose_languages(source, target)
         return other
 
-    @property
+    @functools.cached_property
     def language_tokens(self) -> LanguageTokens | None:
-        """The language tokens of this run's model, if it translates between many languages."""
+        """The language tokens of this run's model, if it translates between many languages (read once from its
+        vocabularies, which choosing languages leaves as they are; a translator of another pair shares them)."""
         return LanguageTokens.of(getattr(self.source, "vocabulary", {}), getattr(self.target, "vocabulary", {}))
 
     def _unit(self) -> str:

@@ -198,6 +198,7 @@ class Stream(Generic[Owner]):
         self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
         self.length = 0  # the columns written: a step writes column `length`
         self.waited = 0  # steps since sentences began waiting to join
+        self.forcing_own = 0  # sentences whose forced tokens are their own, not the generation's
 
     def __len__(self) -> int:
         """Sentences in the stream or waiting to join."""
@@ -294,6 +295,7 @@ class Stream(Generic[Owner]):
             _Sentence(entry.owner, entry.limit, None if generators is None else generators[index], entry.forced)
             for index, entry in enumerate(joining)
         ]
+        self.forcing_own += sum(entry.forced != self.generation.forced for entry in joining)
         self.tokens = np.concatenate([self.tokens, np.full(count, self.specials.bos, dtype=np.int64)])
         self.starts = np.concatenate([self.starts, np.full(count, self.length, dtype=np.int64)])
         self.sources = np.concatenate([self.sources, lengths])
@@ -330,9 +332,8 @@ class Stream(Generic[Owner]):
         tokens = torch.from_numpy(self.tokens[:, None]).to(self.device)  # (N, 1)
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
-        own = [sentence.forced for sentence in self.sentences]
-        mixed = any(forced != self.generation.forced for forced in own)  # else the generation's, for every row
-        logits = process(self.steps, logits, made, self.generation, own if mixed else None)
+        own = [sentence.forced for sentence in self.sentences] if self.forcing_own else None  # else the generation's
+        logits = process(self.steps, logits, made, self.generation, own)
         if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]
@@ -356,6 +357,7 @@ class Stream(Generic[Owner]):
     def _keep(self, order: np.ndarray) -> None:
         """The host's state of rows ``order``, in that order."""
         self.sentences = [self.sentences[row] for row in order]
+        self.forcing_own = sum(sentence.forced != self.generation.forced for sentence in self.sentences)
         self.tokens, self.starts, self.sources = (x[order] for x in (self.tokens, self.starts, self.sources))
         if not len(order):
             self.length = 0
