@@ -134,6 +134,27 @@ def _translation_input(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return lines, [f"{name} {number}" for number in range(1, len(lines) + 1)]
 
 
+def _ensembled(args: argparse.Namespace) -> list[str]:
+    """The runs after ``translate``'s RUN that ensemble with it: the TEXT arguments that name directories, up to the
+    first that does not (taken out of ``args.text``). ``--plot`` and ``--html``, one model's attention, refused with
+    them."""
+    others = []
+    while args.text and os.path.isdir(args.text[0]):  # False for "" and for what no path can be
+        others.append(args.text.pop(0))
+    if others and (args.plot or args.html):
+        raise UserError(f"{'--plot' if args.plot else '--html'} draws one model's attention: give one run, not an "
+                        f"ensemble of {len(others) + 1}")  # fmt: skip
+    return others
+
+
+def _checkpoints(translator: Translator) -> str:
+    """Which checkpoint translates (``checkpoint best``), or, in an ensemble, each run's."""
+    if len(translator.runs) == 1:
+        return f"checkpoint {translator.checkpoint.path.name}"
+    members = ", ".join(f"{run.path.parents[1]} ({run.path.name})" for run in translator.runs)
+    return f"an ensemble of {len(translator.runs)} runs: {members}"
+
+
 def _languages(translator: Translator) -> str:
     """What the run translates, as ``translate`` and ``evaluate`` say it: its languages, or its built-in task."""
     return pair_text(translator.langs, task=translator.checkpoint.options.get("task"))
@@ -148,6 +169,7 @@ def _translate(args: argparse.Namespace) -> int:
     if args.resume and search.strategy.draws:
         raise UserError("--resume continues greedy or beam search: a sampled text draws as the ones before it did, "
                         "so translate the whole input again")  # fmt: skip
+    others = _ensembled(args)
     texts, names = _translation_input(args)
     _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
@@ -157,10 +179,10 @@ def _translate(args: argparse.Namespace) -> int:
 
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang, normalize=args.normalize,
+        target_lang=args.target_lang, normalize=args.normalize, ensemble=others,
     )  # fmt: skip
     if sys.stderr.isatty():
-        say(f"{_languages(translator)}, checkpoint {translator.checkpoint.path.name}", sys.stderr)
+        say(f"{_languages(translator)}, {_checkpoints(translator)}", sys.stderr)
     begin, count = time.perf_counter(), len(texts)
     if args.n_best is None and args.output is not None:  # a batch job: its lines written as they are done
         count = _translate_into(args.output, texts, names, translator, search, resume=args.resume)
@@ -265,8 +287,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     if not sources:
         raise UserError(f"SRC {args.src!r} and REF {args.ref!r} hold no lines: nothing to evaluate")
     translator = Translator(
-        args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang, normalize=args.normalize,
+        args.run[0], args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
+        target_lang=args.target_lang, normalize=args.normalize, ensemble=args.run[1:],
     )  # fmt: skip
     begin = time.perf_counter()
     hypotheses = translator.translate(
@@ -281,10 +303,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"BLEU {scores['bleu']:.2f} ({scores['signature']['bleu']})")
     print(f"chrF {scores['chrf']:.2f} ({scores['signature']['chrf']})")
     print(f"languages: {_languages(translator)}")
+    if len(translator.runs) > 1:
+        print(_checkpoints(translator))
     print(f"{speed_text(len(sources), 'sentence', translator.tokens, seconds)}, {search_text(search)}")
     summary = {
         **scores, "sentences": len(sources), "seconds": round(seconds, 3), "beam": search.beam_size,
         "checkpoint": translator.checkpoint.path.name, "langs": translator.langs,
+        "runs": [{"run": str(run.path.parents[1]), "checkpoint": run.path.name} for run in translator.runs],
     }  # fmt: skip
     print(json.dumps(summary, sort_keys=True))
     return 0
@@ -446,6 +471,10 @@ def _bench(args: argparse.Namespace) -> int:
 # --- the parser -------------------------------------------------------------------------------------------
 
 RUN_HELP = "run directory written by multihead train"
+ENSEMBLE_HELP = (
+    "several runs of the same vocabularies (trained with --vocab-from one of them) translate as an ensemble: each "
+    "step's log-probabilities averaged over their models, --checkpoint naming each run's checkpoint"
+)
 
 
 def _command(commands: argparse._SubParsersAction, name: str, handler: Any, **kwargs: Any) -> argparse.ArgumentParser:
@@ -531,8 +560,12 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         "with the speed on stderr (sentences/s, and target tokens/s: those generated, EOS included). Options may come "
         "before, between or after the run and the texts.",
     )  # fmt: skip
-    translate.add_argument("run", help=RUN_HELP)
-    translate.add_argument("text", nargs="*", help="texts to translate")
+    translate.add_argument("run", help=f"{RUN_HELP}; {ENSEMBLE_HELP}")
+    translate.add_argument(
+        "text", nargs="*",
+        help="texts to translate (those right after RUN that name directories are the ensemble's other runs: give a "
+        "text that names a directory through --input or standard input)",
+    )  # fmt: skip
     translate.add_argument("--input", metavar="FILE", help="translate each line of FILE (plain or .gz; - for stdin)")
     translate.add_argument(
         "--output", metavar="FILE",
@@ -564,9 +597,10 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         commands, "evaluate", _evaluate, help="translate SRC and score it against REF with sacreBLEU (BLEU, chrF)",
         description="Translate SRC and score against REF with sacreBLEU (blank lines at the end of either file are "
         "not sentences); the last line of stdout is a JSON object with bleu, bleu_lowercase, chrf, signature (of each "
-        "score), sentences, seconds (the translation time), beam, checkpoint and langs (the run's languages, or null).",
+        "score), sentences, seconds (the translation time), beam, checkpoint and langs (the run's languages, or null), "
+        "and runs (each run's directory and checkpoint: several in an ensemble).",
     )  # fmt: skip
-    evaluate.add_argument("run", help=RUN_HELP)
+    evaluate.add_argument("run", nargs="+", metavar="RUN", help=f"{RUN_HELP}; {ENSEMBLE_HELP}")
     evaluate.add_argument("src", help="source sentences, one per line (plain or .gz)")
     evaluate.add_argument("ref", help="reference translations, line-aligned with SRC")
     evaluate.add_argument("--output", metavar="FILE", help="also write the translations here")

@@ -23,7 +23,7 @@ import numpy as np
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.languages import LanguageTokens, pair_text, public_code
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
+from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer, digest
 from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
 
 Ids = list[int]
@@ -194,12 +194,45 @@ def moses_normalizer() -> Callable[[str], Any]:
     return functools.lru_cache(maxsize=None)(lambda lang: sacremoses.MosesPunctNormalizer(lang=lang))
 
 
+class EnsembleSession:
+    """A :class:`multihead.decoding.Session` of several models' sessions of the same sources, whose tokens are the
+    same: a step's logits are the mean of the models' log-probabilities (a log-linear ensemble of equal weights, as
+    Marian's; fairseq averages the probabilities instead), which the searches renormalise, so each step's
+    distribution is the models' normalised geometric mean. Every reorder reorders each model's state; the first
+    model's session chooses the tokens (what it computes on holds them all)."""
+
+    def __init__(self, sessions: Sequence[Any]) -> None:
+        import torch
+
+        self.sessions, self.first, self.torch = list(sessions), sessions[0], torch
+
+    def step(self, prefix: np.ndarray) -> Any:
+        """The mean of the models' log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
+        log_probs = [self.torch.log_softmax(session.step(prefix).float(), dim=-1) for session in self.sessions]
+        return self.torch.stack(log_probs).mean(dim=0)  # (models, N, V) -> (N, V)
+
+    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        for session in self.sessions:
+            session.reorder(rows, same_sources=same_sources)
+
+    def argmax(self, logits: Any) -> np.ndarray:
+        return self.first.argmax(logits)
+
+    def top_k(self, logits: Any, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.first.top_k(logits, scores, beam, count)
+
+    def suppress(self, logits: Any, tokens: np.ndarray, rows: np.ndarray | None = None) -> Any:
+        return self.first.suppress(logits, tokens, rows)
+
+
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
     :mod:`multihead.app.devices`), ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear
     layers in that type (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps
     alike. ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
-    (:meth:`choose_languages`)."""
+    (:meth:`choose_languages`). ``ensemble``: other runs of the same vocabularies whose models translate with this
+    one's (:class:`EnsembleSession`), each from its checkpoint ``checkpoint`` names, on the same device and quantized
+    alike; this run's tokenizers, generation and languages are the ensemble's."""
 
     def __init__(
         self,
@@ -211,6 +244,7 @@ class Translator:
         source_lang: str | None = None,
         target_lang: str | None = None,
         normalize: str | None = None,
+        ensemble: Sequence[str | Path] = (),
     ) -> None:
         import torch
 
@@ -248,8 +282,30 @@ class Translator:
         self.torch = torch
         self.normalizer = moses_normalizer() if normalize == "moses" else None
         """What the sources' punctuation goes through first (``normalize="moses"``), if anything."""
+        self.others = [Translator(other, checkpoint, device=device, quantize=quantize) for other in ensemble]
+        """The ensemble's other members (:meth:`session`): their models, and their lengths (:meth:`limit`)."""
+        for other in self.others:
+            self._check_member(other)
+        self.max_len = min(member.checkpoint.config.max_len for member in (self, *self.others))
+        """The most tokens a source may have: what every member's model reads."""
         if source_lang is not None or target_lang is not None:
             self.choose_languages(source_lang, target_lang)
+
+    def _check_member(self, other: Translator) -> None:
+        """Refuse, in one line, a run whose model reads or writes other tokens than this one's."""
+        mine, theirs = self.checkpoint, other.checkpoint
+        same = digest(mine.source, mine.target) == digest(theirs.source, theirs.target)
+        if not same or mine.config.tgt_vocab != theirs.config.tgt_vocab:
+            what = "their vocabularies differ" if not same else "their output layers differ"
+            raise UserError(
+                f"cannot ensemble {str(theirs.path.parents[1])!r} with {str(mine.path.parents[1])!r}: {what} (an "
+                "ensemble's runs read and write the same tokens: train them with --vocab-from one of them)"
+            )
+
+    @property
+    def runs(self) -> list[Checkpoint]:
+        """The checkpoint of each run that translates: this one's, then the ensemble's others'."""
+        return [self.checkpoint, *(other.checkpoint for other in self.others)]
 
     def release(self) -> None:
         """Let go of the model (``serve --max-loaded``): the run's languages and tokenizers stay, nothing translates
@@ -313,7 +369,7 @@ class Translator:
         if not text.strip():
             return []
         text = self.normalized(text)
-        ids, max_len = self._encode(text, name), self.checkpoint.config.max_len
+        ids, max_len = self._encode(text, name), self.max_len
         if len(ids) <= max_len:
             return [ids]
         pieces = self.source.encode_all(SENTENCE_END.split(text.strip()))
@@ -335,15 +391,17 @@ class Translator:
         return pieces, [ids for text_pieces in pieces for ids in text_pieces]
 
     def limit(self, source_length: int) -> int:
-        """How many tokens a translation of ``source_length`` tokens may take (:func:`length_limit`)."""
-        return length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
+        """How many tokens a translation of ``source_length`` tokens may take (:func:`length_limit`; in an ensemble,
+        the fewest any member allows)."""
+        own = length_limit(source_length, self.longest_target, self.checkpoint.config.max_len)
+        return min([own, *(other.limit(source_length) for other in self.others)])
 
     def limits(self, search: SearchOptions) -> Callable[[int], int]:
         """How many tokens a translation of a source's length may take under ``search``: its ``max_length`` where it
         sets one (more than :meth:`limit` allows, too), within the positions the model has; else :meth:`limit`."""
         if search.max_length is None:
             return self.limit
-        most = min(search.max_length, self.checkpoint.config.max_len - 1)
+        most = min(search.max_length, self.max_len - 1)
         return lambda source_length: most
 
     def batch_size(self, search: SearchOptions) -> int:
@@ -352,9 +410,13 @@ class Translator:
 
     def session(self, src: np.ndarray, limits: np.ndarray) -> Any:
         """A decoding session of ``src (B, Ls)`` for rows limited to ``limits (B,)``, stepping with this translator's
-        layouts; inside ``torch.inference_mode()``."""
+        layouts (an :class:`EnsembleSession` of every member's, in an ensemble); inside ``torch.inference_mode()``."""
         source = self.torch.from_numpy(src).to(self.device)
-        return self.model.decoding_session(source, max_len=int(limits.max()), layouts=self.layouts)
+        sessions = [
+            member.model.decoding_session(source, max_len=int(limits.max()), layouts=member.layouts)
+            for member in (self, *self.others)
+        ]
+        return EnsembleSession(sessions) if self.others else sessions[0]
 
     def spec(self, search: SearchOptions) -> Generation:
         """This run's generation, searching as ``search`` says."""
