@@ -75,7 +75,7 @@ def test_the_help_of_a_command_that_runs_a_model_speaks_of_that_command(
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "where the model runs: auto, cpu, cuda or cuda:N" in text
-    for word in ("torchrun", "on resume", "--framework keras"):
+    for word in ("torchrun", "on resume", "--framework keras", "--init or --vocab-from", "--data file names"):
         assert word not in text, word
 
 

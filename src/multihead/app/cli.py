@@ -745,7 +745,12 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=port_number, default=5000, help="the port to listen on (0: a free one)")
-    BY_NAME["langs"].add_to(serve)
+    BY_NAME["langs"].add_to(
+        serve,
+        help="the first run's pair, ISO codes: the languages it translates where the run does not record them; of a "
+        "many-language model (M2M100, NLLB-200, multilingual OPUS-MT), the pair the page opens with (default: the "
+        "pair the run records)",
+    )
     serve.add_argument("--char-limit", type=limit(-1), default=-1, help="characters per text (-1: no limit)")
     serve.add_argument("--batch-limit", type=limit(-1), default=-1, help="texts per request (-1: no limit)")
     serve.add_argument(
