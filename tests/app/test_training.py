@@ -348,6 +348,23 @@ def test_patience_stops_training_early(
     assert (tmp_path / "run" / "best").read_text().strip() == "step-0000004"
 
 
+def test_equal_bleu_is_ranked_by_the_lower_validation_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BLEU 0 at every early evaluation while the validation loss falls: best follows the loss, and patience waits."""
+    losses = {2: 8.0, 4: 7.0, 6: 6.0, 8: 6.5, 10: 6.8}
+
+    def evaluate(self: Training, count: int | None) -> dict[str, Any]:
+        return {**no_evaluation(self, count), "valid_loss": losses.get(self.step_count, 9.0)}
+
+    monkeypatch.setattr(Training, "evaluate", evaluate)
+    result = train(corpus_options(tmp_path, steps=1000, eval_every=2, checkpoint_every=100, patience=2))
+    assert result.step == 10  # best at step 6, then two evaluations without a lower loss
+    assert "stopping early: no better validation bleu in 2 evaluations" in capsys.readouterr().out
+    assert (tmp_path / "run" / "best").read_text().strip() == "step-0000006"
+    assert (result.checkpoint, result.evaluation["valid_loss"]) == ("step-0000006", 6.0)
+
+
 @pytest.mark.usefixtures("fast_evaluation")
 def test_training_pairs_longer_than_the_model_reads_are_left_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

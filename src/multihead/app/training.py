@@ -687,11 +687,16 @@ class Training:
     def metric(self) -> str:
         return self.setup.data.metric
 
+    def rank(self, evaluation: dict[str, Any]) -> tuple[float, float]:
+        """What ranks evaluations, the best highest: the metric, and among equal ones (BLEU 0 early in a run) the
+        lower validation loss."""
+        return evaluation[self.metric], -evaluation.get("valid_loss", 0.0)
+
     def record(self, evaluation: dict[str, Any], final: bool = False) -> bool:
         """Keep an evaluation in the history and the log; whether it is the best so far."""
-        best = max((e[self.metric] for e in self.history["evals"] if self.metric in e), default=-math.inf)
+        best = max((self.rank(e) for e in self.history["evals"] if self.metric in e), default=(-math.inf, 0.0))
         self.history["evals"].append(self.log_evaluation(evaluation, final))
-        return evaluation[self.metric] > best
+        return self.rank(evaluation) > best
 
     def log_evaluation(self, evaluation: dict[str, Any], final: bool) -> dict[str, Any]:
         """Append an evaluation of this step to ``train.jsonl``, marked ``final`` when it is one of the run's last
@@ -908,7 +913,7 @@ class Training:
             say(f"average of the last {count} checkpoints: {metric.upper()} {evaluation[metric]:.2f}")
             self.consider(evaluation, AVERAGE)
         self.write_history()
-        best = max((e for e in self.history["evals"] if metric in e), key=lambda e: e[metric])
+        best = max((e for e in self.history["evals"] if metric in e), key=self.rank)
         result.evaluation = best
         result.checkpoint = best.get("checkpoint", checkpoint_name(best["step"]))
         result.summary = data.summary(best, result.checkpoint)
