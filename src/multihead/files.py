@@ -19,7 +19,8 @@ from pathlib import Path
 PathLike = str | os.PathLike[str]
 
 __all__ = [
-    "atomic_write", "check_file_target", "fsync_directory", "replace_directory", "umask_mode", "write_directory",
+    "atomic_write", "check_file_target", "fsync_directory", "replace_directory", "staging_directory", "umask_mode",
+    "write_directory",
 ]  # fmt: skip
 
 
@@ -68,10 +69,7 @@ def write_directory(target: Path, write: Callable[[Path], None], *, prefix: str)
     """Call ``write(staging)`` on a new temporary directory beside ``target`` (named ``prefix...``), make its files
     durable with the modes a plain ``open()`` gives, then swap it into ``target``'s place in one step (a previous
     ``target`` is removed). A failure or a crash leaves ``target`` as it was; the staging directory is removed."""
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
-    except OSError as error:  # named by the directory asked for, not the staging directory's made-up name
-        raise OSError(f"cannot write {str(target)!r}: {error.strerror or error}") from None
+    staging = staging_directory(target, prefix)
     try:
         write(staging)
         for written in staging.iterdir():
@@ -84,6 +82,16 @@ def write_directory(target: Path, write: Callable[[Path], None], *, prefix: str)
         fsync_directory(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def staging_directory(target: Path, prefix: str) -> Path:
+    """A new temporary directory beside ``target`` (named ``prefix...``), where ``target`` is written before it is
+    moved into place; one that cannot be made is an ``OSError`` naming ``target``, the directory asked for, not the
+    made-up name."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    except OSError as error:
+        raise OSError(f"cannot write {str(target)!r}: {error.strerror or error}") from None
 
 
 def fsync_directory(path: Path) -> None:

@@ -166,7 +166,8 @@ def test_fairseq_positions_from_a_later_position_export(corpus_run: CorpusRun, t
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="Linux's /proc, where no directory can be made")
 def test_an_unwritable_place_is_named_as_given(task_run: Path, cli: Callable) -> None:
     """Not the hidden staging directory beside it, which the user never named."""
-    result = cli("export", task_run, "/proc/exported")
-    assert result.status != 0
-    assert "cannot write '/proc/exported'" in result.err
-    assert ".tmp" not in result.err
+    for command, place in (("export", "/proc/exported"), ("average", "--out /proc/averaged")):
+        result = cli(command, task_run, *place.split(), *(["--last", "2"] if command == "average" else []))
+        assert result.status == 2
+        assert f"cannot write '{place.split()[-1]}'" in result.err
+        assert ".tmp" not in result.err

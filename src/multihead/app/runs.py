@@ -54,7 +54,14 @@ from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import MOVED_TO_GENERATION, TransformerConfig
 from multihead.decoding import Generation
-from multihead.files import atomic_write, atomic_write_text, fsync_directory, umask_mode, write_directory
+from multihead.files import (
+    atomic_write,
+    atomic_write_text,
+    fsync_directory,
+    staging_directory,
+    umask_mode,
+    write_directory,
+)
 from multihead.io import FRAMEWORKS, METADATA, read_weights
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
@@ -398,7 +405,7 @@ def _new_run(out: Path, fill: Callable[[Path], object]) -> Path:
     """Make the run directory ``out``, which ``fill`` writes: in a hidden sibling directory, renamed into place when
     whole (refused if another process made a run there meanwhile)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging = staging_directory(out, f".{out.name}.tmp-")
     try:
         fill(staging)
         fsync_directory(staging)
