@@ -204,7 +204,8 @@ class EnsembleSession:
     def __init__(self, sessions: Sequence[Any]) -> None:
         import torch
 
-        self.sessions, self.first, self.torch = list(sessions), sessions[0], torch
+        self.sessions, self.torch = list(sessions), torch
+        self.argmax, self.top_k, self.suppress = sessions[0].argmax, sessions[0].top_k, sessions[0].suppress
 
     def step(self, prefix: np.ndarray) -> Any:
         """The mean of the models' log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
@@ -214,15 +215,6 @@ class EnsembleSession:
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         for session in self.sessions:
             session.reorder(rows, same_sources=same_sources)
-
-    def argmax(self, logits: Any) -> np.ndarray:
-        return self.first.argmax(logits)
-
-    def top_k(self, logits: Any, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.first.top_k(logits, scores, beam, count)
-
-    def suppress(self, logits: Any, tokens: np.ndarray, rows: np.ndarray | None = None) -> Any:
-        return self.first.suppress(logits, tokens, rows)
 
 
 class Translator:
