@@ -4,6 +4,7 @@ data and ``translate --html``. Servers listen on 127.0.0.1 on a free port; every
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -22,6 +23,7 @@ from app.served import request, serving, start
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, beam
 from multihead.app import serve
 from multihead.app.languages import from_file_names
+from multihead.app.markup import translate_html
 from multihead.app.serve import Limits, Service, create_app
 from multihead.app.translate import Translator
 from multihead.app.view import attention_view
@@ -83,7 +85,7 @@ def test_detection_names_the_language_among_the_runs_or_none(url: str, corpus_ru
     assert [found["language"] for found in answer["detectedLanguage"]] == ["en", "de"]
 
 
-def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun) -> None:
+def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun, translator: Translator) -> None:
     one, two = corpus_run.translations[:2]
     status, answer = request(url, "/translate", {"q": f"{SAMPLES[0]}\n\n{SAMPLES[1]}", "source": "de", "target": "en"})
     assert (status, answer) == (200, {"translatedText": f"{one}\n\n{two}"})
@@ -100,6 +102,15 @@ def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun) -> None:
     assert status == 200
     assert answer["translatedText"] == f"<p>{one}</p><p><b>{two}</b>.</p>".replace("&", "&amp;")
     assert answer["detectedLanguage"]["language"] == "de"
+    # A sentence split by inline tags: as the markup module translates it with translate's translations.
+    words = SAMPLES[2].split()
+    inline = f'<p>{words[0]} <b class="y">{words[1]}</b> {" ".join(words[2:])}</p>'
+
+    async def translate(texts: list[str]) -> list[str]:
+        return translator.translate(texts)
+
+    status, answer = request(url, "/translate", {"q": inline, "source": "de", "target": "en", "format": "html"})
+    assert (status, answer["translatedText"]) == (200, asyncio.run(translate_html(inline, translate)))
     english = "<p>The weather is very nice today and the children are playing in the garden.</p>"
     status, answer = request(url, "/translate", {"q": english, "source": "auto", "target": "en", "format": "html"})
     assert (status, answer["translatedText"], answer["detectedLanguage"]["language"]) == (200, english, "en")

@@ -17,10 +17,8 @@ import asyncio
 import collections
 import contextlib
 import functools
-import html
 import json
 import queue
-import re
 import signal
 import socket
 import sys
@@ -42,6 +40,7 @@ from starlette.routing import Route
 from multihead.app.console import UserError, say
 from multihead.app.detect import Detected, LanguageIdentifier
 from multihead.app.languages import closest_code, language_name, pair_text, public_code
+from multihead.app.markup import translate_html, visible_text
 from multihead.app.runs import has_checkpoints
 from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, settle
 from multihead.app.translate import TRANSLATION, Translator
@@ -64,8 +63,6 @@ BODY_LIMIT = 1 << 20
 """The largest request body accepted (bytes): LibreTranslate's clients send text, not files."""
 ADDRESSES = 4096
 """Client addresses the rate limit remembers before it forgets those quiet for a minute."""
-SKIPPED = {"script", "style"}
-"""HTML elements whose text is not translated."""
 
 
 class ApiError(Exception):
@@ -553,40 +550,6 @@ class Service:
                 return code or ""
         return next((code for code, targets in self.pairs.items() if target in targets), self.source)
 
-    async def translate_html(self, text: str, translate: Callable[[list[str]], Awaitable[list[str]]]) -> str:
-        """``text`` as HTML: its text nodes translated by ``translate`` (outside ``script`` and ``style``; a node
-        without a letter, such as the full stop after a ``</b>``, kept as it is), each as one text (its line breaks
-        and runs of spaces are one space, as a browser shows them), its tags as they were."""
-        parts, nodes = html_nodes(text)
-        nodes = [index for index in nodes if any(char.isalpha() for char in parts[index])]
-        translated = await translate([" ".join(html.unescape(parts[i]).split()) for i in nodes])
-        for index, translation in zip(nodes, translated, strict=True):
-            part = parts[index]
-            lead, trail = part[: len(part) - len(part.lstrip())], part[len(part.rstrip()) :]
-            parts[index] = lead + html.escape(translation, quote=False) + trail
-        return "".join(parts)
-
-
-def html_nodes(text: str) -> tuple[list[str], list[int]]:
-    """``text`` cut at its tags and comments (odd places), and the places of its text nodes that show: not blank, not
-    inside ``script`` or ``style``."""
-    parts = re.split(r"(<!--.*?-->|<[^>]*>)", text, flags=re.DOTALL)
-    nodes, skipping = [], None
-    for index, part in enumerate(parts):
-        if index % 2:  # a tag or a comment
-            tag = re.match(r"<(/?)([A-Za-z][\w-]*)", part)
-            if tag and tag[2].lower() in SKIPPED:
-                skipping = None if tag[1] else tag[2].lower()
-        elif part.strip() and skipping is None:
-            nodes.append(index)
-    return parts, nodes
-
-
-def visible_text(text: str) -> str:
-    """What an HTML ``text`` shows, its nodes' text one space apart: what its language is told from."""
-    parts, nodes = html_nodes(text)
-    return " ".join(" ".join(html.unescape(parts[index]).split()) for index in nodes)
-
 
 PIVOT = "en"
 """The language a pair no run serves goes through first, where both legs are served (as Argos Translate does)."""
@@ -727,7 +690,7 @@ class Endpoints:
         if text_format == "html":
             for code, indices in groups.items():
                 for index in indices:
-                    translated[index] = await service.translate_html(texts[index], translate(translators[code]))
+                    translated[index] = await translate_html(texts[index], translate(translators[code]))
         elif alternatives:
             for code, indices in groups.items():
                 for index in indices:
