@@ -62,9 +62,9 @@ def _inline(part: str) -> bool:
 def _elements(parts: list[str], run: list[int]) -> list[Element] | None:
     """The inline elements of a ``run`` of ``parts``, each an opening tag, its text and its closing tag; ``None``
     where the run's tags do not pair so (an element inside another, a tag left open)."""
-    tags, elements = [index for index in run if index % 2], []
+    tags, elements, places = [index for index in run if index % 2], [], set(run)
     for index in tags:
-        opening, closing = TAG.match(parts[index]), TAG.match(parts[index + 2]) if index + 2 in run else None
+        opening, closing = TAG.match(parts[index]), TAG.match(parts[index + 2]) if index + 2 in places else None
         if opening is None or opening[1]:  # a closing tag: its opening one has paired it
             continue
         if closing is None or not closing[1] or closing[2].lower() != opening[2].lower():
