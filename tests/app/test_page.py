@@ -23,6 +23,7 @@ from app.browser import browser
 from app.served import serving
 from app.support import SAMPLES, CorpusRun
 from multihead.app import view
+from multihead.app.detect import LanguageIdentifier
 from multihead.app.serve import Limits, Service, create_app
 from multihead.app.translate import Translator
 from multihead.app.view import attention_view
@@ -267,7 +268,8 @@ def test_the_served_page_translates_and_shows_a_real_runs_attention(driver: Chro
         driver.get(f"{url}/")
         wait = WebDriverWait(driver, 30)
         wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
-        assert (options(driver, "source"), options(driver, "target")) == ([("de", "German")], [("en", "English")])
+        assert options(driver, "source") == [("auto", "Detect language"), ("de", "German")]
+        assert options(driver, "target") == [("en", "English")]
         driver.find_element(By.ID, "text").send_keys(SAMPLES[0])
         driver.find_element(By.ID, "translate").click()
         wait.until(lambda _: driver.find_element(By.ID, "translation").text == corpus_run.translations[0])
@@ -282,6 +284,8 @@ def test_the_served_page_translates_and_shows_a_real_runs_attention(driver: Chro
         hover(driver, "#target-line .target-word[data-index='0']")
         assert source_weights(driver) == [f"{weight:.3f}" for weight in expected["layers"][0][1][0]]
         assert driver.find_element(By.ID, "error").is_displayed() is False
+        assert driver.find_element(By.ID, "note").is_displayed() is False
+        assert driver.find_element(By.ID, "detected").is_displayed() is False
         assert driver.save_screenshot(str(tmp_path / "page.png"))
 
 
@@ -307,7 +311,7 @@ def test_the_served_page_chooses_a_pair_of_a_multilingual_runs_languages(driver:
         wait = WebDriverWait(driver, 30)
         wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
         names = {"de": "German", "en": "English", "fr": "French", "zh": "Chinese", "zh-Hant": "Chinese (Traditional)"}
-        assert options(driver, "source") == list(names.items())
+        assert options(driver, "source") == [("auto", "Detect language"), *names.items()]
         assert options(driver, "target") == [(code, name) for code, name in names.items() if code != "de"]
         choose(driver, "source", "fr")
         assert options(driver, "target") == [(code, name) for code, name in names.items() if code != "fr"]
@@ -319,3 +323,87 @@ def test_the_served_page_chooses_a_pair_of_a_multilingual_runs_languages(driver:
         wait.until(lambda _: driver.find_element(By.ID, "translation").text == chosen.translate([text])[0])
         expected = attention_view(chosen.attention(text))
         wait.until(lambda _: texts(driver, "#attention th.target-word") == expected["target_words"])
+
+
+def translate_on_the_page(driver: Chrome, text: str) -> None:
+    """``text`` typed into the page's form, whatever was there before, and sent."""
+    driver.execute_script("window.fetched = []")
+    box = driver.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys(text)
+    driver.find_element(By.ID, "translate").click()
+
+
+def test_the_served_page_detects_the_language(driver: Chrome, corpus_run: CorpusRun) -> None:
+    """The source "Detect language" sends ``source: "auto"``, names the language found and draws the attention of
+    the pair it was translated from; a text already in the target language is kept as it is, with a note instead."""
+    translator = Translator(corpus_run.path)
+    english = "A dog runs across a grassy field."
+    identifier = LanguageIdentifier(["de", "en"])
+    german, found_english = identifier.detect(SAMPLES[0])[0], identifier.detect(english)[0]
+    assert (german.language, found_english.language) == ("de", "en")
+    expected = attention_view(translator.attention(SAMPLES[0]))
+    with serving(create_app(Service(translator, translator.langs), Limits())) as url:
+        driver.get(f"{url}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
+        choose(driver, "source", "auto")
+        assert options(driver, "target") == [("en", "English")]
+        assert driver.find_element(By.ID, "title").text == "Detect language → English"
+        translate_on_the_page(driver, SAMPLES[0])
+        wait.until(lambda _: texts(driver, "#attention th.target-word") == expected["target_words"])
+        assert driver.find_element(By.ID, "translation").text == corpus_run.translations[0]
+        assert driver.find_element(By.ID, "detected").text == f"Detected: German ({round(german.confidence)}%)"
+        assert driver.execute_script("return window.fetched") == ["/translate", "/attention"]
+        assert texts(driver, "#attention th.source-word") == expected["source_words"]
+        translate_on_the_page(driver, english)
+        wait.until(lambda _: driver.find_element(By.ID, "note").is_displayed())
+        assert driver.find_element(By.ID, "note").text == "The text is already in English: it is kept as it is."
+        assert driver.find_element(By.ID, "translation").text == english
+        assert driver.find_element(By.ID, "detected").text == f"Detected: English ({round(found_english.confidence)}%)"
+        assert driver.execute_script("return window.fetched") == ["/translate"]
+        assert not driver.find_element(By.ID, "view").is_displayed()
+        assert not driver.find_element(By.ID, "error").is_displayed()
+
+
+def test_the_served_page_translates_a_pivot_pair_with_a_note_for_its_attention(driver: Chrome,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    """Two runs, de → en and en → sv: German into Swedish goes through English, two models in turn, so the page shows
+    the translation and a note (no error, no attention); German into English draws its one model's attention."""
+    pytest.importorskip("transformers")
+    import warnings
+
+    from app.support import sentences
+    from app.test_import import make_checkpoint
+    from multihead.app.pretrained import import_pretrained
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        made = make_checkpoint(tmp_path / "checkpoints" / "opus-mt-de-en", shared=True)
+        import_pretrained(str(made), tmp_path / "runs" / "de-en")
+        import_pretrained(str(made), tmp_path / "runs" / "en-sv", langs=["en", "sv"])
+    first, second = Translator(tmp_path / "runs" / "de-en"), Translator(tmp_path / "runs" / "en-sv")
+    text = sentences(1, seed=17)[0]
+    service = Service(first, first.langs or [], more=[(second, second.langs or [])])
+    with serving(create_app(service, Limits())) as url:
+        driver.get(f"{url}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
+        assert options(driver, "target") == [("en", "English"), ("sv", "Swedish")]
+        choose(driver, "target", "sv")
+        translate_on_the_page(driver, text)
+        wait.until(lambda _: driver.find_element(By.ID, "note").is_displayed())
+        assert driver.find_element(By.ID, "translation").text == second.translate(first.translate([text]))[0]
+        assert driver.find_element(By.ID, "note").text == (
+            "German → Swedish is translated by two models in turn (de-en, then en-sv): no one model's attention to "
+            "show."
+        )
+        assert driver.execute_script("return window.fetched") == ["/translate"]
+        assert not driver.find_element(By.ID, "error").is_displayed()
+        assert not driver.find_element(By.ID, "view").is_displayed()
+        choose(driver, "target", "en")
+        translate_on_the_page(driver, text)
+        expected = attention_view(first.attention(text))
+        wait.until(lambda _: texts(driver, "#attention th.target-word") == expected["target_words"])
+        assert driver.find_element(By.ID, "translation").text == first.translate([text])[0]
+        assert not driver.find_element(By.ID, "note").is_displayed()
