@@ -32,12 +32,19 @@ def umask_mode(directory: bool = False) -> int:
 
 
 def check_file_target(path: PathLike, name: str = "path") -> Path:
-    """``path`` can become a file: its directory exists and it is not itself a directory."""
+    """``path`` can become a file: its directory exists and it is not itself a directory (else a ``ValueError``), and
+    the system lets this process write into that directory (else an ``OSError`` naming ``path``, not a file of ours),
+    as a command checks before the work whose result it writes there."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ValueError(f"`{name}` must be in an existing directory, received {str(path)!r}")
     if path.is_dir():
         raise ValueError(f"`{name}` must name a file, received {str(path)!r}, which is a directory")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):  # a nameless file where the system has them (O_TMPFILE)
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
     return path
 
 

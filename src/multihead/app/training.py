@@ -52,7 +52,7 @@ from multihead.app.data import (
     vocabulary_from,
 )
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device, use_threads
-from multihead.app.languages import LanguageTokens
+from multihead.app.languages import LanguageTokens, from_file_names
 from multihead.app.memory import release_freed_memory
 from multihead.app.options import (
     DATA,
@@ -188,6 +188,26 @@ def _tokenizers(resolved: RunOptions, pairs: Sequence[tuple[str, str]]) -> tuple
     return source, target
 
 
+def _language(code: str) -> str:
+    """The language a code names, without its script or region, as its shortest code (``deu``: de; ``zh-Hant``: zh;
+    ``iw``: he)."""
+    import langcodes
+
+    return str(langcodes.standardize_tag(code.replace("_", "-"), macro=True).split("-")[0])
+
+
+def _check_langs_and_file_names(options: TrainOptions) -> None:
+    """Warn, in one line, where ``--langs`` names other languages than the ``--data`` files' names (``train.de``,
+    ``train.en``: ISO 639-1 codes), which a run without ``--langs`` would record: one of them is likely wrong."""
+    named = from_file_names(options.data or [])
+    if options.langs is None or named is None or any(len(code) != 2 for code in named):
+        return
+    if [_language(code) for code in options.langs] != [_language(code) for code in named]:
+        warn(f"--langs {' '.join(options.langs)} is not what the --data file names say ({' → '.join(named)}: "
+             f"{', '.join(Path(path).name for path in options.data or [])}): check which language each side is; the "
+             "run records --langs")  # fmt: skip
+
+
 def new_setup(options: TrainOptions, out: Path) -> Setup:
     """The setup of a fresh run: data read, tokenizers learned (or another run's taken), model sized (or, with
     ``--init``, another run's taken whole), training data made ready."""
@@ -236,6 +256,7 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
     else:
         config = replace(initial.config, dropout=resolved.dropout)
         data.fit(config.max_len, source, targets)
+    _check_langs_and_file_names(options)
     prepared = data.prepare(out, source, targets, options.progress)
     return Setup(resolved, data, source, target, config, generation, prepared, initial)
 
@@ -501,6 +522,7 @@ class Training:
         self._step_seconds, self._save_seconds, self.lr = 0.0, 0.0, 0.0  # self.lr: the last step's learning rate
         self._evaluation_seconds: float | None = None  # per held-out example, once an evaluation has been timed
         self._started, self._first_step = self.began, 0  # when and at which step this process's training began
+        self._warned_long = False  # of held-out pairs longer than the model reads (:meth:`evaluate`)
 
     # build ---------------------------------------------------------------------------------------------
 
@@ -653,10 +675,10 @@ class Training:
 
     # evaluate ------------------------------------------------------------------------------------------
 
-    def _translate(self, sources: Sequence[str]) -> list[str]:
-        """Greedy translations of held-out ``sources``, each cut to the positions the model has."""
+    def _translate(self, sources: Sequence[list[int]]) -> list[str]:
+        """Greedy translations of held-out ``sources`` (their ids), each cut to the positions the model has."""
         setup = self.setup
-        ids = [piece[: setup.config.max_len] for piece in setup.source.encode_all(sources)]
+        ids = [piece[: setup.config.max_len] for piece in sources]
         longest = setup.prepared.facts["longest_target"]
         limit = lambda length: length_limit(length, longest, setup.config.max_len)  # noqa: E731
         generate = lambda src, limits, _: self.trainer.generate(src, limits)  # noqa: E731 (greedy: no sentence keys)
@@ -665,23 +687,29 @@ class Training:
 
     def evaluate(self, count: int | None) -> dict[str, Any]:
         """The data's evaluation (exact match for a task; validation loss, BLEU and chrF for a corpus), greedy, on the
-        first ``count`` held-out examples (all when ``None``)."""
-        setup = self.setup
+        first ``count`` held-out examples (all when ``None``). The first that holds pairs longer than the model reads
+        says how many: their sources are cut for translating, and they are left out of the loss."""
+        setup, max_len = self.setup, self.setup.config.max_len
         pairs = setup.data.evaluation_pairs(count)
+        sources = setup.source.encode_all([s for s, _ in pairs])
+        targets = setup.targets.encode_all([t for _, t in pairs])
+        fits = [len(s) <= max_len and len(t) < max_len for s, t in zip(sources, targets, strict=True)]
+        if not all(fits) and not self._warned_long:
+            self._warned_long = True
+            long = fits.count(False)
+            warn(f"{plural(long, 'held-out pair')} of {len(pairs)} {'is' if long == 1 else 'are'} longer than the "
+                 f"model reads ({max_len} tokens a side): evaluations translate {'its' if long == 1 else 'their'} "
+                 "sources cut to that, and leave them out of the validation loss")  # fmt: skip
 
         def loss() -> float:  # over the pairs the model has positions for, as training takes only those
-            max_len = setup.config.max_len
-            encoded = zip(setup.source.encode_all([s for s, _ in pairs]),
-                          setup.targets.encode_all([t for _, t in pairs]), strict=True)  # fmt: skip
-            kept = [(s, t) for s, t in encoded if len(s) <= max_len and len(t) < max_len]
+            kept = [(s, t) for s, t, fit in zip(sources, targets, fits, strict=True) if fit]
             if not kept:
                 return math.nan
-            sources, targets = [s for s, _ in kept], [t for _, t in kept]
-            batches = evaluation_batches(sources, targets, setup.target.specials, 4096)
+            batches = evaluation_batches([s for s, _ in kept], [t for _, t in kept], setup.target.specials, 4096)
             summed = sum(self.trainer.loss_sum(batch) for _, batch in batches)
-            return summed / sum(len(t) + 1 for t in targets)
+            return summed / sum(len(t) + 1 for _, t in kept)
 
-        return setup.data.scores(self._translate([s for s, _ in pairs]), pairs, loss, setup.options.langs)
+        return setup.data.scores(self._translate(sources), pairs, loss, setup.options.langs)
 
     @property
     def metric(self) -> str:
@@ -799,7 +827,7 @@ class Training:
                     rate = (self.tokens - tokens_before) / (time.monotonic() - self._started)
                     progress = self._progress(self.losses_read(), rate, deadline)
                     bar.set_postfix(progress.postfix(), refresh=False)  # drawn by bar.update, at most every mininterval
-                if self.step_count % self.options.log_every == 0 and is_main_rank():
+                if self.step_count % o.log_every == 0 and is_main_rank():
                     logged = self._log_progress(logged, deadline, printed=bool(bar.disable))
                 self._evaluate_and_save(bar)
         bar.close()
