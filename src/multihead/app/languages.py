@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib.util
 import re
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,15 @@ def code_tokens(vocabulary: Mapping[str, int], pattern: re.Pattern[str] = CODE_T
     return dict(sorted(found.items(), key=lambda item: item[1]))
 
 
+CLOSE = 25
+"""The largest ``langcodes`` distance at which a language stands for its macrolanguage (``nb`` for ``no``: 1;
+Cantonese, ``yue``, for ``zh``: 64, too far)."""
+SCRIPT_PARTS = {"Kore": ("Hang", "Hani"), "Jpan": ("Hani", "Hira", "Kana"), "Hanb": ("Hani", "Bopo")}
+"""The scripts each of ISO 15924's combined scripts holds: Korean's usual ``Kore`` is Hangul with Han, so NLLB's
+``kor_Hang`` writes ``ko``."""
+
+
+@functools.lru_cache(maxsize=4096)
 def _language(code: str) -> Any:
     """``code`` (ISO 639-1 or -3, with a script or region, ``-`` or ``_``) as a ``langcodes.Language`` whose
     language is the macrolanguage where there is one (``cmn_Hans``: ``zh-Hans``); ``None`` for what is no tag."""
@@ -70,40 +80,78 @@ def _language(code: str) -> Any:
         return None
 
 
-def public_code(code: str) -> str:
-    """The code a LibreTranslate client knows for a model's language code: ISO 639-1 where there is one, its script
-    only where it is not the language's usual one (NLLB's ``deu_Latn``: ``de``; ``zho_Hant``: ``zh-Hant``)."""
-    language = _language(code)
-    if language is None:
-        return code
-    if language.script is not None and language.script == type(language).get(language.language).maximize().script:
-        language = language.update_dict({"script": None})
-    return str(language.to_tag())
+def _usual_script(language: Any) -> str | None:
+    """The script a language's code alone means (``ko``: Kore; ``sr``: Cyrl), by ``langcodes``' likely subtags."""
+    return None if language.language is None else type(language).get(language.language).maximize().script
 
 
-def _tags(codes: Sequence[str]) -> dict[str, str]:
-    """Each code's standard tag (``cmn_Hans``: ``zh-Hans``) -> the first code with that tag."""
-    tags: dict[str, str] = {}
-    for code in codes:
-        language = _language(code)
-        if language is not None:
-            tags.setdefault(str(language.to_tag()), code)
-    return tags
+def _asked_script(language: Any) -> str | None:
+    """The script a requested tag names, or that its region gives where that is not its language's usual one
+    (``zh-TW``: Hant; ``sr-ME``: Latn); ``None`` where it leaves the script open (``zh``, ``ko-KR``)."""
+    if language.script is not None or language.territory is None:
+        return language.script
+    script = language.maximize().script
+    return None if script == _usual_script(language) else script
+
+
+def _same_script(one: str | None, other: str | None) -> bool:
+    """Whether scripts ``one`` and ``other`` write the same texts: they are one, or one is a part of the other, a
+    combined script (:data:`SCRIPT_PARTS`: Hang of Kore)."""
+    return one == other or one in SCRIPT_PARTS.get(other or "", ()) or other in SCRIPT_PARTS.get(one or "", ())
+
+
+def _of_language(code: Any, wanted: Any) -> bool:
+    """Whether a model's language ``code`` is the language ``wanted`` (both ``langcodes.Language``; macrolanguages as
+    ``langcodes``' table of ISO 639-3's has them): the same, one of the macrolanguage ``wanted`` names (``ps``:
+    Southern Pashto, ``pbt``; ``no``: ``nb``), or the macrolanguage of the one it names where ``langcodes`` holds them
+    within :data:`CLOSE` (``nb``: ``no``). Never another language, however close (``br`` is not ``fr``)."""
+    from langcodes.data_dicts import MACROLANGUAGES
+
+    if code.language == wanted.language or MACROLANGUAGES.get(code.language) == wanted.language:
+        return True
+    one, macrolanguage = (type(language).get(language.language) for language in (wanted, code))
+    return MACROLANGUAGES.get(wanted.language) == code.language and one.distance(macrolanguage) <= CLOSE
+
+
+def _same_language(requested: str, codes: Sequence[str]) -> list[str]:
+    """The codes among ``codes`` of the language ``requested`` names, in any script (:func:`_of_language`)."""
+    wanted = _language(requested)
+    if wanted is None or wanted.language is None:
+        return []
+    return [code for code in codes if (language := _language(code)) is not None and _of_language(language, wanted)]
 
 
 def closest_code(requested: str, codes: Sequence[str]) -> str | None:
-    """The code among ``codes`` of the language ``requested``: itself, else the closest in language and script by
-    ``langcodes``' distance (``zh`` matches Simplified Chinese, ``zh-Hant`` and ``zh-TW`` Traditional), the first of
-    equally close ones; ``None`` where none is close."""
+    """The code among ``codes`` of the language ``requested``: itself, else one of its language
+    (:func:`_of_language`: ``ps`` is NLLB's ``pbt_Arab``) in the script it names or its region gives (``sr-Latn``
+    is never ``srp_Cyrl``; ``zh-TW`` is Traditional Chinese), or, where it leaves the script open, in any script
+    (``ko``: NLLB's ``kor_Hang``); of these, the closest by ``langcodes``' distance (``zh`` is Simplified Chinese),
+    the first of equally close ones. ``None`` where none is."""
     if requested in codes:
         return requested
-    import langcodes
+    wanted = _language(requested)
+    script = None if wanted is None else _asked_script(wanted)
+    found = [code for code in _same_language(requested, codes)
+             if script is None or _same_script(script, _language(code).maximize().script)]  # fmt: skip
+    return min(found, key=lambda code: wanted.distance(_language(code)), default=None)
 
-    wanted, tags = _language(requested), _tags(codes)
-    if wanted is None or not tags:
-        return None
-    match, _ = langcodes.closest_match(str(wanted.to_tag()), list(tags), max_distance=25)
-    return tags.get(match)
+
+def public_code(code: str, codes: Sequence[str]) -> str:
+    """The code a LibreTranslate client sends for ``code``, one of a model's ``codes``: the shortest ISO one that
+    :func:`closest_code` takes back to it and that means its script (NLLB's ``kor_Hang``: ``ko``; ``pbt_Arab``:
+    ``ps``; ``zho_Hant``: ``zh-Hant``; ``crh_Latn``: ``crh-Latn``, ``crh`` meaning Cyrillic), else ``code``."""
+    from langcodes.data_dicts import MACROLANGUAGES
+
+    language = _language(code)
+    if language is None or language.language is None:
+        return code
+    script = language.maximize().script
+    usual = language.update_dict({"script": None}) if _same_script(script, _usual_script(language)) else language
+    names = sorted(filter(None, (language.language, MACROLANGUAGES.get(language.language))), key=len)
+    for tag in dict.fromkeys([*names, str(usual.to_tag()), str(language.to_tag())]):
+        if closest_code(tag, codes) == code and _same_script(_language(tag).maximize().script, script):
+            return tag
+    return code
 
 
 @dataclass(frozen=True)
@@ -130,19 +178,42 @@ class LanguageTokens:
         return cls({}, codes, False) if codes else None
 
     def choose(self, requested: str, *, target: bool) -> str:
-        """The model's code of the language ``requested`` (its own code, or an ISO one it matches in language and
-        script by ``langcodes``' distance, ``zh`` meaning Simplified Chinese and ``zh-Hant`` Traditional; the first
-        of equally close codes); ``ValueError`` naming the nearest codes it has."""
+        """The model's code of the language ``requested``: its own code, or an ISO one (:func:`closest_code`: ``ko``
+        is NLLB's ``kor_Hang``, ``zh`` Simplified Chinese, ``zh-Hant`` Traditional); ``ValueError`` naming the
+        nearest codes it has (``sr-Latn``: ``srp_Cyrl``, which writes another script)."""
         codes = list(self.targets if target else self.sources)
         found = closest_code(requested, codes)
         if found is not None:
             return found
-        wanted, tags = _language(requested), _tags(codes)
-        same = [code for tag, code in tags.items() if wanted is not None and tag.split("-")[0] == wanted.language]
-        nearest = same[:5] or difflib.get_close_matches(requested, codes, n=3, cutoff=0.5)
+        nearest = _same_language(requested, codes)[:5] or difflib.get_close_matches(requested, codes, n=3, cutoff=0.5)
         some = ", ".join(codes[:8])
         shown = f"the nearest it has: {', '.join(nearest)}" if nearest else f"it has {len(codes)}, such as {some}"
         raise ValueError(f"the model has no language {requested!r}; {shown}")
+
+    @functools.cached_property
+    def _public(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The sources' and the targets' codes -> the ISO codes clients send for them (:func:`public_code`)."""
+
+        def public(side: Mapping[str, int]) -> dict[str, str]:
+            return {code: public_code(code, list(side)) for code in side}
+
+        return public(self.sources), public(self.targets)
+
+    def public(self, code: str, *, target: bool) -> str:
+        """The ISO code clients send for ``code``, one of the model's targets (or sources): :func:`public_code`,
+        NLLB's ``kor_Hang`` is ``ko``; a code the model has none of as it is (a multilingual OPUS-MT model's
+        source)."""
+        return self._public[target].get(code, code)
+
+    def own_code(self, public: str) -> str | None:
+        """The model's code (a target's, else a source's) whose ISO code (:meth:`public`) is ``public``, if any."""
+        return next((code for side in self._public[::-1] for code, shown in side.items() if shown == public), None)
+
+    def own_codes(self, langs: Sequence[str]) -> list[str]:
+        """The model's codes of the pair ``langs`` (ISO codes, as :meth:`public` gives them: ``ko`` is NLLB's
+        ``kor_Hang``), each as given where the model has none of it (a multilingual OPUS-MT model's source)."""
+        sides = (self.sources, self.targets)
+        return [closest_code(code, list(side)) or code for code, side in zip(langs, sides, strict=True)]
 
 
 def language_code(text: str) -> str:
@@ -190,14 +261,17 @@ def from_file_names(paths: Sequence[str]) -> list[str] | None:
     return [source, target] if rest[0] == rest[1] else None
 
 
-def pair_text(langs: Sequence[str] | None, *, task: str | None = None) -> str:
-    """``de → en`` (German to English); for a run of a built-in ``task``, which translates no language, the task;
-    else that the run does not say (``train --langs`` names them, for a corpus)."""
+def pair_text(langs: Sequence[str] | None, *, task: str | None = None, tokens: LanguageTokens | None = None) -> str:
+    """``de → en`` (German to English); with a model's language ``tokens``, also its own codes of the pair where they
+    differ (``de → ko (German to Korean; the model's deu_Latn → kor_Hang)``); for a run of a built-in ``task``,
+    which translates no language, the task; else that the run does not say (``train --langs`` names them)."""
     if task is not None and not langs:
         return f"built-in task {task} (no languages)"
     if not langs:
         return "languages not recorded (train --langs SRC TGT)"
-    return f"{langs[0]} → {langs[1]} ({language_name(langs[0])} to {language_name(langs[1])})"
+    own = [] if tokens is None else tokens.own_codes(langs)
+    codes = f"; the model's {own[0]} → {own[1]}" if own and own != list(langs) else ""
+    return f"{langs[0]} → {langs[1]} ({language_name(langs[0])} to {language_name(langs[1])}{codes})"
 
 
 BLEU_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "char", "none")
