@@ -37,11 +37,13 @@ A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptio
   same rule, which keeping one is.
 
 What generation reads besides the model is one :class:`Generation`: the special ids, the tokens never chosen, the
-tokens every translation starts with, and the search (with its length limits). :func:`process` applies it to every
-step's logits, whatever the strategy, before anything is chosen (as Hugging Face's logits processors do): banned
-tokens (CTranslate2's and Hugging Face's ``bad_words_ids`` with ``renormalize_logits``) and, while a row has made
-fewer than ``min_length`` tokens, EOS get the logit ``-inf``; while it has made fewer than its forced tokens, every
-token but the next forced one does. The other tokens' probabilities sum to 1.
+tokens every translation starts with, whether one that reaches its length limit ends with EOS, and the search (with
+its length limits). :func:`process` applies it to every step's logits, whatever the strategy, before anything is
+chosen (as Hugging Face's logits processors do): banned tokens (CTranslate2's and Hugging Face's ``bad_words_ids``
+with ``renormalize_logits``) and, while a row has made fewer than ``min_length`` tokens, EOS get the logit ``-inf``;
+while it has made fewer than its forced tokens, every token but the next forced one does; with ``eos_at_limit``, at
+a row's last place every token but EOS does (Hugging Face's ``forced_eos_token_id``), whatever the other rules say.
+The other tokens' probabilities sum to 1.
 
 ``max_len`` is one length limit for every row, or one per row: a row's translation then never depends on the rows
 searched with it. Results hold the generated tokens after BOS, ``(B, T)`` with ``T`` at most the
@@ -64,7 +66,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from multihead.cache import DecoderCache, DecoderCaches
-from multihead.validation import check_non_negative_int, check_positive_int
+from multihead.validation import check_flag, check_non_negative_int, check_positive_int
 
 Tensor = Any
 Limit = int | Sequence[int] | np.ndarray
@@ -201,6 +203,8 @@ class Generation:
         forced: tokens every translation starts with, after ``bos`` (a multilingual model's target-language code):
             each is the only token a row may take at its place. They are part of the translation, and count towards
             its ``min_length`` and length limit.
+        eos_at_limit: a translation that reaches its length limit ends with EOS: EOS is the only token a row may take
+            at its last place (Hugging Face's ``forced_eos_token_id``). ``False``: it stops there without one.
         search: how the tokens are chosen, and the length limits (:class:`SearchOptions`).
 
     ``to_dict``/``from_dict`` write and read it as JSON values (what a run stores; a missing key takes its default).
@@ -209,9 +213,11 @@ class Generation:
     specials: Specials = Specials()
     banned: Sequence[int] = ()  # kept as a tuple
     forced: Sequence[int] = ()  # kept as a tuple
+    eos_at_limit: bool = False
     search: SearchOptions = SearchOptions()
 
     def __post_init__(self) -> None:
+        check_flag("eos_at_limit", self.eos_at_limit)
         if not isinstance(self.specials, Specials):
             raise TypeError(f"`specials` must be a Specials, received {type(self.specials).__name__}")
         if not isinstance(self.search, SearchOptions):
@@ -238,7 +244,8 @@ class Generation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"specials": dataclasses.asdict(self.specials), "banned": list(self.banned),
-                "forced": list(self.forced), "search": self.search.to_dict()}  # fmt: skip
+                "forced": list(self.forced), "eos_at_limit": self.eos_at_limit,
+                "search": self.search.to_dict()}  # fmt: skip
 
     @classmethod
     def from_dict(cls, values: object) -> Generation:
@@ -246,7 +253,9 @@ class Generation:
             raise TypeError(f"a generation spec must be a JSON object, received {type(values).__name__}")
         unknown = sorted(set(values) - {field.name for field in dataclasses.fields(cls)})
         if unknown:
-            raise ValueError(f"unknown generation keys {unknown}; known keys are specials, banned, forced, search")
+            raise ValueError(
+                f"unknown generation keys {unknown}; known keys are specials, banned, forced, eos_at_limit, search"
+            )
         parts = dict(values)
         for name, kind in (("specials", Specials), ("search", SearchOptions)):
             if name in parts:
@@ -400,10 +409,10 @@ def generate(
         raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
                          "come from n_best_search")  # fmt: skip
     keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
+    limits = search.limit(max_len, batch)
     return search.strategy.search(
-        processed(session, generation), batch, search, max_len=search.limit(max_len, batch),
-        specials=generation.specials, keys=keys,
-    )  # fmt: skip
+        processed(session, generation, limits), batch, search, max_len=limits, specials=generation.specials, keys=keys
+    )
 
 
 def n_best_search(
@@ -414,9 +423,10 @@ def n_best_search(
     search = generation.search
     if search.strategy.draws:
         raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
+    limits = search.limit(max_len, batch)
     return beam_search_n_best(
-        processed(session, generation), batch, n=search.n_best, beam_size=search.beam_size,
-        max_len=search.limit(max_len, batch), specials=generation.specials, length_penalty=search.length_penalty,
+        processed(session, generation, limits), batch, n=search.n_best, beam_size=search.beam_size, max_len=limits,
+        specials=generation.specials, length_penalty=search.length_penalty,
     )  # fmt: skip
 
 
@@ -426,27 +436,36 @@ def process(
     lengths: np.ndarray,
     generation: Generation,
     forced: Sequence[Sequence[int]] | None = None,
+    limits: np.ndarray | None = None,
 ) -> Tensor:
     """A step's ``logits (N, V)`` for rows that have made ``lengths (N,)`` tokens (BOS aside), with what
     ``generation`` makes impossible ``-inf`` (see the module's docstring): the one place where a step's logits are
     processed, for every search and for a stream whose rows sit at lengths of their own. ``forced``: each row's own
-    forced tokens instead of ``generation``'s (a stream's sentences, each into a language of its own)."""
+    forced tokens instead of ``generation``'s (a stream's sentences, each into a language of its own). ``limits``:
+    each row's length limit ``(N,)``, which ``eos_at_limit`` needs."""
+    last = np.zeros(len(lengths), dtype=bool)  # (N,) the rows at their last place, where EOS is forced
+    if generation.eos_at_limit:
+        if limits is None:
+            raise ValueError("`eos_at_limit` ends each row at its length limit: give the rows' `limits`")
+        last = lengths == limits - 1
     if generation.banned:
         logits = choices.suppress(logits, np.asarray(generation.banned, dtype=np.int64))
     if forced is None:
-        forced_at = [(place, token, np.flatnonzero(lengths == place)) for place, token in enumerate(generation.forced)]
+        forced_at = [(place, token, np.flatnonzero((lengths == place) & ~last))
+                     for place, token in enumerate(generation.forced)]  # fmt: skip
     else:
         due: dict[tuple[int, int], list[int]] = {}  # (place, token) -> the rows that must take it now
-        for row in np.flatnonzero(lengths < max(map(len, forced), default=0)).tolist():
+        for row in np.flatnonzero((lengths < max(map(len, forced), default=0)) & ~last).tolist():
             if lengths[row] < len(forced[row]):
                 due.setdefault((int(lengths[row]), forced[row][lengths[row]]), []).append(row)
         forced_at = [(place, token, np.asarray(rows, dtype=np.int64)) for (place, token), rows in due.items()]
+    forced_at += [(-1, generation.specials.eos, np.flatnonzero(last))]  # a row's last place: EOS
     for _, token, rows in forced_at:
         if len(rows):
             others = np.delete(np.arange(int(logits.shape[-1]), dtype=np.int64), token)
             logits = choices.suppress(logits, others, None if len(rows) == len(lengths) else rows)
     if generation.search.min_length:
-        rows = np.flatnonzero(lengths < generation.search.min_length)
+        rows = np.flatnonzero((lengths < generation.search.min_length) & ~last)
         if len(rows):
             eos = np.array([generation.specials.eos], dtype=np.int64)
             logits = choices.suppress(logits, eos, None if len(rows) == len(lengths) else rows)
@@ -454,24 +473,27 @@ def process(
 
 
 class _Processed(_Chooser):
-    """A :class:`Session` whose steps' logits are :func:`process`-ed: every search sees its steps so."""
+    """A :class:`Session` whose steps' logits are :func:`process`-ed: every search sees its steps so. ``limits``: each
+    row's length limit ``(N,)``, reordered with the rows."""
 
-    def __init__(self, session: Session, generation: Generation) -> None:
+    def __init__(self, session: Session, generation: Generation, limits: np.ndarray) -> None:
         self.session = self.choices = session
-        self.generation = generation
+        self.generation, self.limits = generation, limits
 
     def step(self, prefix: np.ndarray) -> Tensor:
         made = np.full(len(prefix), prefix.shape[1] - 1)  # every row has made as many
-        return process(self.session, self.session.step(prefix), made, self.generation)
+        return process(self.session, self.session.step(prefix), made, self.generation, limits=self.limits)
 
     def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        self.limits = self.limits[rows]
         self.session.reorder(rows, same_sources=same_sources)
 
 
-def processed(session: Session, generation: Generation) -> Session:
-    """``session`` with its steps' logits processed as ``generation`` says (:func:`process`), when it says anything."""
-    search = generation.search
-    return _Processed(session, generation) if generation.banned or generation.forced or search.min_length else session
+def processed(session: Session, generation: Generation, limits: np.ndarray) -> Session:
+    """``session`` with its steps' logits processed as ``generation`` says (:func:`process`), when it says anything;
+    ``limits``: each of its rows' length limit ``(N,)``."""
+    says = generation.banned or generation.forced or generation.eos_at_limit or generation.search.min_length
+    return _Processed(session, generation, limits) if says else session
 
 
 def row_limits(max_len: Limit, batch: int) -> np.ndarray:

@@ -228,19 +228,48 @@ def test_keras_logits_equal_transformers(marian: dict[str, Marian], kind: str) -
 
 @KINDS
 def test_greedy_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> None:
-    """Transformers forces EOS as the last token at ``max_length`` (``forced_eos_token_id``), where our search stops
-    without one: forced EOS is turned off, so that a sentence that reaches the limit compares as it was searched."""
     checkpoint = marian[kind]
     src, mask = checkpoint.encode(sentences(50))
     expected = checkpoint.model.generate(
-        input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=GENERATE + 1,
-        forced_eos_token_id=None,
-    )  # fmt: skip
+        input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=GENERATE + 1
+    )
     got = checkpoint.ours().generate(src, max_len=GENERATE, generation=checkpoint.generation())
     assert generated(got) == generated(expected[:, 1:])  # after the decoder start
-    ends = sum(row[-1] == EOS for row in generated(got))
-    assert ends >= 40  # the limit is not what they reach
+    assert sum(len(row) < GENERATE for row in generated(got)) >= 40  # the limit is not what they reach
     assert len({len(row) for row in generated(got)}) >= 3  # of various lengths
+
+
+LIMITED = 6  # fewer tokens than most translations take
+
+
+@pytest.mark.parametrize("beams", [1, 4], ids=["greedy", "beam"])
+def test_forced_eos_ends_translations_at_the_limit_as_transformers(marian: dict[str, Marian], beams: int) -> None:
+    """``forced_eos_token_id`` imports as the run's ``eos_at_limit``: a translation that reaches the length limit
+    takes EOS as its last token, as Transformers' ``generate`` forces it at ``max_length`` (greedy, beam search as in
+    the beam test, and a stream, which ``serve`` decodes with)."""
+    from multihead.torch.streaming import Stream
+
+    checkpoint = marian["shared"]
+    generation = checkpoint.generation(beam_size=beams)
+    assert generation.eos_at_limit
+    texts = sentences(40, seed=8)
+    src, mask = checkpoint.encode(texts)
+    expected = generated(checkpoint.model.generate(
+        input_ids=src, attention_mask=mask, num_beams=beams, do_sample=False, max_length=LIMITED + 1,
+        early_stopping="never", length_penalty=1.0, renormalize_logits=True,
+    )[:, 1:])  # fmt: skip
+    ours = checkpoint.ours()
+    got = generated(ours.generate(src, max_len=LIMITED, generation=generation))
+    assert got == expected
+    assert sum(len(row) == LIMITED and row[-1] == EOS for row in got) >= 30  # most end at the limit, with EOS
+    if beams == 1:
+        stream: Stream[int] = Stream(ours, rows=8, generation=generation)
+        for index, ids in enumerate(checkpoint.tokenizer(texts)["input_ids"]):
+            stream.add(ids, index, limit=LIMITED)
+        streamed: dict[int, list[int]] = {}
+        while len(stream):
+            streamed.update(stream.step())
+        assert [streamed[index] for index in range(len(texts))] == expected
 
 
 @KINDS
@@ -256,16 +285,14 @@ def test_beam_tokens_equal_generate(marian: dict[str, Marian], kind: str) -> Non
     none better, so the best is the same. They may differ otherwise: with Transformers' default
     ``early_stopping=False`` it bounds continuations at the current length, which a positive penalty makes too low,
     and may stop before a longer hypothesis that would rank higher; ``early_stopping=True`` stops at ``beam``
-    finished hypotheses whatever their scores; at ``max_length`` it forces EOS where we rank the unfinished beams;
-    and unless ``renormalize_logits`` is set, it bans the pad after the softmax, where we ban it before (so that
-    the other tokens' probabilities sum to 1, as CTranslate2 does), which shifts every score by log(1 - p(pad)).
-    Here every sentence ends before the limit.
-    """
+    finished hypotheses whatever their scores; and unless ``renormalize_logits`` is set, it bans the pad after the
+    softmax, where we ban it before (so that the other tokens' probabilities sum to 1, as CTranslate2 does), which
+    shifts every score by log(1 - p(pad)). Here every sentence ends before the limit."""
     checkpoint = marian[kind]
     src, mask = checkpoint.encode(sentences(20, seed=3))
     expected = checkpoint.model.generate(
         input_ids=src, attention_mask=mask, num_beams=4, do_sample=False, max_length=GENERATE + 1,
-        early_stopping="never", length_penalty=1.0, forced_eos_token_id=None, renormalize_logits=True,
+        early_stopping="never", length_penalty=1.0, renormalize_logits=True,
     )  # fmt: skip
     ours = checkpoint.ours()
     got = ours.generate(src, max_len=GENERATE, generation=checkpoint.generation(beam_size=4))
@@ -290,8 +317,12 @@ def test_import_writes_a_run_and_says_what_it_imported(
     size = marian["shared"].model.config.vocab_size
     assert lines[2] == f"  vocabulary: {size} SentencePiece pieces, one for both sides"
     assert lines[3] == "  languages: de → en (German to English)"  # from the name, opus-mt-de-en
-    assert lines[4] == "  generation: never ['<pad>']"  # OPUS-MT's bad_words_ids
-    assert lines[5] == f"translate with: multihead translate {run} TEXT..."
+    assert lines[4] == "  generation: never <pad>"  # OPUS-MT's bad_words_ids
+    assert lines[5] == (
+        "  default search: greedy (--beam K: length penalty 1), EOS at the length limit, as Transformers' "
+        "generate (translate --beam, --length-penalty, --max-length override it)"
+    )  # its defaults
+    assert lines[6] == f"translate with: multihead translate {run} TEXT..."
     assert (run / "latest").read_text().strip() == "step-0000000"
     checkpoint = run / "checkpoints" / "step-0000000"
     assert not (checkpoint / "optimizer.safetensors").exists()  # nothing to resume
@@ -300,8 +331,9 @@ def test_import_writes_a_run_and_says_what_it_imported(
         "format": 2, "framework": "torch", "step": 0, "optimizer": {}, "data": {}, "losses": [], "evals": [],
     }  # fmt: skip
     options = trainer["options"]
-    assert {key: options[key] for key in ("task", "data", "tokenizer", "langs", "imported")} == {
+    assert {key: options[key] for key in ("task", "data", "tokenizer", "langs", "imported", "search")} == {
         "task": None, "data": None, "tokenizer": "sentencepiece", "langs": ["de", "en"], "imported": str(directory),
+        "search": {"beam_size": 1, "length_penalty": 1.0},
     }  # fmt: skip
     assert trainer["imported"]["source"] == str(directory)
     assert trainer["imported"]["config"] == json.loads((directory / "config.json").read_text())
@@ -365,6 +397,11 @@ REFUSALS = {
                                  ["generation_config.json", "`forced` must be a target token", "received 10000"]),
     "forced-and-banned": (_edit("generation_config.json", forced_bos_token_id=3, bad_words_ids=[[3]]),
                           ["generation_config.json", "`banned` holds [3], which `forced` makes every"]),
+    "forced-eos-not-eos": (_edit("generation_config.json", forced_eos_token_id=3),
+                           ["generation_config.json", "forced_eos_token_id=3", "the model's EOS only, 0"]),
+    "no-beams": (_edit("generation_config.json", num_beams=0), ["generation_config.json", "num_beams=0"]),
+    "limits-crossed": (_edit("generation_config.json", min_length=9, max_length=5),
+                       ["generation_config.json", "no search", "`min_length`=8 is above `max_length`=4"]),
     "learned-positions": (
         _tensors(lambda t: t.update({"model.encoder.embed_positions.weight": RNG.normal(size=(64, 16)).astype("f4")})),
         ["model.safetensors", "'model.encoder.embed_positions.weight'", "learned positions"],
@@ -422,8 +459,8 @@ def test_a_hub_name_without_network_is_one_line(tmp_path: Path) -> None:
 
 def transformers_translations(checkpoint: Marian, texts: list[str], forced: int | None = None) -> list[str]:
     """Transformers' greedy translations of ``texts``, each searched within ``translate``'s length limit for it
-    (``max_length`` one more: the decoder start), forced EOS off (see the greedy test), ``forced`` the first token
-    (left out of the text, as ``translate`` leaves it)."""
+    (``max_length`` one more: the decoder start), ``forced`` the first token (left out of the text, as ``translate``
+    leaves it)."""
     from multihead.app.translate import length_limit
 
     limits: dict[int, list[int]] = {}
@@ -435,7 +472,7 @@ def transformers_translations(checkpoint: Marian, texts: list[str], forced: int 
         src, mask = checkpoint.encode([texts[index] for index in indices])
         tokens = checkpoint.model.generate(
             input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_length=limit + 1,
-            forced_eos_token_id=None, forced_bos_token_id=forced,
+            forced_bos_token_id=forced,
         )  # fmt: skip
         if forced is not None:
             assert (tokens[:, 1] == forced).all()
@@ -458,7 +495,8 @@ def test_a_forced_first_token_imports_and_generates_as_transformers(
     _edit("generation_config.json", forced_bos_token_id=forced)(directory)
     result = cli("import", directory, tmp_path / "run")
     assert result.status == 0, result.err
-    assert "  generation: never ['<pad>'], every translation starts with [" in result.out
+    piece = checkpoint.tokenizer.convert_ids_to_tokens(forced)
+    assert f"  generation: never <pad>, every translation starts with {piece}" in result.out_lines
     imported = replace(checkpoint, directory=directory, run=tmp_path / "run")
     assert imported.generation().forced == (forced,)
     texts = sentences(30, seed=6)
@@ -466,14 +504,14 @@ def test_a_forced_first_token_imports_and_generates_as_transformers(
     for beams in (1, 4):
         expected = checkpoint.model.generate(
             input_ids=src, attention_mask=mask, num_beams=beams, do_sample=False, max_length=GENERATE + 1,
-            early_stopping="never", length_penalty=1.0, forced_eos_token_id=None, renormalize_logits=True,
+            early_stopping="never", length_penalty=1.0, renormalize_logits=True,
             forced_bos_token_id=forced,
         )  # fmt: skip
         got = imported.ours().generate(src, max_len=GENERATE, generation=imported.generation(beam_size=beams))
         assert generated(got) == generated(expected[:, 1:])
         assert (got[:, 0] == forced).all()
     source = write_lines(tmp_path / "source.de", texts)
-    result = cli("translate", imported.run, "--input", source)
+    result = cli("translate", imported.run, "--no-guard", "--input", source)
     assert result.status == 0, result.err
     assert result.out_lines == transformers_translations(checkpoint, texts, forced)
     # score counts the forced token with probability 1, as the search does: an n-best score is score's mean.
@@ -501,21 +539,65 @@ def test_translate_and_evaluate_give_transformers_translations(
     marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
     """Each sentence is searched within ``translate``'s length limit for it (Transformers' ``max_length`` one more:
-    the decoder start), forced EOS off (see the greedy test); the text is ``MarianTokenizer``'s."""
+    the decoder start); the text is ``MarianTokenizer``'s."""
     checkpoint = marian["separate"]
     texts = sentences(50, seed=4)
     expected = transformers_translations(checkpoint, texts)
     source = write_lines(tmp_path / "source.de", texts)
-    result = cli("translate", checkpoint.run, "--input", source)
+    result = cli("translate", checkpoint.run, "--no-guard", "--input", source)
     assert result.status == 0, result.err
     assert result.out_lines == expected
 
     reference = write_lines(tmp_path / "reference.en", expected)
-    result = cli("evaluate", checkpoint.run, source, reference)
+    result = cli("evaluate", checkpoint.run, "--no-guard", source, reference)
     assert result.status == 0, result.err
     scores = result.json()
     assert scores["bleu"] == pytest.approx(100.0)
     assert (scores["sentences"], scores["langs"]) == (50, ["de", "en"])
+
+
+def test_translate_searches_as_the_generation_config_says(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """The generation config's ``num_beams``, ``length_penalty`` and ``max_length`` (which counts the decoder start)
+    import as the run's default search, which ``import`` names: ``translate`` gives ``generate()``'s default
+    translations (here its best hypotheses, ``--n-best 1``); ``--beam`` and ``--max-length`` choose others, as
+    ``generate``'s arguments do. (Transformers' default ``early_stopping=False`` may stop a beam search before ours
+    would: see the beam test. On these sentences it does not.)"""
+    checkpoint = marian["shared"]
+    directory = shutil.copytree(checkpoint.directory, tmp_path / "opus-mt-de-en")
+    _edit("generation_config.json", num_beams=4, length_penalty=0.8, max_length=10)(directory)
+    result = cli("import", directory, tmp_path / "run")
+    assert result.status == 0, result.err
+    assert (
+        "  default search: beam 4, length penalty 0.8, at most 9 tokens, EOS at the length limit, as "
+        "Transformers' generate (translate --beam, --length-penalty, --max-length override it)"
+    ) in result.out_lines
+    from transformers import MarianMTModel
+
+    model = MarianMTModel.from_pretrained(directory).eval()
+    texts = sentences(40, seed=9)
+    source = write_lines(tmp_path / "source.de", texts)
+    for flags, options in (((), {}), (("--beam", "2", "--max-length", "20"), {"num_beams": 2, "max_length": 21})):
+        with torch.no_grad():
+            tokens = model.generate(**checkpoint.tokenizer(texts, return_tensors="pt", padding=True), **options)
+        expected = checkpoint.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        result = cli("translate", tmp_path / "run", "--input", source, "--n-best", "1", *flags)
+        assert result.status == 0, result.err
+        assert [line.split("\t")[2] for line in result.out_lines] == expected, flags
+        if not flags:  # the default search's limit ends many translations, not all
+            assert 10 <= sum(len(row) == 9 for row in generated(tokens[:, 1:])) <= 30
+
+
+def test_a_recorded_search_multihead_cannot_run_is_damage(
+    marian: dict[str, Marian], tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    run = shutil.copytree(marian["shared"].run, tmp_path / "run")
+    trainer = run / "checkpoints" / "step-0000000" / "trainer.json"
+    values = json.loads(trainer.read_text())
+    trainer.write_text(json.dumps({**values, "options": {**values["options"], "search": {"beam_size": 0}}}))
+    assert_refused(cli("translate", run, "Hund"), "trainer.json", "is damaged: its search is none multihead can run",
+                   "`beam_size` must be")  # fmt: skip
 
 
 def test_a_config_that_pads_otherwise_than_its_tokenizers_is_refused(
@@ -638,7 +720,8 @@ def test_a_new_model_learns_with_an_imported_vocabulary(
     marian: dict[str, Marian], tuning_corpus: list[str], tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
     """``--vocab-from`` an imported run: a new model pads with the vocabulary's pad, starts its decoder from it (that
-    first position kept by the target mask) and never generates it, as the imported model does."""
+    first position kept by the target mask), never generates it and ends with EOS at the length limit, as the
+    imported model does."""
     from multihead.app.runs import open_checkpoint
 
     checkpoint = marian["shared"]
@@ -649,7 +732,8 @@ def test_a_new_model_learns_with_an_imported_vocabulary(
     latest, _ = open_checkpoint(out, "latest", lambda found: None)
     pad = checkpoint.pad
     assert latest.config.pad_id == pad
-    assert latest.generation == Generation(Specials(pad=pad, bos=pad, eos=EOS, unk=UNK), banned=(pad,))
+    assert latest.generation == Generation(Specials(pad=pad, bos=pad, eos=EOS, unk=UNK), banned=(pad,),
+                                           eos_at_limit=True)  # fmt: skip
     assert (latest.options["tokenizer"], latest.options["vocab_size"]) == ("sentencepiece", None)
     assert (latest.path / "vocab.json").read_bytes() == (checkpoint.checkpoint / "vocab.json").read_bytes()
     assert cli("translate", out, "der Hund läuft").status == 0
@@ -687,11 +771,27 @@ def test_a_multilingual_marian_target_opens_the_source_as_its_users_write_it(
     write before each source; a text that opens with a code of its own keeps it."""
     texts = sentences(50, seed=11)
     expected = transformers_translations(multilingual, [f"{code} {text}" for text in texts])
-    result = cli("translate", multilingual.run, "--input", write_lines(tmp_path / "source.de", texts), *flags)
+    source = write_lines(tmp_path / "source.de", texts)
+    result = cli("translate", multilingual.run, "--no-guard", "--input", source, *flags)
     assert result.status == 0, result.err
     assert result.out_lines == expected
-    own = cli("translate", multilingual.run, f">>fra<< {texts[0]}", *flags)
+    own = cli("translate", multilingual.run, "--no-guard", f">>fra<< {texts[0]}", *flags)
     assert own.out_lines == transformers_translations(multilingual, [f">>fra<< {texts[0]}"])
+
+
+def test_imports_of_one_multilingual_model_for_other_pairs_ensemble(
+    multilingual: Marian, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """Their models read and write the same tokens whatever pair each run chose (``--langs``): they ensemble,
+    translating the first run's pair (one model twice translates as the model alone)."""
+    other = tmp_path / "de-fr"
+    import_pretrained(str(multilingual.directory), other, langs=["de", "fr"])
+    source = write_lines(tmp_path / "source.de", sentences(20, seed=11))
+    alone, ensemble = (
+        cli("translate", *runs, "--input", source) for runs in ([multilingual.run], [multilingual.run, other])
+    )
+    assert ensemble.status == 0, ensemble.err
+    assert ensemble.out_lines == alone.out_lines
 
 
 def test_a_multilingual_marian_import_says_its_languages(
@@ -699,7 +799,7 @@ def test_a_multilingual_marian_import_says_its_languages(
 ) -> None:
     result = cli("import", multilingual.directory, tmp_path / "run")
     assert result.status == 0, result.err
-    assert "  4 target languages: translate --target-lang CODE; every source starts with ['>>cmn_Hans<<']" \
+    assert "  4 target languages: translate --target-lang CODE; every source starts with >>cmn_Hans<<" \
         in result.out_lines  # fmt: skip
     assert_refused(cli("translate", multilingual.run, "Hund", "--source-lang", "fr"), "--source-lang fr",
                    "this model reads de (its sources carry no language token)")  # fmt: skip
@@ -709,7 +809,7 @@ def test_a_multilingual_marian_import_says_its_languages(
     result = cli("import", unnamed, tmp_path / "unnamed-run")
     assert result.status == 0, result.err
     assert "give translate --target-lang CODE, or open each source with >>CODE<<" in result.err
-    assert "every source starts with []" in result.out
+    assert "no source starts with a language code" in result.out
 
 
 def test_serve_answers_each_target_of_a_multilingual_marian(multilingual: Marian) -> None:
@@ -719,12 +819,12 @@ def test_serve_answers_each_target_of_a_multilingual_marian(multilingual: Marian
     from multihead.app.serve import Limits, Service, create_app
     from multihead.app.translate import Translator
 
-    translator = Translator(multilingual.run)
+    translator = Translator(multilingual.run, guard=False)
     texts = sentences(6, seed=13)
     with serving(create_app(Service(translator, translator.langs or []), Limits())) as url:
         status, languages = request(url, "/languages")
-        assert (status, languages[0]) == (200, {"code": "de", "name": "German",
-                                                "targets": ["zh", "zh-Hant", "fr"]})  # fmt: skip
+        assert (status, languages[0]) == (200, {"code": "de", "name": "German", "targets": ["zh", "zh-Hant", "fr"],
+                                                "model_codes": {"run": "deu"}})  # >>deu<<, a target  # fmt: skip
         for target in ("zh", "zh-Hant", "fr"):
             expected = translator.for_languages(None, target).translate(texts)
             assert request(url, "/translate", {"q": texts, "source": "de", "target": target}) == (

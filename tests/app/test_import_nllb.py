@@ -14,7 +14,7 @@ import itertools
 import json
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,16 +48,17 @@ class Nllb(Imported):
     def generate(
         self, texts: list[str], source: str = "deu_Latn", target: str = "eng_Latn", **options: object
     ) -> torch.Tensor:
-        """Transformers' tokens from ``source`` into ``target``, the decoder start first; forced EOS off."""
+        """Transformers' tokens from ``source`` into ``target``, the decoder start first."""
         tokenizer = self.tokenizer_for(source, target)
         batch = tokenizer(texts, return_tensors="pt", padding=True)  # type: ignore[operator]
         return self.model.generate(  # type: ignore[attr-defined]
-            **batch, do_sample=False, forced_eos_token_id=None, max_length=GENERATE + 1,
+            **batch, do_sample=False, max_length=GENERATE + 1,
             forced_bos_token_id=tokenizer.convert_tokens_to_ids(target), **options,  # type: ignore[attr-defined]
         )  # fmt: skip
 
 
-def make_checkpoint(directory: Path) -> Path:
+def make_checkpoint(directory: Path, codes: Sequence[str] = CODES) -> Path:
+    """An NLLB-style checkpoint whose tokenizer has the language ``codes``, saved into ``directory``."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
 
     spm = directory.parent / f"{directory.name}-spm"
@@ -68,7 +69,9 @@ def make_checkpoint(directory: Path) -> Path:
         model_type="bpe", hard_vocab_limit=False, minloglevel=2,
     )  # fmt: skip
     (spm / "sentencepiece.bpe.model").write_bytes(model.getvalue())
-    tokenizer = NllbTokenizer.from_pretrained(spm, src_lang="deu_Latn", tgt_lang="eng_Latn", extra_special_tokens=CODES)
+    tokenizer = NllbTokenizer.from_pretrained(
+        spm, src_lang="deu_Latn", tgt_lang="eng_Latn", extra_special_tokens=list(codes)
+    )
     config = M2M100Config(
         vocab_size=len(tokenizer) + EXTRA_ROWS, d_model=16, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
@@ -110,6 +113,41 @@ def test_the_run_reads_nllbs_ids_and_records_iso_codes(nllb: Nllb) -> None:
         assert source.encode(text)[0] == nllb.tokenizer(text)["input_ids"], text  # type: ignore[operator]
 
 
+AWKWARD = ["zwei   Hunde", "ÄÖÜ ß ﬁ ① Ｈｕｎｄ", "x\ty\nz", "日本語 テスト", "a▁b", "Qualle!!  ,;", "Hund.Katze"]
+"""Texts that try a tokenizer's normalizer and whitespace rules, and characters it lacks."""
+
+
+def test_a_checkpoint_without_its_sentencepiece_model_imports(nllb: Nllb, tmp_path: Path) -> None:
+    """As Transformers 5 saves an NLLB checkpoint: ``tokenizer.json`` and no ``sentencepiece.bpe.model``. The run's
+    SentencePiece model, made from ``tokenizer.json``, gives the ids of the model it was made from and
+    ``NllbTokenizer``'s (the tokenizer Transformers loads from that directory alone; SentencePiece drops spaces around
+    a text, where it makes a piece of a space at the end); greedy search gives ``generate``'s tokens and text."""
+    from transformers import NllbTokenizer
+
+    from multihead.app.pretrained import import_pretrained
+    from multihead.app.tokenizers import load_tokenizers
+
+    directory = shutil.copytree(nllb.directory, tmp_path / "saved", ignore=shutil.ignore_patterns("*.model"))
+    import_pretrained(str(directory), tmp_path / "run", langs=["de", "en"])
+    tokenizer = NllbTokenizer.from_pretrained(directory, src_lang="deu_Latn", tgt_lang="eng_Latn")
+    made = Nllb(directory, nllb.model, tokenizer, tmp_path / "run")
+    source, target = load_tokenizers(made.checkpoint)
+    original, _ = load_tokenizers(nllb.checkpoint)
+    for text in [*sentences(200, seed=15), *AWKWARD]:
+        expected = made.tokenizer(text)["input_ids"]  # type: ignore[operator]
+        assert source.encode(text)[0] == expected == original.encode(text)[0], text
+        assert source.encode(f"  {text} ")[0] == original.encode(f"  {text} ")[0]
+    texts = sentences(20, seed=16)
+    src, mask = made.encode(texts)
+    expected = generated(made.generate(texts, num_beams=1)[:, 1:])
+    got = generated(made.ours().generate(src, src_key_mask=mask.bool(), max_len=GENERATE,
+                                         generation=made.generation()))  # fmt: skip
+    assert got == expected
+    assert sum(row[-1] == EOS and len(row) > 2 for row in got) >= 15  # they end, after the language code and a word
+    decoded = made.tokenizer.batch_decode(made.generate(texts, num_beams=1)[:, 2:], skip_special_tokens=True)
+    assert [target.decode(row[1:]) for row in got] == decoded  # type: ignore[attr-defined]
+
+
 def test_logits_equal_transformers(nllb: Nllb) -> None:
     code = nllb.tokenizer.convert_tokens_to_ids("zho_Hans")
     assert nllb.logits_error(sentences(4, seed=1), (EOS, code), seed=0, length=7, keras=False) <= 1e-4
@@ -149,7 +187,7 @@ def test_translate_into_each_target_gives_transformers_text(
     tokens = nllb.generate(texts, source, target, num_beams=1)
     assert (tokens[:, 1] == nllb.tokenizer.convert_tokens_to_ids(target)).all()
     expected = nllb.tokenizer.batch_decode(tokens[:, 2:], skip_special_tokens=True)  # type: ignore[attr-defined]
-    result = cli("translate", nllb.run, "--input", write_lines(tmp_path / "source.txt", texts), *flags)
+    result = cli("translate", nllb.run, "--no-guard", "--input", write_lines(tmp_path / "source.txt", texts), *flags)
     assert result.status == 0, result.err
     assert result.out_lines == expected
 
@@ -158,7 +196,7 @@ def test_import_says_the_model(nllb: Nllb, tmp_path: Path, cli: Callable[..., Cl
     result = cli("import", nllb.directory, tmp_path / "run", "--langs", "zh-Hant", "de")
     assert result.status == 0, result.err
     assert result.out_lines[1].startswith("  model: NLLB-200 Transformer, 2 encoder and 2 decoder layers")
-    assert "  generation: every translation starts with ['deu_Latn']" in result.out_lines
+    assert "  generation: every translation starts with deu_Latn" in result.out_lines
     trainer = json.loads((tmp_path / "run" / "checkpoints" / "step-0000000" / "trainer.json").read_text())
     assert trainer["options"]["langs"] == ["zh-Hant", "de"]
 
@@ -173,7 +211,13 @@ def test_what_it_cannot_read_is_refused(nllb: Nllb, tmp_path: Path, cli: Callabl
     bare = shutil.copytree(nllb.directory, tmp_path / "bare")
     (bare / "tokenizer.json").unlink()
     assert_refused(cli("import", bare, tmp_path / "run"), "holds no tokenizer.json")
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["bare", "legacy"]  # nothing written
+    unmerged = shutil.copytree(nllb.directory, tmp_path / "unmerged", ignore=shutil.ignore_patterns("*.model"))
+    settings = json.loads((unmerged / "tokenizer.json").read_text())
+    settings["model"]["merges"] = settings["model"]["merges"][1:]  # a piece Transformers never makes
+    (unmerged / "tokenizer.json").write_text(json.dumps(settings))
+    assert_refused(cli("import", unmerged, tmp_path / "run"), "tokenizer.json", "not the BPE model of a SentencePiece",
+                   "no sentencepiece.bpe.model", "its merges are not every pair")  # fmt: skip
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bare", "legacy", "unmerged"]  # nothing written
     assert_refused(cli("translate", nllb.run, "Hund", "--target-lang", "zh-Hang"), "--target-lang zh-Hang",
                    "no language 'zh-Hang'", "the nearest it has: zho_Hans, zho_Hant")  # fmt: skip
     assert_refused(cli("serve", nllb.run, "--port", "0", "--langs", "de", "tlh"), "--langs de tlh",
@@ -222,7 +266,7 @@ def test_serve_answers_every_pair_of_its_languages_as_translate(nllb: Nllb, beam
     from multihead.app.translate import Translator
     from multihead.decoding import SearchOptions
 
-    translator = Translator(nllb.run)
+    translator = Translator(nllb.run, guard=False)
     search = SearchOptions(beam_size=beams)
     codes = ["de", "en", "fr", "zh", "zh-Hant"]
     texts = sentences(6, seed=12)

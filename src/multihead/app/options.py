@@ -199,17 +199,26 @@ SEARCH_OPTIONS = (
      "default, within the model's positions (default: twice the source's plus 10, or the longest training target if "
      "more)"),
     ("min_length", "--min-length", limit(0), "N", "the fewest tokens a translation takes before its end token "
-     "(default 0); the length limit still ends it"),
+     "(default 0); the length limit still ends it; more than the model's positions leave room for is refused"),
 )  # fmt: skip
 """The search options of ``translate``, ``evaluate`` and ``serve``: the :class:`~multihead.decoding.SearchOptions`
-field each sets, its flag (CTranslate2's names), how it is read, its metavar and help; their defaults are
-:data:`~multihead.app.translate.TRANSLATION`'s."""
+field each sets, its flag (CTranslate2's names), how it is read, its metavar and help; their defaults are the run's
+(:func:`search_options`)."""
 SEARCH_FLAGS = {name: flag for name, flag, *_ in SEARCH_OPTIONS}
+IMPORTED_SEARCH = {"beam_size": "num_beams", "length_penalty": "length_penalty", "max_length": "max_length",
+                   "min_length": "min_length"}  # fmt: skip
+"""The search options whose default an imported run takes from its model's generation config: the key it reads."""
 
 
 def add_search_arguments(command: argparse.ArgumentParser) -> None:
+    """The search options, each ``None`` when not given (:func:`search_options`), its help saying its defaults."""
     for name, flag, kind, metavar, text in SEARCH_OPTIONS:
-        command.add_argument(flag, dest=name, type=kind, metavar=metavar, default=getattr(TRANSLATION, name), help=text)
+        value = getattr(TRANSLATION, name)
+        said = [] if value in (None, False) else [f"default: {value}"]  # as the help shows a default
+        if name in IMPORTED_SEARCH:
+            said.append(f"translate and evaluate: an imported model's {IMPORTED_SEARCH[name]}")
+        command.add_argument(flag, dest=name, type=kind, metavar=metavar, default=None,
+                             help=f"{text} ({'; '.join(said)})" if said else text)  # fmt: skip
 
 
 def search_text(search: SearchOptions) -> str:
@@ -223,10 +232,16 @@ def search_text(search: SearchOptions) -> str:
     )
 
 
-def search_options(args: argparse.Namespace) -> SearchOptions:
-    """The search the command line asks for; a combination that makes none (sampling with a beam, a temperature or a
-    seed without sampling, ``translate --n-best N`` with a narrower beam) refused in one line naming the flags."""
-    values = {name: getattr(args, name) for name in SEARCH_FLAGS}
+def search_options(args: argparse.Namespace, recorded: dict[str, Any] | None = None) -> SearchOptions:
+    """The search the command line asks for, the options it does not give the run's (``recorded``: its
+    :attr:`~multihead.app.runs.Checkpoint.search`, an imported model's) or else
+    :data:`~multihead.app.translate.TRANSLATION`'s; sampling searches one beam unless ``--beam`` says more. A
+    combination that makes none (sampling with a beam, a temperature or a seed without sampling, ``translate --n-best
+    N`` with a narrower beam) refused in one line naming the flags."""
+    given = {name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None}
+    values = {name: getattr(TRANSLATION, name) for name in SEARCH_FLAGS} | (recorded or {}) | given
+    if values["sampling_topk"] != 1 and "beam_size" not in given:
+        values["beam_size"] = 1
     n_best = getattr(args, "n_best", None)  # translate's --n-best
     if n_best is not None:
         if n_best > values["beam_size"]:
@@ -245,6 +260,17 @@ def search_options(args: argparse.Namespace) -> SearchOptions:
         for name, flag in SEARCH_FLAGS.items():
             message = message.replace(f"`{name}`=", f"{flag} ").replace(f"`{name}`", flag)
         raise UserError(message) from None
+
+
+def check_min_length(search: SearchOptions, positions: int) -> None:
+    """Refuse, in one line, a ``--min-length`` that no translation can reach and still end within a model of
+    ``positions`` positions, where a translation takes at most ``positions - 1`` tokens, its end token included (the
+    search would take every sentence to that limit and cut it there)."""
+    most = positions - 2
+    if search.min_length > most:
+        raise UserError(f"--min-length {search.min_length}: this model's translations take at most {positions - 1} "
+                        f"tokens, their end token included ({positions} positions), so none could end: give at most "
+                        f"{most}")  # fmt: skip
 
 
 # --- the table ----------------------------------------------------------------------------------------------
@@ -578,16 +604,16 @@ class TrainOptions:
     seed: int | None = option(
         "--seed", "random seed of the initial weights, dropout and the order of the batches", COUNT, 0, 0
     )
-    log_every: int = option(
+    log_every: int | None = option(
         "--log-every",
         "every N steps, a line of progress (step, loss, learning rate, tokens/s, time elapsed and left) on stdout "
         "where no progress bar is drawn (stderr not a terminal: nohup, Slurm, CI; or --no-progress), and the same "
-        "figures as a line of OUT/train.jsonl (default: %(default)s)",
+        "figures as a line of OUT/train.jsonl",
         POSITIVE,
-        recipe=False,
-        saved=False,
-        argparse=dict(default=LOG_EVERY, metavar="N"),
-        default=LOG_EVERY,
+        LOG_EVERY,
+        LOG_EVERY,
+        resumable=True,
+        argparse=dict(metavar="N"),
     )
     threads: int | None = option(
         "--threads",
@@ -699,6 +725,7 @@ class RunOptions:
     average: int
     patience: int
     seed: int
+    log_every: int
 
     def __post_init__(self) -> None:
         unset = [field.name for field in dataclasses.fields(self)

@@ -13,8 +13,10 @@ Hugging Face cache), and writes a run directory whose one checkpoint, ``step-000
   decoder from its pad), ``eos_token_id``; ``max_position_embeddings`` (the longest sequence); ``dropout``. Keys
   absent take ``MarianConfig``'s defaults, as Transformers does.
 - ``generation_config.json`` (else the generation keys of ``config.json``): ``bad_words_ids`` of single tokens (OPUS-MT
-  bans its pad) become the tokens generation never chooses, and ``forced_bos_token_id`` the token every translation
-  starts with (a multilingual model's target language): the run's generation spec (``banned``, ``forced``).
+  bans its pad) become the tokens generation never chooses, ``forced_bos_token_id`` the token every translation
+  starts with (a multilingual model's target language), and ``forced_eos_token_id`` the EOS a translation that
+  reaches its length limit ends with: the run's generation spec (``banned``, ``forced``, ``eos_at_limit``). Its
+  ``num_beams``, ``length_penalty`` and length limits become the run's default search (:func:`default_search`).
 - the weights, ``model.safetensors`` (read without unpickling anything) or else ``pytorch_model.bin`` (read with
   ``torch.load(weights_only=True)``, which unpickles tensors only), stored as float32 under our names. Tied matrices
   that the file leaves out are filled from their tie; a missing ``final_logits_bias`` is zeros, as Transformers
@@ -27,15 +29,16 @@ Whatever the model computes that multihead cannot compute exactly is refused in 
 (pre-norm layers, a LayerNorm after the embeddings or after the last layer, learned positions, other activations,
 different sizes for the encoder and the decoder, an output layer of its own beside a shared vocabulary, bans of
 token sequences, weights with no place in our model...), and nothing is written. Keys that
-change nothing the model computes (the Hub's bookkeeping, training-only dropouts, the default search) are not read;
-keys this module does not know are named in a warning. Search options ``multihead``'s search does not apply
-(``no_repeat_ngram_size``, ``repetition_penalty``, ``suppress_tokens``...) are named in a warning too.
+change nothing the model computes (the Hub's bookkeeping, training-only dropouts) are not read; keys this module does
+not know are named in a warning. Search options ``multihead``'s search does not apply (``do_sample``,
+``no_repeat_ngram_size``, ``repetition_penalty``, ``suppress_tokens``...) are named in a warning too.
 
-Generation then differs from Transformers' ``generate`` in two places only: Transformers forces EOS at its
-``max_length`` (``forced_eos_token_id``) where multihead stops without one, and, unless ``renormalize_logits`` is
-set, it bans the pad after the softmax, leaving the others' probabilities as they were, where multihead (and
+Generation then differs from Transformers' ``generate`` in beam search only: unless ``renormalize_logits`` is set,
+Transformers bans the pad after the softmax, leaving the others' probabilities as they were, where multihead (and
 CTranslate2) ban it before the softmax, so that they sum to 1: beam scores differ by ``log(1 - p(pad))``, nothing for
-a model that never learnt to write its pad.
+a model that never learnt to write its pad; and with its default ``early_stopping=False`` it may stop a sentence
+before a longer hypothesis that would rank higher, which multihead still finds (as ``early_stopping="never"``
+does).
 
 An M2M100 checkpoint (``model_type`` ``m2m_100``) is read the same way, as Transformers'
 ``M2M100ForConditionalGeneration`` computes it: pre-norm layers with a LayerNorm after each stack (``norm_first``),
@@ -46,14 +49,19 @@ words. It translates between many languages; the run translates one pair, ``--la
 ``src_lang`` and ``tgt_lang``): every source starts with the code of SRC, every translation with the code of TGT (the
 run's forced token, Transformers' ``forced_bos_token_id``). An NLLB-200 checkpoint is an M2M100 one whose
 ``tokenizer_config.json`` names ``NllbTokenizer``: its ids are ``tokenizer.json``'s (the model's pieces and the added
-tokens, its ``deu_Latn`` codes among them), the embedding's rows beyond them made-up words. A multilingual OPUS-MT
+tokens, its ``deu_Latn`` codes among them), the embedding's rows beyond them made-up words; without
+``sentencepiece.bpe.model`` (Transformers 5 saves ``tokenizer.json`` alone) its SentencePiece model is made from
+``tokenizer.json`` (:func:`sentencepiece_of`). A multilingual OPUS-MT
 model (target codes such as ``>>fra<<`` in its vocabulary) gets its sources opened with the code of the run's target
 (:func:`marian_target_code`). Another pair of such a model's languages: :func:`multihead.app.translate.language_pair`.
 """
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -64,17 +72,19 @@ import numpy as np
 
 from multihead import schema
 from multihead.app.console import UserError, warn
-from multihead.app.languages import CODE, COMMON, M2M100_CODES, LanguageTokens, code_token, public_code
+from multihead.app.languages import CODE, COMMON, M2M100_CODES, LanguageTokens, code_token
 from multihead.app.runs import check_new_run, save_imported_run
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer
 from multihead.config import TransformerConfig
-from multihead.decoding import Generation, Specials
+from multihead.decoding import Generation, SearchOptions, Specials
 from multihead.positional import sinusoidal_positions
 
 CONFIG, GENERATION, TOKENIZER_CONFIG = "config.json", "generation_config.json", "tokenizer_config.json"
 SAFETENSORS, PICKLED = "model.safetensors", "pytorch_model.bin"
 SOURCE_SPM, TARGET_SPM, VOCABULARY, TARGET_VOCABULARY = "source.spm", "target.spm", "vocab.json", "target_vocab.json"
-FILES = (CONFIG, GENERATION, TOKENIZER_CONFIG, SOURCE_SPM, TARGET_SPM, VOCABULARY, TARGET_VOCABULARY)
+M2M100_SPM, TOKENIZER_JSON = "sentencepiece.bpe.model", "tokenizer.json"
+FILES = (CONFIG, GENERATION, TOKENIZER_CONFIG, SOURCE_SPM, TARGET_SPM, VOCABULARY, TARGET_VOCABULARY, M2M100_SPM,
+         TOKENIZER_JSON)  # fmt: skip
 """What a Hub download fetches besides the weights (one weights file: the safetensors one where the model has it)."""
 HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 EXAMPLE = "Helsinki-NLP/opus-mt-de-en"
@@ -123,23 +133,30 @@ UNREAD = {
 """Keys that change nothing the model computes: bookkeeping, training-only settings (layer drop, the dropouts of
 attention and activations), the positions' offset of learned embeddings (Marian's are sinusoidal)."""
 SEARCH = {
-    "max_length", "max_new_tokens", "num_beams", "do_sample", "early_stopping", "length_penalty", "temperature",
-    "top_k", "top_p", "typical_p", "num_return_sequences", "output_scores", "return_dict_in_generate",
-    "renormalize_logits", "forced_eos_token_id", "remove_invalid_values", "num_beam_groups", "diversity_penalty",
-    "cache_implementation", "return_legacy_cache", "min_length", "min_new_tokens",
+    "early_stopping", "temperature", "top_k", "top_p", "typical_p", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "renormalize_logits", "remove_invalid_values", "num_beam_groups", "diversity_penalty",
+    "cache_implementation", "return_legacy_cache",
 }  # fmt: skip
-"""Generation keys that say how to search, which ``translate``'s own options say (``--beam``, ``--length-penalty``,
-sampling, ``--min-length``: Transformers' ``min_length`` counts the decoder's start token, ``--min-length`` does
-not), and what to return: not read (``forced_eos_token_id`` and ``renormalize_logits``: see above)."""
+"""Generation keys that say how to search, which ``translate``'s own options say (sampling), and what to return: not
+read (``early_stopping`` and ``renormalize_logits``: see above)."""
+DEFAULT_SEARCH = {"num_beams": "beam_size", "length_penalty": "length_penalty"}
+"""Generation keys of the search Transformers' ``generate`` makes by default, which an imported run makes by default
+too (:func:`default_search`), and our names of them."""
+TRANSFORMERS_SEARCH = {"num_beams": 1, "length_penalty": 1.0}
+"""Transformers' defaults of those keys."""
+LIMITS = {"max_length": ("max_new_tokens", "max_length", 1), "min_length": ("min_new_tokens", "min_length", 0)}
+"""Our length limits, and the generation keys that set them: a count of the tokens generated, or of those and the
+decoder's start token (which Transformers reads unless the first is set); the least value of ours."""
 HEURISTICS = {
-    "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+    "do_sample": False, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
     "encoder_repetition_penalty": 1.0, "suppress_tokens": None,
     "begin_suppress_tokens": None, "sequence_bias": None, "exponential_decay_length_penalty": None,
 }  # fmt: skip
 """Generation heuristics multihead's search does not apply, and the values that turn them off."""
-USED_GENERATION = {"bad_words_ids", "decoder_start_token_id", "pad_token_id", "eos_token_id", "forced_bos_token_id"}
-M2M100_SPM = "sentencepiece.bpe.model"
-TOKENIZER_JSON = "tokenizer.json"
+USED_GENERATION = {
+    "bad_words_ids", "decoder_start_token_id", "pad_token_id", "eos_token_id", "forced_bos_token_id",
+    "forced_eos_token_id", *DEFAULT_SEARCH, *(key for keys in LIMITS.values() for key in keys[:2]),
+}  # fmt: skip
 M2M100_DEFAULTS = {"activation_function": "relu", "scale_embedding": True, "tie_word_embeddings": True, "dropout": 0.1}
 """Transformers' ``M2M100Config`` defaults of the keys multihead reads that a ``config.json`` may lack."""
 M2M100_FIXED = {key: FIXED[key] for key in ("is_encoder_decoder", "is_decoder", "pruned_heads")} | {
@@ -160,6 +177,7 @@ class Imported:
     family: str  # "Marian", "M2M100" or "NLLB-200"
     config: TransformerConfig
     generation: Generation
+    search: dict[str, Any]  # the run's default search: SearchOptions values
     source: Tokenizer
     target: Tokenizer
     langs: list[str] | None
@@ -183,8 +201,9 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
         config, ids = transformer_config(hf, generation, files)
         source, target = marian_tokenizers(files, config, ids)
     weights = marian_weights(files.tensors(), config, files)
+    search = default_search(hf, generation, files)
     try:
-        spec = Generation(target.specials, banned=ids.banned, forced=ids.forced)
+        spec = Generation(target.specials, banned=ids.banned, forced=ids.forced, eos_at_limit=ids.eos_at_limit)
         spec.check(config.tgt_vocab)
     except ValueError as error:
         raise files.refuse(GENERATION if generation is not None else CONFIG, f"describes no generation multihead "
@@ -197,12 +216,12 @@ def import_pretrained(source_name: str, run: Path, *, langs: Sequence[str] | Non
     record = {"source": source_name, "config": hf, "generation_config": generation, "weights": files.weights_name}
     # No --vocab-size made the vocabulary; --joint-vocab: one for both sides, tied as ours are.
     options = {"task": None, "data": None, "tokenizer": SentencePieceTokenizer.kind, "vocab_size": None,
-               "joint": config.tie_embeddings, "langs": langs, "imported": source_name}  # fmt: skip
+               "joint": config.tie_embeddings, "langs": langs, "imported": source_name, "search": search}  # fmt: skip
     save_imported_run(run, config=config, generation=spec, weights=weights, tokenizers=(source, target),
                       options=options, record=record)  # fmt: skip
     parameters = sum({id(array): array.size for array in weights.values()}.values())  # a tied matrix once
     family = "Marian" if hf.get("model_type") != "m2m_100" else "NLLB-200" if is_nllb(files) else "M2M100"
-    return Imported(run, source_name, family, config, spec, source, target, langs, parameters)
+    return Imported(run, source_name, family, config, spec, search, source, target, langs, parameters)
 
 
 # --- where the checkpoint is ------------------------------------------------------------------------------
@@ -345,13 +364,14 @@ class CheckpointFiles:
 @dataclass(frozen=True)
 class MarianIds:
     """The ids the model itself fixes: its pad, the token its decoder starts from, its end of sentence; and those its
-    generation config bans and forces first."""
+    generation config bans and forces first, and whether it forces EOS at the length limit."""
 
     pad: int
     start: int
     eos: int
     banned: tuple[int, ...] = ()
     forced: tuple[int, ...] = ()
+    eos_at_limit: bool = False
 
 
 def transformer_config(
@@ -451,9 +471,10 @@ def m2m100_config(
 
 def _generation(
     values: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The tokens the generation config (``config.json``'s generation keys without one) bans, and forces first; its
-    ids must agree with the model's."""
+) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """The tokens the generation config (``config.json``'s generation keys without one) bans, and forces first, and
+    whether a translation that reaches the length limit ends with EOS (``forced_eos_token_id``); its ids must agree
+    with the model's."""
     file = GENERATION if generation is not None else CONFIG
     settings = generation if generation is not None else values
     for key in ("decoder_start_token_id", "pad_token_id", "eos_token_id"):
@@ -463,6 +484,10 @@ def _generation(
     forced = settings.get("forced_bos_token_id")
     if forced is not None:
         _check_int(files, file, "forced_bos_token_id", forced, minimum=0)
+    eos_at_limit = settings.get("forced_eos_token_id")
+    if eos_at_limit not in (None, values["eos_token_id"], [values["eos_token_id"]]):
+        raise files.refuse(file, f"has forced_eos_token_id={eos_at_limit!r}: multihead ends a translation at its "
+                           f"length limit with the model's EOS only, {values['eos_token_id']}")  # fmt: skip
     bad = settings.get("bad_words_ids") or []
     if not isinstance(bad, list) or not all(isinstance(words, list) and len(words) == 1 for words in bad):
         raise files.refuse(file, f"has bad_words_ids={bad!r}: multihead bans single tokens only ([[id], ...])")
@@ -479,7 +504,32 @@ def _generation(
         _warn_unknown(files, GENERATION, set(generation) - generic)
     _warn_unknown(files, CONFIG, set(values) - generic - set(DEFAULTS) - set(REQUIRED) - set(FIXED)
                   - {"model_type", "num_hidden_layers"})  # fmt: skip
-    return tuple(banned), () if forced is None else (forced,)
+    return tuple(banned), () if forced is None else (forced,), eos_at_limit is not None
+
+
+def default_search(hf: dict[str, Any], generation: dict[str, Any] | None, files: CheckpointFiles) -> dict[str, Any]:
+    """The search Transformers' ``generate`` makes by default with the generation config (``config.json``'s
+    generation keys without one), as :class:`SearchOptions` values: its beams and length penalty (Transformers'
+    defaults where it sets none), and the length limits it sets. The run's commands search so unless told
+    otherwise."""
+    file = GENERATION if generation is not None else CONFIG
+    settings = generation if generation is not None else hf
+    values = {key: settings.get(key, default) for key, default in TRANSFORMERS_SEARCH.items()}
+    _check_int(files, file, "num_beams", values["num_beams"], minimum=1)
+    penalty = values["length_penalty"]
+    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not math.isfinite(penalty):
+        raise files.refuse(file, f"has length_penalty={penalty!r}, not a finite number")
+    search = {DEFAULT_SEARCH[key]: value for key, value in values.items()}
+    for ours, (generated, counted, least) in LIMITS.items():
+        key = generated if settings.get(generated) is not None else counted
+        if settings.get(key) is not None:
+            _check_int(files, file, key, settings[key], minimum=0)
+            search[ours] = max(least, settings[key] - (key == counted))  # the decoder's start token is no token of ours
+    try:
+        SearchOptions(**search)
+    except ValueError as error:
+        raise files.refuse(file, f"describes no search multihead can run: {error}") from None
+    return search
 
 
 def _check_int(files: CheckpointFiles, file: str, key: str, value: Any, *, minimum: int) -> None:
@@ -491,7 +541,7 @@ def _check_int(files: CheckpointFiles, file: str, key: str, value: Any, *, minim
 def _warn_unknown(files: CheckpointFiles, file: str, keys: set[str]) -> None:
     if keys:
         files.notes.append(
-            f"{files.where(file)} has keys multihead does not know, left unread: {sorted(keys)} (if "
+            f"{files.where(file)} has keys multihead does not know, left unread: {', '.join(sorted(keys))} (if "
             "they change what the model computes, its translations will differ from Transformers')"
         )
 
@@ -719,7 +769,7 @@ def nllb_vocabulary(files: CheckpointFiles, config: TransformerConfig) -> dict[s
         raise files.refuse(TOKENIZER_CONFIG, "has legacy_behaviour=true (the source's language code after its "
                            "EOS): multihead reads NLLB's sources as Transformers does by default, code "
                            "first")  # fmt: skip
-    _require(files, M2M100_SPM, TOKENIZER_JSON)
+    _require(files, TOKENIZER_JSON)
     settings = files.json(TOKENIZER_JSON)
     model, added = settings.get("model"), settings.get("added_tokens", [])
     if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict) or not isinstance(added, list):
@@ -733,6 +783,77 @@ def nllb_vocabulary(files: CheckpointFiles, config: TransformerConfig) -> dict[s
     if size > config.tgt_vocab:
         raise files.refuse(TOKENIZER_JSON, f"has {size} ids, more than the model's {config.tgt_vocab}")
     return vocabulary | {MADE_UP.format(index): size + index for index in range(config.tgt_vocab - size)}
+
+
+def many_to_many_sentencepiece(files: CheckpointFiles) -> bytes:
+    """The SentencePiece model of an M2M100 or NLLB-200 tokenizer: ``sentencepiece.bpe.model``, or, for an NLLB-200
+    checkpoint without one (Transformers 5 saves ``tokenizer.json`` alone), one made from ``tokenizer.json``
+    (:func:`sentencepiece_of`)."""
+    if (files.directory / M2M100_SPM).is_file() or not is_nllb(files):
+        _require(files, M2M100_SPM)
+        return (files.directory / M2M100_SPM).read_bytes()
+    settings = files.json(TOKENIZER_JSON)
+    try:
+        return sentencepiece_of(settings, [token["content"] for token in settings["added_tokens"] if token["special"]])
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise files.refuse(TOKENIZER_JSON, f"is not the BPE model of a SentencePiece one, which multihead makes when "
+                           f"there is no {M2M100_SPM}: {error}") from None  # fmt: skip
+
+
+def sentencepiece_of(settings: dict[str, Any], specials: Sequence[str]) -> bytes:
+    """A SentencePiece BPE model (its bytes) that cuts a text as the BPE model of ``tokenizer.json`` (``settings``)
+    does, where Transformers made that from a SentencePiece model: the same character map and whitespace rules, and
+    the vocabulary's pieces but ``specials``, each scored by the rank of its first merge. SentencePiece merges the
+    pair that makes the best-scored piece, Transformers the pair first in its merges, which are every pair of pieces
+    that make a piece, a piece's pairs together: so each makes the same merges. ``ValueError`` saying what differs
+    from such a tokenizer."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model_pb2: Any = sentencepiece_model_pb2  # protobuf's generated classes, which have no type hints
+
+    model, normalizer, words = settings["model"], settings.get("normalizer") or {}, settings.get("pre_tokenizer") or {}
+    unk = model.get("unk_token")
+    plain = {"type": "BPE", "dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+             "fuse_unk": True, "byte_fallback": False}  # fmt: skip
+    for key, value in plain.items():
+        if model.get(key, value) != value:
+            raise ValueError(f"its model has {key}={model.get(key)!r}, not {value!r}")
+    prefix = words.get("prepend_scheme") == "always" or words.get("add_prefix_space") is True
+    if words.get("type") != "Metaspace" or words.get("replacement") != SentencePieceTokenizer.MARK or not prefix:
+        raise ValueError(f"its pre_tokenizer is {words!r}, not a Metaspace that marks every word and the first")
+    steps = normalizer.get("normalizers", [normalizer]) if normalizer.get("type") == "Sequence" else [normalizer]
+    charsmap = [step["precompiled_charsmap"] for step in steps if step.get("type") == "Precompiled"]
+    spaces = {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}
+    if [step for step in steps if step and step.get("type") != "Precompiled" and step != spaces] or len(charsmap) > 1:
+        raise ValueError(f"its normalizer is {normalizer!r}, not a character map and the joining of spaces")
+    vocabulary = {piece: index for piece, index in model["vocab"].items() if piece not in specials}
+    inner = [piece for piece in vocabulary if SentencePieceTokenizer.MARK in piece[1:]]
+    if inner:
+        raise ValueError(f"its pieces {inner[:3]} hold a word mark past their start")
+    merges = [tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge) for merge in model["merges"]]
+    pairs = {(piece[:cut], piece[cut:]) for piece in vocabulary for cut in range(1, len(piece))}
+    made = [left + right for left, right in merges]
+    rank = {piece: index for index, piece in enumerate(dict.fromkeys(made))}  # in the order of their first merges
+    together = all(rank[piece] >= rank[before] for before, piece in itertools.pairwise(made))
+    if set(merges) != {(left, right) for left, right in pairs if left in vocabulary and right in vocabulary} or not (
+        together
+    ):
+        raise ValueError("its merges are not every pair of pieces that makes a piece, a piece's pairs together")
+    proto = model_pb2.ModelProto()
+    proto.trainer_spec.model_type = model_pb2.TrainerSpec.BPE
+    proto.trainer_spec.unk_id, proto.trainer_spec.bos_id, proto.trainer_spec.eos_id = 0, 1, 2
+    proto.trainer_spec.pad_id, proto.trainer_spec.unk_piece = -1, unk
+    proto.normalizer_spec.name = "nmt_nfkc" if charsmap else "identity"
+    proto.normalizer_spec.precompiled_charsmap = base64.b64decode(charsmap[0]) if charsmap else b""
+    proto.normalizer_spec.add_dummy_prefix = proto.normalizer_spec.escape_whitespaces = True
+    proto.normalizer_spec.remove_extra_whitespaces = spaces in steps
+    kinds = model_pb2.ModelProto.SentencePiece
+    for piece, kind in ((unk, kinds.UNKNOWN), ("<s>", kinds.CONTROL), ("</s>", kinds.CONTROL)):
+        proto.pieces.add(piece=piece, score=0.0, type=kind)
+    for piece in sorted(vocabulary, key=vocabulary.__getitem__):
+        proto.pieces.add(piece=piece, score=-float(rank.get(piece, len(rank))), type=kinds.NORMAL)
+    proto.trainer_spec.vocab_size = len(proto.pieces)
+    return proto.SerializeToString()
 
 
 def _require(files: CheckpointFiles, *names: str) -> None:
@@ -765,14 +886,15 @@ def many_to_many_tokenizers(
     if isinstance(unk, bool) or not isinstance(unk, int):
         raise files.refuse(file, "has no '<unk>', which reads the pieces it lacks")
     specials = Specials(pad=ids.pad, bos=ids.start, eos=ids.eos, unk=unk)
-    model = files.directory / M2M100_SPM
+    model = many_to_many_sentencepiece(files)
     try:
-        source = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=True, specials=specials,
+        source = SentencePieceTokenizer(model, vocabulary, append_eos=True, specials=specials,
                                         prefix=(tokens.sources[codes[0]],))  # fmt: skip
-        target = SentencePieceTokenizer(model.read_bytes(), vocabulary, append_eos=False, specials=specials)
+        target = SentencePieceTokenizer(model, vocabulary, append_eos=False, specials=specials)
     except ValueError as error:
         raise files.refuse(M2M100_SPM, f"is no SentencePiece model of this vocabulary: {error}") from None
-    return source, target, replace(ids, forced=(tokens.targets[codes[1]],)), [public_code(code) for code in codes]
+    public = [tokens.public(code, target=side == 1) for side, code in enumerate(codes)]
+    return source, target, replace(ids, forced=(tokens.targets[codes[1]],)), public
 
 
 def default_langs(

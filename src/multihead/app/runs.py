@@ -49,11 +49,11 @@ import numpy as np
 import safetensors.numpy
 
 from multihead import __version__
-from multihead.app.console import UserError, warn
+from multihead.app.console import UserError, plural, warn
 from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
 from multihead.config import MOVED_TO_GENERATION, TransformerConfig
-from multihead.decoding import Generation
+from multihead.decoding import Generation, SearchOptions
 from multihead.files import (
     atomic_write,
     atomic_write_text,
@@ -102,6 +102,12 @@ class Checkpoint:
     @property
     def options(self) -> dict[str, Any]:
         return self.trainer["options"]
+
+    @property
+    def search(self) -> dict[str, Any]:
+        """The search the run's commands make unless told otherwise, as :class:`~multihead.decoding.SearchOptions`
+        values (an imported model's: Transformers' default search with its generation config); ``{}``: theirs."""
+        return self.options.get("search") or {}
 
 
 # --- one process at a time ----------------------------------------------------------------------------------
@@ -323,7 +329,7 @@ def averaged_checkpoints(run: Path, *, last: int | None = None, names: Sequence[
         if last < 2:
             raise RunError(f"--last {last} averages nothing: give 2 or more")
         if last > len(kept):
-            raise RunError(f"--last {last}: {str(run)!r} keeps {len(kept)} step checkpoint(s) ({listed})")
+            raise RunError(f"--last {last}: {str(run)!r} keeps {plural(len(kept), 'step checkpoint')} ({listed})")
         return kept[-last:]
     chosen: list[Path] = []
     for name in names or ():
@@ -545,6 +551,8 @@ def _check_trainer(trainer: object, path: Path) -> dict[str, Any]:
         problem = f"step {trainer['step']!r} is not a non-negative int"
     elif not isinstance(options, dict) or not {"task", "data", "tokenizer"} <= set(options):
         problem = "its options do not name the task, data and tokenizer"
+    elif (search := _search_problem(options.get("search") or {})) is not None:
+        problem = f"its search is none multihead can run ({search})"
     elif not isinstance(trainer["optimizer"], dict):
         problem = f"its optimizer is a {type(trainer['optimizer']).__name__}, not a JSON object"
     elif not isinstance(trainer["data"], dict):
@@ -629,6 +637,17 @@ def _vocabulary_file(path: Path, side: str) -> Path:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return path / TOKENIZER
+
+
+def _search_problem(search: object) -> str | None:
+    """What is wrong with a run's recorded search (:attr:`Checkpoint.search`), if anything."""
+    if not isinstance(search, dict):
+        return f"a {type(search).__name__}, not a JSON object"
+    try:
+        SearchOptions(**search)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
 
 
 def trained_options(out: Path) -> dict[str, Any] | None:

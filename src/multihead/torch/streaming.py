@@ -333,7 +333,8 @@ class Stream(Generic[Owner]):
         logits = self.steps.step(tokens, self.cache, memory_mask, self_mask)
         self.length += 1
         own = [sentence.forced for sentence in self.sentences] if self.forcing_own else None  # else the generation's
-        logits = process(self.steps, logits, made, self.generation, own)
+        limits = np.array([sentence.limit for sentence in self.sentences], dtype=np.int64)  # (N,)
+        logits = process(self.steps, logits, made, self.generation, own, limits)
         if not self.search.strategy.draws:
             return self.steps.argmax(logits)
         generators = [sentence.generator for sentence in self.sentences if sentence.generator is not None]
