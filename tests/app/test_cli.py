@@ -7,7 +7,8 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,46 @@ def test_an_unknown_option_is_named_with_the_commands_help(task_run: Path, cli: 
     assert result.err_lines == [
         "multihead translate: error: unrecognized arguments: --bogus (see multihead translate --help)"
     ]
+
+
+@pytest.fixture
+def unwritable(tmp_path: Path) -> Iterator[Path]:
+    """A directory where this process may make no file: one made read-only, or, where that does not stop it (root),
+    /sys (the kernel's, where no file can be made)."""
+    directory = tmp_path / "read-only"
+    directory.mkdir(mode=0o555)
+    try:
+        for candidate in (directory, Path("/sys")):
+            try:
+                tempfile.TemporaryFile(dir=candidate).close()
+            except OSError:
+                yield candidate
+                return
+        pytest.skip("no directory here refuses this process a new file")
+    finally:
+        directory.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["translate", "RUN", "abc", "--plot", "OUT/attention.png"],
+        ["translate", "RUN", "abc", "--html", "OUT/attention.html"],
+        ["translate", "RUN", "--input", "SRC", "--output", "OUT/translations.txt"],
+        ["score", "RUN", "SRC", "SRC", "--output", "OUT/scores.txt"],
+        ["evaluate", "RUN", "SRC", "SRC", "--output", "OUT/translations.txt"],
+    ],
+    ids=["translate-plot", "translate-html", "translate-output", "score-output", "evaluate-output"],
+)
+def test_an_output_in_a_directory_that_cannot_be_written_is_refused_before_the_model_loads(
+    args: list[str], task_run: Path, unwritable: Path, tmp_path: Path, cli: Callable[..., Cli],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from multihead.app.translate import Translator
+
+    monkeypatch.setattr(Translator, "__init__", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    source = write_lines(tmp_path / "source.txt", ["abc"])
+    paths = {"RUN": str(task_run), "SRC": str(source)}
+    args = [paths.get(arg, arg.replace("OUT", str(unwritable))) for arg in args]
+    flag, target = args[-2:]
+    assert_refused(cli(*args), f"{flag}: cannot write {target!r}: ")

@@ -4,7 +4,9 @@ back to the newest intact checkpoint, with one warning on stderr naming the dama
 they refuse in one line.
 
 ``translate`` and ``evaluate`` never read the optimizer state: a damaged one does not stop them using the newest
-checkpoint, and they say nothing about it (``--resume``, which needs it, falls back)."""
+checkpoint, and they say nothing about it (``--resume``, which needs it, falls back). They translate with
+``--no-guard``: these four-step models seldom end a translation, and the guard's warnings of that are not what is
+read here."""
 
 from __future__ import annotations
 
@@ -128,14 +130,14 @@ def test_translate_falls_back_to_the_newest_intact_checkpoint(
     damage: str, task_run: Path, tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
     run = damaged_copy(task_run, tmp_path, "step-0000004", damage)
-    result = cli("translate", run, *TEXTS)
+    result = cli("translate", run, "--no-guard", *TEXTS)
     if damage.startswith("optimizer"):  # not read: the newest checkpoint translates, and nothing is said
         assert (result.status, result.err) == (0, "")
-        assert result.out_lines == Translator(task_run, "step-4").translate(TEXTS)
+        assert result.out_lines == Translator(task_run, "step-4", guard=False).translate(TEXTS)
         return
     damaged_file = run / "checkpoints" / "step-0000004" / DAMAGES[damage][2]
     assert_fell_back(result, "using", "step-0000002", damaged_file)
-    assert result.out_lines == Translator(task_run, "step-2").translate(TEXTS)
+    assert result.out_lines == Translator(task_run, "step-2", guard=False).translate(TEXTS)
 
 
 @pytest.mark.parametrize("damage", ["weights-truncated", "trainer-foreign", "tokenizer-foreign", "optimizer-corrupt"])
@@ -144,7 +146,7 @@ def test_evaluate_falls_back_to_the_newest_intact_checkpoint(
 ) -> None:
     run = damaged_copy(task_run, tmp_path, "step-0000004", damage)
     src, ref = write_lines(tmp_path / "src.txt", TEXTS), write_lines(tmp_path / "ref.txt", TEXTS)
-    result = cli("evaluate", run, src, ref)
+    result = cli("evaluate", run, "--no-guard", src, ref)
     expected = "step-0000004" if damage.startswith("optimizer") else "step-0000002"
     assert result.json()["checkpoint"] == expected
     if expected == "step-0000004":
@@ -178,7 +180,7 @@ def test_damage_in_the_newest_subword_vocabulary(corpus_run: CorpusRun, tmp_path
     }.items():
         run = corpus_run.copy(tmp_path / damage)
         apply(run / "checkpoints" / "step-0000120" / "subwords.json")
-        result = cli("translate", run, *SAMPLES, "--checkpoint", "latest")
+        result = cli("translate", run, "--no-guard", *SAMPLES, "--checkpoint", "latest")
         assert_fell_back(result, "using", "step-0000090", run / "checkpoints" / "step-0000120" / "subwords.json")
         assert result.out_lines == Translator(corpus_run.path, "step-90").translate(SAMPLES)
 
@@ -190,7 +192,7 @@ def test_a_joint_manifest_with_two_vocabularies_is_damage(task_run: Path, tmp_pa
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     target = {**manifest["target"], "symbols": manifest["target"]["symbols"][::-1]}  # same size, other ids
     manifest_path.write_text(json.dumps({**manifest, "target": target, "joint": True}), encoding="utf-8")
-    result = cli("translate", run, *TEXTS)
+    result = cli("translate", run, "--no-guard", *TEXTS)
     assert_fell_back(result, "using", "step-0000002", manifest_path)
     assert "joint" in result.err
 
@@ -203,7 +205,7 @@ def test_the_default_checkpoint_falls_back_when_best_is_damaged(
     best = (run / "best").read_text(encoding="utf-8").strip()
     _cut(run / "checkpoints" / best / "model.safetensors")
     newest = "step-0000090" if best == "step-0000120" else "step-0000120"
-    result = cli("translate", run, *SAMPLES)
+    result = cli("translate", run, "--no-guard", *SAMPLES)
     assert_fell_back(result, "using", newest, run / "checkpoints" / best / "model.safetensors")
     assert result.out_lines == Translator(corpus_run.path, newest).translate(SAMPLES)
     # Asked for by name, a damaged checkpoint is refused, not replaced.
@@ -219,8 +221,8 @@ def test_no_intact_checkpoint_is_refused_in_one_line(
     before = snapshot(run)
     src, ref = write_lines(tmp_path / "src.txt", TEXTS), write_lines(tmp_path / "ref.txt", TEXTS)
     args = {
-        "translate": ["translate", run, *TEXTS],
-        "evaluate": ["evaluate", run, src, ref],
+        "translate": ["translate", run, "--no-guard", *TEXTS],
+        "evaluate": ["evaluate", run, "--no-guard", src, ref],
         "resume": ["train", "--resume", "--out", run, "--no-progress"],
     }[command]
     result = cli(*args)
@@ -235,9 +237,9 @@ def test_a_damaged_pointer_is_no_damage(task_run: Path, tmp_path: Path, cli: Cal
     run = tmp_path / "run"
     shutil.copytree(task_run, run)
     (run / "latest").write_bytes(b"\xff\xfe garbage")
-    result = cli("translate", run, *TEXTS)
+    result = cli("translate", run, "--no-guard", *TEXTS)
     assert (result.status, result.err) == (0, "")
-    assert result.out_lines == Translator(task_run, "step-4").translate(TEXTS)
+    assert result.out_lines == Translator(task_run, "step-4", guard=False).translate(TEXTS)
 
 
 # --- one damaged file, one checkpoint: resume and translate refuse it, and change nothing -----------------

@@ -51,7 +51,7 @@ def test_the_readme_inside_translates(corpus_run: CorpusRun, tmp_path: Path, cli
             exec(code, {})  # the README's own lines
     finally:
         os.chdir(before)
-    expected = Translator(corpus_run.path).translate(
+    expected = Translator(corpus_run.path, guard=False).translate(
         ["Zwei Hunde spielen im Schnee."], search=SearchOptions(beam_size=2, length_penalty=1.0)
     )
     assert printed.getvalue().splitlines() == expected
@@ -110,7 +110,7 @@ def test_min_length_is_ctranslate2s_min_decoding_length(
     """``translate --min-length N`` translates as CTranslate2's ``min_decoding_length=N`` on the exported model,
     where it binds (the translations grow)."""
     assert cli("export", corpus_run.path, tmp_path / "ct2").status == 0
-    result = cli("translate", corpus_run.path, *SAMPLES, "--min-length", "12", "--beam", beam_size,
+    result = cli("translate", corpus_run.path, "--no-guard", *SAMPLES, "--min-length", "12", "--beam", beam_size,
                  "--length-penalty", "1")  # fmt: skip
     assert result.status == 0, result.err
     expected = ct2_translate(tmp_path / "ct2", SAMPLES, beam_size=beam_size, min_decoding_length=12)
@@ -129,7 +129,7 @@ def test_forced_and_banned_tokens_export_to_ctranslate2(
     penalty: CTranslate2 scores the prefix with the model's probability, multihead's search gives a forced token
     probability 1, which a length penalty ranks differently)."""
     run = shutil.copytree(corpus_run.path, tmp_path / "run")
-    target = Translator(run).target
+    target = Translator(run, guard=False).target
     tokens = target.encode(" ".join(corpus_run.translations))[0]
     banned = tokens[0]
     forced = next(token for token in tokens if token != banned)
@@ -138,7 +138,7 @@ def test_forced_and_banned_tokens_export_to_ctranslate2(
     assert cli("export", run, tmp_path / "ct2").status == 0
     (piece,) = target.pieces([forced])
     assert f"target_prefix=[['{piece}']]" in (tmp_path / "ct2" / "README.md").read_text()
-    result = cli("translate", run, *SAMPLES, "--beam", beam_size, "--length-penalty", "0")
+    result = cli("translate", run, "--no-guard", *SAMPLES, "--beam", beam_size, "--length-penalty", "0")
     assert result.status == 0, result.err
     assert result.out_lines != corpus_run.translations  # the ban binds
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
@@ -157,7 +157,7 @@ def test_fairseq_positions_from_a_later_position_export(corpus_run: CorpusRun, t
     config = latest_checkpoint(run) / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "positions": "fairseq", "first_position": 2}))
     assert cli("export", run, tmp_path / "ct2").status == 0
-    result = cli("translate", run, *SAMPLES)
+    result = cli("translate", run, "--no-guard", *SAMPLES)
     assert result.status == 0, result.err
     assert result.out_lines != corpus_run.translations  # another table
     assert ct2_translate(tmp_path / "ct2", SAMPLES, beam_size=1) == result.out_lines

@@ -31,7 +31,7 @@ from app.support import (
 )
 from multihead.app.cli import build_parser
 from multihead.app.options import FLAGS, RESUMABLE
-from multihead.app.runs import latest_checkpoint
+from multihead.app.runs import latest_checkpoint, read_log
 from multihead.app.training import train
 
 pytestmark = pytest.mark.usefixtures("fast_evaluation")
@@ -155,7 +155,7 @@ def test_help_says_what_resume_refuses_and_what_may_change() -> None:
         for flag in action.option_strings
         if flag.startswith("--") and flag not in ("--no-joint-vocab", "--no-compile")
     }
-    per_process = {"--out", "--resume", "--help", "--no-progress", "--log-every", "--threads"}  # never saved
+    per_process = {"--out", "--resume", "--help", "--no-progress", "--threads"}  # never saved
     assert options == {*REFUSED, *MAY_CHANGE, *per_process}
 
 
@@ -189,7 +189,7 @@ def test_resume_takes_the_options_that_may_change(task_run: Path, tmp_path: Path
         "--steps": "6", "--minutes": "10", "--lr": "0.002", "--warmup": "3", "--clip": "0.5",
         "--label-smoothing": "0.2", "--batch-size": "8", "--batch-tokens": "300", "--eval-every": "3",
         "--eval-examples": "5", "--checkpoint-every": "3", "--keep": "3", "--average": "0", "--patience": "4",
-        "--device": "cpu", "--precision": "bf16", "--accumulate": "2",
+        "--device": "cpu", "--precision": "bf16", "--accumulate": "2", "--log-every": "2",
     }  # fmt: skip
     assert {*changes, "--compile"} == set(MAY_CHANGE)  # --compile: its first step takes a minute on the CPU
     same = ["--task", "reverse", "--d-model", "16", "--heads", "2", "--seed", "0", "--framework", "torch"]
@@ -203,6 +203,16 @@ def test_resume_takes_the_options_that_may_change(task_run: Path, tmp_path: Path
     assert options["compile"] is False
     assert trainer_json(run)["step"] == 6
     assert trainer_json(run)["process"]["precision"] == "bf16"
+
+
+def test_resume_keeps_the_log_interval_of_the_run(tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """``--log-every`` given to a run holds when it resumes without it, as every option that may change on resume."""
+    out = tmp_path / "run"
+    train(tiny(out, steps=3, log_every=2))
+    result = cli("train", "--resume", "--out", out, "--steps", "6", "--no-progress")
+    assert result.status == 0, result.err
+    assert [entry["step"] for entry in read_log(out) if entry["event"] == "step"] == [2, 4, 6]
+    assert trainer_json(out)["options"]["log_every"] == 2
 
 
 def test_a_task_run_refuses_another_task_or_a_corpus(task_run: Path, tmp_path: Path, cli: Callable[..., Cli]) -> None:

@@ -12,6 +12,8 @@ from concurrent.futures import Future
 import pytest
 
 from multihead.app.streaming import SHARE, Requests
+from multihead.app.translate import TRANSLATION, Cut, Translated
+from multihead.decoding import SearchOptions
 
 Ids = list[int]
 
@@ -19,13 +21,14 @@ Ids = list[int]
 class Words:
     """A :class:`~multihead.app.streaming.Cutting` without a model: a word is a piece, its ids its length."""
 
-    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[list[Ids]], list[Ids]]:
-        cut = [[[len(word)] for word in text.split()] for text in texts]
-        return cut, [piece for text in cut for piece in text]
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]:
+        cuts = [Cut([[len(word)] for word in text.split()], text.split(), [""] * (len(text.split()) + 1))
+                for text in texts]  # fmt: skip
+        return cuts, [ids for cut in cuts for ids in cut.ids]
 
-    def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
+    def joined(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION) -> Translated:
         each = iter(outputs)
-        return [" ".join(str(next(each)[0]) for _ in text) for text in pieces]
+        return Translated([" ".join(str(next(each)[0]) for _ in cut.ids) for cut in cuts], [[] for _ in cuts])
 
 
 def test_pieces_are_given_out_in_turn_and_answers_joined_in_order() -> None:
@@ -37,12 +40,12 @@ def test_pieces_are_given_out_in_turn_and_answers_joined_in_order() -> None:
     assert [job.future for job, _, _ in taken] == [heavy, short] * 3  # one of each, in turn
     for job, index, ids in taken:
         requests.ended(job, index, [ids[0] * 10])
-    assert short.result(timeout=0) == ["20 30", "", "10"]
+    assert short.result(timeout=0).texts == ["20 30", "", "10"]
     assert not heavy.done()
     while remaining := requests.take(8):
         for job, index, ids in remaining:
             requests.ended(job, index, [ids[0]])
-    assert heavy.result(timeout=0) == [" ".join(["10", "20", "30"] + ["4", "1", "2", "3"] * 4 + ["4"])]
+    assert heavy.result(timeout=0).texts == [" ".join(["10", "20", "30"] + ["4", "1", "2", "3"] * 4 + ["4"])]
     assert (requests.live, len(requests), requests.running) == ([], 0, 0)
 
 
@@ -58,7 +61,7 @@ def test_one_request_holds_at_most_its_share_while_others_are_translated() -> No
     assert len(more) == 2
     for job, index, ids in more:
         requests.ended(job, index, ids)
-    assert short.result(timeout=0) == ["1 1"]
+    assert short.result(timeout=0).texts == ["1 1"]
     for job, index, ids in first[: 50 - SHARE]:
         requests.ended(job, index, ids)
     assert len(requests.take(100)) == 50  # alone again: the rest
@@ -81,7 +84,7 @@ def test_an_abandoned_request_is_dropped_with_its_pieces() -> None:
         assert all(job.future is short for job, _, _ in taken)
         for job, index, ids in taken:
             requests.ended(job, index, ids)
-    assert short.result(timeout=0) == ["1 1 1"]
+    assert short.result(timeout=0).texts == ["1 1 1"]
 
 
 class Clock:
@@ -110,6 +113,36 @@ class Steps:
 
     def fail(self, error: BaseException) -> None:
         raise AssertionError(error)
+
+
+class Refusing(Words):
+    """A fake that cannot cut a text holding ``!`` (as a tokenizer fails on a text it cannot encode)."""
+
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]:
+        if any("!" in text for text in texts):
+            raise RuntimeError("cannot encode")
+        return super().pieces(texts, names)
+
+
+@pytest.mark.parametrize("place", [0, 1], ids=["first-text", "later-text"])
+def test_a_text_that_cannot_be_cut_fails_its_request_alone_and_leaves_nothing_queued(place: int) -> None:
+    """The request whose text fails (its first, cut when it comes; or a later one, cut while its pieces are given
+    out) gets the error; the other request is answered; afterwards nothing waits, so an idle worker stays idle."""
+    requests: Requests[Refusing] = Requests(Refusing())
+    bad, good = Future(), Future()
+    texts = ["a b", "c d"]
+    texts[place] = "bang!"
+    requests.add(texts, bad)
+    requests.add(["xx y"], good)
+    while len(requests) or requests.running:
+        requests.drop_abandoned()
+        for job, index, ids in requests.take(4):
+            requests.ended(job, index, [ids[0] * 10])
+    with pytest.raises(RuntimeError, match="cannot encode"):
+        bad.result(timeout=0)
+    assert good.result(timeout=0).texts == ["20 10"]
+    requests.drop_abandoned()
+    assert (len(requests), requests.running, requests.live) == (0, 0, [])
 
 
 def test_jobs_that_run_alone_take_their_share_of_the_worker_between_steps(monkeypatch: pytest.MonkeyPatch) -> None:

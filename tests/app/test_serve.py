@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from libretranslatepy import LibreTranslateAPI
@@ -116,6 +117,20 @@ def test_lines_blank_texts_and_html(url: str, corpus_run: CorpusRun, translator:
     assert (status, answer["translatedText"], answer["detectedLanguage"]["language"]) == (200, english, "en")
 
 
+def test_html_keeps_code_and_untranslated_elements_byte_for_byte(url: str, translator: Translator) -> None:
+    words = SAMPLES[2].split()
+    kept = f'<pre>{SAMPLES[0]}</pre><p translate="no">{SAMPLES[1]}</p>'
+    page = f"<p>{words[0]} <b><i>{words[1]}</i></b> <code>a &lt; b</code> {' '.join(words[2:])}</p>{kept}"
+
+    async def translate(texts: list[str]) -> list[str]:
+        return translator.translate(texts)
+
+    status, answer = request(url, "/translate", {"q": page, "source": "de", "target": "en", "format": "html"})
+    assert (status, answer["translatedText"]) == (200, asyncio.run(translate_html(page, translate)))
+    assert answer["translatedText"].endswith(kept)
+    assert [answer["translatedText"].count(tag) for tag in ("<b>", "<i>", "<code>a &lt; b</code>")] == [1, 1, 1]
+
+
 def test_alternatives_are_the_beams_next_best(url: str, translator: Translator) -> None:
     best = translator.hypotheses(SAMPLES[:2], beam(3, n_best=3))  # as serve widens greedy's
     status, answer = request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en", "alternatives": 2})
@@ -137,6 +152,21 @@ def test_a_form_as_libretranslates_clients_send_it(url: str, corpus_run: CorpusR
     body = f"q={SAMPLES[0].replace(' ', '+')}&source=de&target=en".encode()
     status, answer = request(url, "/translate", body, kind="application/x-www-form-urlencoded")
     assert (status, answer) == (200, {"translatedText": corpus_run.translations[0]})
+    status, answer = request(url, "/translate", body + b"&alternatives=0", kind="application/x-www-form-urlencoded")
+    assert (status, answer) == (200, {"translatedText": corpus_run.translations[0]})  # a form's number is a string
+
+
+def test_the_query_strings_parameters_count_under_the_bodys(url: str, corpus_run: CorpusRun) -> None:
+    """As LibreTranslate reads ``request.values``: ``POST /translate?q=...&source=de&target=en`` translates; a
+    parameter in both the query string and the body is the body's."""
+    query = f"q={quote(SAMPLES[0])}&source=de&target=en"
+    assert request(url, f"/translate?{query}", method="POST") == (200, {"translatedText": corpus_run.translations[0]})
+    assert request(url, f"/translate?{query}&q=x", {"q": SAMPLES[1]}) == (
+        200, {"translatedText": corpus_run.translations[1]})  # fmt: skip
+    assert request(url, "/translate?source=fr", {"q": "a", "source": "de"}) == (
+        400, {"error": "Invalid request: missing target parameter"})  # fmt: skip
+    status, [found] = request(url, f"/detect?q={quote(SAMPLES[0])}", method="POST")
+    assert (status, found["language"]) == (200, "de")
 
 
 BAD = [
@@ -159,6 +189,10 @@ BAD = [
      "Invalid request: alternatives parameter is not a number"),
     ({"q": "a", "source": "de", "target": "en", "alternatives": -1}, 400,
      "Invalid request: alternatives parameter must be >= 0"),
+    ({"q": "a", "source": "de", "target": "en", "alternatives": True}, 400,
+     "Invalid request: alternatives parameter is not a number"),
+    ({"q": "a", "source": "de", "target": "en", "alternatives": 1.5}, 400,
+     "Invalid request: alternatives parameter is not a number"),
 ]  # fmt: skip
 
 
@@ -445,6 +479,38 @@ def test_sigterm_does_not_wait_for_work_nobody_waits_for(corpus_run: CorpusRun) 
         assert process.wait(timeout=15) == 0
     finally:
         process.kill()
+
+
+def test_a_second_sigterm_stops_at_once_and_quietly(corpus_run: CorpusRun) -> None:
+    """The first SIGTERM waits for a request in flight (its body half sent, for up to 30 s); a second, once the server
+    has stopped listening, stops it at once, with no traceback."""
+    process, url, _ = start(corpus_run.path)
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 400\r\n\r\n{\"q\": ")  # fmt: skip
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+
+            def refused() -> bool:
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                except ConnectionRefusedError:
+                    return True
+                return False
+
+            assert until(refused, 10)  # draining
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0
+            assert time.monotonic() - started < 5
+        err = process.stderr.read()
+    finally:
+        process.kill()
+    assert "Traceback" not in err
+    assert "ERROR" not in err
+    assert err.rstrip().endswith("stopped")
 
 
 def test_serve_refuses_what_it_cannot_do_in_one_line(corpus_run: CorpusRun, tmp_path: Path,

@@ -135,3 +135,22 @@ def test_max_loaded_holds_one_model_and_answers_every_pair(runs: dict[str, Trans
             assert request(url, "/health") == (200, {"status": "ok", "loaded": [service.name(loaded[0])]})
             gc.collect()
             assert (held() is None) == (turn > 0)  # the first model, released at the first French request, is gone
+
+
+def test_serve_says_how_many_pairs_each_run_serves_in_words(
+    runs: dict[str, Translator], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from multihead.app.serve import _say_serving
+
+    first, *more = runs.values()
+    service = Service(first, first.langs or [], more=[(run, run.langs or []) for run in more])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        _say_serving(service, list(runs), sock)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1:3] == [
+        "  de-en: de → en (German to English); 1 pair",
+        "  en-sv: en → sv (English to Swedish); 1 pair",
+    ]

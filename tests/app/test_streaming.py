@@ -40,7 +40,7 @@ def run(streaming_translator: StreamingTranslator, requests: list[list[str]], *,
         assert not streaming_translator.stream.waiting  # pieces wait in the requests' queue only, never the stream's
         steps += 1
         assert steps < 10_000
-    return [future.result(timeout=0) for future in futures]
+    return [future.result(timeout=0).texts for future in futures]
 
 
 @pytest.mark.parametrize(("rows", "in_flight"), [(1, 4), (3, 5), (4, 40), (256, 40)])
@@ -137,7 +137,8 @@ def test_a_large_request_shares_the_batch_and_takes_it_all_alone(translator: Tra
     assert not large.done()
     streaming_translator.step()
     assert held() == {large: 64}
-    assert [future.result(timeout=0) for future in short] == [translator.translate([text]) for text in SOURCES[:3]]
+    expected = [translator.translate([text]) for text in SOURCES[:3]]
+    assert [future.result(timeout=0).texts for future in short] == expected
 
 
 def test_a_cancelled_request_is_dropped_at_the_next_step(translator: Translator) -> None:
@@ -158,7 +159,7 @@ def test_a_cancelled_request_is_dropped_at_the_next_step(translator: Translator)
         streaming_translator.step()
     assert all(future.cancelled() for future in futures[::2])
     kept = range(1, len(requests), 2)
-    assert [futures[i].result(timeout=0) for i in kept] == [translator.translate(requests[i]) for i in kept]
+    assert [futures[i].result(timeout=0).texts for i in kept] == [translator.translate(requests[i]) for i in kept]
 
 
 @pytest.mark.parametrize("failing_part", ["encoding", "decoding"])
@@ -205,4 +206,4 @@ def test_the_worker_answers_every_request_with_its_own_translations(translator: 
     assert isinstance(failed.exception(timeout=0), ZeroDivisionError)
     expected = translator.translate(SAMPLES, search=beam(size))
     for i, future in enumerate(futures):
-        assert future.result(timeout=0) == [f"{expected[i % 6]}\n\n{expected[(i + 1) % 6]}", " "]
+        assert future.result(timeout=0).texts == [f"{expected[i % 6]}\n\n{expected[(i + 1) % 6]}", " "]

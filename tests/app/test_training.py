@@ -378,6 +378,38 @@ def test_training_pairs_longer_than_the_model_reads_are_left_out(
     assert "warning: --data: 1 sentence pair longer than 12 tokens is left out of training" in capsys.readouterr().err
 
 
+def test_held_out_pairs_longer_than_the_model_reads_are_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Evaluations translate their sources cut to the model's positions and leave them out of the validation loss: the
+    first evaluation says how many, the next ones nothing more."""
+    monkeypatch.setattr(data_module, "CORPUS_MAX_LEN", 12)
+    long = [("der Hund " * 10, "the dog."), ("die Katze schläft.", "the cat " * 10)]
+    valid = write_corpus(tmp_path / "valid", [*VALID[:4], *long], "valid")
+    train(replace(corpus_options(tmp_path, steps=2, eval_every=1), valid=valid))
+    said = [line for line in capsys.readouterr().err.splitlines() if "held-out pair" in line]
+    assert said == [
+        "warning: 2 held-out pairs of 6 are longer than the model reads (12 tokens a side): evaluations translate "
+        "their sources cut to that, and leave them out of the validation loss"
+    ]
+
+
+@pytest.mark.usefixtures("fast_evaluation")
+@pytest.mark.parametrize(("langs", "warned"), [(["en", "fr"], True), (["de", "en"], False), (["deu", "eng"], False)])
+def test_langs_other_than_the_data_file_names_say_are_warned_of(
+    langs: list[str], warned: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``train.de`` and ``train.en`` say German to English: ``--langs en fr`` is likely a mistake (of ``--langs``, or of
+    the files), which the run would record and a many-language model would train its language tokens on."""
+    train(replace(corpus_options(tmp_path, steps=1), langs=langs))
+    said = [line for line in capsys.readouterr().err.splitlines() if "file names say" in line]
+    warning = (
+        f"warning: --langs {' '.join(langs)} is not what the --data file names say (de → en: train.de, train.en): "
+        "check which language each side is; the run records --langs"
+    )
+    assert said == ([warning] if warned else [])
+
+
 @pytest.mark.usefixtures("fast_evaluation")
 def test_the_progress_bar_shows_loss_tokens_per_second_and_time_left(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

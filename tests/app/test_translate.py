@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pty
 import re
+import select
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +20,9 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 import multihead.app.translate as translate_module
-from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, write_lines
+from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, subprocess_env, write_lines
 from multihead.app.cli import main
+from multihead.app.runs import latest_checkpoint
 from multihead.app.tokenizers import EOS
 from multihead.app.translate import Translator, translate_ids
 
@@ -93,13 +98,45 @@ def test_without_texts_standard_input_is_read_when_piped(
     assert result.out_lines == corpus_run.translations
 
 
-def test_without_texts_or_a_pipe_the_user_is_told_what_to_give(
-    corpus_run: CorpusRun, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+def test_at_a_terminal_each_line_is_translated_as_it_is_typed(task_run: Path) -> None:
+    """Without texts or a pipe, standard input a terminal (a pseudo-terminal here): each line's translation is printed
+    as soon as the line is entered, before the next is typed, as fairseq-interactive and marian do; a line that is not
+    UTF-8 is named and skipped; Ctrl-D ends."""
+    texts = ["abc", "", "cab"]
+    expected = Translator(task_run).translate(texts)
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multihead", "translate", str(task_run)], stdin=terminal, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=subprocess_env(),
+    )  # fmt: skip
+    os.close(terminal)
+    try:
+        for text, translation in zip(texts, expected, strict=True):
+            os.write(controller, f"{text}\n".encode())
+            assert select.select([process.stdout], [], [], 120)[0], f"no translation of {text!r} within 120 s"
+            assert process.stdout.readline().decode("utf-8") == f"{translation}\n"
+        os.write(controller, b"a\xffb\n")  # a line that is not UTF-8: a warning and a blank line, and it goes on
+        assert select.select([process.stdout], [], [], 120)[0], "no answer to a line that is not UTF-8 within 120 s"
+        assert process.stdout.readline() == b"\n"
+        os.write(controller, b"\x04")  # Ctrl-D at the start of a line: the end of the input
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+        said = process.stderr.read().decode("utf-8")
+        assert "Ctrl-D ends" in said
+        assert "warning: line 4 is not UTF-8 text (invalid start byte at byte 1): not translated" in said
+    finally:
+        process.kill()
+        process.wait()
+        os.close(controller)
+
+
+@pytest.mark.parametrize("flag", ["--output", "--plot", "--html"])
+def test_at_a_terminal_what_writes_the_translations_of_given_texts_is_refused(
+    flag: str, task_run: Path, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
-    result = cli("translate", corpus_run.path)
-    assert_refused(result, "nothing to translate: give the texts, --input FILE, or pipe them into standard input")
-    assert "not both" not in result.err
+    monkeypatch.setattr(Translator, "__init__", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    result = cli("translate", task_run, flag, tmp_path / "out")
+    assert_refused(result, f"{flag} needs the texts before translating: give them, --input FILE, or pipe them")
 
 
 @pytest.mark.parametrize("size", [1, 3])
@@ -141,10 +178,28 @@ def test_max_length_is_the_limit_more_or_less_than_the_default_within_the_models
     line = SOURCES[0]
     default = translator.limit(len(translator.source.encode(line)[0]))
     positions = translator.checkpoint.config.max_len - 1
+    ids = translator.source.encode(line)[0]
     for asked, expected in ((None, default), (3, 3), (default + 20, default + 20), (10_000, positions)):
-        before = translator.tokens
-        translator.translate([line], search=SearchOptions(beam_size=size, max_length=asked))
-        assert translator.tokens - before == expected, asked
+        search = SearchOptions(beam_size=size, max_length=asked)
+        (out,) = translate_ids(translator.generate(search), [ids], limit=translator.limits(search),
+                               generation=translator.generation)  # fmt: skip
+        assert len(out) == expected, asked
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_min_length_the_models_positions_cannot_end_is_refused_before_translating(
+    command: str, task_run: Path, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model of P positions writes at most P - 1 tokens, EOS included: ``--min-length P - 1`` or more would take
+    every sentence to that limit and cut it there, never ending."""
+    positions = json.loads((latest_checkpoint(task_run) / "config.json").read_text(encoding="utf-8"))["max_len"]
+    src = write_lines(tmp_path / "src.txt", ["abc"])
+    args = [command, task_run, *(["abc"] if command == "translate" else [src, src])]
+    assert cli(*args, "--min-length", positions - 2, "--max-length", positions - 1).status == 0
+    monkeypatch.setattr(Translator, "translate", lambda *args, **kwargs: pytest.fail("translation started"))
+    for asked in (positions - 1, 500):
+        assert_refused(cli(*args, "--min-length", asked), f"--min-length {asked}: this model's translations take at "
+                       f"most {positions - 1} tokens", f"give at most {positions - 2}")  # fmt: skip
 
 
 def test_beam_search_gives_one_translation_per_input(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:
@@ -198,7 +253,7 @@ def test_hypotheses_are_the_beams_best_translations_best_first(
     assert long == [
         " ".join([hypothesis] * 60) for hypothesis in translator.hypotheses([SAMPLES[1]], beam(2, n_best=2))[0]
     ]
-    assert "translated in 60 pieces" in capsys.readouterr().err
+    assert "translated in 60 parts" in capsys.readouterr().err
 
 
 def test_cross_attention_plot_of_a_subword_model(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]):
@@ -334,7 +389,8 @@ def test_final_blank_lines_of_src_and_ref_are_no_sentences(
 def test_a_line_longer_than_the_model_reads_is_translated_in_pieces(
     corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
-    """Split at sentence ends, with one warning naming the line in the user's terms; the file is never refused."""
+    """Split at sentence ends (which the segmenter keeps together before a lower-case word, in German), with one
+    warning naming the line in the user's terms; the file is never refused."""
     long = " ".join([SAMPLES[1]] * 60)  # 60 sentences, several times what the model reads
     path = write_lines(tmp_path / "in.txt", [SAMPLES[0], long, SAMPLES[2]])
     result = cli("translate", corpus_run.path, "--input", path)
@@ -345,15 +401,19 @@ def test_a_line_longer_than_the_model_reads_is_translated_in_pieces(
     assert len(result.err_lines) == 2, result.err  # the warning, then the speed
     assert result.err_lines[1].startswith("translated 3 sentences in "), result.err
     assert re.fullmatch(
-        r"warning: --input line 2 is longer than this model reads \(\d+ subword tokens, at most 256\): translated "
-        r"in 60 pieces split at sentence ends",
+        r"warning: --input line 2: a sentence longer than this model reads \(\d+ subword tokens, at most 256\): "
+        r"translated in 60 parts split at sentence ends, clauses or words",
         result.err_lines[0],
     ), result.err_lines[0]
     assert "position" not in result.err
     assert "`" not in result.err
-    one_sentence = cli("translate", corpus_run.path, "der Hund " * 200)  # no sentence end: cut
+    one_sentence = cli("translate", corpus_run.path, "der Hund " * 200)  # no sentence end: split between words
     assert one_sentence.status == 0
-    assert one_sentence.err_lines[-1].endswith(": cut to its first 256"), one_sentence.err
+    assert re.fullmatch(r"warning: text 1: a sentence longer than this model reads \(\d+ subword tokens, at most "
+                        r"256\): translated in \d+ parts split at sentence ends, clauses or words",
+                        one_sentence.err_lines[0]), one_sentence.err  # fmt: skip
+    # 400 words that say nothing, which the little model translates with a few: the guard names them
+    assert all("may have lost or invented words" in line for line in one_sentence.err_lines[1:]), one_sentence.err
 
 
 def test_unknown_characters_are_listed_one_by_one(corpus_run: CorpusRun, cli: Callable[..., Cli]) -> None:

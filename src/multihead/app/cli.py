@@ -36,6 +36,7 @@ from multihead.app.console import (
     warn,
 )
 from multihead.app.languages import BLEU_TOKENIZERS, bleu_tokenize_choice, bleu_tokenizer, pair_text
+from multihead.app.segment import not_text
 
 if TYPE_CHECKING:
     from multihead.app.training import Result
@@ -93,8 +94,9 @@ def _write_output(path: str | None, lines: Sequence[str]) -> None:
 
 
 def _check_targets(read: dict[str, str | None], **targets: str | None) -> None:
-    """Each ``--flag FILE`` the command will write can be written, and is none of the files it reads (``read``: how
-    each is named): checked before the model loads and translates."""
+    """Each ``--flag FILE`` the command will write can be written (its directory exists and the system lets us write
+    there), and is none of the files it reads (``read``: how each is named): checked before the model loads and
+    translates."""
     from multihead.files import check_file_target
 
     for name, target in targets.items():
@@ -105,6 +107,8 @@ def _check_targets(read: dict[str, str | None], **targets: str | None) -> None:
             check_file_target(target, flag)
         except ValueError as error:
             raise UserError(str(error).replace(f"`{flag}`", flag)) from None
+        except OSError as error:
+            raise UserError(f"{flag}: {error}") from None
         for what, path in read.items():
             if (
                 path not in (None, "-")
@@ -126,9 +130,9 @@ def _translation_input(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         for number, text in enumerate(args.text, start=1):
             if not text.strip():
                 raise UserError(f"nothing to translate: text {number} is empty")
+            if (problem := not_text(text)) is not None:
+                raise UserError(f"text {number} is not UTF-8 text: it holds {problem}")
         return args.text, [f"text {number}" for number in range(1, len(args.text) + 1)]
-    if args.input is None and sys.stdin.isatty():
-        raise UserError("nothing to translate: give the texts, --input FILE, or pipe them into standard input")
     lines = _read_input("-" if args.input is None else args.input)
     name = "--input line" if args.input is not None else "standard input line"
     return lines, [f"{name} {number}" for number in range(1, len(lines) + 1)]
@@ -156,12 +160,65 @@ def _checkpoints(translator: Translator) -> str:
 
 
 def _languages(translator: Translator) -> str:
-    """What the run translates, as ``translate`` and ``evaluate`` say it: its languages, or its built-in task."""
-    return pair_text(translator.langs, task=translator.checkpoint.options.get("task"))
+    """What the run translates, as ``translate`` and ``evaluate`` say it: its languages (and its model's codes of
+    them, NLLB's ``kor_Hang`` for ``ko``), or its built-in task."""
+    task = translator.checkpoint.options.get("task")
+    return pair_text(translator.langs, task=task, tokens=translator.language_tokens)
+
+
+def _typed(args: argparse.Namespace) -> bool:
+    """Whether ``translate`` translates lines as they are typed at a terminal (no TEXT, no ``--input``, standard input
+    a terminal); the options that write what is translated, which need the texts first, refused with it."""
+    if args.text or args.input is not None or not sys.stdin.isatty():
+        return False
+    for flag, value in (("--output", args.output), ("--plot", args.plot), ("--html", args.html)):
+        if value:
+            raise UserError(f"{flag} needs the texts before translating: give them, --input FILE, or pipe them "
+                            "in (lines typed at a terminal are translated one by one, on stdout)")  # fmt: skip
+    return True
+
+
+def _translate_typed(translator: Translator, search: Any, n_best: int | None) -> None:
+    """Translate each line typed at the terminal as soon as it is entered, its lines printed at once (as
+    fairseq-interactive and marian do), until the end of the input (Ctrl-D)."""
+    say("type a text and press Enter to translate it; Ctrl-D ends", sys.stderr)
+    for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
+        try:
+            line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        except UnicodeDecodeError as error:  # one line of the terminal's, not the end of the session
+            warn(f"line {number} is not UTF-8 text ({error.reason} at byte {error.start}): not translated")
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            continue
+        lines = _translated(translator, [line], [f"line {number}"], search, n_best, first=number, progress=False)
+        sys.stdout.write("".join(out + "\n" for out in lines))
+        sys.stdout.flush()
+
+
+def _translated(
+    translator: Translator,
+    texts: list[str],
+    names: list[str],
+    search: Any,
+    n_best: int | None,
+    *,
+    first: int = 1,
+    progress: bool,
+) -> list[str]:
+    """The lines ``translate`` prints for ``texts``: a translation each, or, with ``n_best``, each text's N best as
+    NUMBER<TAB>SCORE<TAB>TRANSLATION (the texts numbered from ``first``)."""
+    if n_best is None:
+        return translator.translate(texts, search=search, names=names, progress=progress)
+    found = translator.scored_hypotheses(texts, search, names=names, progress=progress)
+    return [
+        f"{number}\t{'' if score is None else f'{score:.4f}'}\t{text}"
+        for number, hypotheses in enumerate(found, start=first)
+        for score, text in hypotheses
+    ]
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from multihead.app.options import search_options, search_text
+    from multihead.app.options import check_min_length, search_options, search_text
 
     search = search_options(args)
     if args.resume and (args.output is None or args.n_best is not None):
@@ -170,7 +227,8 @@ def _translate(args: argparse.Namespace) -> int:
         raise UserError("--resume continues greedy or beam search: a sampled text draws as the ones before it did, "
                         "so translate the whole input again")  # fmt: skip
     others = _ensembled(args)
-    texts, names = _translation_input(args)
+    typed = _typed(args)
+    texts, names = ([], []) if typed else _translation_input(args)
     _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value and not any(text.strip() for text in texts):
@@ -179,22 +237,21 @@ def _translate(args: argparse.Namespace) -> int:
 
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang, normalize=args.normalize, ensemble=others,
+        target_lang=args.target_lang, normalize=args.normalize, ensemble=others, split_sentences=not args.no_split,
+        guard=not args.no_guard,
     )  # fmt: skip
+    search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
+    check_min_length(search, translator.max_len)
     if sys.stderr.isatty():
         say(f"{_languages(translator)}, {_checkpoints(translator)}", sys.stderr)
+    if typed:
+        _translate_typed(translator, search, args.n_best)
+        return 0
     begin, count = time.perf_counter(), len(texts)
     if args.n_best is None and args.output is not None:  # a batch job: its lines written as they are done
         count = _translate_into(args.output, texts, names, translator, search, resume=args.resume)
-    elif args.n_best is None:
-        lines = translator.translate(texts, search=search, names=names, progress=sys.stderr.isatty())
     else:
-        found = translator.scored_hypotheses(texts, search, names=names, progress=sys.stderr.isatty())
-        lines = [
-            f"{number}\t{'' if score is None else f'{score:.4f}'}\t{text}"
-            for number, hypotheses in enumerate(found, start=1)
-            for score, text in hypotheses
-        ]
+        lines = _translated(translator, texts, names, search, args.n_best, progress=sys.stderr.isatty())
     seconds = time.perf_counter() - begin
     if args.n_best is not None or args.output is None:
         _write_output(args.output, lines)
@@ -240,11 +297,11 @@ def _translate_into(
         complete = data[: data.rfind(b"\n") + 1]
         done = complete.count(b"\n")
         if done > len(texts):
-            raise UserError(f"--resume: {path} holds {done} lines, more than the input's {len(texts)} texts: it is "
-                            "not their translation")  # fmt: skip
+            raise UserError(f"--resume: {path} holds {plural(done, 'line')}, more than the input's "
+                            f"{plural(len(texts), 'text')}: it is not their translation")  # fmt: skip
         if len(complete) < len(data):
             target.write_bytes(complete)  # an unfinished last line goes
-        say(f"resuming {path} after its {done} lines, {len(texts) - done} texts left", sys.stderr)
+        say(f"resuming {path} after its {plural(done, 'line')}, {plural(len(texts) - done, 'text')} left", sys.stderr)
     bar = progress_bar(len(texts), initial=done, unit="sentence")
     key = 0
     with open(target, "ab" if done else "wb") as out:
@@ -270,7 +327,7 @@ def _without_final_blanks(lines: list[str]) -> list[str]:
 def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.corpus import read_lines
     from multihead.app.evaluate import score
-    from multihead.app.options import search_options, search_text
+    from multihead.app.options import check_min_length, search_options, search_text
     from multihead.app.translate import Translator, speed_text
 
     search = search_options(args)
@@ -289,7 +346,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run[0], args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=args.run[1:],
+        split_sentences=not args.no_split, guard=not args.no_guard,
     )  # fmt: skip
+    search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
+    check_min_length(search, translator.max_len)
     begin = time.perf_counter()
     hypotheses = translator.translate(
         sources, search=search, names=[f"SRC line {i + 1}" for i in range(len(sources))],
@@ -357,6 +417,17 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _imported_search(search: dict[str, Any], eos_at_limit: bool) -> str:
+    """How ``import`` names the run's default search (Transformers' with the model's generation config)."""
+    penalty = f"length penalty {search['length_penalty']:g}"
+    said = [f"beam {search['beam_size']}, {penalty}" if search["beam_size"] > 1 else f"greedy (--beam K: {penalty})"]
+    said += [f"at most {search['max_length']} tokens"] if "max_length" in search else []
+    said += ["EOS at the length limit"] if eos_at_limit else []
+    said += [f"at least {search['min_length']} tokens"] if search.get("min_length") else []
+    overriding = "translate --beam, --length-penalty, --max-length override it"
+    return f"{', '.join(said)}, as Transformers' generate ({overriding})"
+
+
 def _import(args: argparse.Namespace) -> int:
     from multihead.app.languages import LanguageTokens
     from multihead.app.pretrained import import_pretrained
@@ -378,7 +449,8 @@ def _import(args: argparse.Namespace) -> int:
     print(f"  languages: {langs}")
     tokens = LanguageTokens.of(getattr(source, "vocabulary", {}), getattr(target, "vocabulary", {}))
     if tokens is not None:
-        opening = f"every source starts with {source.pieces(getattr(source, 'prefix', []))}"
+        prefix = " ".join(source.pieces(getattr(source, "prefix", [])))
+        opening = f"every source starts with {prefix}" if prefix else "no source starts with a language code"
         if tokens.sources:
             print(f"  {len(tokens.targets)} languages, any into any other: translate --source-lang/--target-lang "
                   f"CODE; {opening}")  # fmt: skip
@@ -386,9 +458,11 @@ def _import(args: argparse.Namespace) -> int:
             print(f"  {len(tokens.targets)} target languages: translate --target-lang CODE; {opening}")
     generation = imported.generation
     if generation.banned or generation.forced:
-        said = [f"never {target.pieces(list(generation.banned))}"] if generation.banned else []
-        said += [f"every translation starts with {target.pieces(list(generation.forced))}"] if generation.forced else []
+        forced = " ".join(target.pieces(list(generation.forced)))
+        said = [f"never {' or '.join(target.pieces(list(generation.banned)))}"] if generation.banned else []
+        said += [f"every translation starts with {forced}"] if forced else []
         print(f"  generation: {', '.join(said)}")
+    print(f"  default search: {_imported_search(imported.search, generation.eos_at_limit)}")
     print(f"translate with: {shlex.join(['multihead', 'translate', str(imported.run)])} TEXT...")
     return 0
 
@@ -458,7 +532,7 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
-        normalize=args.normalize,
+        normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard,
     )  # fmt: skip
 
 
@@ -472,8 +546,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 RUN_HELP = "run directory written by multihead train"
 ENSEMBLE_HELP = (
-    "several runs of the same vocabularies (trained with --vocab-from one of them) translate as an ensemble: each "
-    "step's log-probabilities averaged over their models, --checkpoint naming each run's checkpoint"
+    "several runs of the same vocabularies (trained with --vocab-from one of them, or imports of one model for other "
+    "pairs: the first run's pair is translated) translate as an ensemble: each step's log-probabilities averaged over "
+    "their models, --checkpoint naming each run's checkpoint"
 )
 
 
@@ -536,8 +611,8 @@ def _add_language_options(command: argparse.ArgumentParser) -> None:
         command.add_argument(
             flag, type=language_code, metavar="CODE",
             help=f"the {side} language, one of a many-language model's (an imported M2M100, NLLB-200 or "
-            "multilingual OPUS-MT run's): an ISO code such as de, zh or zh-Hant, or the model's own such as "
-            "zho_Hant (default: the run's)",
+            "multilingual OPUS-MT run's): an ISO code such as de, zh, zh-Hant or ko (NLLB's kor_Hang), never taken "
+            "for another script or language, or the model's own such as zho_Hant (default: the run's)",
         )  # fmt: skip
 
 
@@ -547,6 +622,17 @@ def _add_decoding_options(command: argparse.ArgumentParser) -> None:
 
     _add_model_options(command)
     add_search_arguments(command)
+    command.add_argument(
+        "--no-split", action="store_true",
+        help="translate each line whole, as one sentence (for input already split into sentences); by default a "
+        "line is split into its sentences, each translated, and the translations joined with the line's spacing",
+    )  # fmt: skip
+    command.add_argument(
+        "--no-guard", action="store_true",
+        help="take each sentence's translation as the search finds it, as other engines do; by default one that looks "
+        "as if it lost or invented words (it did not end, is far shorter or longer than its source, or repeats "
+        "itself) is searched again with a beam of 4, then in halves, and named in a warning if it still does",
+    )  # fmt: skip
 
 
 def _add_translate(commands: argparse._SubParsersAction) -> None:
@@ -558,7 +644,9 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         "given), in order: one translation per line, a blank line for a blank line. A line longer than the model reads "
         "is translated in pieces split at sentence ends, with a warning. Translating a file or standard input ends "
         "with the speed on stderr (sentences/s, and target tokens/s: those generated, EOS included). Options may come "
-        "before, between or after the run and the texts.",
+        "before, between or after the run and the texts. With no TEXT and no --input at a terminal, each line is "
+        "translated as it is typed, its translation printed at once (Ctrl-D ends), as fairseq-interactive and marian "
+        "do.",
     )  # fmt: skip
     translate.add_argument("run", help=f"{RUN_HELP}; {ENSEMBLE_HELP}")
     translate.add_argument(
@@ -747,9 +835,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=port_number, default=5000, help="the port to listen on (0: a free one)")
     BY_NAME["langs"].add_to(
         serve,
-        help="the first run's pair, ISO codes: the languages it translates where the run does not record them; of a "
-        "many-language model (M2M100, NLLB-200, multilingual OPUS-MT), the pair the page opens with (default: the "
-        "pair the run records)",
+        help="the first run's pair, ISO codes: the languages it translates where the run does not record them (a run "
+        "of one recorded pair refuses another); of a many-language model (M2M100, NLLB-200, multilingual OPUS-MT), "
+        "the pair the page opens with (default: the pair the run records)",
     )
     serve.add_argument("--char-limit", type=limit(-1), default=-1, help="characters per text (-1: no limit)")
     serve.add_argument("--batch-limit", type=limit(-1), default=-1, help="texts per request (-1: no limit)")

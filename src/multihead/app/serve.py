@@ -18,6 +18,7 @@ import collections
 import contextlib
 import functools
 import json
+import logging
 import queue
 import signal
 import socket
@@ -37,13 +38,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from multihead.app.console import UserError, say
+from multihead.app.console import UserError, plural, say
 from multihead.app.detect import Detected, LanguageIdentifier
-from multihead.app.languages import closest_code, language_name, pair_text, public_code
+from multihead.app.languages import closest_code, language_name, pair_text
 from multihead.app.markup import translate_html, visible_text
 from multihead.app.runs import has_checkpoints
+from multihead.app.segment import not_text
 from multihead.app.streaming import Finish, RoundTranslator, StreamingTranslator, settle
-from multihead.app.translate import TRANSLATION, Translator
+from multihead.app.translate import TRANSLATION, Translated, Translator
 from multihead.app.view import attention_view, page
 from multihead.decoding import SearchOptions
 
@@ -104,10 +106,12 @@ def read_api_keys(path: str) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class Texts:
-    """A request's texts for the worker, and their pair of languages (``None``: the first run's own)."""
+    """A request's texts for the worker, their pair of languages (``None``: the first run's own), and whether they
+    are split into sentences (``None``: as the server does)."""
 
     texts: list[str]
     pair: tuple[str, str] | None
+    split: bool | None = None
 
 
 class Batcher:
@@ -138,13 +142,15 @@ class Batcher:
         texts: list[str],
         *,
         pair: tuple[str, str] | None = None,
+        split: bool | None = None,
         request: Request | None = None,
         timeout: float = -1,
-    ) -> list[str]:
-        """``texts`` translated (from ``pair[0]`` into ``pair[1]``; ``None``: the first run's pair); an
-        :class:`ApiError` when ``request``'s client leaves first (499) or ``timeout`` seconds (``-1``: no limit) pass
-        first (503), and then the worker drops them."""
-        return await self._submit(Texts(texts, pair), request, timeout)
+    ) -> Translated:
+        """``texts`` translated (from ``pair[0]`` into ``pair[1]``; ``None``: the first run's pair), sentence by
+        sentence unless ``split`` is ``False`` (``None``: as the server does); an :class:`ApiError` when
+        ``request``'s client leaves first (499) or ``timeout`` seconds (``-1``: no limit) pass first (503), and then
+        the worker drops them."""
+        return await self._submit(Texts(texts, pair, split), request, timeout)
 
     async def run(self, call: Callable[[], Any], *, request: Request | None = None, timeout: float = -1) -> Any:
         """``call()`` on the worker, alone; cancelled as :meth:`texts` is, unless it has begun."""
@@ -202,7 +208,8 @@ class Batcher:
                 if callable(work):
                     self.alone.append((work, future))
                 elif not future.done():  # not cancelled while it was queued
-                    self._run(future, functools.partial(engine.add, work.texts, future, pair=work.pair))
+                    add = functools.partial(engine.add, work.texts, future, pair=work.pair, split=work.split)
+                    self._run(future, add)
             if not len(engine):
                 self.credit = 0.0  # nothing to be fair to
             if self.alone and self.credit >= 0:
@@ -277,7 +284,7 @@ class Engines:
         for slot in self.slots:
             if slot.first.model is not None:
                 slot.translator, slot.engine = slot.first, make(slot.first)
-        self.deferred: list[tuple[Sequence[str], Future, Finish, Pair | None]] = []
+        self.deferred: list[tuple[Sequence[str], Future, Finish, Pair | None, bool | None]] = []
 
     def __len__(self) -> int:
         return sum(len(slot.engine) for slot in self.slots if slot.engine is not None) + len(self.deferred)
@@ -329,21 +336,22 @@ class Engines:
         future: Future,
         finish: Finish = lambda translated: translated,
         pair: Pair | None = None,
+        split: bool | None = None,
     ) -> None:
         translator = self.translator(pair)
         if translator is None:
-            self.deferred.append((texts, future, finish, pair))
+            self.deferred.append((texts, future, finish, pair, split))
             return
         index = 0 if pair is None else self.owner(pair)
         engine = self.slots[index].engine
         assert engine is not None  # loaded just now
-        engine.add(texts, future, finish, translator)
+        engine.add(texts, future, finish, translator if split is None else translator.splitting(split))
 
     def step(self) -> None:
         waiting, self.deferred = self.deferred, []
-        for texts, future, finish, pair in waiting:
+        for texts, future, finish, pair, split in waiting:
             if not future.done():
-                self.add(texts, future, finish, pair)
+                self.add(texts, future, finish, pair, split)
         for slot in self.slots:
             if slot.engine is not None and len(slot.engine):
                 slot.engine.step()
@@ -352,7 +360,7 @@ class Engines:
         for slot in self.slots:
             if slot.engine is not None:
                 slot.engine.fail(error)
-        for _, future, _, _ in self.deferred:
+        for _, future, *_ in self.deferred:
             settle(future, error=error)
         self.deferred = []
 
@@ -373,9 +381,10 @@ class Lines:
         future: Future,
         finish: Finish = lambda translated: translated,
         pair: Pair | None = None,
+        split: bool | None = None,
     ) -> None:
         lines, flat = split_lines(texts)
-        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)), pair)
+        self.engine.add(flat, future, lambda translated: finish(join_lines(texts, lines, translated)), pair, split)
 
     def step(self) -> None:
         self.engine.step()
@@ -390,11 +399,13 @@ def split_lines(texts: Sequence[str]) -> tuple[list[list[str]], list[str]]:
     return lines, [line for text_lines in lines for line in text_lines]
 
 
-def join_lines(texts: Sequence[str], lines: list[list[str]], translated: list[str]) -> list[str]:
-    """Each text's translation from its lines' ``translated`` (all of them, in order); a blank text as it came."""
-    each = iter(translated)
+def join_lines(texts: Sequence[str], lines: list[list[str]], translated: Translated) -> Translated:
+    """Each text's translation from its lines' ``translated`` (all of them, in order; a blank text as it came), and
+    the sentences of its lines that the guard doubts."""
+    each, doubts = iter(translated.texts), iter(translated.doubtful)
     joined = ["\n".join(next(each) for _ in text_lines) for text_lines in lines]
-    return [text if not text.strip() else out for text, out in zip(texts, joined, strict=True)]
+    doubtful = [[found for _ in text_lines for found in next(doubts)] for text_lines in lines]
+    return Translated([text if not text.strip() else out for text, out in zip(texts, joined, strict=True)], doubtful)
 
 
 class RateLimiter:
@@ -490,12 +501,17 @@ class Service:
         return list(dict.fromkeys(code for targets in self.pairs.values() for code in targets))
 
     def languages(self) -> list[dict[str, Any]]:
-        """LibreTranslate's ``/languages``: every language served, with the targets it translates into; with several
-        runs also (beyond LibreTranslate's keys) ``runs``, which runs serve each target (two for a pivot)."""
+        """LibreTranslate's ``/languages``: every language served, with the targets it translates into; beyond
+        LibreTranslate's keys, ``model_codes``, each run's model's own code of it, where its model marks languages with
+        tokens (NLLB's ``kor_Hang`` for ``ko``), and, with several runs, ``runs``, which runs serve each target (two for
+        a pivot)."""
         found = []
         for code in dict.fromkeys([*self.pairs, *self.targets()]):
             targets = self.pairs.get(code, [])
             entry: dict[str, Any] = {"code": code, "name": language_name(code), "targets": targets}
+            owns = {self.name(index): own for index, (run, _) in enumerate(self.runs) if (own := own_code(run, code))}
+            if owns:
+                entry["model_codes"] = owns
             if len(self.runs) > 1:
                 entry["runs"] = {target: [self.name(run) for run in self.route_of(code, target)] for target in targets}
             found.append(entry)
@@ -543,11 +559,15 @@ class Service:
         return target, detected, [self.source_of(found, target) for found in detected]
 
     def source_of(self, found: Detected, target: str) -> str:
-        """The source language of a text ``found`` in (``source: "auto"``): that language when it translates into
-        ``target``, else the run's source, else the first that does."""
-        for code in (found.language if found.identified else None, self.source):
-            if target in self.pairs.get(code or "", []):
-                return code or ""
+        """The source language of a text ``found`` in (``source: "auto"``): the language it is identified in, refused
+        as ``source`` naming it is where nothing translates it into ``target`` (as LibreTranslate does: another
+        language's model would only garble it); for a text identified in none, or in ``target`` (kept as it is), the
+        run's source where it translates into ``target``, else the first that does."""
+        if found.identified and found.language != target:
+            self.legs(found.language, target)  # refused where no run, nor a pivot, goes into target
+            return found.language
+        if target in self.pairs.get(self.source, []):
+            return self.source
         return next((code for code, targets in self.pairs.items() if target in targets), self.source)
 
 
@@ -570,22 +590,44 @@ def pivots(direct: Collection[tuple[str, str]], codes: Sequence[str]) -> dict[tu
 
 
 def served_pairs(translator: Translator, source: str, target: str) -> dict[str, list[str]]:
-    """The pairs a run serves, as the codes clients send (:func:`public_code`): its own, ``source`` into ``target``;
-    with a model that marks its languages with tokens, every pair it has (M2M100's and NLLB's: each language into
-    every other; a multilingual OPUS-MT model's: ``source`` into each of its targets)."""
+    """The pairs a run serves, as the codes clients send (:meth:`LanguageTokens.public`: NLLB's ``kor_Hang`` is
+    ``ko``): its own, ``source`` into ``target``; with a model that marks its languages with tokens, every pair it has
+    (M2M100's and NLLB's: each language into every other; a multilingual OPUS-MT model's: ``source`` into each of its
+    targets)."""
     tokens = translator.language_tokens
     if tokens is None:
         return {source: [target]}
-    targets = list(dict.fromkeys(map(public_code, tokens.targets)))
+    targets = list(dict.fromkeys(tokens.public(code, target=True) for code in tokens.targets))
     targets += [] if target in targets else [target]
     if not tokens.sources:
         return {source: targets}
-    sources = list(dict.fromkeys([source, *map(public_code, tokens.sources)]))
+    sources = list(dict.fromkeys([source, *(tokens.public(code, target=False) for code in tokens.sources)]))
     return {code: [other for other in targets if other != code] for code in sources}
 
 
+def own_code(translator: Translator, code: str) -> str | None:
+    """The run's model's own code of the served language ``code`` (NLLB's ``kor_Hang`` for ``ko``), where the model
+    marks languages with tokens and has it."""
+    tokens = translator.language_tokens
+    return None if tokens is None else tokens.own_code(code)
+
+
 async def _arguments(request: Request) -> dict[str, Any]:
-    """The request's parameters: its JSON object, or its form fields; refused when too large or malformed."""
+    """The request's parameters, as LibreTranslate's ``request.values``: its query string's, under its body's."""
+    return {**_fields(request.scope.get("query_string", b""), "query string"), **await _body_arguments(request)}
+
+
+def _fields(encoded: bytes, what: str) -> dict[str, str]:
+    """The fields of URL-encoded ``encoded`` (a form, or a query string), the first of a name repeated."""
+    try:
+        fields = parse_qs(encoded.decode("utf-8"), keep_blank_values=True)
+    except UnicodeDecodeError:
+        raise ApiError(400, f"Invalid request: the {what} is not UTF-8") from None
+    return {key: values[0] for key, values in fields.items()}
+
+
+async def _body_arguments(request: Request) -> dict[str, Any]:
+    """The request body's parameters: its JSON object, or its form fields; refused when too large or malformed."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > BODY_LIMIT:
         raise ApiError(413, f"Request body too large: {length} bytes, at most {BODY_LIMIT}")
@@ -610,11 +652,7 @@ async def _arguments(request: Request) -> dict[str, Any]:
 
         form = await Request(request.scope, replay).form()
         return {key: value for key, value in form.items() if isinstance(value, str)}
-    try:
-        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True)
-    except UnicodeDecodeError:
-        raise ApiError(400, "Invalid request: the form is not UTF-8") from None
-    return {key: values[0] for key, values in fields.items()}
+    return _fields(body, "form")
 
 
 def _require_q(q: Any) -> None:
@@ -630,9 +668,12 @@ def _texts(q: Any, limits: Limits) -> list[str]:
         raise ApiError(400, "Invalid request: q parameter must be a string or a list of strings")
     if isinstance(q, list) and limits.batch_limit != -1 and len(q) > limits.batch_limit:
         raise ApiError(400, f"Invalid request: request ({len(q)}) exceeds text limit ({limits.batch_limit})")
-    for text in texts:
+    for number, text in enumerate(texts, start=1):
         if limits.char_limit != -1 and len(text) > limits.char_limit:
             raise ApiError(400, f"Invalid request: request ({len(text)}) exceeds text limit ({limits.char_limit})")
+        if (problem := not_text(text)) is not None:
+            where = f"text {number} of q" if isinstance(q, list) else "q"
+            raise ApiError(400, f"Invalid request: {where} holds {problem}")
     return texts
 
 
@@ -678,10 +719,21 @@ class Endpoints:
             if not keep:
                 groups.setdefault(code, []).append(index)
 
-        def translate(legs: list[Pair]) -> Callable[[list[str]], Awaitable[list[str]]]:
+        split = _flag_argument(arguments, "split")
+        doubtful: list[list[str]] = [[] for _ in texts]  # each text's sentences whose translation the guard doubts
+
+        def translate(legs: list[Pair], into: Sequence[int]) -> Callable[[list[str]], Awaitable[list[str]]]:
+            """What translates texts through ``legs``, the sentences it doubts of its ``i``-th text added to those
+            of the request's text ``into[i]`` (``into[0]``: every text an HTML text's pieces)."""
+
             async def through(texts: list[str]) -> list[str]:  # a pivot's second leg translates the first's texts
                 for leg in legs:
-                    texts = await service.batcher.texts(texts, pair=leg, request=request, timeout=self.limits.timeout)
+                    done = await service.batcher.texts(
+                        texts, pair=leg, split=split, request=request, timeout=self.limits.timeout
+                    )
+                    for index, found in enumerate(done.doubtful):
+                        doubtful[into[min(index, len(into) - 1)]] += [sentence for sentence, _ in found]
+                    texts = done.texts
                 return texts
 
             return through
@@ -690,7 +742,7 @@ class Endpoints:
         if text_format == "html":
             for code, indices in groups.items():
                 for index in indices:
-                    translated[index] = await translate_html(texts[index], translate(translators[code]))
+                    translated[index] = await translate_html(texts[index], translate(translators[code], [index]))
         elif alternatives:
             for code, indices in groups.items():
                 for index in indices:
@@ -698,9 +750,9 @@ class Endpoints:
                     translated[index] = found[0]
                     others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
         else:
-            done = await asyncio.gather(
-                *(translate(translators[code])([texts[i] for i in indices]) for code, indices in groups.items())
-            )
+            done = await asyncio.gather(*(
+                translate(translators[code], indices)([texts[i] for i in indices]) for code, indices in groups.items()
+            ))  # fmt: skip
             for indices, outputs in zip(groups.values(), done, strict=True):
                 for index, output in zip(indices, outputs, strict=True):
                     translated[index] = output
@@ -710,6 +762,8 @@ class Endpoints:
             answer["detectedLanguage"] = languages if isinstance(q, list) else languages[0]
         if alternatives:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
+        if any(doubtful):
+            answer["doubtful"] = doubtful if isinstance(q, list) else doubtful[0]
         return JSONResponse(answer)
 
     async def best(self, legs: list[Pair], text: str, count: int, request: Request) -> list[str]:
@@ -725,10 +779,13 @@ class Endpoints:
         return ["\n".join(line[min(i, len(line) - 1)] for line in found) for i in range(count)]
 
     def alternatives(self, arguments: dict[str, Any]) -> int:
-        try:
-            count = int(arguments.get("alternatives", 0))
-        except (TypeError, ValueError):
-            raise ApiError(400, "Invalid request: alternatives parameter is not a number") from None
+        """The ``alternatives`` asked: a JSON integer, or a form's string of one (``true``, ``1.5``: not a number)."""
+        count = arguments.get("alternatives", 0)
+        if isinstance(count, str):
+            with contextlib.suppress(ValueError):
+                count = int(count)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ApiError(400, "Invalid request: alternatives parameter is not a number")
         if count < 0:
             raise ApiError(400, "Invalid request: alternatives parameter must be >= 0")
         if self.limits.alternatives_limit != -1 and count > self.limits.alternatives_limit:
@@ -812,7 +869,20 @@ def _text_argument(arguments: dict[str, Any], name: str) -> str | None:
     value = arguments.get(name)
     if value is not None and not isinstance(value, str):
         raise ApiError(400, f"Invalid request: {name} parameter must be a string")
+    if value and (problem := not_text(value)) is not None:
+        raise ApiError(400, f"Invalid request: {name} holds {problem}")
     return value or None
+
+
+def _flag_argument(arguments: dict[str, Any], name: str) -> bool | None:
+    """A yes/no parameter: JSON's ``true``/``false``, or a form's ``true``/``false``/``1``/``0``; ``None`` when
+    absent."""
+    value = arguments.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    raise ApiError(400, f"Invalid request: {name} parameter must be true or false, received {value!r}")
 
 
 def create_app(service: Service, limits: Limits) -> Starlette:
@@ -857,14 +927,18 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def _load_run(
     run: str,
+    *,
     checkpoint: str | None,
     device: str | None,
     quantize: str | None,
     normalize: str | None,
     langs: Sequence[str] | None,
+    split_sentences: bool = True,
+    guard: bool = True,
 ) -> tuple[Translator, Sequence[str]]:
     """A run's translator, and the pair it serves by default (:func:`_served_langs`)."""
-    translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize)
+    translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
+                            split_sentences=split_sentences, guard=guard)  # fmt: skip
     return translator, _served_langs(translator, langs, run)
 
 
@@ -889,12 +963,16 @@ def _translator_only(load: Callable[[], tuple[Translator, Sequence[str]]]) -> Tr
 
 
 def _served_langs(translator: Translator, langs: Sequence[str] | None, run: str) -> Sequence[str]:
-    """The pair ``serve`` defaults to: ``langs`` (of a model of many languages: the pair it chooses), else the run's,
-    else a built-in task's; refused in one line where there is none."""
-    marked = translator.language_tokens
+    """The pair ``serve`` defaults to: ``langs`` (of a model of many languages: the pair it chooses; of a run that
+    records its one pair: that pair, another refused in one line; else the names of the run's languages), else the
+    run's, else a built-in task's; refused in one line where there is none."""
+    marked, named = translator.language_tokens, f"--langs {' '.join(langs or [])}"
     if langs and marked is not None:
-        named = f"--langs {' '.join(langs)}"
         translator.choose_languages(langs[0] if marked.sources else None, langs[1], named=named)
+        langs = translator.langs
+    elif langs and translator.langs:
+        if any(closest_code(code, [own]) != own for code, own in zip(langs, translator.langs, strict=True)):
+            translator.choose_languages(*langs, named=named)  # refused, as translate --target-lang is: no tokens
         langs = translator.langs
     task = translator.checkpoint.options.get("task")
     langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
@@ -926,7 +1004,7 @@ def _say_serving(service: Service, runs: Sequence[str], sock: socket.socket) -> 
         f"http://{shown}:{port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
     for index in range(len(service.runs)) if many else ():
         count = sum(owner == index for owner in service.direct.values())
-        said = f"{count} pairs" if count else "no pair: the runs named before it serve all of its"
+        said = plural(count, "pair") if count else "no pair: the runs named before it serve all of its"
         say(f"  {service.name(index)}: {pair_text(service.runs[index][1])}; {said}", sys.stderr)
 
 
@@ -943,19 +1021,23 @@ def serve(
     limits: Limits,
     max_loaded: int | None = None,
     normalize: str | None = None,
+    split_sentences: bool = True,
+    guard: bool = True,
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
     answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``langs``: the
     first run's pair; ``max_loaded``: the most runs whose models are held at once (:class:`Engines`); ``normalize``:
-    the sources' punctuation normalizer (:class:`Translator`). A run of a
-    built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
+    the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by sentence unless
+    a request says otherwise, ``guard``: whether doubted translations are searched again (:class:`Translator`). A run
+    of a built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
     otherwise."""
     import uvicorn
 
     sock = listening_socket(host, port)
+    load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
+                             split_sentences=split_sentences, guard=guard)  # fmt: skip
     loaders = [
-        functools.partial(_load_run, run, checkpoint, device, quantize, normalize, None if index else langs)
-        for index, run in enumerate(run_paths(runs))
+        functools.partial(load, run, langs=None if index else langs) for index, run in enumerate(run_paths(runs))
     ]
     try:
         service = _service(loaders, search, max_loaded)
@@ -973,8 +1055,13 @@ def serve(
     )
     _say_serving(service, runs, sock)
 
-    def stop(sig: int, frame: Any) -> None:  # a second signal stops without waiting for the requests in flight
-        server.force_exit, server.should_exit = server.should_exit, True
+    def stop(sig: int, frame: Any) -> None:
+        """The first signal drains; a second stops without waiting for the requests in flight, quietly: uvicorn's
+        reports of the tasks it then cancels (the requests', the application's lifespan) are not errors."""
+        if server.should_exit:
+            logging.getLogger("uvicorn.error").disabled = True
+            server.force_exit = True
+        server.should_exit = True
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)

@@ -20,17 +20,17 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from multihead.app.translate import TRANSLATION, Ids, Translator, translate_ids, translation
+from multihead.app.translate import TRANSLATION, Cut, Ids, Translated, Translator, translate_ids, translation
 from multihead.decoding import SearchOptions
 from multihead.torch.streaming import Stream
 
 SHARE = 8
 """How many more places than all the other requests together one request may hold while they are being translated."""
-Finish = Callable[[list[str]], Any]
+Finish = Callable[[Translated], Any]
 """What a request's translations become before they are its answer."""
 
 
-def _keep(translated: list[str]) -> Any:
+def _keep(translated: Translated) -> Any:
     return translated
 
 
@@ -59,12 +59,14 @@ class Translating(Protocol):
 
 class Cutting(Protocol):
     """What scheduling reads of a translator (:class:`Translator`'s methods): texts cut into the pieces its model
-    reads, and the pieces' translations joined back into texts. A fake one tests :class:`Requests` without a
-    model."""
+    reads, and the pieces' translations (searched as the search says) checked and joined back into texts. A fake
+    one tests :class:`Requests` without a model."""
 
-    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[list[Ids]], list[Ids]]: ...
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]: ...
 
-    def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]: ...
+    def joined(
+        self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION
+    ) -> Translated: ...
 
 
 C = TypeVar("C", bound=Cutting)
@@ -81,7 +83,7 @@ class _Job(Generic[C]):
     uncut: deque[tuple[int, str]]
     future: Future
     finish: Finish = field(repr=False)
-    pieces: list[list[Ids]] = field(default_factory=list)
+    pieces: list[Cut] = field(default_factory=list)
     pending: deque[tuple[int, Ids]] = field(default_factory=deque)
     outputs: list[Ids] = field(default_factory=list)
     running: int = 0
@@ -104,38 +106,53 @@ def settle(future: Future, result: Any = None, error: BaseException | None = Non
 
 class Requests(Generic[C]):
     """Requests' pieces (token ids), given out in turn: one piece of each request with pieces left, round and round,
-    each request holding at most :data:`SHARE` more than the others together while others are being translated."""
+    each request holding at most :data:`SHARE` more than the others together while others are being translated.
+    ``search``: what translated them (the guard searches again from it, :meth:`Translator.joined`)."""
 
-    def __init__(self, translator: C) -> None:
-        self.translator = translator
+    def __init__(self, translator: C, search: SearchOptions = TRANSLATION) -> None:
+        self.translator, self.search = translator, search
         self.turns: deque[_Job[C]] = deque()  # the requests with pieces not yet given out, in turn
         self.live: list[_Job[C]] = []  # every request not yet answered
-        self.waiting = 0  # pieces not yet given out, a text not yet cut counting as one
         self.running = 0  # pieces given out, not yet ended
 
     def __len__(self) -> int:
-        return self.waiting
+        """Pieces not yet given out, a text not yet cut counting as one."""
+        return sum(len(job.pending) + len(job.uncut) for job in self.turns)
 
     def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: C | None = None) -> None:
         job = _Job(translator or self.translator, deque(enumerate(texts)), future, finish)
-        self.waiting += len(texts)
+        self.live.append(job)
         self._cut(job)  # its first piece, or the answer of blank texts
         if job.pending:
             self.turns.append(job)
-            self.live.append(job)
+        elif not job.running:  # answered (blank texts) or failed
+            self.live.remove(job)
 
     def _cut(self, job: _Job[C]) -> None:
         """Cut ``job``'s texts until one of their pieces is pending, or none is left: then, if nothing of it is being
-        translated, answer it."""
-        while job.uncut and not job.pending:
-            index, text = job.uncut.popleft()
-            (pieces,), _ = job.translator.pieces([text], [f"text {index + 1}"])
-            job.pending.extend(enumerate(pieces, start=len(job.outputs)))
-            job.outputs += [[] for _ in pieces]
-            job.pieces.append(pieces)
-            self.waiting += len(pieces) - 1
+        translated, answer it. A text that cannot be cut fails its request alone, which the next step drops."""
+        try:
+            while job.uncut and not job.pending:
+                index, text = job.uncut.popleft()
+                (cut,), _ = job.translator.pieces([text], [f"text {index + 1}"])
+                job.pending.extend(enumerate(cut.ids, start=len(job.outputs)))
+                job.outputs += [[] for _ in cut.ids]
+                job.pieces.append(cut)
+        except Exception as error:
+            settle(job.future, error=error)
+            return
         if job.done:
-            settle(job.future, job.finish(job.translator.joined(job.pieces, job.outputs)))
+            self._answer(job)
+
+    def _answer(self, job: _Job[C]) -> None:
+        """Answer ``job``, all of its pieces translated: their translations checked and joined (or the error that
+        gave, its alone)."""
+        try:
+            answer = job.finish(job.translator.joined(job.pieces, job.outputs, self.search))
+        except Exception as error:
+            settle(job.future, error=error)
+            return
+        settle(job.future, answer)
 
     def take(self, count: int) -> list[tuple[_Job[C], int, Ids]]:
         """At most ``count`` pieces, in turn: (request, the piece's index in it, its ids)."""
@@ -150,7 +167,6 @@ class Requests(Generic[C]):
             taken.append((job, index, ids))
             job.running += 1
             self.running += 1
-            self.waiting -= 1
             self._cut(job)
             if job.pending:
                 self.turns.append(job)
@@ -164,7 +180,7 @@ class Requests(Generic[C]):
         self.running -= 1
         if job.done:
             self.live.remove(job)
-            settle(job.future, job.finish(job.translator.joined(job.pieces, job.outputs)))
+            self._answer(job)
 
     def drop_abandoned(self) -> set[_Job[C]]:
         """Forget the requests whose future is done before their answer (cancelled); those requests."""
@@ -172,14 +188,13 @@ class Requests(Generic[C]):
         if gone:
             self.live = [job for job in self.live if job not in gone]
             self.turns = deque(job for job in self.turns if job not in gone)
-            self.waiting = sum(len(job.pending) + len(job.uncut) for job in self.turns)
             self.running = sum(job.running for job in self.live)
         return gone
 
     def fail(self, error: BaseException) -> None:
         for job in self.live:
             settle(job.future, error=error)
-        self.turns, self.live, self.waiting, self.running = deque(), [], 0, 0
+        self.turns, self.live, self.running = deque(), [], 0
 
 
 class StreamingTranslator:
@@ -190,7 +205,7 @@ class StreamingTranslator:
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator, self.rows, self.search = translator, rows, search
-        self.requests: Requests[Translator] = Requests(translator)
+        self.requests: Requests[Translator] = Requests(translator, search)
         self.stream: Stream[tuple[_Job[Translator], int]] = Stream(
             translator.model, rows=rows, generation=translator.spec(search), layouts=translator.layouts,
         )  # fmt: skip
@@ -229,7 +244,7 @@ class RoundTranslator:
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator, self.rows, self.search = translator, rows, search
-        self.requests: Requests[Translator] = Requests(translator)
+        self.requests: Requests[Translator] = Requests(translator, search)
         self.batch_tokens = translator.batch_size(search)
 
     def __len__(self) -> int:

@@ -1,8 +1,9 @@
 """Translating with a trained run: many sentences in length-sorted batches, and one sentence's cross-attention.
 
 The run's checkpoint holds everything needed (config, weights, tokenizers): the training corpus is never read.
-Every line gives one line: a blank line a blank one; a line longer than the model reads is translated in pieces
-split at sentence ends (a sentence too long alone is cut), with one warning naming it.
+Every line gives one line: a blank line a blank one. A line is translated sentence by sentence
+(:mod:`multihead.app.segment`), as models learnt to translate, and a guard searches again a sentence whose
+translation looks as if it lost or invented text (:func:`doubt`).
 
 Notation: B batch, Ls source length, T generated length, H heads, Lt target length.
 """
@@ -12,17 +13,18 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from textwrap import shorten
 from typing import Any, TypeVar
 
 import numpy as np
 
 from multihead.app.console import UserError, progress_bar, warn
-from multihead.app.languages import LanguageTokens, pair_text, public_code
+from multihead.app.languages import LanguageTokens, pair_text
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
+from multihead.app.segment import halved, join, shorter, split, whole
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer, digest
 from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
 
@@ -36,8 +38,13 @@ Generate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 TRANSLATION = SearchOptions(length_penalty=0.6)
 """How ``translate``, ``evaluate`` and ``serve`` search unless told otherwise: greedy; with more beams, ranked by the
 paper's length penalty."""
-SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
-"""Where a text too long for the model is split: after the end of a sentence."""
+GUARD_BEAM = 4
+"""The beam with which the guard searches again a translation it doubts (:meth:`Translator.joined`)."""
+SHORTEST, LONGEST, GUARDED = 0.4, 3.0, 6
+"""A translation of a source of at least ``GUARDED`` tokens is doubted when it has fewer than ``SHORTEST`` or more
+than ``LONGEST`` times its source's tokens (:func:`doubt`)."""
+REPEATS = 4
+"""A translation is doubted when the same run of one to four tokens comes this many times in a row."""
 BATCH_TOKENS = 6000
 """Source tokens per translation batch on a CPU (divided by the beam): large batches amortise each decoding step's
 fixed cost."""
@@ -67,6 +74,53 @@ def speed_text(count: int, unit: str, tokens: int, seconds: float) -> str:
         f"{count} {unit if count == 1 else unit + 's'} in {seconds:.1f} s ({count / seconds:.1f} {unit}s/s, "
         f"{tokens / seconds:.0f} tokens/s)"
     )
+
+
+@dataclass
+class Cut:
+    """One text as the model reads it (:meth:`Translator.pieces`): its pieces' token ids (a sentence each; a
+    sentence longer than the model reads, several), each piece's source text, and the whitespace around the pieces
+    (one more than they; see :mod:`multihead.app.segment`). A blank text has no piece."""
+
+    ids: list[Ids]
+    sources: list[str]
+    gaps: list[str]
+
+
+@dataclass(frozen=True)
+class Translated:
+    """Texts' translations and, for each text, the sentences (source, why) whose translation the guard still doubts
+    (:meth:`Translator.joined`)."""
+
+    texts: list[str]
+    doubtful: list[list[tuple[str, str]]]
+
+
+def repeats(tokens: Sequence[int], times: int = REPEATS) -> bool:
+    """Whether a run of one to four tokens comes ``times`` times in a row in ``tokens`` ("black black black black")."""
+    for width in range(1, 5):
+        for start in range(len(tokens) - width * times + 1):
+            run = tokens[start : start + width]
+            if all(tokens[start + width * k : start + width * (k + 1)] == run for k in range(1, times)):
+                return True
+    return False
+
+
+def doubt(source: Ids, translated: Ids, eos: int, room: int) -> str | None:
+    """Why ``translated`` (as :func:`translation` gives it, at most ``room`` tokens) looks as if it lost or invented
+    text of its ``source`` (token ids), or ``None``: it never ended (its length limit cut it, or a model that ends
+    every translation there ended it), it is far shorter or longer than its source (:data:`SHORTEST`,
+    :data:`LONGEST`), or it repeats itself (:func:`repeats`)."""
+    if not translated or translated[-1] != eos or len(translated) >= room:
+        return "it did not end within its length limit"
+    words, read = len(translated) - 1, len(source)
+    if read >= GUARDED and words < SHORTEST * read:
+        return f"{words} tokens for a source of {read}"
+    if words > LONGEST * max(read, GUARDED):
+        return f"{words} tokens for a source of {read}"
+    if repeats(translated[:-1]):
+        return "it repeats itself"
+    return None
 
 
 @dataclass
@@ -180,7 +234,7 @@ def language_pair(
             generation = replace(generation, forced=(tokens.targets[target],))
         else:
             source_side.prefix = [tokens.targets[target]]
-    chosen = [None if code is None else public_code(code) for code in (source, target)]
+    chosen = [code and tokens.public(code, target=side == 1) for side, code in enumerate((source, target))]
     return source_side, generation, [chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"]
 
 
@@ -192,6 +246,17 @@ def moses_normalizer() -> Callable[[str], Any]:
     except ImportError:
         raise UserError("--normalize moses needs sacremoses: pip install sacremoses") from None
     return functools.lru_cache(maxsize=None)(lambda lang: sacremoses.MosesPunctNormalizer(lang=lang))
+
+
+def model_tokens(checkpoint: Checkpoint) -> str:
+    """A digest of the tokens a run's model reads and writes (:func:`multihead.app.tokenizers.digest`), less the
+    language token its tokenizers open each text with: the pair a run of a many-language model chose, not its
+    model."""
+    sides = [copy.copy(tokenizer) for tokenizer in (checkpoint.source, checkpoint.target)]
+    for side in sides:
+        if isinstance(side, SentencePieceTokenizer):
+            side.prefix = []
+    return digest(*sides)
 
 
 class EnsembleSession:
@@ -224,7 +289,10 @@ class Translator:
     alike. ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
     (:meth:`choose_languages`). ``ensemble``: other runs of the same vocabularies whose models translate with this
     one's (:class:`EnsembleSession`), each from its checkpoint ``checkpoint`` names, on the same device and quantized
-    alike; this run's tokenizers, generation and languages are the ensemble's."""
+    alike; this run's tokenizers, generation and languages are the ensemble's. ``split_sentences``: translate each
+    text sentence by sentence (the default), else as one sentence (sources already split into sentences). ``guard``:
+    search again the translations that look as if they lost or invented text, and name those that still do (the
+    default; :meth:`joined`), else take them as the search finds them."""
 
     def __init__(
         self,
@@ -237,6 +305,8 @@ class Translator:
         target_lang: str | None = None,
         normalize: str | None = None,
         ensemble: Sequence[str | Path] = (),
+        split_sentences: bool = True,
+        guard: bool = True,
     ) -> None:
         import torch
 
@@ -274,6 +344,12 @@ class Translator:
         self.torch = torch
         self.normalizer = moses_normalizer() if normalize == "moses" else None
         """What the sources' punctuation goes through first (``normalize="moses"``), if anything."""
+        self.split = split_sentences and self.checkpoint.options.get("task") is None
+        """Whether texts are translated sentence by sentence (:meth:`pieces`); off, a text is one sentence (always
+        for a built-in task's run, whose inputs are not sentences of a language)."""
+        self.guard = guard
+        """Whether translations are checked, and those the guard doubts searched again (:meth:`joined`); off, they are
+        as the search found them, as other engines give them."""
         self.others = [Translator(other, checkpoint, device=device, quantize=quantize) for other in ensemble]
         """The ensemble's other members (:meth:`session`): their models, and their lengths (:meth:`limit`)."""
         for other in self.others:
@@ -284,9 +360,10 @@ class Translator:
             self.choose_languages(source_lang, target_lang)
 
     def _check_member(self, other: Translator) -> None:
-        """Refuse, in one line, a run whose model reads or writes other tokens than this one's."""
+        """Refuse, in one line, a run whose model reads or writes other tokens than this one's (whatever pair of a
+        many-language model's languages each run chose: the ensemble translates this run's)."""
         mine, theirs = self.checkpoint, other.checkpoint
-        same = digest(mine.source, mine.target) == digest(theirs.source, theirs.target)
+        same = model_tokens(mine) == model_tokens(theirs)
         if not same or mine.config.tgt_vocab != theirs.config.tgt_vocab:
             what = "their vocabularies differ" if not same else "their output layers differ"
             raise UserError(
@@ -329,6 +406,15 @@ class Translator:
         other.choose_languages(source, target)
         return other
 
+    def splitting(self, split: bool) -> Translator:
+        """This translator, translating texts sentence by sentence or whole as ``split`` says (:attr:`split`),
+        sharing its model: a ``serve`` request's own choice."""
+        if split == self.split:
+            return self
+        other = copy.copy(self)
+        other.split = split
+        return other
+
     @functools.cached_property
     def language_tokens(self) -> LanguageTokens | None:
         """The language tokens of this run's model, if it translates between many languages (read once from its
@@ -354,33 +440,52 @@ class Translator:
             return text
         return str(self.normalizer((self.langs or ["en"])[0].split("-")[0]).normalize(text))
 
-    def _pieces(self, text: str, name: str) -> list[Ids]:
-        """``text`` as the pieces the model reads: itself, or, when it is longer than the model reads, each of its
-        sentences (as the model learnt to translate them; a sentence too long alone is cut), with one warning
-        naming it. A blank text is no piece."""
+    def _cut(self, text: str, name: str) -> Cut:
+        """``text`` as the pieces the model reads: its sentences (:func:`multihead.app.segment.split`; the whole text
+        with :attr:`split` off), a sentence longer than the model reads in parts split at its clauses, then between
+        its words (:func:`multihead.app.segment.shorter`; a word too long alone is cut), with one warning naming
+        it."""
         if not text.strip():
-            return []
-        text = self.normalized(text)
-        ids, max_len = self._encode(text, name), self.max_len
-        if len(ids) <= max_len:
-            return [ids]
-        pieces = self.source.encode_all(SENTENCE_END.split(text.strip()))
-        cut = any(len(piece) > max_len for piece in pieces)
-        if len(pieces) == 1:
-            how = f"cut to its first {max_len}"
-        else:
-            how = f"translated in {len(pieces)} pieces split at sentence ends"
-            how += f", a sentence longer than that cut to its first {max_len}" if cut else ""
-        warn(f"{name} is longer than this model reads ({len(ids)} {self._unit()}, at most {max_len}): {how}")
-        return [piece[:max_len] for piece in pieces]
+            return Cut([], [], [text])
+        text, max_len = self.normalized(text), self.max_len
+        found = split(text, self.langs[0] if self.langs else None) if self.split else whole(text)
 
-    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[list[Ids]], list[Ids]]:
-        """Each text's pieces, the token ids the model reads (a blank text has none; a text longer than the model reads
-        is split at sentence ends, with a warning that names it as ``names`` say), and all of them in one list, in
-        order."""
+        def fits(part: str) -> bool:
+            return len(self.source.encode(part)[0]) <= max_len
+
+        cut, unknown = Cut([], [], [found.gaps[0]]), list[str]()
+        longest, parted, count, cut_words = 0, 0, 0, False
+        for sentence, gap in zip(found.sentences, found.gaps[1:], strict=True):
+            ids, missing = self.source.encode(sentence)
+            unknown += missing
+            parts = [(sentence, ids)]
+            if len(ids) > max_len:
+                parts = [(part, self.source.encode(part)[0]) for part in shorter(sentence, fits)]
+                cut_words = cut_words or any(len(part_ids) > max_len for _, part_ids in parts)
+                parts = [(part, part_ids[:max_len]) for part, part_ids in parts]
+                longest, parted, count = max(longest, len(ids)), parted + 1, count + len(parts)
+            for index, (part, part_ids) in enumerate(parts):
+                cut.ids.append(part_ids)
+                cut.sources.append(part)
+                cut.gaps.append(gap if index == len(parts) - 1 else " ")
+        if unknown:
+            shown = ", ".join(repr(piece) for piece in dict.fromkeys(unknown))
+            warn(f"{name}: {shown} not in the model's vocabulary, read as <unk>")
+        if parted:
+            what = "a sentence" if parted == 1 else f"{parted} sentences"
+            how = f"cut to its first {max_len}"  # a word alone
+            if count > parted:
+                how = f"translated in {count} parts split at sentence ends, clauses or words"
+                how += f", a word longer than that cut to its first {max_len}" if cut_words else ""
+            warn(f"{name}: {what} longer than this model reads ({longest} {self._unit()}, at most {max_len}): {how}")
+        return cut
+
+    def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]:
+        """Each text cut into the pieces the model reads (:meth:`_cut`; a blank text has none, warnings name each
+        text as ``names`` say), and all of their pieces' ids in one list, in order."""
         names = names or [f"text {i + 1}" for i in range(len(texts))]
-        pieces = [self._pieces(text, name) for text, name in zip(texts, names, strict=True)]
-        return pieces, [ids for text_pieces in pieces for ids in text_pieces]
+        cuts = [self._cut(text, name) for text, name in zip(texts, names, strict=True)]
+        return cuts, [ids for cut in cuts for ids in cut.ids]
 
     def limit(self, source_length: int) -> int:
         """How many tokens a translation of ``source_length`` tokens may take (:func:`length_limit`; in an ensemble,
@@ -450,20 +555,81 @@ class Translator:
     ) -> tuple[list[str], int]:
         """:meth:`translate` of ``texts`` that follow ``first_key`` pieces of the same input (their sampled pieces
         draw as they would among all of it), and the key of the piece after them: a long input translated a part at
-        a time."""
-        pieces, flat = self.pieces(texts, names)
+        a time. A sentence whose translation the guard still doubts (:meth:`joined`) is named in a warning."""
+        names = names or [f"text {i + 1}" for i in range(len(texts))]
+        cuts, flat = self.pieces(texts, names)
         run = self.generate(search)
         outputs = translate_ids(
             lambda src, limits, indices: run(src, limits, indices + first_key), flat, limit=self.limits(search),
             generation=self.generation, batch_tokens=self.batch_size(search), progress=progress,
         )  # fmt: skip
         self.tokens += sum(map(len, outputs))
-        return self.joined(pieces, outputs), first_key + len(flat)
+        done = self.joined(cuts, outputs, search)
+        for name, doubtful in zip(names, done.doubtful, strict=True):
+            for sentence, why in doubtful:
+                warn(f"{name}: the translation of {shorten(sentence, 60)!r} may have lost or invented words ({why})")
+        return done.texts, first_key + len(flat)
 
-    def joined(self, pieces: list[list[Ids]], outputs: Sequence[Ids]) -> list[str]:
-        """Each text's translation: the translations ``outputs`` of all pieces, in order, joined text by text."""
-        translated = iter(outputs)
-        return [" ".join(self.target.decode(next(translated)) for _ in text_pieces) for text_pieces in pieces]
+    def joined(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION) -> Translated:
+        """Each text's translation from the translations ``outputs`` of all pieces, in order (searched with
+        ``search``): the guard (unless :attr:`guard` is off) first searches again those that look as if they lost or
+        invented text (:func:`doubt`): with a beam of at least :data:`GUARD_BEAM`, then, where that does not settle
+        it, their source split at its clauses (or in two halves) translated part by part; what still looks wrong is
+        kept (the first translation) and named in the result. Then the pieces' translations are joined with their
+        source's spacing (:func:`multihead.app.segment.join`)."""
+        translated = [self.target.decode(ids) for ids in outputs]
+        sources = [source for cut in cuts for source in cut.sources]
+        flat = [ids for cut in cuts for ids in cut.ids]
+        doubts = {index: why for index, (ids, out) in enumerate(zip(flat, outputs, strict=True))
+                  if self.guard and (why := self._doubt(ids, out, search)) is not None}  # fmt: skip
+        if doubts:
+            doubts = self._search_again(doubts, flat, sources, translated, search)
+        texts, doubtful, at = [], [], 0
+        language = self.langs[1] if self.langs else None
+        for cut in cuts:
+            count = len(cut.ids)
+            texts.append(join(cut.gaps, translated[at : at + count], language))
+            doubtful.append([(sources[i], doubts[i]) for i in range(at, at + count) if i in doubts])
+            at += count
+        return Translated(texts, doubtful)
+
+    def _doubt(self, source: Ids, translated: Ids, search: SearchOptions) -> str | None:
+        """:func:`doubt` of a piece ``source`` translated as ``translated`` with ``search``, within its limit."""
+        room = self.limits(search)(len(source)) - len(self.generation.forced)
+        return doubt(source, translated, self.specials.eos, room)
+
+    def _search_again(
+        self, doubts: dict[int, str], flat: list[Ids], sources: list[str], translated: list[str], search: SearchOptions
+    ) -> dict[int, str]:
+        """The guard's second and third tries of the pieces ``doubts`` names (index among ``flat`` -> why): their
+        translations in ``translated`` replaced where a try settles the doubt; the doubts left."""
+        wider = replace(search, beam_size=max(search.beam_size, GUARD_BEAM), n_best=1, sampling_topk=1,
+                        sampling_topp=1.0, sampling_temperature=1.0)  # fmt: skip
+        indices = list(doubts)
+        again = translate_ids(self.generate(wider), [flat[i] for i in indices], limit=self.limits(wider),
+                              generation=self.generation, batch_tokens=self.batch_size(wider))  # fmt: skip
+        self.tokens += sum(map(len, again))
+        left = {}
+        for index, out in zip(indices, again, strict=True):
+            if self._doubt(flat[index], out, wider) is None:
+                translated[index] = self.target.decode(out)
+            else:
+                left[index] = doubts[index]
+        parts = [(index, self.source.encode(part)[0][: self.max_len]) for index in left
+                 for part in halved(sources[index])]  # fmt: skip
+        outputs = translate_ids(self.generate(search), [ids for _, ids in parts], limit=self.limits(search),
+                                generation=self.generation, batch_tokens=self.batch_size(search))  # fmt: skip
+        self.tokens += sum(map(len, outputs))
+        tried: dict[int, list[tuple[Ids, Ids]]] = {}  # per piece, its parts' (source, translation)
+        for (index, ids), out in zip(parts, outputs, strict=True):
+            tried.setdefault(index, []).append((ids, out))
+        still = {}
+        for index, pairs in tried.items():
+            if len(pairs) > 1 and all(self._doubt(ids, out, search) is None for ids, out in pairs):
+                translated[index] = " ".join(self.target.decode(out) for _, out in pairs)
+            else:
+                still[index] = left[index]
+        return still
 
     def hypotheses(self, texts: Sequence[str], search: SearchOptions) -> list[list[str]]:
         """For each text, its ``search.n_best`` best translations, best first (:meth:`scored_hypotheses` without their
@@ -496,7 +662,7 @@ class Translator:
                 for best, limit in zip(found, limits, strict=True)
             ]
 
-        pieces, flat = self.pieces(texts, names)
+        cuts, flat = self.pieces(texts, names)
         batches = in_batches(
             run,
             flat,
@@ -508,13 +674,15 @@ class Translator:
         self.tokens += sum(len(tokens) for best in batches for _, tokens in best)
         outputs = iter(batches)
         results: list[list[tuple[float | None, str]]] = []
-        for text_pieces in pieces:
-            if not text_pieces:  # a blank text
+        language = self.langs[1] if self.langs else None
+        for cut in cuts:
+            if not cut.ids:  # a blank text
                 results.append([(None, "")])
                 continue
-            found = [next(outputs) for _ in text_pieces]  # per piece, its n best
+            found = [next(outputs) for _ in cut.ids]  # per piece, its n best
             results.append([
-                (sum(best[i][0] for best in found), " ".join(self.target.decode(best[i][1]) for best in found))
+                (sum(best[i][0] for best in found), join(cut.gaps, [self.target.decode(best[i][1]) for best in found],
+                                                          language))
                 for i in range(search.n_best)
             ])  # fmt: skip
         return results
