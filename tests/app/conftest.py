@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,3 +105,27 @@ def dates_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "dates"
     train(TrainOptions(out=str(out), task="dates", steps=120, checkpoint_every=60, **{**TINY, "d_model": 32}))
     return out
+
+
+@pytest.fixture(scope="module")
+def marian_de_en(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny Marian checkpoint of separate vocabularies (``test_import.make_checkpoint``, SentencePiece) imported as a
+    German → English run: an ``app.test_import.Marian``, with its Transformers model and tokenizer."""
+    import warnings
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from app.test_import import Marian, make_checkpoint
+    from multihead.app.pretrained import import_pretrained
+
+    root = tmp_path_factory.mktemp("marian")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Recommended: pip install sacremoses", UserWarning)
+        directory = make_checkpoint(root / "separate", shared=False)
+        import_pretrained(str(directory), root / "run")
+        model = MarianMTModel.from_pretrained(directory).eval()
+        return Marian(
+            directory, model, MarianTokenizer.from_pretrained(directory), root / "run", model.config.pad_token_id
+        )

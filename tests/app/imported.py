@@ -103,3 +103,19 @@ def imported(
     import_pretrained(str(directory), root / "run", langs=["de", "en"])
     model = model_class.from_pretrained(directory).eval()
     return kind(directory, model, tokenizer(directory), root / "run")
+
+
+def marian_runs(root: Path) -> dict[str, Path]:
+    """A tiny Marian checkpoint of one vocabulary named as OPUS-MT's de-en (``test_import.make_checkpoint``) under
+    ``root``, imported twice: as its own German → English run and as English → Swedish (``--langs en sv``)."""
+    import warnings
+
+    from app.test_import import make_checkpoint
+    from multihead.app.pretrained import import_pretrained
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        made = make_checkpoint(root / "checkpoints" / "opus-mt-de-en", shared=True)
+    import_pretrained(str(made), root / "runs" / "de-en")
+    import_pretrained(str(made), root / "runs" / "en-sv", langs=["en", "sv"])
+    return {name: root / "runs" / name for name in ("de-en", "en-sv")}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -186,16 +185,9 @@ def test_serve_lists_iso_codes_with_the_models_own(nllb: Any) -> None:
 @pytest.fixture(scope="module")
 def marians(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Translator]:
     """A Marian de → en run (its languages from its OPUS-MT name) and, of the same weights, en → sv."""
-    from app.test_import import make_checkpoint
-    from multihead.app.pretrained import import_pretrained
+    from app.imported import marian_runs
 
-    root = tmp_path_factory.mktemp("marians")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning)
-        made = make_checkpoint(root / "checkpoints" / "opus-mt-de-en", shared=True)
-    import_pretrained(str(made), root / "de-en")
-    import_pretrained(str(made), root / "en-sv", langs=["en", "sv"])
-    return {name: Translator(root / name) for name in ("de-en", "en-sv")}
+    return {name: Translator(run) for name, run in marian_runs(tmp_path_factory.mktemp("marians")).items()}
 
 
 def test_serve_langs_of_another_pair_is_refused_for_a_run_of_one(

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,9 +20,6 @@ from hypothesis import strategies as st
 from app.support import SAMPLES, Cli, CorpusRun, write_lines
 from multihead.app.segment import join, not_text, shorter, split
 from multihead.app.translate import Generate, Translator, doubt, repeats, translate_ids
-
-pytest.importorskip("transformers")
-pytest.importorskip("sentencepiece")
 
 
 def rebuilt(text: str, language: str = "en") -> str:
@@ -111,43 +108,27 @@ def test_the_guard_doubts_what_lost_never_ended_or_repeats() -> None:
 PARAGRAPH = ["Der Hund läuft schnell.", "Der Mann spielt heute!", "Das Kind isst die Qualle gern."]
 
 
-@pytest.fixture(scope="module")
-def marian(tmp_path_factory: pytest.TempPathFactory) -> object:
-    from transformers import MarianMTModel, MarianTokenizer
-
-    from app.test_import import Marian, make_checkpoint
-    from multihead.app.pretrained import import_pretrained
-
-    root = tmp_path_factory.mktemp("marian")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Recommended: pip install sacremoses", UserWarning)
-        directory = make_checkpoint(root / "separate", shared=False)
-        import_pretrained(str(directory), root / "run")
-        model = MarianMTModel.from_pretrained(directory).eval()
-        return Marian(directory, model, MarianTokenizer.from_pretrained(directory), root / "run", 0)
-
-
 def test_a_paragraph_is_translated_sentence_by_sentence(
-    marian: object, tmp_path: Path, cli: Callable[..., Cli]
+    marian_de_en: Any, tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
     """Each line's sentences are translated as Transformers translates each alone, joined with the line's spacing;
     with ``--no-split`` each line is one sentence."""
     from app.test_import import transformers_translations
 
     lines = [" ".join(PARAGRAPH), "  ".join(PARAGRAPH[::-1]), PARAGRAPH[0]]
-    alone = dict(zip(PARAGRAPH, transformers_translations(marian, PARAGRAPH), strict=True))  # type: ignore[arg-type]
+    alone = dict(zip(PARAGRAPH, transformers_translations(marian_de_en, PARAGRAPH), strict=True))
     source = write_lines(tmp_path / "paragraphs.de", lines)
-    result = cli("translate", marian.run, "--input", source)  # type: ignore[attr-defined]
+    result = cli("translate", marian_de_en.run, "--input", source)
     assert result.status == 0, result.err
     assert result.out_lines == [
         " ".join(alone[sentence] for sentence in PARAGRAPH),
         "  ".join(alone[sentence] for sentence in PARAGRAPH[::-1]),
         alone[PARAGRAPH[0]],
     ]
-    unsplit = Translator(marian.run, split_sentences=False)  # type: ignore[attr-defined]
+    unsplit = Translator(marian_de_en.run, split_sentences=False)
     cuts, _ = unsplit.pieces(lines)
     assert [cut.ids for cut in cuts] == [[unsplit.source.encode(line)[0]] for line in lines]
-    whole = cli("translate", marian.run, "--input", source, "--no-split")  # type: ignore[attr-defined]
+    whole = cli("translate", marian_de_en.run, "--input", source, "--no-split")
     assert whole.status == 0, whole.err
     assert whole.out_lines == unsplit.translate(lines)
     assert whole.out_lines[0] != result.out_lines[0]
@@ -165,11 +146,11 @@ def with_planted_drop(run: Path, directory: Path) -> Path:
 
 
 def test_the_guard_names_a_sentence_whose_translation_was_dropped(
-    marian: object, tmp_path: Path, cli: Callable[..., Cli]
+    marian_de_en: Any, tmp_path: Path, cli: Callable[..., Cli]
 ) -> None:
     """A model that drops every sentence (its EOS always first): each long enough to judge is searched again (beam,
     then in halves), still dropped, and named in one warning; the output still has a line for each input line."""
-    dropping = with_planted_drop(marian.run, tmp_path / "dropping")  # type: ignore[attr-defined]
+    dropping = with_planted_drop(marian_de_en.run, tmp_path / "dropping")
     line = " ".join(PARAGRAPH)
     result = cli("translate", dropping, line)
     assert result.status == 0, result.err

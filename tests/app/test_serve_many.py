@@ -26,17 +26,15 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Translator]:
-    from app.test_import import make_checkpoint as marian
+    from app.imported import marian_runs
     from app.test_import_nllb import make_checkpoint as nllb
 
     root = tmp_path_factory.mktemp("many")
+    runs = marian_runs(root)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning)
-        made = marian(root / "checkpoints" / "opus-mt-de-en", shared=True)
-        import_pretrained(str(made), root / "runs" / "de-en")
-        import_pretrained(str(made), root / "runs" / "en-sv", langs=["en", "sv"])
         import_pretrained(str(nllb(root / "checkpoints" / "nllb")), root / "runs" / "nllb", langs=["de", "en"])
-    return {name: Translator(root / "runs" / name) for name in ("de-en", "en-sv", "nllb")}
+    return {name: Translator(run) for name, run in {**runs, "nllb": root / "runs" / "nllb"}.items()}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,17 +30,8 @@ PARAGRAPH = ["Der Hund läuft schnell.", "Der Mann spielt heute!", "Das Kind iss
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An imported tiny Marian, German to English."""
-    from app.test_import import make_checkpoint
-    from multihead.app.pretrained import import_pretrained
-
-    root = tmp_path_factory.mktemp("marian")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Recommended: pip install sacremoses", UserWarning)
-        directory = make_checkpoint(root / "separate", shared=False)
-    import_pretrained(str(directory), root / "run")
-    return root / "run"
+def run(marian_de_en: Any) -> Path:
+    return marian_de_en.run
 
 
 @pytest.fixture(scope="module")

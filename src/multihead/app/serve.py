@@ -762,7 +762,8 @@ class Endpoints:
             answer["detectedLanguage"] = languages if isinstance(q, list) else languages[0]
         if alternatives:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
-        if any(doubtful):
+        if any(doubtful):  # each sentence once (an HTML text's pieces may translate it more than once)
+            doubtful = [list(dict.fromkeys(sentences)) for sentences in doubtful]
             answer["doubtful"] = doubtful if isinstance(q, list) else doubtful[0]
         return JSONResponse(answer)
 
