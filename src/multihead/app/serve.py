@@ -721,28 +721,12 @@ class Endpoints:
 
         split = _flag_argument(arguments, "split")
         doubtful: list[list[str]] = [[] for _ in texts]  # each text's sentences whose translation the guard doubts
-
-        def translate(legs: list[Pair], into: Sequence[int]) -> Callable[[list[str]], Awaitable[list[str]]]:
-            """What translates texts through ``legs``, the sentences it doubts of its ``i``-th text added to those
-            of the request's text ``into[i]`` (``into[0]``: every text an HTML text's pieces)."""
-
-            async def through(texts: list[str]) -> list[str]:  # a pivot's second leg translates the first's texts
-                for leg in legs:
-                    done = await service.batcher.texts(
-                        texts, pair=leg, split=split, request=request, timeout=self.limits.timeout
-                    )
-                    for index, found in enumerate(done.doubtful):
-                        doubtful[into[min(index, len(into) - 1)]] += [sentence for sentence, _ in found]
-                    texts = done.texts
-                return texts
-
-            return through
-
         translated = list(texts)
         if text_format == "html":
             for code, indices in groups.items():
                 for index in indices:
-                    translated[index] = await translate_html(texts[index], translate(translators[code], [index]))
+                    through = self.through(translators[code], request, split, doubtful, [index])
+                    translated[index] = await translate_html(texts[index], through)
         elif alternatives:
             for code, indices in groups.items():
                 for index in indices:
@@ -751,21 +735,33 @@ class Endpoints:
                     others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
         else:
             done = await asyncio.gather(*(
-                translate(translators[code], indices)([texts[i] for i in indices]) for code, indices in groups.items()
+                self.through(translators[code], request, split, doubtful, indices)([texts[i] for i in indices])
+                for code, indices in groups.items()
             ))  # fmt: skip
             for indices, outputs in zip(groups.values(), done, strict=True):
                 for index, output in zip(indices, outputs, strict=True):
                     translated[index] = output
-        answer: dict[str, Any] = {"translatedText": translated if isinstance(q, list) else translated[0]}
-        if detected:
-            languages = [found.as_json() for found in detected]
-            answer["detectedLanguage"] = languages if isinstance(q, list) else languages[0]
-        if alternatives:
-            answer["alternatives"] = others if isinstance(q, list) else others[0]
-        if any(doubtful):  # each sentence once (an HTML text's pieces may translate it more than once)
-            doubtful = [list(dict.fromkeys(sentences)) for sentences in doubtful]
-            answer["doubtful"] = doubtful if isinstance(q, list) else doubtful[0]
-        return JSONResponse(answer)
+        return JSONResponse(_answer(q, translated, detected=detected, alternatives=alternatives and others,
+                                    doubtful=doubtful))  # fmt: skip
+
+    def through(
+        self, legs: list[Pair], request: Request, split: bool | None, doubtful: list[list[str]], into: Sequence[int]
+    ) -> Callable[[list[str]], Awaitable[list[str]]]:
+        """What translates a request's texts through ``legs`` (a pivot's second leg translates the first's texts),
+        split into sentences as ``split`` says, adding the source sentences the guard doubts in its ``i``-th text to
+        ``doubtful[into[i]]`` (an HTML text's pieces, all of them to ``doubtful[into[0]]``)."""
+
+        async def translate(texts: list[str]) -> list[str]:
+            for leg in legs:
+                done = await self.service.batcher.texts(
+                    texts, pair=leg, split=split, request=request, timeout=self.limits.timeout
+                )
+                for index, found in enumerate(done.doubtful):
+                    doubtful[into[min(index, len(into) - 1)]] += [sentence for sentence, _ in found]
+                texts = done.texts
+            return texts
+
+        return translate
 
     async def best(self, legs: list[Pair], text: str, count: int, request: Request) -> list[str]:
         """The ``count`` best translations of ``text`` through ``legs``, line by line (the ``i``-th best of each line,
@@ -873,6 +869,22 @@ def _text_argument(arguments: dict[str, Any], name: str) -> str | None:
     if value and (problem := not_text(value)) is not None:
         raise ApiError(400, f"Invalid request: {name} holds {problem}")
     return value or None
+
+
+def _answer(
+    q: Any, translated: list[str], *, detected: list[Detected] | None, alternatives: Any, doubtful: list[list[str]]
+) -> dict[str, Any]:
+    """``/translate``'s answer, each field one value or, where ``q`` is a list, a list: ``translatedText``, and
+    where there are any ``detectedLanguage``, ``alternatives`` (each text's list) and ``doubtful`` (each text's
+    sentences the guard doubts, each once: an HTML text's pieces may translate one more than once)."""
+    fields: dict[str, Any] = {"translatedText": translated}
+    if detected:
+        fields["detectedLanguage"] = [found.as_json() for found in detected]
+    if alternatives:
+        fields["alternatives"] = alternatives
+    if any(doubtful):
+        fields["doubtful"] = [list(dict.fromkeys(sentences)) for sentences in doubtful]
+    return {name: value if isinstance(q, list) else value[0] for name, value in fields.items()}
 
 
 def _flag_argument(arguments: dict[str, Any], name: str) -> bool | None:
@@ -1045,15 +1057,9 @@ def serve(
     except UserError:
         sock.close()
         raise
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(service, limits),
-            log_level="warning",
-            lifespan="on",
-            timeout_keep_alive=5,
-            timeout_graceful_shutdown=int(DRAIN),
-        )
-    )
+    config = uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5,
+                            timeout_graceful_shutdown=int(DRAIN))  # fmt: skip
+    server = uvicorn.Server(config)
     _say_serving(service, runs, sock)
 
     def stop(sig: int, frame: Any) -> None:

@@ -344,12 +344,8 @@ class Translator:
         self.torch = torch
         self.normalizer = moses_normalizer() if normalize == "moses" else None
         """What the sources' punctuation goes through first (``normalize="moses"``), if anything."""
-        self.split = split_sentences and self.checkpoint.options.get("task") is None
-        """Whether texts are translated sentence by sentence (:meth:`pieces`); off, a text is one sentence (always
-        for a built-in task's run, whose inputs are not sentences of a language)."""
-        self.guard = guard
-        """Whether translations are checked, and those the guard doubts searched again (:meth:`joined`); off, they are
-        as the search found them, as other engines give them."""
+        self.split = split_sentences and self.checkpoint.options.get("task") is None  # a task's inputs: no sentences
+        self.guard = guard  # see the class's docstring: :meth:`pieces` and :meth:`joined` read them
         self.others = [Translator(other, checkpoint, device=device, quantize=quantize) for other in ensemble]
         """The ensemble's other members (:meth:`session`): their models, and their lengths (:meth:`limit`)."""
         for other in self.others:
