@@ -62,6 +62,7 @@ def test_translations_are_joined_with_the_sources_spacing() -> None:
     assert join(gaps, ["A.", "B.", "C."], "en") == "A. B.\nC."  # the text's own ends left out
     assert join(["", "", ""], ["A.", "B."], "en") == "A. B."  # a CJK source's sentences get a space in English
     assert join(["", " ", ""], ["甲。", "乙。"], "zh-Hant") == "甲。乙。"  # and none in Chinese
+    assert join(["", " ", ""], ["วันนี้ดี", "เราไป"], "th") == "วันนี้ดี เราไป"  # Thai ends a sentence with a space
     assert join(["", " ", ""], ["A.", ""], "en") == "A."  # a sentence translated as nothing leaves no space
 
 

@@ -34,8 +34,9 @@ holding one is joined as a space, so that a translation has as many lines as its
 SURROGATE = re.compile("[\ud800-\udfff]")
 """A lone surrogate: half of a UTF-16 pair, which no text holds (what JSON's ``"\\ud800"`` decodes to, and what
 Python makes of an argument's bytes that are not UTF-8)."""
-UNSPACED = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo", "yue", "wuu"})
-"""Languages whose sentences follow each other without a space: their translations are joined without one."""
+UNSPACED = frozenset({"zh", "ja", "yue", "wuu"})
+"""Languages whose sentences follow each other without a space (Chinese's and Japanese's full stops end them; Thai
+and Lao end them with a space): their translations are joined without one."""
 
 
 @dataclass(frozen=True)
