@@ -8,11 +8,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ import pytest
 
 from app.served import request, serving, start
 from app.support import Cli, subprocess_env
+from multihead.app.pretrained import import_pretrained
 from multihead.app.serve import Limits, Service, create_app
-from multihead.app.translate import Translator
+from multihead.app.translate import TRANSLATION, Translator
 
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
@@ -178,3 +181,29 @@ def test_the_command_line_translates_a_paragraph_as_its_sentences(
     result = cli("translate", run, " ".join(PARAGRAPH))
     assert result.status == 0, result.err
     assert result.out_lines == [" ".join(translator.translate(PARAGRAPH))]
+
+
+def test_serve_searches_as_an_imported_runs_generation_config(marian_de_en: Any, tmp_path: Path) -> None:
+    """``serve`` without search flags takes the first run's defaults, an imported model's generation config (here a
+    beam of 4, length penalty 0.8, at most 9 tokens), as ``translate`` does; its flags override them."""
+    from app.support import sentences
+
+    directory = shutil.copytree(marian_de_en.directory, tmp_path / "opus-mt-de-en")
+    config = json.loads((directory / "generation_config.json").read_text())
+    config.update(num_beams=4, length_penalty=0.8, max_length=10)
+    (directory / "generation_config.json").write_text(json.dumps(config))
+    import_pretrained(str(directory), tmp_path / "run")
+    texts = sentences(12, seed=5)
+    run = Translator(tmp_path / "run")
+    recorded = replace(TRANSLATION, **run.checkpoint.search)
+    flagged = replace(recorded, beam_size=1, length_penalty=0.6)  # what the flags below give: the rest is the run's
+    default, greedy = (run.translate(texts, search=search) for search in (recorded, flagged))
+    assert default != greedy  # the recorded search changes these translations
+    for flags, expected in (((), default), (("--beam", "1", "--length-penalty", "0.6"), greedy)):
+        process, url, _ = start(tmp_path / "run", *flags)
+        try:
+            status, answer = request(url, "/translate", {"q": texts, "source": "de", "target": "en"})
+            assert (status, answer["translatedText"]) == (200, expected), flags  # and the guard's doubts, if any
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)

@@ -520,10 +520,16 @@ def _serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("multihead serve needs the serve extra: pip install 'multihead[serve]'") from None
-    from multihead.app.options import search_options
+    from multihead.app.options import check_min_length, search_options
     from multihead.app.serve import Limits, read_api_keys, serve
 
-    search = search_options(args)
+    search_options(args)  # the flags checked before any work
+
+    def search(translator: Translator) -> Any:  # the flags over the first run's defaults (an imported model's)
+        found = search_options(args, translator.checkpoint.search)
+        check_min_length(found, translator.max_len)
+        return found
+
     keys = read_api_keys(args.api_keys) if args.api_keys else None
     limits = Limits(
         char_limit=args.char_limit, batch_limit=args.batch_limit, req_limit=args.req_limit,

@@ -216,7 +216,7 @@ def add_search_arguments(command: argparse.ArgumentParser) -> None:
         value = getattr(TRANSLATION, name)
         said = [] if value in (None, False) else [f"default: {value}"]  # as the help shows a default
         if name in IMPORTED_SEARCH:
-            said.append(f"translate and evaluate: an imported model's {IMPORTED_SEARCH[name]}")
+            said.append(f"an imported model's {IMPORTED_SEARCH[name]} (serve: the first run's)")
         command.add_argument(flag, dest=name, type=kind, metavar=metavar, default=None,
                              help=f"{text} ({'; '.join(said)})" if said else text)  # fmt: skip
 

@@ -956,10 +956,12 @@ def _load_run(
 
 
 def _service(
-    loaders: Sequence[Callable[[], tuple[Translator, Sequence[str]]]], search: SearchOptions, max_loaded: int | None
+    loaders: Sequence[Callable[[], tuple[Translator, Sequence[str]]]],
+    search: Callable[[Translator], SearchOptions],
+    max_loaded: int | None,
 ) -> Service:
     """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``
-    released at once (loaded again when asked)."""
+    released at once (loaded again when asked), searching as ``search`` says of the first run."""
     loaded: list[tuple[Translator, Sequence[str]]] = []
     for index, load in enumerate(loaders):
         loaded.append(load())
@@ -967,7 +969,8 @@ def _service(
             loaded[-1][0].release()
     (translator, langs), more = loaded[0], loaded[1:]
     reload = [functools.partial(_translator_only, load) for load in loaders]
-    return Service(translator, langs, more=more, search=search, thread=False, loaders=reload, max_loaded=max_loaded)
+    return Service(translator, langs, more=more, search=search(translator), thread=False, loaders=reload,
+                   max_loaded=max_loaded)  # fmt: skip
 
 
 def _translator_only(load: Callable[[], tuple[Translator, Sequence[str]]]) -> Translator:
@@ -1029,7 +1032,7 @@ def serve(
     checkpoint: str | None,
     device: str | None,
     quantize: str | None,
-    search: SearchOptions,
+    search: Callable[[Translator], SearchOptions],
     langs: Sequence[str] | None,
     limits: Limits,
     max_loaded: int | None = None,
@@ -1038,8 +1041,9 @@ def serve(
     guard: bool = True,
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
-    answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``langs``: the
-    first run's pair; ``max_loaded``: the most runs whose models are held at once (:class:`Engines`); ``normalize``:
+    answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``search``: how
+    every run searches, given the first run's translator (its defaults under the flags); ``langs``: the first run's
+    pair; ``max_loaded``: the most runs whose models are held at once (:class:`Engines`); ``normalize``:
     the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by sentence unless
     a request says otherwise, ``guard``: whether doubted translations are searched again (:class:`Translator`). A run
     of a built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
