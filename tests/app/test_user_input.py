@@ -188,22 +188,39 @@ def test_serve_searches_as_an_imported_runs_generation_config(marian_de_en: Any,
     beam of 4, length penalty 0.8, at most 9 tokens), as ``translate`` does; its flags override them."""
     from app.support import sentences
 
-    directory = shutil.copytree(marian_de_en.directory, tmp_path / "opus-mt-de-en")
-    config = json.loads((directory / "generation_config.json").read_text())
-    config.update(num_beams=4, length_penalty=0.8, max_length=10)
-    (directory / "generation_config.json").write_text(json.dumps(config))
-    import_pretrained(str(directory), tmp_path / "run")
     texts = sentences(12, seed=5)
-    run = Translator(tmp_path / "run")
+    run = Translator(imported_with(marian_de_en, tmp_path, num_beams=4, length_penalty=0.8, max_length=10))
     recorded = replace(TRANSLATION, **run.checkpoint.search)
     flagged = replace(recorded, beam_size=1, length_penalty=0.6)  # what the flags below give: the rest is the run's
     default, greedy = (run.translate(texts, search=search) for search in (recorded, flagged))
     assert default != greedy  # the recorded search changes these translations
     for flags, expected in (((), default), (("--beam", "1", "--length-penalty", "0.6"), greedy)):
-        process, url, _ = start(tmp_path / "run", *flags)
+        process, url, _ = start(run.checkpoint.path.parents[1], *flags)
         try:
             status, answer = request(url, "/translate", {"q": texts, "source": "de", "target": "en"})
             assert (status, answer["translatedText"]) == (200, expected), flags  # and the guard's doubts, if any
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=30)
+
+
+def imported_with(marian: Any, directory: Path, **generation: object) -> Path:
+    """``marian``'s checkpoint with ``generation`` in its generation config, imported as ``directory / "run"``."""
+    checkpoint = shutil.copytree(marian.directory, directory / "opus-mt-de-en")
+    config = json.loads((checkpoint / "generation_config.json").read_text())
+    (checkpoint / "generation_config.json").write_text(json.dumps({**config, **generation}))
+    import_pretrained(str(checkpoint), directory / "run")
+    return directory / "run"
+
+
+def test_n_best_takes_an_imported_runs_beams(marian_de_en: Any, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    """``translate --n-best N`` without ``--beam`` searches the run's beams (an imported model's ``num_beams``): N
+    lines when they are N or more, refused in one line when fewer."""
+    run = imported_with(marian_de_en, tmp_path, num_beams=4)
+    listed = cli("translate", run, PARAGRAPH[0], "--n-best", "4")
+    assert listed.status == 0, listed.err
+    assert len(listed.out_lines) == 4
+    refused = cli("translate", run, PARAGRAPH[0], "--n-best", "5")
+    assert (refused.status, refused.err_lines[-1]) == (2, "multihead: error: --n-best 5 lists the best of a beam "
+                                                       "search at least as wide: add --beam 5 (or more); received "
+                                                       "--beam 4")  # fmt: skip

@@ -220,7 +220,8 @@ def _translated(
 def _translate(args: argparse.Namespace) -> int:
     from multihead.app.options import check_min_length, search_options, search_text
 
-    search = search_options(args)
+    wide = {"beam_size": args.n_best} if args.n_best and args.beam_size is None else None  # the run's beams may be
+    search = search_options(args, wide)  # the flags checked before any work; --n-best against the run's beams below
     if args.resume and (args.output is None or args.n_best is not None):
         raise UserError("--resume continues a translation into --output FILE (one line a text, no --n-best)")
     if args.resume and search.strategy.draws:
