@@ -643,6 +643,8 @@ def test_export_translates_as_ctranslate2s_own_converter(marian: dict[str, Maria
     assert results["ours"] == results["theirs"]
     assert len({len(tokens) for tokens in results["ours"]}) >= 3
     readme = (ours / "README.md").read_text(encoding="utf-8")
+    assert "`translate_batch` translates each input as it is given: give it sentences." in readme
+    assert "which CTranslate2 does not: there its translation stops without one." in readme  # forced_eos_token_id
     code = readme.split("```python\n")[1].split("```")[0]
     done = subprocess.run([sys.executable, "-c", code], cwd=ours, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -162,6 +162,22 @@ def _forced_note(checkpoint: Checkpoint) -> str:
     )
 
 
+def _unexported_note(checkpoint: Checkpoint) -> str:
+    """What ``multihead translate`` does that the exported model does not: its sentences and its guard, and EOS forced
+    at the length limit where the run forces it."""
+    note = (
+        "`multihead translate` cuts each text into sentences before the model and searches again a translation that "
+        "looks as if it lost or invented words; `translate_batch` translates each input as it is given: give it "
+        "sentences."
+    )
+    if checkpoint.generation.eos_at_limit:
+        note += (
+            " The run ends a translation that reaches its length limit with EOS (Transformers' "
+            "`forced_eos_token_id`), which CTranslate2 does not: there its translation stops without one."
+        )
+    return note + "\n\n"
+
+
 def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) -> str:
     subword = isinstance(checkpoint.source, SubwordTokenizer)
     package = " tokenizers" if subword else ""
@@ -211,6 +227,7 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
         + "\n".join(lines)
         + "\n```\n\n"
         + _forced_note(checkpoint)
+        + _unexported_note(checkpoint)
         + "`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
         "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6), `max_decoding_length` and "
         "`min_decoding_length` (`multihead translate`'s `--max-length` and `--min-length`); the "
