@@ -549,7 +549,7 @@ def test_an_internal_error_exits_1_and_says_it_is_a_bug(
     traceback instead."""
     monkeypatch.delenv("MULTIHEAD_DEBUG", raising=False)
 
-    def broken(args: object) -> None:
+    def broken(*args: object) -> None:
         raise ValueError("an invariant of ours broke")
 
     monkeypatch.setattr(options_module, "search_options", broken)
