@@ -34,7 +34,7 @@ def test_a_texts_gaps_and_sentences_give_it_back(text: str) -> None:
     assert rebuilt(text) == text
     assert len(found.gaps) == len(found.sentences) + 1
     assert all(sentence and sentence == sentence.strip() for sentence in found.sentences)
-    assert all(not gap.strip() for gap in found.gaps)
+    assert not any(character.isalnum() for gap in found.gaps for character in gap)  # marks alone stay in gaps
 
 
 @pytest.mark.parametrize(
@@ -50,8 +50,11 @@ def test_a_texts_gaps_and_sentences_give_it_back(text: str) -> None:
         ("de", "Eine Zeile ohne Punkt\nDie nächste Zeile.", ["Eine Zeile ohne Punkt", "Die nächste Zeile."]),
         ("mul", "One. Two.", ["One.", "Two."]),
         ("de", "   ", []),
+        ("de", "Ein Hund. 😺 Zwei Katzen. \u202e", ["Ein Hund.", "😺 Zwei Katzen."]),
+        ("de", "\x00…", []),
     ],
-    ids=["de-abbreviations", "en-abbreviations", "zh", "ja", "th-spaces", "line-breaks", "mul", "blank"],
+    ids=["de-abbreviations", "en-abbreviations", "zh", "ja", "th-spaces", "line-breaks", "mul", "blank", "marks",
+         "no-letters"],
 )  # fmt: skip
 def test_sentences_are_found_where_a_reader_sees_them(language: str, text: str, expected: list[str]) -> None:
     assert split(text, language).sentences == expected
@@ -64,6 +67,8 @@ def test_translations_are_joined_with_the_sources_spacing() -> None:
     assert join(["", " ", ""], ["甲。", "乙。"], "zh-Hant") == "甲。乙。"  # and none in Chinese
     assert join(["", " ", ""], ["วันนี้ดี", "เราไป"], "th") == "วันนี้ดี เราไป"  # Thai ends a sentence with a space
     assert join(["", " ", ""], ["A.", ""], "en") == "A."  # a sentence translated as nothing leaves no space
+    assert join(["", " 😺 ", ""], ["A.", "B."], "en") == "A. 😺 B."  # what holds no letter is kept
+    assert join(["", " 😺 ", ""], ["甲。", "乙。"], "zh") == "甲。😺乙。"
 
 
 @given(st.lists(st.sampled_from(["word", "a,", "long-word;", "x.", "end!", "Zebra"]), min_size=1, max_size=40))

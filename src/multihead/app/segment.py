@@ -7,8 +7,9 @@ further at their spaces (they end sentences with a space, not a mark). A sentenc
 is split at the sentence ends the segmenter kept (German's before a lower-case word), then at its clause
 punctuation, then between words (:func:`shorter`).
 
-Notation: a text's *gaps* are the whitespace before its first sentence, between its sentences and after its last
-(one more than its sentences).
+Notation: a text's *gaps* are what stands before its first sentence, between its sentences and after its last (one
+more than its sentences): whitespace, and what holds no letter or digit (a lone mark, an emoji), which is kept, not
+translated.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def not_text(text: str) -> str | None:
     return f"a lone surrogate (U+{ord(found[0]):04X}, not a character) at character {found.start() + 1}"
 
 
+def readable(text: str) -> bool:
+    """Whether ``text`` holds a letter or a digit: something a model translates (a run of marks, emoji or control
+    characters is kept as it is)."""
+    return any(character.isalnum() for character in text)
+
+
 def language_of(code: str | None) -> str:
     """The language subtag of a code (``zh-Hant``: ``zh``; ``None`` or ``mul``: ``en``, sentencex's default)."""
     language = (code or "en").replace("_", "-").split("-")[0].lower()
@@ -73,7 +80,7 @@ def split(text: str, language: str | None) -> Sentences:
     for part in parts:  # a sentence never goes past the end of its line
         for sentence in SPACED_SCRIPTS.split(part):
             core = sentence.strip()
-            if not core:
+            if not readable(core):  # a mark, an emoji, a control character: kept in the gap, never translated
                 continue
             start = text.find(core, at)
             if start < 0:  # never seen: sentencex gives the text's own characters
@@ -86,9 +93,9 @@ def split(text: str, language: str | None) -> Sentences:
 
 
 def whole(text: str) -> Sentences:
-    """``text`` as one sentence (a blank text as none)."""
+    """``text`` as one sentence (a text without a letter or a digit as none)."""
     core = text.strip()
-    if not core:
+    if not readable(core):
         return Sentences([], [text])
     start = text.index(core)
     return Sentences([core], [text[:start], text[start + len(core) :]])
@@ -97,14 +104,14 @@ def whole(text: str) -> Sentences:
 def join(gaps: Sequence[str], translations: Sequence[str], language: str | None) -> str:
     """Translations of a text's sentences joined with its gaps between them (the first and last gaps left out, as a
     translation of a text is stripped); a space where the source had none (CJK's sentences) unless ``language``
-    (the target's) writes its sentences without spaces, and none where it does and the source's gap was a space."""
+    (the target's) writes its sentences without spaces, where a gap loses its spaces."""
     unspaced = language_of(language) in UNSPACED
     out: list[str] = []
     for index, translated in enumerate(translations):
         if index and translated and out:
             gap = gaps[index]
             if "\n" not in gap:
-                gap = "" if unspaced else (OTHER_BREAKS.sub(" ", gap) or " ")
+                gap = "".join(gap.split()) if unspaced else (OTHER_BREAKS.sub(" ", gap) or " ")
             out.append(gap)
         if translated:
             out.append(translated)

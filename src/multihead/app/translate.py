@@ -24,7 +24,7 @@ import numpy as np
 from multihead.app.console import UserError, progress_bar, warn
 from multihead.app.languages import LanguageTokens, pair_text
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
-from multihead.app.segment import halved, join, shorter, split, whole
+from multihead.app.segment import halved, join, readable, shorter, split, whole
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer, digest
 from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
 
@@ -441,7 +441,7 @@ class Translator:
         with :attr:`split` off), a sentence longer than the model reads in parts split at its clauses, then between
         its words (:func:`multihead.app.segment.shorter`; a word too long alone is cut), with one warning naming
         it."""
-        if not text.strip():
+        if not readable(text):  # blank, or marks alone: kept as they are (:meth:`joined`)
             return Cut([], [], [text])
         text, max_len = self.normalized(text), self.max_len
         found = split(text, self.langs[0] if self.langs else None) if self.split else whole(text)
@@ -584,7 +584,7 @@ class Translator:
         language = self.langs[1] if self.langs else None
         for cut in cuts:
             count = len(cut.ids)
-            texts.append(join(cut.gaps, translated[at : at + count], language))
+            texts.append(join(cut.gaps, translated[at : at + count], language) if count else cut.gaps[0].strip())
             doubtful.append([(sources[i], doubts[i]) for i in range(at, at + count) if i in doubts])
             at += count
         return Translated(texts, doubtful)
