@@ -22,16 +22,10 @@ from multihead.decoding import (
     Generation,
     SearchOptions,
     Specials,
-    _stay,
-    beam_search,
-    beam_search_n_best,
-    generate,
-    greedy_search,
-    n_best_search,
     process,
-    sample_search,
     search_options,
 )
+from multihead.engine import _stay, generate, n_best_search
 
 BOS, EOS, PAD, A, B, C = 0, 1, 2, 3, 4, 5
 SPECIALS = Specials(pad=PAD, bos=BOS, eos=EOS)
@@ -67,20 +61,51 @@ def numpy_top_k(log_probs: np.ndarray, scores: np.ndarray, beam: int, count: int
 
 
 class ArraySession:
-    """A :class:`multihead.decoding.Session` over a NumPy step function of the whole prefix; it records the rows of
-    every reorder and passes only the rows still held to ``step``."""
+    """:class:`multihead.engine.Rows` over a NumPy step function of the whole prefix; it records the rows of every
+    reorder and passes only the rows still held to ``step``."""
 
     def __init__(self, step: Callable[[np.ndarray], np.ndarray]) -> None:
         self._step, self.orders = step, []
+        self.prefix = np.zeros((0, 0), dtype=np.int64)
 
-    def step(self, prefix: np.ndarray) -> np.ndarray:
-        return self._step(prefix)
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.prefix = tokens[:, None] if not self.prefix.size else np.concatenate([self.prefix, tokens[:, None]], 1)
+        return self._step(self.prefix)
 
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+    def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.orders.append(np.asarray(rows).copy())
+        self.prefix = self.prefix[rows]
+
+    @staticmethod
+    def select(log_probs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return log_probs[rows]
 
     argmax = staticmethod(numpy_argmax)
     top_k = staticmethod(numpy_top_k)
+
+
+def greedy_search(session: Any, batch: int, *, max_len: Any, specials: Specials) -> np.ndarray:
+    return generate(session, batch, Generation(specials), max_len=max_len)
+
+
+def beam_search(
+    session: Any, batch: int, *, beam_size: int, max_len: Any, specials: Specials, length_penalty: float = 1.0
+) -> np.ndarray:
+    search = SearchOptions(beam_size=beam_size, length_penalty=length_penalty)
+    return generate(session, batch, Generation(specials, search=search), max_len=max_len)
+
+
+def beam_search_n_best(
+    session: Any, batch: int, *, n: int, beam_size: int, max_len: Any, specials: Specials, length_penalty: float = 1.0
+) -> list[list[tuple[float, np.ndarray]]]:
+    search = SearchOptions(beam_size=beam_size, n_best=n, length_penalty=length_penalty)
+    return n_best_search(session, batch, Generation(specials, search=search), max_len=max_len)
+
+
+def sample_search(
+    session: Any, batch: int, options: SearchOptions, *, max_len: Any, specials: Specials, keys: Any = None
+) -> np.ndarray:
+    return generate(session, batch, Generation(specials, search=options), max_len=max_len, keys=keys)
 
 
 # Greedy takes A (0.6) and then can only continue badly; beam search finds B C (0.4 * 0.9).
@@ -260,9 +285,9 @@ def test_the_one_best_is_beam_search_step_for_step(alpha: float) -> None:
 
 
 def test_n_best_ask_at_most_beam_size() -> None:
-    with pytest.raises(ValueError, match="`n` must be at most beam_size=2, received n=3"):
+    with pytest.raises(ValueError, match="a beam at least as wide: received `n_best`=3 with `beam_size`=2"):
         beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=3, beam_size=2, max_len=4, specials=SPECIALS)
-    with pytest.raises(ValueError, match="`n` must be a positive int, received 0"):
+    with pytest.raises(ValueError, match="`n_best` must be a positive int, received 0"):
         beam_search_n_best(ArraySession(table_model(TRAP)), 1, n=0, beam_size=2, max_len=4, specials=SPECIALS)
 
 
@@ -279,14 +304,14 @@ def test_beam_search_reorders_the_model_state_and_drops_finished_sentences() -> 
 
     session = ArraySession(step)
     session.sources = np.array([0, 1])  # one row per sentence for the first step
-    original = session.reorder
+    original = session.keep
 
-    def reorder(rows: np.ndarray, *, same_sources: bool = False) -> None:
+    def keep(rows: np.ndarray, *, same_sources: bool = False) -> None:
         original(rows)
         assert not same_sources or (session.sources[rows] == session.sources).all()
         session.sources = session.sources[rows]
 
-    session.reorder = reorder
+    session.keep = keep
     out = beam_search(session, 2, beam_size=2, max_len=5, specials=SPECIALS)
     np.testing.assert_array_equal(out[0], [EOS, PAD, PAD, PAD, PAD])
     assert len(session.orders) == 4  # after steps 1 to 4; step 5 reaches max_len
@@ -459,7 +484,7 @@ class TableSteps:
 
 
 class TableSession(DecodingSession):
-    """The driver's session over :class:`TableSteps`, recording every reorder."""
+    """The engine's rows over :class:`TableSteps`, recording every reorder."""
 
     def __init__(self, tables: list[dict], use_cache: bool) -> None:
         cache = DecoderCache(1, NumpyKVCache) if use_cache else None
@@ -472,10 +497,10 @@ class TableSession(DecodingSession):
     def memories(self) -> list[np.ndarray]:
         return self.steps.memories
 
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+    def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.taken.append(np.asarray(rows).copy())
         self.same_sources.append(same_sources)
-        super().reorder(rows, same_sources=same_sources)
+        super().keep(rows, same_sources=same_sources)
 
 
 SEARCH = dict(max_len=6)

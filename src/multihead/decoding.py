@@ -1,19 +1,16 @@
-"""Generation, written once for both front ends: encode once, step, choose, reorder, stop.
+"""What generation is, written once for both front ends: its specification, the processing of every step's logits,
+the decoding steps a model supplies, and a batch's rows over them; the searches run on :mod:`multihead.engine`.
 
-A Transformer's ``generate`` checks its arguments, encodes the source and hands a :class:`DecodingSession` to
-:func:`generate`, with the :class:`SearchOptions` that say how to choose the tokens. The session holds the encoder
-memory, its key mask and the decoder's cache; the model supplies its decoding :class:`Steps`: one token per row over
-the cache (the memory projected into it once, at the start), or, without a cache, the whole prefix again at every
-step. A step is the model's own forward pass with a cache, one query per row.
-
-The searches drive a :class:`Session`: ``step(prefix)`` gives the logits ``(N, V)`` of the next token after the
-token prefixes ``(N, t)`` decoded so far, where the model computes (their log-softmax is the log-probabilities; a
-front end may give those, which are such logits too); ``argmax`` and ``top_k`` choose from them, ``top_k`` as
-log-probabilities, so that only the chosen ids and scores reach the host (and a greedy step never normalises);
-``reorder(rows)`` keeps the model state (cache, encoder memory) of rows ``rows`` in that order. Sentences that have
-ended leave the state. Beam search mostly reorders rows among the beams of one sentence, which share their source:
-it says so (``same_sources``), and the source's state (encoder memory, its projections and key mask) stays where it
-is.
+A Transformer's ``generate`` checks its arguments, encodes the source and hands a :class:`DecodingSession` (rows that
+hold the batch's sources) to :func:`multihead.engine.generate`, with the :class:`Generation` that says how to choose
+the tokens. The session holds the encoder memory, its key mask and the decoder's cache; the model supplies its
+decoding :class:`Steps`: one token per row over the cache (the memory projected into it once, at the start), or,
+without a cache, the whole prefix again at every step. A step is the model's own forward pass with a cache, one
+query per row. ``argmax`` and ``top_k`` (:class:`Choices`) choose from a step's logits where the model computes,
+``top_k`` as log-probabilities, so that only the chosen ids and scores reach the host (and a greedy step never
+normalises). Sentences that have ended leave the state. Beam search mostly reorders rows among the beams of one
+sentence, which share their source: it says so (``same_sources``), and the source's state (encoder memory, its
+projections and key mask) stays where it is.
 
 A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptions.strategy`:
 
@@ -32,7 +29,7 @@ A search strategy is one entry of :data:`SEARCHES`, chosen by :attr:`SearchOptio
   is always full of unfinished hypotheses. A sentence stops when its best finished hypothesis ranks at least as
   high as any continuation of its beams could (their scores only fall: ``s / n ** length_penalty`` is bounded by its
   value at ``n`` = the next length or its ``max_len``), or at its ``max_len``, where its unfinished beams are ranked
-  too. :func:`beam_search_n_best` keeps a sentence's best few finished hypotheses (its argument ``n``, at most
+  too. An n-best search keeps a sentence's best few finished hypotheses (``n_best``, at most
   ``beam_size``) and stops the sentence when the last of them ranks at least as high as any continuation could: the
   same rule, which keeping one is.
 
@@ -58,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
@@ -311,63 +308,40 @@ class Steps(Choices, Protocol):
         ...
 
 
-class Session(Choices, Protocol):
-    """What the searches drive: one ``generate`` call's model state, and its :class:`Choices`."""
-
-    def step(self, prefix: np.ndarray) -> Tensor:
-        """Logits ``(N, V)`` of the token after each prefix ``(N, t)``, where the model computes (or what the session's
-        ``argmax`` and ``top_k`` read of them, with their ``shape``)."""
-        ...
-
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
-        """Keep rows ``rows``, in that order, of the state; ``same_sources``: row ``i`` keeps its source (the rows
-        ``rows[i]`` and ``i`` translate the same sentence), so only the target's state moves."""
-        ...
-
-
-class _Chooser:
-    """:class:`Choices` made by another object's, ``choices``."""
-
-    choices: Choices
-
-    def argmax(self, logits: Tensor) -> np.ndarray:
-        return self.choices.argmax(logits)
-
-    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.choices.top_k(logits, scores, beam, count)
-
-    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
-        return self.choices.suppress(logits, tokens, rows)
-
-
-class DecodingSession(_Chooser):
-    """The state of one ``generate`` call over a model's :class:`Steps`: the encoder memory ``(N, Ls, E)`` (without a
-    cache) or the decoder's cache with the memory projected into it, and the memory's key mask ``(N, Ls)``
-    (``None``: every position real). ``cache``: a model's empty :class:`~multihead.cache.DecoderCache`
-    (``None``: every step recomputes the whole prefix)."""
+class DecodingSession:
+    """The rows of one ``generate`` call over a model's :class:`Steps` (a :class:`multihead.engine.Rows`): the encoder
+    memory ``(N, Ls, E)`` (without a cache) or the decoder's cache with the memory projected into it, and the memory's
+    key mask ``(N, Ls)`` (``None``: every position real). ``cache``: a model's empty
+    :class:`~multihead.cache.DecoderCache` (``None``: every step recomputes the whole prefix, which the session keeps).
+    Its rows hold the sources they were made with: none join later."""
 
     def __init__(
         self, steps: Steps, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
     ) -> None:
-        self.steps = self.choices = steps
+        self.steps = steps
         self.memory = memory
         self.memory_key_mask = memory_key_mask
         self.cache = cache
+        self.prefix: np.ndarray | None = None  # (N, t) the tokens so far, without a cache
         if cache is not None:
             for cross_cache, (keys, values) in zip(cache.cross_attention, steps.project_memory(memory), strict=True):
                 cross_cache.append(keys, values)
             self.memory = None
 
-    def step(self, prefix: np.ndarray) -> Tensor:
-        """Logits ``(N, V)`` of the token after each prefix ``(N, t)``."""
+    def step(self, tokens: np.ndarray) -> Tensor:
+        """Logits ``(N, V)`` of every row's next token after its newest, ``tokens (N,)``."""
         if self.cache is None:
-            return self.steps.recompute(self.steps.tensor(prefix), self.memory, self.memory_key_mask)
-        return self.steps.step(self.steps.tensor(prefix[:, -1:]), self.cache, self.memory_key_mask)
+            column = tokens[:, None]  # (N, 1)
+            self.prefix = column if self.prefix is None else np.concatenate([self.prefix, column], axis=1)
+            return self.steps.recompute(self.steps.tensor(self.prefix), self.memory, self.memory_key_mask)
+        return self.steps.step(self.steps.tensor(tokens[:, None]), self.cache, self.memory_key_mask)
 
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
-        """Keep rows ``rows``, in that order, of everything the session holds (see :meth:`Session.reorder`)."""
+    def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        """Keep rows ``rows``, in that order, of everything the session holds (:meth:`multihead.engine.Rows.keep`)."""
         if self.cache is not None:
             self.cache.reorder(rows, same_sources=same_sources)
+        if self.prefix is not None:
+            self.prefix = self.prefix[rows]
         if same_sources:
             return
         if self.memory is not None:
@@ -375,59 +349,17 @@ class DecodingSession(_Chooser):
         if self.memory_key_mask is not None:
             self.memory_key_mask = self.steps.take(self.memory_key_mask, rows)
 
+    def select(self, logits: Tensor, rows: np.ndarray) -> Tensor:
+        return self.steps.take(logits, rows)
 
-class Search(Protocol):
-    """A search strategy (an entry of :data:`SEARCHES`): the tokens of ``batch`` sentences held by ``session``,
-    int64 ``(B, T)``; ``keys`` ``(B,)`` name the sentences to a strategy that draws at random."""
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        return self.steps.argmax(logits)
 
-    def __call__(
-        self,
-        session: Session,
-        batch: int,
-        options: SearchOptions,
-        *,
-        max_len: np.ndarray,
-        specials: Specials,
-        keys: np.ndarray,
-    ) -> np.ndarray: ...
+    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.steps.top_k(logits, scores, beam, count)
 
-
-def generate(
-    session: Session,
-    batch: int,
-    generation: Generation,
-    *,
-    max_len: Limit,
-    keys: Sequence[int] | np.ndarray | None = None,
-) -> np.ndarray:
-    """The tokens of ``batch`` sources held by ``session``, generated as ``generation`` says (its search strategy's
-    entry of :data:`SEARCHES`, every step :func:`process`-ed), ``max_len`` tokens at most (one limit, or one per source,
-    and at most ``search.max_length``), each starting from ``specials.bos``; ``keys`` name the sentences to sampling
-    (default: ``0..B-1``). int64 ``(B, T)``."""
-    search = generation.search
-    if search.n_best != 1:
-        raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
-                         "come from n_best_search")  # fmt: skip
-    keys = np.arange(batch) if keys is None else np.asarray(keys, dtype=np.int64)
-    limits = search.limit(max_len, batch)
-    return search.strategy.search(
-        processed(session, generation, limits), batch, search, max_len=limits, specials=generation.specials, keys=keys
-    )
-
-
-def n_best_search(
-    session: Session, batch: int, generation: Generation, *, max_len: Limit
-) -> list[list[tuple[float, np.ndarray]]]:
-    """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``generation`` says (see
-    :func:`beam_search_n_best`)."""
-    search = generation.search
-    if search.strategy.draws:
-        raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
-    limits = search.limit(max_len, batch)
-    return beam_search_n_best(
-        processed(session, generation, limits), batch, n=search.n_best, beam_size=search.beam_size, max_len=limits,
-        specials=generation.specials, length_penalty=search.length_penalty,
-    )  # fmt: skip
+    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
+        return self.steps.suppress(logits, tokens, rows)
 
 
 def process(
@@ -437,12 +369,14 @@ def process(
     generation: Generation,
     forced: Sequence[Sequence[int]] | None = None,
     limits: np.ndarray | None = None,
+    floors: np.ndarray | None = None,
 ) -> Tensor:
     """A step's ``logits (N, V)`` for rows that have made ``lengths (N,)`` tokens (BOS aside), with what
     ``generation`` makes impossible ``-inf`` (see the module's docstring): the one place where a step's logits are
     processed, for every search and for a stream whose rows sit at lengths of their own. ``forced``: each row's own
     forced tokens instead of ``generation``'s (a stream's sentences, each into a language of its own). ``limits``:
-    each row's length limit ``(N,)``, which ``eos_at_limit`` needs."""
+    each row's length limit ``(N,)``, which ``eos_at_limit`` needs. ``floors``: each row's own ``min_length`` ``(N,)``
+    instead of the search's (sentences searched each as they ask)."""
     last = np.zeros(len(lengths), dtype=bool)  # (N,) the rows at their last place, where EOS is forced
     if generation.eos_at_limit:
         if limits is None:
@@ -464,74 +398,18 @@ def process(
         if len(rows):
             others = np.delete(np.arange(int(logits.shape[-1]), dtype=np.int64), token)
             logits = choices.suppress(logits, others, None if len(rows) == len(lengths) else rows)
-    if generation.search.min_length:
-        rows = np.flatnonzero((lengths < generation.search.min_length) & ~last)
+    floors = np.asarray(generation.search.min_length if floors is None else floors)
+    if floors.any():
+        rows = np.flatnonzero((lengths < floors) & ~last)
         if len(rows):
             eos = np.array([generation.specials.eos], dtype=np.int64)
             logits = choices.suppress(logits, eos, None if len(rows) == len(lengths) else rows)
     return logits
 
 
-class _Processed(_Chooser):
-    """A :class:`Session` whose steps' logits are :func:`process`-ed: every search sees its steps so. ``limits``: each
-    row's length limit ``(N,)``, reordered with the rows."""
-
-    def __init__(self, session: Session, generation: Generation, limits: np.ndarray) -> None:
-        self.session = self.choices = session
-        self.generation, self.limits = generation, limits
-
-    def step(self, prefix: np.ndarray) -> Tensor:
-        made = np.full(len(prefix), prefix.shape[1] - 1)  # every row has made as many
-        return process(self.session, self.session.step(prefix), made, self.generation, limits=self.limits)
-
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
-        self.limits = self.limits[rows]
-        self.session.reorder(rows, same_sources=same_sources)
-
-
-def processed(session: Session, generation: Generation, limits: np.ndarray) -> Session:
-    """``session`` with its steps' logits processed as ``generation`` says (:func:`process`), when it says anything;
-    ``limits``: each of its rows' length limit ``(N,)``."""
-    says = generation.banned or generation.forced or generation.eos_at_limit or generation.search.min_length
-    return _Processed(session, generation, limits) if says else session
-
-
 def row_limits(max_len: Limit, batch: int) -> np.ndarray:
     """``max_len`` (checked: :func:`multihead.checks.check_generate_call`) as each row's limit, int64 ``(B,)``."""
     return np.broadcast_to(np.asarray(max_len, dtype=np.int64), (batch,))
-
-
-Choose = Callable[[Tensor, np.ndarray], np.ndarray]
-"""How a search of one row per sentence picks each row's next token: from the step's logits ``(N, V)``
-and the sentences ``(N,)`` of its rows, int64 ``(N,)``."""
-
-
-def one_row_search(session: Session, batch: int, choose: Choose, *, max_len: Limit, specials: Specials) -> np.ndarray:
-    """One row per sentence, a token chosen by ``choose`` at every step, up to each row's limit. Rows that have ended
-    leave the model's state once a quarter of those still decoding have: the rest of the batch no longer computes
-    them."""
-    max_len = row_limits(max_len, batch)  # (B,)
-    prefix = np.full((batch, 1), specials.bos, dtype=np.int64)  # (B, 1)
-    finished = np.zeros(batch, dtype=bool)
-    active = np.arange(batch)  # the rows of `prefix` the model's state still holds, in its order
-    for t in range(1, int(max_len.max()) + 1):  # t: the length of the prefixes this step makes, BOS aside
-        token = np.full(batch, specials.pad)
-        token[active] = choose(session.step(prefix[active]), active)  # (N,) for the N active rows
-        token[finished] = specials.pad
-        prefix = np.concatenate([prefix, token[:, None]], axis=1)  # (B, t + 1)
-        finished |= (token == specials.eos) | (max_len == t)
-        if finished.all():
-            break
-        ended = finished[active]
-        if ended.sum() * 4 >= len(active):
-            session.reorder(np.flatnonzero(~ended))
-            active = active[~ended]
-    return prefix[:, 1:]
-
-
-def greedy_search(session: Session, batch: int, *, max_len: Limit, specials: Specials) -> np.ndarray:
-    """The most probable token at every step, up to each row's limit (:func:`one_row_search`)."""
-    return one_row_search(session, batch, lambda logits, _: session.argmax(logits), max_len=max_len, specials=specials)
 
 
 def sentence_generators(seed: int | None, keys: Sequence[int] | np.ndarray) -> list[np.random.Generator]:
@@ -568,197 +446,13 @@ def draw(log_probs: np.ndarray, uniforms: np.ndarray, *, temperature: float, top
     return (cumulative < uniforms[:, None] * cumulative[:, -1:]).sum(axis=1)
 
 
-def sample_search(
-    session: Session,
-    batch: int,
-    options: SearchOptions,
-    *,
-    max_len: Limit,
-    specials: Specials,
-    keys: Sequence[int] | np.ndarray | None = None,
-) -> np.ndarray:
-    """A token drawn at every step as ``options`` say (see the module's docstring), up to each row's limit;
-    ``keys`` name the sentences to their random generators (default ``0..B-1``)."""
-    generators = sentence_generators(options.seed, np.arange(batch) if keys is None else keys)
-
-    def choose(logits: Tensor, sentences: np.ndarray) -> np.ndarray:
-        return sample(session, logits, [generators[sentence] for sentence in sentences], options)
-
-    return one_row_search(session, batch, choose, max_len=max_len, specials=specials)
-
-
-@dataclass
-class _Best:
-    """The ``n`` best finished hypotheses of each sentence, best first: their ranks (score / length **
-    length_penalty) and tokens."""
-
-    rank: np.ndarray  # (B, n), -inf where none yet
-    tokens: list[list[np.ndarray]]  # per sentence, one per finite rank
-
-    def offer(self, sentences: np.ndarray, ranks: np.ndarray, tokens: np.ndarray) -> None:
-        """Hypotheses ``tokens[i]`` of ``sentences[i]`` ranked ``ranks[i]``, kept where among the ``n`` best (after
-        those of the same rank already kept)."""
-        for i in np.flatnonzero(ranks > self.rank[sentences, -1]):
-            rank = self.rank[sentences[i]]  # (n,), a view: a sentence may be offered several at once
-            if ranks[i] > rank[-1]:
-                place = int(np.count_nonzero(rank >= ranks[i]))
-                rank[place + 1 :] = rank[place:-1]
-                rank[place] = ranks[i]
-                kept = self.tokens[sentences[i]]
-                kept.insert(place, tokens[i])
-                del kept[len(rank) :]
-
-
-def beam_search(
-    session: Session,
-    batch: int,
-    *,
-    beam_size: int,
-    max_len: Limit,
-    specials: Specials,
-    length_penalty: float = 1.0,
-) -> np.ndarray:
-    """Beam search over a session holding one row per sequence (see the module's docstring for the rule): each
-    sentence's best hypothesis, int64 ``(B, T)``."""
-    best = _search(session, batch, n=1, beam_size=beam_size, max_len=row_limits(max_len, batch), specials=specials,
-                   length_penalty=length_penalty)  # fmt: skip
-    firsts = [kept[0] if kept else np.zeros(0, dtype=np.int64) for kept in best.tokens]  # none: all padding
-    out = np.full((batch, max(1, *(len(tokens) for tokens in firsts))), specials.pad, dtype=np.int64)
-    for index, tokens in enumerate(firsts):
-        out[index, : len(tokens)] = tokens
-    return out
-
-
-def beam_search_n_best(
-    session: Session,
-    batch: int,
-    *,
-    n: int,
-    beam_size: int,
-    max_len: Limit,
-    specials: Specials,
-    length_penalty: float = 1.0,
-) -> list[list[tuple[float, np.ndarray]]]:
-    """The ``n <= beam_size`` best hypotheses of each sentence, best first, as (rank, int64 tokens) pairs: the tokens
-    after BOS, ending with EOS unless ``max_len`` cut them. A sentence stops when no continuation can outrank its
-    ``n``-th best finished hypothesis (with ``n = 1``, :func:`beam_search`'s rule and answer). A sentence whose beams
-    all die out first (every continuation impossible) has fewer."""
-    check_positive_int("n", n)
-    if n > beam_size:
-        raise ValueError(f"`n` must be at most beam_size={beam_size}, received n={n}")
-    best = _search(session, batch, n=n, beam_size=beam_size, max_len=row_limits(max_len, batch), specials=specials,
-                   length_penalty=length_penalty)  # fmt: skip
-    return [
-        [(float(rank), tokens) for rank, tokens in zip(ranks, kept, strict=False)]
-        for ranks, kept in zip(best.rank, best.tokens, strict=True)
-    ]
-
-
-def _stay(parents: np.ndarray) -> np.ndarray:
-    """For each sentence's new beams ``(S, k)``, best first, given as their parents' places among its beams: which
-    beam each place takes, so that as many beams as can stay in their parent's place (the best child of each parent
-    takes its parent's place, the others the places left, in order)."""
-    first = np.ones(parents.shape, dtype=bool)  # the best child of its parent
-    for j in range(1, parents.shape[1]):
-        first[:, j] = ~(parents[:, :j] == parents[:, j : j + 1]).any(axis=1)
-    taken = np.zeros(parents.shape, dtype=bool)  # places a best child takes
-    sentence, child = np.nonzero(first)
-    taken[sentence, parents[sentence, child]] = True
-    place = parents.copy()
-    # The other children, in order, take the places not taken, in order (firsts' entries are set back below).
-    others, free = np.argsort(first, axis=1, kind="stable"), np.argsort(taken, axis=1, kind="stable")
-    np.put_along_axis(place, others, free, axis=1)
-    place = np.where(first, parents, place)  # (S, k): each beam's place
-    return np.argsort(place, axis=1)  # (S, k): each place's beam
-
-
-def _search(
-    session: Session,
-    batch: int,
-    *,
-    n: int,
-    beam_size: int,
-    max_len: np.ndarray,
-    specials: Specials,
-    length_penalty: float,
-) -> _Best:
-    """Beam search keeping each sentence's ``n`` best finished hypotheses, sentence ``b`` at most ``max_len[b]``
-    tokens long. The first step, where every beam is the same BOS, is computed once per sequence; from the second
-    on, row ``b * beam_size + j`` is beam ``j`` of the ``b``-th sequence still searched."""
-    k, eos = beam_size, specials.eos
-    width = 1  # the state's rows per sentence: one for the first step, then its k beams
-    sentences = np.arange(batch)  # the sentences still searched, in the state's order (width rows each)
-    prefix = np.full((batch, 1), specials.bos, dtype=np.int64)  # (S*width, t + 1)
-    scores = np.zeros((batch, width), dtype=np.float32)
-    best = _Best(np.full((batch, n), -np.inf), [[] for _ in range(batch)])
-    for t in range(1, int(max_len.max()) + 1):  # t: the length of the hypotheses this step makes
-        logits = session.step(prefix)
-        vocab = int(logits.shape[-1])
-        count = min(2 * k, width * vocab)
-        values, indices = session.top_k(logits, scores.reshape(-1), width, count)  # (S, count) each
-        if count < min(2 * k, k * vocab):  # a first step with fewer tokens than 2k: dead candidates fill the rest
-            dead = ((0, 0), (0, min(2 * k, k * vocab) - count))
-            values, indices = np.pad(values, dead, constant_values=-np.inf), np.pad(indices, dead)
-            count = values.shape[1]
-        rows = np.arange(len(sentences))[:, None] * width + indices // vocab  # (S, count): the row each extends
-        token = indices % vocab
-        ending = (token == eos) & (np.arange(count) < k) & np.isfinite(values)
-        where = np.nonzero(ending)
-        if len(where[0]):
-            ended = np.concatenate([prefix[rows[where], 1:], np.full((len(where[0]), 1), eos)], axis=1)
-            best.offer(sentences[where[0]], values[where] / t**length_penalty, ended)
-        # The next beams: the best k continuations that do not end (at most one per row ends, so at most k of the 2k).
-        kept = np.argsort(token == eos, axis=1, kind="stable")[:, :k]  # (S, k)
-        scores = np.take_along_axis(values, kept, axis=1)
-        rows, token = np.take_along_axis(rows, kept, axis=1).reshape(-1), np.take_along_axis(token, kept, axis=1)
-        prefix = np.concatenate([prefix[rows], token.reshape(-1, 1)], axis=1)  # (S*k, t + 1)
-        limit = max_len[sentences]  # (S,)
-        if (limit == t).any():  # those sentences' beams end here, unfinished
-            at_limit = np.repeat(limit == t, k)
-            best.offer(np.repeat(sentences, k)[at_limit], scores.reshape(-1)[at_limit] / t**length_penalty,
-                       prefix[at_limit, 1:])  # fmt: skip
-        # A continuation's score only falls: its rank is at most its score over the next or the last length.
-        bound = np.maximum(scores[:, 0] / (t + 1) ** length_penalty, scores[:, 0] / limit**length_penalty)
-        going = ~(best.rank[sentences, -1] >= bound) & np.isfinite(scores[:, 0]) & (limit > t)
-        if not going.any():
-            break
-        same_sources = bool(going.all()) and width == k  # row i is row rows[i]'s sentence, in the same place
-        if same_sources:  # the beams in their parents' places where they can: those rows' states need not move
-            first_rows = np.arange(len(sentences))[:, None] * k  # (S, 1)
-            order = _stay(rows.reshape(-1, k) - first_rows)  # (S, k): the beam each place takes
-            taken = (first_rows + order).reshape(-1)
-            rows, prefix, scores = rows[taken], prefix[taken], np.take_along_axis(scores, order, axis=1)
-        if not going.all():
-            kept_rows = np.flatnonzero(np.repeat(going, k))
-            rows, prefix, scores, sentences = rows[kept_rows], prefix[kept_rows], scores[going], sentences[going]
-        session.reorder(rows, same_sources=same_sources)
-        width = k
-    return best
-
-
-def _greedy(
-    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, specials: Specials, keys: np.ndarray
-) -> np.ndarray:
-    return greedy_search(session, batch, max_len=max_len, specials=specials)
-
-
-def _beam(
-    session: Session, batch: int, options: SearchOptions, *, max_len: np.ndarray, specials: Specials, keys: np.ndarray
-) -> np.ndarray:
-    return beam_search(
-        session, batch, beam_size=options.beam_size, length_penalty=options.length_penalty, max_len=max_len,
-        specials=specials,
-    )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Strategy:
-    """A search strategy: its ``name``, how it searches, and what it asks of the code that runs it: ``one_row``, one
-    row a sentence (what a continuous-batching stream decodes; beam search keeps several and translates in batches);
-    ``draws``, the tokens drawn at random (each sentence seeded by its key)."""
+    """A search strategy of :class:`multihead.engine.Engine`: its ``name``, and what it asks of the code that runs it:
+    ``one_row``, one row a sentence (beam search keeps several); ``draws``, the tokens drawn at random (each sentence
+    seeded by its key)."""
 
     name: str
-    search: Search
     one_row: bool
     draws: bool
 
@@ -766,9 +460,9 @@ class Strategy:
 SEARCHES: dict[str, Strategy] = {
     strategy.name: strategy
     for strategy in (
-        Strategy("greedy", _greedy, one_row=True, draws=False),
-        Strategy("sample", sample_search, one_row=True, draws=True),
-        Strategy("beam", _beam, one_row=False, draws=False),
+        Strategy("greedy", one_row=True, draws=False),
+        Strategy("sample", one_row=True, draws=True),
+        Strategy("beam", one_row=False, draws=False),
     )
 }
 """The search strategies by name; :attr:`SearchOptions.strategy` chooses one."""

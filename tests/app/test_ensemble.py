@@ -18,7 +18,7 @@ import torch
 from app.support import CORPUS_FLAGS, SAMPLES, VALID, Cli, CorpusRun, beam, write_corpus, write_lines
 from multihead.app.cli import main
 from multihead.app.translate import Translator
-from multihead.decoding import n_best_search
+from multihead.engine import n_best_search
 
 TEXTS = [*SAMPLES, "die Katze schläft hier.", "der Bär isst gern langsam."]
 

@@ -1,5 +1,6 @@
-"""Continuous batching in the library (``multihead.torch.streaming.Stream``) on a small random model: sentences that
-join a running batch at random steps get what ``generate`` gives each of them alone, greedy and sampled.
+"""Continuous batching in the library (``multihead.torch.streaming.Stream``, the engine over PyTorch's joining rows)
+on small random models: sentences that join a running batch at random steps get what ``generate`` gives each of them
+alone, whatever their search, processing or ensemble.
 
 Notation: B batch, Ls source length.
 """
@@ -7,14 +8,17 @@ Notation: B batch, Ls source length.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
-from multihead import decoding
+from multihead import engine
 from multihead.decoding import Generation, SearchOptions, Specials
+from multihead.engine import Engine, Ensemble
 from multihead.torch import Transformer
-from multihead.torch.streaming import Stream
+from multihead.torch.streaming import Stream, StreamRows
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = Specials(pad=PAD, bos=BOS, eos=EOS)
@@ -24,10 +28,15 @@ def spec(search: SearchOptions, **kwargs: object) -> Generation:
     return Generation(SPECIALS, search=search, **kwargs)  # type: ignore[arg-type]
 
 
-def model() -> Transformer:
-    torch.manual_seed(0)
+def model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
     return Transformer(20, 23, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64,
                        pad_id=PAD).double().eval()  # fmt: skip
+
+
+def ended(stream: Engine) -> dict[object, list[int]]:
+    """One step of ``stream``: the tokens of the sentences that ended, by owner."""
+    return {finished.owner: finished.tokens.tolist() for finished in stream.step()}
 
 
 def sources(count: int) -> list[list[int]]:
@@ -55,12 +64,12 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
         while pending and rng.random() < 0.5:
             index = pending.pop(0)
             stream.add(texts[index], index, limit=limits[index], key=index)
-        got.update(stream.step())
+        got.update(ended(stream))
     assert sorted(got) == list(range(len(texts)))
     for index, ids in enumerate(texts):
         with torch.inference_mode():
             session = transformer.decoding_session(torch.tensor([ids]), max_len=limits[index])
-            alone = decoding.generate(session, 1, spec(search), max_len=limits[index], keys=[index])[0].tolist()
+            alone = engine.generate(session, 1, spec(search), max_len=limits[index], keys=[index])[0].tolist()
         expected = alone[: alone.index(EOS) + 1] if EOS in alone else alone
         assert got[index] == expected, index
     if search.strategy.draws:
@@ -69,13 +78,11 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions, 
             greedy.add(ids, index, limit=limits[index])
         answers = {}
         while len(greedy):
-            answers.update(greedy.step())
+            answers.update(ended(greedy))
         assert answers != got  # it did sample
 
 
-def test_a_stream_takes_one_row_a_sentence() -> None:
-    with pytest.raises(ValueError, match="beam search"):
-        Stream(model(), rows=4, generation=spec(SearchOptions(beam_size=2)))
+def test_a_stream_refuses_what_it_cannot_decode() -> None:
     with pytest.raises(ValueError, match="`rows` must be a positive int"):
         Stream(model(), rows=0, generation=spec(SearchOptions()))
     with pytest.raises(TypeError, match="`generation` must be a Generation, received SearchOptions"):
@@ -93,7 +100,7 @@ def test_max_length_caps_every_sentence() -> None:
         stream.add(ids, index, limit=5)
     got = {}
     while len(stream):
-        got.update(stream.step())
+        got.update(ended(stream))
     assert [len(tokens) for _, tokens in sorted(got.items())] == [2, 2, 2]
 
 
@@ -121,12 +128,12 @@ def test_each_sentence_is_processed_at_its_own_length(generation: Generation) ->
         while pending and rng.random() < 0.5:
             index = pending.pop(0)
             stream.add(texts[index], index, limit=8, key=index)
-        got.update(stream.step())
+        got.update(ended(stream))
     free = spec(SearchOptions(sampling_topk=search.sampling_topk, seed=search.seed))
     for index, ids in enumerate(texts):
         with torch.inference_mode():
             alone, unheld = (
-                decoding.generate(
+                engine.generate(
                     transformer.decoding_session(torch.tensor([ids]), max_len=8), 1, options, max_len=8, keys=[index]
                 )[0].tolist()
                 for options in (generation, free)
@@ -150,12 +157,12 @@ def test_each_sentence_may_force_tokens_of_its_own(search: SearchOptions) -> Non
         while pending and rng.random() < 0.5:
             index = pending.pop(0)
             stream.add(texts[index], index, limit=8, key=index, forced=own[index])
-        got.update(stream.step())
+        got.update(ended(stream))
     for index, ids in enumerate(texts):
         forced = (11,) if own[index] is None else own[index]
         with torch.inference_mode():
             session = transformer.decoding_session(torch.tensor([ids]), max_len=8)
-            alone = decoding.generate(session, 1, spec(search, forced=forced, banned=(5,)), max_len=8, keys=[index])
+            alone = engine.generate(session, 1, spec(search, forced=forced, banned=(5,)), max_len=8, keys=[index])
         expected = alone[0].tolist()
         assert got[index] == (expected[: expected.index(EOS) + 1] if EOS in expected else expected), index
         assert tuple(got[index][: len(forced)]) == forced
@@ -179,7 +186,7 @@ def test_room_says_how_many_would_join_by_the_rule_sentences_wait_by() -> None:
     for index in range(8):
         stream.add(texts[index], index, limit=30)
     stream.step()
-    assert (len(stream.sentences), stream.room(1)) == (8, 0)  # one is less than a quarter of 8
+    assert (len(stream), stream.room(1)) == (8, 0)  # one is less than a quarter of 8
     for _ in range(JOIN_AFTER - 1):
         stream.step()
         assert stream.room(1) == 0
@@ -187,3 +194,77 @@ def test_room_says_how_many_would_join_by_the_rule_sentences_wait_by() -> None:
     assert stream.room(1) == 1  # waited long enough
     assert stream.room(2) == 2  # a quarter of 8
     assert stream.room(100) == 8  # the rows left
+
+
+STRATEGIES = {
+    "greedy": SearchOptions(),
+    "sampled": SearchOptions(sampling_topk=0, sampling_temperature=1.5, seed=5),
+    "beam": SearchOptions(beam_size=3, length_penalty=0.6),
+    "n-best": SearchOptions(beam_size=3, n_best=2),
+}
+PROCESSING = {
+    "plain": {},
+    "banned-forced-min-length": {"banned": (5,), "forced": (7,)},
+    "ensemble": {},
+}
+
+
+@pytest.mark.parametrize("processing", PROCESSING, ids=list(PROCESSING))
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=list(STRATEGIES))
+def test_every_search_streams_as_it_generates(strategy: str, processing: str) -> None:
+    """Every strategy, with bans, forced tokens and a minimum length or as an ensemble of two models: sentences
+    joining a stream at random steps (each with its own limit and key) get the hypotheses that the batch search gives
+    each alone, with the same ranks."""
+    search = STRATEGIES[strategy]
+    if processing == "banned-forced-min-length":
+        search = replace(search, min_length=2)
+    generation = spec(search, **PROCESSING[processing])  # type: ignore[arg-type]
+    models = [model(), model(seed=1)] if processing == "ensemble" else [model()]
+    with torch.no_grad():
+        for each in models:
+            each.output_proj.bias[EOS] += 2.0  # EOS likely early, held back by min_length
+    mean = models[0].decoder_steps().mean_log_probs
+
+    def rows() -> engine.Rows:
+        members = [StreamRows(each, None, pad=PAD) for each in models]
+        return Ensemble(members, mean) if len(members) > 1 else members[0]
+
+    stream: Engine[int] = Engine(rows(), generation, capacity=7)
+    texts = sources(9)
+    limits = [2 + index % 6 for index in range(len(texts))]
+    rng, pending, got = random.Random(3), list(range(len(texts))), {}
+    while pending or len(stream):
+        while pending and rng.random() < 0.4:
+            index = pending.pop(0)
+            stream.add(texts[index], index, limit=limits[index], key=index)
+        got.update({finished.owner: finished.hypotheses for finished in stream.step()})
+    assert sorted(got) == list(range(len(texts)))
+    for index, ids in enumerate(texts):
+        with torch.inference_mode():
+            sessions = [each.decoding_session(torch.tensor([ids]), max_len=limits[index]) for each in models]
+            alone = Ensemble(sessions, mean) if len(sessions) > 1 else sessions[0]
+            if search.beam_size > 1:
+                expected = engine.n_best_search(alone, 1, generation, max_len=limits[index])[0]
+            else:
+                tokens = engine.generate(alone, 1, generation, max_len=limits[index], keys=[index])[0].tolist()
+                expected = [(None, tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens)]
+        assert [hypothesis.tolist() for _, hypothesis in got[index]] == [np.asarray(t).tolist() for _, t in expected], index
+        if search.beam_size > 1:
+            np.testing.assert_allclose([rank for rank, _ in got[index]], [rank for rank, _ in expected], rtol=1e-5)
+
+
+def test_sentences_of_different_searches_share_a_stream() -> None:
+    """Greedy, sampled and beam-search sentences decode side by side, each as its own search says alone."""
+    transformer, texts = model(), sources(12)
+    stream = Stream(transformer, rows=16, generation=spec(SearchOptions()))
+    searches = [SearchOptions(), SearchOptions(beam_size=4), SearchOptions(sampling_topk=3, seed=4)] * 4
+    for index, ids in enumerate(texts):
+        stream.add(ids, index, limit=7, key=index, search=searches[index])
+    got: dict[object, list[int]] = {}
+    while len(stream):
+        got.update(ended(stream))
+    for index, ids in enumerate(texts):
+        with torch.inference_mode():
+            session = transformer.decoding_session(torch.tensor([ids]), max_len=7)
+            alone = engine.generate(session, 1, spec(searches[index]), max_len=7, keys=[index])[0].tolist()
+        assert got[index] == (alone[: alone.index(EOS) + 1] if EOS in alone else alone), index

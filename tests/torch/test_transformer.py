@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from conftest import TorchCalls, filtered_distribution
-from multihead import checks, decoding, positional
+from multihead import checks, decoding, engine, positional
 from multihead.io import load_model, load_weights, save_model, save_weights
 from multihead.reference import sinusoidal_positions
 from multihead.torch import (
@@ -283,10 +283,13 @@ def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatc
     model = small_model(pad_id=PAD)
     step = decoding.DecodingSession.step  # the next-token log-probabilities at every step, cache or not
 
-    def row_0_ends_at_step_2(session: decoding.DecodingSession, prefix: np.ndarray) -> torch.Tensor:
-        log_probs = step(session, prefix)
+    steps_taken = []
+
+    def row_0_ends_at_step_2(session: decoding.DecodingSession, newest: np.ndarray) -> torch.Tensor:
+        log_probs = step(session, newest)
+        steps_taken.append(len(newest))
         log_probs[:, EOS] = -1e9
-        if prefix.shape[1] == 2:  # tokens decoded, BOS included
+        if len(steps_taken) == 2:  # the second step
             log_probs[0, EOS] = 1e9
         return log_probs
 
@@ -649,7 +652,7 @@ def test_decoding_steps_give_the_logits_of_full_decoding(options: dict) -> None:
         prefix, rows = torch.full((3, 1), BOS), torch.arange(3)
         for step in range(6):
             full = model(src[rows], prefix, src_key_mask=None if key_mask is None else key_mask[rows])[:, -1]
-            logits = session.step(prefix.numpy())
+            logits = session.step(prefix[:, -1].numpy())
             np.testing.assert_allclose(logits, full.numpy(), rtol=0, atol=1e-5)  # float32 out
             scores = np.arange(3, dtype=np.float32)
             values, indices = session.top_k(logits, scores, 1, 4)
@@ -658,7 +661,7 @@ def test_decoding_steps_give_the_logits_of_full_decoding(options: dict) -> None:
             np.testing.assert_allclose(np.take_along_axis(expected, indices, axis=1), values, rtol=0, atol=1e-5)
             if step == 2:  # rows 2, 0, 0 go on, as beam search may keep them
                 order = torch.tensor([2, 0, 0])
-                session.reorder(order.numpy())
+                session.keep(order.numpy())
                 prefix, rows = prefix[order], rows[order]
             prefix = torch.cat([prefix, tokens(3, 1, vocab=23, seed=step)], 1)
 
@@ -734,13 +737,9 @@ def test_sampling_is_reproducible_and_top_1_is_greedy(use_cache: bool) -> None:
     assert torch.equal(alone, sampled[0, : len(alone)])
     with torch.inference_mode():
         session = model.decoding_session(src, max_len=10, use_cache=use_cache)
-        top_1 = decoding.sample_search(
-            session,
-            6,
-            decoding.SearchOptions(sampling_topk=1, seed=4),
-            max_len=10,
-            specials=decoding.Specials(pad=EOS, bos=BOS, eos=EOS),
-        )
+        greedy = decoding.SearchOptions(sampling_topk=1, seed=4)
+        specials = decoding.Specials(pad=EOS, bos=BOS, eos=EOS)
+        top_1 = engine.generate(session, 6, decoding.Generation(specials, search=greedy), max_len=10)
     assert torch.equal(torch.from_numpy(top_1), model.generate(src, **args))
 
 

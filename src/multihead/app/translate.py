@@ -26,7 +26,8 @@ from multihead.app.languages import LanguageTokens, pair_text
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
 from multihead.app.segment import halved, join, readable, shorter, split, whole
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer, digest
-from multihead.decoding import Generation, SearchOptions, Specials, generate, n_best_search
+from multihead.decoding import Generation, SearchOptions, Specials
+from multihead.engine import Ensemble, generate, n_best_search
 
 Ids = list[int]
 Row = TypeVar("Row")  # what a batch gives for each of its rows
@@ -259,36 +260,13 @@ def model_tokens(checkpoint: Checkpoint) -> str:
     return digest(*sides)
 
 
-class EnsembleSession:
-    """A :class:`multihead.decoding.Session` of several models' sessions of the same sources, whose tokens are the
-    same: a step's logits are the mean of the models' log-probabilities (a log-linear ensemble of equal weights, as
-    Marian's; fairseq averages the probabilities instead), which the searches renormalise, so each step's
-    distribution is the models' normalised geometric mean. Every reorder reorders each model's state; the first
-    model's session chooses the tokens (what it computes on holds them all)."""
-
-    def __init__(self, sessions: Sequence[Any]) -> None:
-        import torch
-
-        self.sessions, self.torch = list(sessions), torch
-        self.argmax, self.top_k, self.suppress = sessions[0].argmax, sessions[0].top_k, sessions[0].suppress
-
-    def step(self, prefix: np.ndarray) -> Any:
-        """The mean of the models' log-probabilities ``(N, V)`` of the token after each prefix ``(N, t)``."""
-        log_probs = [self.torch.log_softmax(session.step(prefix).float(), dim=-1) for session in self.sessions]
-        return self.torch.stack(log_probs).mean(dim=0)  # (models, N, V) -> (N, V)
-
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
-        for session in self.sessions:
-            session.reorder(rows, same_sources=same_sources)
-
-
 class Translator:
     """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see
     :mod:`multihead.app.devices`), ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear
     layers in that type (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps
     alike. ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
     (:meth:`choose_languages`). ``ensemble``: other runs of the same vocabularies whose models translate with this
-    one's (:class:`EnsembleSession`), each from its checkpoint ``checkpoint`` names, on the same device and quantized
+    one's (:class:`multihead.engine.Ensemble`), each from its checkpoint ``checkpoint`` names, on the same device and quantized
     alike; this run's tokenizers, generation and languages are the ensemble's. ``split_sentences``: translate each
     text sentence by sentence (the default), else as one sentence (sources already split into sentences). ``guard``:
     search again the translations that look as if they lost or invented text, and name those that still do (the
@@ -503,13 +481,13 @@ class Translator:
 
     def session(self, src: np.ndarray, limits: np.ndarray) -> Any:
         """A decoding session of ``src (B, Ls)`` for rows limited to ``limits (B,)``, stepping with this translator's
-        layouts (an :class:`EnsembleSession` of every member's, in an ensemble); inside ``torch.inference_mode()``."""
+        layouts (an :class:`~multihead.engine.Ensemble` of every member's, in an ensemble); inside ``torch.inference_mode()``."""
         source = self.torch.from_numpy(src).to(self.device)
         sessions = [
             member.model.decoding_session(source, max_len=int(limits.max()), layouts=member.layouts)
             for member in (self, *self.others)
         ]
-        return EnsembleSession(sessions) if self.others else sessions[0]
+        return Ensemble(sessions, sessions[0].steps.mean_log_probs) if self.others else sessions[0]
 
     def spec(self, search: SearchOptions) -> Generation:
         """This run's generation, searching as ``search`` says."""
@@ -641,7 +619,7 @@ class Translator:
         progress: bool = False,
     ) -> list[list[tuple[float | None, str]]]:
         """For each text, its ``search.n_best`` best translations, best first, each with its score, from a beam search
-        as ``search`` says (:func:`multihead.decoding.n_best_search`): its log-probability (natural log, EOS
+        as ``search`` says (:func:`multihead.engine.n_best_search`): its log-probability (natural log, EOS
         included) over its length in tokens (EOS included) raised to ``search.length_penalty``, what ranks it. The
         first is what :meth:`translate` gives with that search, in the same batches. A blank text gives
         ``[(None, "")]``; a text longer than the model reads is translated in pieces (:meth:`pieces`, warnings

@@ -387,7 +387,7 @@ class Scores(NamedTuple):
 
 
 class CompiledDecoding:
-    """One compiled ``generate`` call (a :class:`multihead.decoding.Session`).
+    """One compiled ``generate`` call (:class:`multihead.engine.Rows` of its sources).
 
     Its buffers keep a number of rows that is a power of two, so that the step program keeps its shapes: the rows the
     search asks about (``live``, in its order) are some of them, the others are filling. A reorder that keeps rows
@@ -408,14 +408,18 @@ class CompiledDecoding:
         self._size = rows_for(len(self._live))
         self._pending: np.ndarray | None = None  # (size,): the rows the next step gathers first
         self._pending_sources = False  # whether it gathers the source's state (memory, mask) by them too
+        self._position = 0  # the position of the next step's tokens
 
-    def step(self, prefix: np.ndarray) -> Scores:
-        tokens = np.zeros((self._size, 1), dtype="int32")
-        tokens[self._live, 0] = prefix[:, -1]  # rows the search no longer asks about read token 0
-        position = ops.convert_to_tensor(np.int32(prefix.shape[1] - 1))
+    def step(self, tokens: np.ndarray) -> Scores:
+        """Log-probabilities of every row's next token after its newest, ``tokens (N,)``; every row is at the same
+        position, the steps taken so far."""
+        filled = np.zeros((self._size, 1), dtype="int32")
+        filled[self._live, 0] = tokens  # rows the search no longer asks about read token 0
+        position = ops.convert_to_tensor(np.int32(self._position))
+        self._position += 1
         rows = None if self._pending is None else ops.convert_to_tensor(self._pending.astype("int32"))
         log_probs, best = self._steps(
-            ops.convert_to_tensor(tokens), position, rows, rows if self._pending_sources else None
+            ops.convert_to_tensor(filled), position, rows, rows if self._pending_sources else None
         )
         self._pending, self._pending_sources = None, False
         return Scores(log_probs, best, self._live)
@@ -432,7 +436,10 @@ class CompiledDecoding:
         """The search's rows, ``tokens`` impossible (renormalised), their best chosen again."""
         return Scores(self._choices.suppress(log_probs.rows(), tokens, rows), None, np.arange(len(log_probs.live)))
 
-    def reorder(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+    def select(self, log_probs: Scores, rows: np.ndarray) -> Scores:
+        return Scores(log_probs.log_probs, log_probs.best, log_probs.live[rows])
+
+    def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them
         if rows_for(len(kept)) != self._size:  # another power of two: the buffers are gathered at once
             gathered = kept if self._pending is None else self._pending[kept]

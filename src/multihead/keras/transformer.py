@@ -22,7 +22,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from multihead import checks, decoding, schema
+from multihead import checks, decoding, engine, schema
 from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.keras.attention import KVCache, MultiHeadAttention
@@ -682,7 +682,7 @@ class Transformer(NamedTensorArguments, keras.Model):
         session = self.decoding_session(
             src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, compiled=compiled
         )
-        return decoding.generate(session, int(src.shape[0]), generation, max_len=max_len)
+        return engine.generate(session, int(src.shape[0]), generation, max_len=max_len)
 
     def decoding_session(
         self,
@@ -692,9 +692,9 @@ class Transformer(NamedTensorArguments, keras.Model):
         src_key_mask: Tensor | None = None,
         use_cache: bool = True,
         compiled: bool | None = None,
-    ) -> decoding.Session:
+    ) -> engine.Rows:
         """What :meth:`generate` searches: ``src (B, Ls)`` (checked) encoded, and the decoding state for ``max_len``
-        steps, as a :class:`multihead.decoding.Session` for the searches of :mod:`multihead.decoding`; ``compiled`` as
+        steps, as :class:`multihead.engine.Rows` for the searches of :mod:`multihead.engine`; ``compiled`` as
         :meth:`generate` takes it."""
         check_flag("use_cache", use_cache)
         if compiled is not None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from multihead import checks, decoding, schema
+from multihead import checks, decoding, engine, schema
 from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
@@ -544,7 +544,7 @@ class Transformer(nn.Module):
             session = self.decoding_session(
                 src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, layouts=layouts
             )
-            tokens = decoding.generate(session, src.shape[0], generation, max_len=max_len)
+            tokens = engine.generate(session, src.shape[0], generation, max_len=max_len)
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
 
     def decoding_session(
@@ -557,7 +557,7 @@ class Transformer(nn.Module):
         layouts: Layouts | None = None,
     ) -> decoding.DecodingSession:
         """What :meth:`generate` searches: ``src (B, Ls)`` (checked) encoded, and a cache for ``max_len`` steps, as a
-        :class:`multihead.decoding.DecodingSession` for the searches of :mod:`multihead.decoding`. Make it and search
+        :class:`multihead.decoding.DecodingSession` for the searches of :mod:`multihead.engine`. Make it and search
         inside ``torch.inference_mode()``. ``layouts``: the laid-out weights to step with (see :meth:`decoder_steps`;
         a caller whose weights stay fixed keeps one for all its sessions)."""
         checks.check_source(src, src_key_mask, self.config, OPS)
@@ -618,6 +618,12 @@ class DecoderSteps:
 
     def take(self, x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
         return x.index_select(0, torch.from_numpy(rows).to(x.device))
+
+    @staticmethod
+    def mean_log_probs(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The mean of several steps' log-probabilities ``(N, V)`` (an ensemble's, :class:`multihead.engine.Ensemble`)."""
+        log_probs = [torch.log_softmax(each.float(), dim=-1) for each in logits]
+        return torch.stack(log_probs).mean(dim=0)  # (models, N, V) -> (N, V)
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)

@@ -1,0 +1,567 @@
+"""The decoding engine, one for every way to decode: sentences join a running batch, step together and leave, each
+searched as it asks (greedy, sampling or beam search), whatever front end computes the steps.
+
+A front end's decoding state is a set of :class:`Rows`, addressed by index: ``step`` gives the next-token logits of
+every row after its newest token, ``keep`` keeps some rows in a new order (beam search reorders its beams, ended
+sentences leave), and :class:`JoiningRows` ``join`` new sources, encoded, as rows at the end. The :class:`Engine`
+holds, for each row, its sentence, the tokens it has made and its score, and for each sentence what it asked: its
+length limit, forced tokens, search options and, for sampling, its random generator. A step:
+
+1. lets sentences waiting to join do so (:meth:`Engine.add`; only over joining rows): once they are a quarter of the
+   rows decoding, or have waited :data:`JOIN_AFTER` steps, or nothing is decoding, since encoding a few sources at a
+   time costs much more per source than a step;
+2. computes every row's logits, processed as the :class:`~multihead.decoding.Generation` and each sentence say
+   (:func:`~multihead.decoding.process`: banned and forced tokens, minimum length, EOS at the limit);
+3. chooses: one token for each greedy or sampled sentence (one row each), and for each beam-search sentence its next
+   beams from the ``2 * beam_size`` best continuations of its rows (the rule is in :mod:`multihead.decoding`);
+4. reports the sentences that ended (:class:`Finished`) and keeps the rows still searched.
+
+A greedy or sampled sentence that ends leaves the state once a quarter of the rows have ended (until then its row is
+computed and its tokens ignored), or at once when beam rows are reordered anyway or sentences wait for room. Rows are
+kept in their order, except that, when only one-row sentences are held, the last rows take the places of those that
+leave (fewer rows move). A beam-search sentence's rows are always next to each other.
+
+A batch ``generate`` is an engine whose rows already hold every source, stepped until every sentence has ended
+(:func:`generate`); a service's stream adds sentences as requests arrive (:class:`multihead.torch.Stream`). Either
+way a sentence gets the tokens the same search gives it alone, up to float rounding of batches of other sizes.
+
+Notation: N rows held, S sentences of a beam group, k beam size, w a group's rows per sentence (1 at a beam
+sentence's first step, then k), V vocabulary, W columns of the token history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, cast
+
+import numpy as np
+
+from multihead.decoding import (
+    Choices,
+    Generation,
+    Limit,
+    SearchOptions,
+    process,
+    row_limits,
+    sample,
+    sentence_generators,
+)
+from multihead.validation import check_positive_int
+
+Tensor = Any
+Owner = TypeVar("Owner")
+"""What a sentence's caller names it by (returned with its translation)."""
+
+JOIN_AFTER = 3
+"""The most steps sentences wait to join while others decode."""
+
+
+class Rows(Choices, Protocol):
+    """A front end's decoding state, one row per hypothesis being extended, addressed by index."""
+
+    def step(self, tokens: np.ndarray) -> Tensor:
+        """Logits ``(N, V)`` of every row's next token after its newest, ``tokens (N,)`` int64 (BOS at a row's first
+        step), where the model computes."""
+        ...
+
+    def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        """Keep rows ``rows`` (int64 indices, repeats allowed), in that order; ``same_sources``: row ``i`` translates
+        the same source as row ``rows[i]`` did, so only the target's state moves."""
+        ...
+
+    def select(self, logits: Tensor, rows: np.ndarray) -> Tensor:
+        """Rows ``rows`` of a step's ``logits``, for the choices of some of the rows."""
+        ...
+
+
+class JoiningRows(Rows, Protocol):
+    """Rows that new sources join while others decode."""
+
+    def join(self, sources: Sequence[Sequence[int]]) -> None:
+        """Encode ``sources`` (token ids, none empty) and add a row for each after the rows held; their first step's
+        token is BOS."""
+        ...
+
+
+@dataclass(frozen=True)
+class Finished(Generic[Owner]):
+    """A sentence that has ended: its ``owner`` and its ``hypotheses``, best first, as (rank, int64 tokens after BOS,
+    ending with EOS unless the limit cut them). Beam search ranks them by score / length ** length_penalty (up to its
+    ``n_best``; none when every beam died out); greedy search and sampling give one, ranked NaN."""
+
+    owner: Owner
+    hypotheses: list[tuple[float, np.ndarray]]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The best hypothesis' tokens (none when there is none)."""
+        return self.hypotheses[0][1] if self.hypotheses else np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class _Sentence:
+    owner: Any
+    search: SearchOptions
+    limit: int
+    forced: tuple[int, ...] | None  # its own forced tokens, else the generation's
+    generator: np.random.Generator | None  # its draws, when sampling
+    group: int  # the engine's index of its search options
+    ranked: bool  # searched by beam search (ranked hypotheses), its beam size wide
+    rank: np.ndarray = field(default_factory=lambda: np.zeros(0))  # beam search: its n best finished ranks
+    kept: list[np.ndarray] = field(default_factory=list)  # and their tokens
+
+    def offer(self, rank: float, tokens: np.ndarray) -> None:
+        """A finished hypothesis, kept where among the ``n`` best (after those of the same rank already kept)."""
+        if rank > self.rank[-1]:
+            place = int(np.count_nonzero(self.rank >= rank))
+            self.rank[place + 1 :] = self.rank[place:-1]
+            self.rank[place] = rank
+            self.kept.insert(place, tokens)
+            del self.kept[len(self.rank) :]
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    ids: Sequence[int]
+    sentence: _Sentence
+
+
+@dataclass
+class _Next:
+    """A step's new rows: each one's parent row, token and score, and its place (sorting key) among them."""
+
+    parent: list[np.ndarray] = field(default_factory=list)
+    token: list[np.ndarray] = field(default_factory=list)
+    score: list[np.ndarray] = field(default_factory=list)
+    place: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, parent: np.ndarray, token: np.ndarray, score: np.ndarray, place: np.ndarray) -> None:
+        self.parent.append(parent)
+        self.token.append(token)
+        self.score.append(score)
+        self.place.append(place)
+
+    def joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The new rows' parents, tokens and scores, in their places' order."""
+        if not self.parent:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        order = np.argsort(np.concatenate(self.place), kind="stable")
+        return tuple(np.concatenate(parts)[order] for parts in (self.parent, self.token, self.score))  # type: ignore[return-value]
+
+
+class Engine(Generic[Owner]):
+    """Sentences decoded over ``rows`` as ``generation`` says (each may ask for its own search, limit and forced
+    tokens), at most ``capacity`` rows at a time (beam search counts its beam size; ``None``: no bound): see the
+    module's docstring. :meth:`add` queues a sentence (over :class:`JoiningRows`), :meth:`hold` names the sentences
+    that rows already hold, :meth:`step` decodes one token of each and returns those that ended. ``ranked``: every
+    sentence is searched by beam search, even of one beam, whose hypotheses carry their ranks (n-best lists)."""
+
+    def __init__(
+        self, rows: Rows, generation: Generation, *, capacity: int | None = None, ranked: bool = False
+    ) -> None:
+        if not isinstance(generation, Generation):
+            raise TypeError(f"`generation` must be a Generation, received {type(generation).__name__}")
+        self.rows, self.generation, self.ranked = rows, generation, ranked
+        self.capacity = None if capacity is None else check_positive_int("capacity", capacity)
+        self.seed = secrets.randbits(64)  # the draws of searches without a seed of their own
+        self.searches: list[SearchOptions] = []  # the distinct searches asked for; a sentence's group is an index
+        self.waiting: deque[_Waiting] = deque()
+        self.waited = 0  # steps since sentences began waiting to join
+        self._reset_rows(0)
+
+    def _reset_rows(self, count: int) -> None:
+        self.of_row: list[_Sentence] = []  # (N,) each row's sentence
+        self.made = np.zeros(count, dtype=np.int64)  # (N,) tokens made after BOS
+        self.last = np.zeros(count, dtype=np.int64)  # (N,) the newest token
+        self.score = np.zeros(count, dtype=np.float32)  # (N,) a beam's log-probability
+        self.limit = np.zeros(count, dtype=np.int64)  # (N,) its sentence's length limit
+        self.width = np.ones(count, dtype=np.int64)  # (N,) its sentence's rows
+        self.group = np.zeros(count, dtype=np.int64)  # (N,) its sentence's search
+        self.beams = np.zeros(count, dtype=np.int64)  # (N,) its sentence's beam size; 0: one row, not ranked
+        self.floor = np.zeros(count, dtype=np.int64)  # (N,) its sentence's min_length
+        self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
+        self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
+
+    def __len__(self) -> int:
+        """Sentences decoding or waiting to join."""
+        return len({id(sentence) for sentence, ended in zip(self.of_row, self.ended, strict=True) if not ended}) + len(
+            self.waiting
+        )
+
+    # --- sentences in ------------------------------------------------------------------------------------------
+
+    def _sentence(
+        self, owner: Any, limit: int, key: int, forced: Sequence[int] | None, search: SearchOptions | None
+    ) -> _Sentence:
+        search = self.generation.search if search is None else search
+        if not isinstance(search, SearchOptions):
+            raise TypeError(f"`search` must be a SearchOptions or None, received {type(search).__name__}")
+        if search not in self.searches:
+            self.searches.append(search)
+        own = None if forced is None else dataclasses.replace(self.generation, forced=forced).forced  # checked
+        generator = None
+        if search.strategy.draws:
+            generator = sentence_generators(self.seed if search.seed is None else search.seed, [key])[0]
+        ranked = search.beam_size > 1 or self.ranked
+        limited = int(search.limit(limit, 1)[0])
+        sentence = _Sentence(owner, search, limited, own, generator, self.searches.index(search), ranked)
+        if ranked:
+            sentence.rank = np.full(search.n_best, -np.inf)
+        return sentence
+
+    def add(
+        self,
+        ids: Sequence[int],
+        owner: Owner,
+        *,
+        limit: int,
+        key: int = 0,
+        forced: Sequence[int] | None = None,
+        search: SearchOptions | None = None,
+    ) -> None:
+        """Queue source ``ids`` (not empty, at most what the model reads), translated into at most ``limit`` tokens
+        (and its search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
+        ``generate`` call would); ``forced``: the tokens its translation starts with instead of the generation's;
+        ``search``: its own search instead of the generation's."""
+        if not hasattr(self.rows, "join"):
+            raise TypeError(f"{type(self.rows).__name__} holds the sentences it was made with: no others join it")
+        self.waiting.append(_Waiting(ids, self._sentence(owner, limit, key, forced, search)))
+
+    def hold(self, owners: Sequence[Owner], limits: np.ndarray, keys: np.ndarray) -> None:
+        """Name the sentences the rows already hold, row ``i`` sentence ``owners[i]``, limited to ``limits[i]`` tokens
+        and drawing by ``keys[i]`` (the engine's first call)."""
+        sentences = [self._sentence(owner, int(limit), int(key), None, None)
+                     for owner, limit, key in zip(owners, limits, keys, strict=True)]  # fmt: skip
+        self._append(sentences)
+
+    def _append(self, sentences: list[_Sentence]) -> None:
+        """Rows for ``sentences`` after those held, each at its first step."""
+        count = len(sentences)
+        self.of_row += sentences
+        self.made = np.concatenate([self.made, np.zeros(count, dtype=np.int64)])
+        self.last = np.concatenate([self.last, np.full(count, self.generation.specials.bos, dtype=np.int64)])
+        self.score = np.concatenate([self.score, np.zeros(count, dtype=np.float32)])
+        self.limit = np.concatenate([self.limit, [sentence.limit for sentence in sentences]]).astype(np.int64)
+        self.width = np.concatenate([self.width, np.ones(count, dtype=np.int64)])
+        self.group = np.concatenate([self.group, [sentence.group for sentence in sentences]]).astype(np.int64)
+        self.beams = np.concatenate([self.beams, [s.search.beam_size * s.ranked for s in sentences]]).astype(np.int64)
+        self.floor = np.concatenate([self.floor, [s.search.min_length for s in sentences]]).astype(np.int64)
+        self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
+        self.history = np.concatenate([self.history, np.zeros((count, self.history.shape[1]), dtype=np.int64)])
+
+    def _taken(self) -> int:
+        """The rows the sentences decoding take, or will once their beams open."""
+        return int(np.maximum(self.width, self.beams)[~self.ended].sum())
+
+    def _admitted(self, waiting: int, *, count_wait: bool) -> int:
+        """How many of ``waiting`` sentences (the queue's first, then a caller's) join now, by the rule of the
+        module's docstring, one row each; a step they wait is counted when ``count_wait``."""
+        held = int((~self.ended).sum())
+        count = waiting if self.capacity is None else min(self.capacity - self._taken(), waiting)
+        if count <= 0:
+            return 0
+        if held and count * 4 < held and self.waited < JOIN_AFTER:
+            if count_wait:
+                self.waited += 1
+            return 0
+        return count
+
+    def room(self, available: int) -> int:
+        """How many of ``available`` sentences not yet added would join at the next step (one row each), by the rule
+        added sentences wait by: a caller that asks once a step and adds only that many keeps its sentences in its own
+        queue, never waiting here."""
+        count = self._admitted(len(self.waiting) + available, count_wait=not self.waiting)
+        return max(0, count - len(self.waiting))
+
+    def _join(self) -> None:
+        count = self._admitted(len(self.waiting), count_wait=True)
+        if self.capacity is not None:  # beams need their rows too
+            beams = np.cumsum([self.waiting[index].sentence.search.beam_size for index in range(count)])
+            count = int(np.searchsorted(beams, self.capacity - self._taken(), side="right"))
+        if not count:
+            return
+        self.waited = 0
+        self._leave(np.flatnonzero(self.ended))  # those that ended make room first
+        joining = [self.waiting[index] for index in range(count)]
+        cast(JoiningRows, self.rows).join([entry.ids for entry in joining])  # a failure leaves them waiting
+        for _ in range(count):
+            self.waiting.popleft()
+        self._append([entry.sentence for entry in joining])
+
+    # --- sentences out -----------------------------------------------------------------------------------------
+
+    def clear(self) -> list[Owner]:
+        """Drop every sentence; their owners."""
+        return self.drop(lambda owner: True)
+
+    def drop(self, dropped: Callable[[Owner], bool]) -> list[Owner]:
+        """Drop the sentences (decoding or waiting) whose owner ``dropped`` names, e.g. those nobody waits for any
+        more; their owners. The others decode on as before."""
+        waiting = [entry for entry in self.waiting if dropped(entry.sentence.owner)]
+        if waiting:
+            self.waiting = deque(entry for entry in self.waiting if not dropped(entry.sentence.owner))
+        gone = np.array([self.ended[row] or dropped(sentence.owner) for row, sentence in enumerate(self.of_row)],
+                        dtype=bool)  # fmt: skip
+        owners = list(dict.fromkeys(s.owner for row, s in enumerate(self.of_row) if gone[row] and not self.ended[row]))
+        self._leave(np.flatnonzero(gone))
+        return owners + [entry.sentence.owner for entry in waiting]
+
+    def _leave(self, gone: np.ndarray) -> None:
+        """Rows ``gone`` leave: the rows after them move up, or, when only one-row sentences are held, the last rows
+        take their places."""
+        count = len(self.of_row)
+        if not len(gone):
+            return
+        if not self.beams.any():
+            left = count - len(gone)
+            holes = gone[gone < left]
+            donors = np.setdiff1d(np.arange(left, count), gone)  # as many as holes
+            order = np.arange(left)
+            order[holes] = donors
+        else:
+            order = np.setdiff1d(np.arange(count), gone)
+        self._keep(order, same_sources=False)
+
+    def _keep(self, order: np.ndarray, *, same_sources: bool) -> None:
+        """The rows ``order`` of the state, in that order, in the rows and here."""
+        self.rows.keep(order, same_sources=same_sources)
+        self.of_row = [self.of_row[row] for row in order]
+        for name in ("made", "last", "score", "limit", "width", "group", "beams", "floor", "ended", "history"):
+            setattr(self, name, getattr(self, name)[order])
+
+    # --- a step ------------------------------------------------------------------------------------------------
+
+    def step(self) -> list[Finished[Owner]]:
+        """Let those waiting join (as many as there is room for), decode one token of every sentence; the sentences
+        that ended."""
+        self._join()
+        if not len(self.of_row) or self.ended.all():
+            return []
+        logits = self._processed(self.rows.step(self.last.copy()))  # theirs to keep
+        if self.made.max() + 1 >= self.history.shape[1]:
+            self.history = np.pad(self.history, ((0, 0), (0, self.history.shape[1])))
+        finished: list[Finished[Owner]] = []
+        going = ~self.ended
+        next_rows = _Next()
+        for group, search in enumerate(self.searches):
+            in_group = going & (self.group == group)
+            if not in_group.any():
+                continue
+            if search.beam_size > 1 or self.ranked:
+                for width in np.unique(self.width[in_group]):
+                    rows = np.flatnonzero(in_group & (self.width == width))
+                    finished += self._beam(logits, rows, int(width), search, next_rows)
+            else:
+                finished += self._one_row(logits, np.flatnonzero(in_group), search, next_rows)
+        if self.beams.any():
+            parent, token, score = next_rows.joined()
+            if len(parent):
+                self._advance(parent, token, score)
+            else:  # every sentence has ended: the rows leave when others join
+                self.ended[:] = True
+        elif self.ended.sum() * 4 >= len(self.of_row) and not self.ended.all():
+            self._leave(np.flatnonzero(self.ended))
+        return finished
+
+    def _processed(self, logits: Tensor) -> Tensor:
+        """A step's logits as the generation and each row's sentence say."""
+        generation = self.generation
+        own = any(sentence.forced is not None for sentence in self.of_row)
+        forced = [generation.forced if s.forced is None else s.forced for s in self.of_row] if own else None
+        says = generation.banned or generation.forced or own or generation.eos_at_limit or self.floor.any()
+        if not says:
+            return logits
+        return process(self.rows, logits, self.made, generation, forced, self.limit, self.floor)
+
+    def _one_row(self, logits: Tensor, rows: np.ndarray, search: SearchOptions, next_rows: _Next) -> list[Finished]:
+        """Greedy or sampled sentences' next tokens, at ``rows`` (one each); those that ended."""
+        everyone = len(rows) == len(self.of_row)
+        chosen = logits if everyone else self.rows.select(logits, rows)
+        if search.strategy.draws:
+            generators = [self.of_row[row].generator for row in rows]
+            token = sample(self.rows, chosen, generators, search)  # type: ignore[arg-type]
+        else:
+            token = self.rows.argmax(chosen)
+        made = self.made[rows] + 1
+        self.history[rows, made - 1] = token
+        self.made[rows], self.last[rows] = made, token
+        ends = (token == self.generation.specials.eos) | (made == self.limit[rows])
+        next_rows.add(rows[~ends], token[~ends], self.score[rows[~ends]], rows[~ends].astype(np.float64))
+        self.ended[rows[ends]] = True
+        nan = float("nan")
+        return [Finished(self.of_row[row].owner, [(nan, self.history[row, : self.made[row]].copy())])
+                for row in rows[ends]]  # fmt: skip
+
+    def _advance(self, parent: np.ndarray, token: np.ndarray, score: np.ndarray) -> None:
+        """The rows after a step with beams: row ``i`` extends ``parent[i]`` by ``token[i]`` (one-row sentences extend
+        themselves: their token is written already)."""
+        same_sources = len(parent) == len(self.of_row) and all(
+            self.of_row[p] is self.of_row[i] for i, p in enumerate(parent.tolist())
+        )
+        if not (same_sources and (parent == np.arange(len(parent))).all()):
+            self._keep(parent, same_sources=same_sources)
+        rows = np.flatnonzero(self.beams)
+        self.history[rows, self.made[rows]] = token[rows]
+        self.made[rows] += 1
+        self.last, self.score = token, score.astype(np.float32)
+        self.width[rows] = self.beams[rows]
+
+    def _beam(
+        self, logits: Tensor, rows: np.ndarray, width: int, search: SearchOptions, next_rows: _Next
+    ) -> list[Finished]:
+        """Beam-search sentences' next beams, their ``width`` rows each at ``rows`` (a sentence's next to each other);
+        those that ended."""
+        k, eos, penalty = search.beam_size, self.generation.specials.eos, search.length_penalty
+        everyone = len(rows) == len(self.of_row)
+        count = min(2 * k, width * int(logits.shape[-1]))
+        chosen = logits if everyone else self.rows.select(logits, rows)
+        values, indices = self.rows.top_k(chosen, self.score[rows], width, count)  # (S, count) each
+        vocab = int(logits.shape[-1])
+        if count < min(2 * k, k * vocab):  # a first step with fewer tokens than 2k: dead candidates fill the rest
+            dead = ((0, 0), (0, min(2 * k, k * vocab) - count))
+            values, indices = np.pad(values, dead, constant_values=-np.inf), np.pad(indices, dead)
+            count = values.shape[1]
+        firsts = rows[::width]  # (S,) each sentence's first row
+        sentences = [self.of_row[row] for row in firsts]
+        parent = firsts[:, None] + indices // vocab  # (S, count): the row each extends
+        token = indices % vocab
+        t = self.made[firsts] + 1  # (S,) the length of the hypotheses this step makes
+        ending = (token == eos) & (np.arange(count) < k) & np.isfinite(values)
+        for s, c in zip(*np.nonzero(ending), strict=True):
+            ended = np.append(self.history[parent[s, c], : t[s] - 1], eos)
+            sentences[s].offer(float(values[s, c] / t[s] ** penalty), ended)
+        # The next beams: the best k continuations that do not end (at most one per row ends, so at most k of the 2k).
+        kept = np.argsort(token == eos, axis=1, kind="stable")[:, :k]  # (S, k)
+        scores = np.take_along_axis(values, kept, axis=1)
+        parent, token = np.take_along_axis(parent, kept, axis=1), np.take_along_axis(token, kept, axis=1)
+        limit = self.limit[firsts]  # (S,)
+        for s in np.flatnonzero(limit == t):  # those sentences' beams end here, unfinished
+            for j in range(k):
+                unfinished = np.append(self.history[parent[s, j], : t[s] - 1], token[s, j])
+                sentences[s].offer(float(scores[s, j] / t[s] ** penalty), unfinished)
+        # A continuation's score only falls: its rank is at most its score over the next or the last length.
+        bound = np.maximum(scores[:, 0] / (t + 1) ** penalty, scores[:, 0] / limit**penalty)
+        worst = np.array([sentence.rank[-1] for sentence in sentences])
+        going = ~(worst >= bound) & np.isfinite(scores[:, 0]) & (limit > t)
+        if width == k:  # the beams in their parents' places where they can: those rows' states need not move
+            order = _stay(parent - firsts[:, None])  # (S, k): the beam each place takes
+            parent, token = np.take_along_axis(parent, order, axis=1), np.take_along_axis(token, order, axis=1)
+            scores = np.take_along_axis(scores, order, axis=1)
+        places = firsts[:, None] + np.arange(k) / k  # (S, k): after the sentence's first row, before the next row
+        g = np.flatnonzero(going)
+        next_rows.add(parent[g].reshape(-1), token[g].reshape(-1), scores[g].reshape(-1), places[g].reshape(-1))
+        nan_free = [sentence for s, sentence in enumerate(sentences) if not going[s]]
+        return [Finished(s.owner, [(float(r), x) for r, x in zip(s.rank, s.kept, strict=False)]) for s in nan_free]
+
+
+class Ensemble:
+    """Rows of several models translating the same sources into the same target vocabulary, one :class:`Rows` each
+    (joining when they all join): a step's logits are ``mean`` of the members' (the mean of their log-probabilities,
+    a log-linear ensemble of equal weights, as Marian's; fairseq averages the probabilities instead), which the
+    searches renormalise, so each step's distribution is the models' normalised geometric mean. Every row change
+    happens in each member; the first member's choices choose the tokens (what it computes on holds them all)."""
+
+    def __init__(self, members: Sequence[Rows], mean: Callable[[list[Tensor]], Tensor]) -> None:
+        if not members:
+            raise ValueError("an ensemble needs at least one member's rows, received none")
+        self.members, self.mean, self.first = list(members), mean, members[0]
+
+    def step(self, tokens: np.ndarray) -> Tensor:
+        return self.mean([member.step(tokens) for member in self.members])
+
+    def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
+        for member in self.members:
+            member.keep(rows, same_sources=same_sources)
+
+    def join(self, sources: Sequence[Sequence[int]]) -> None:
+        for member in self.members:
+            cast(JoiningRows, member).join(sources)
+
+    def select(self, logits: Tensor, rows: np.ndarray) -> Tensor:
+        return self.first.select(logits, rows)
+
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        return self.first.argmax(logits)
+
+    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.first.top_k(logits, scores, beam, count)
+
+    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
+        return self.first.suppress(logits, tokens, rows)
+
+
+def _stay(parents: np.ndarray) -> np.ndarray:
+    """For each sentence's new beams ``(S, k)``, best first, given as their parents' places among its beams: which
+    beam each place takes, so that as many beams as can stay in their parent's place (the best child of each parent
+    takes its parent's place, the others the places left, in order)."""
+    first = np.ones(parents.shape, dtype=bool)  # the best child of its parent
+    for j in range(1, parents.shape[1]):
+        first[:, j] = ~(parents[:, :j] == parents[:, j : j + 1]).any(axis=1)
+    taken = np.zeros(parents.shape, dtype=bool)  # places a best child takes
+    sentence, child = np.nonzero(first)
+    taken[sentence, parents[sentence, child]] = True
+    place = parents.copy()
+    # The other children, in order, take the places not taken, in order (firsts' entries are set back below).
+    others, free = np.argsort(first, axis=1, kind="stable"), np.argsort(taken, axis=1, kind="stable")
+    np.put_along_axis(place, others, free, axis=1)
+    place = np.where(first, parents, place)  # (S, k): each beam's place
+    return np.argsort(place, axis=1)  # (S, k): each place's beam
+
+
+def generate(
+    rows: Rows,
+    batch: int,
+    generation: Generation,
+    *,
+    max_len: Limit,
+    keys: Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
+    """The tokens of ``batch`` sources that ``rows`` hold (row ``i`` source ``i``), generated as ``generation`` says,
+    ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``), each starting from
+    ``specials.bos``; ``keys`` name the sentences to sampling (default: ``0..B-1``). int64 ``(B, T)``, each row ending
+    at its first EOS or its limit, padded after it."""
+    search = generation.search
+    if search.n_best != 1:
+        raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
+                         "come from n_best_search")  # fmt: skip
+    found = _run(rows, batch, generation, max_len=max_len, keys=keys)
+    tokens = [found[index].tokens for index in range(batch)]
+    out = np.full((batch, max(1, *(len(row) for row in tokens))), generation.specials.pad, dtype=np.int64)
+    for index, row in enumerate(tokens):
+        out[index, : len(row)] = row
+    return out
+
+
+def n_best_search(
+    rows: Rows, batch: int, generation: Generation, *, max_len: Limit
+) -> list[list[tuple[float, np.ndarray]]]:
+    """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``generation`` says: (rank,
+    int64 tokens after BOS, ending with EOS unless the limit cut them). A sentence stops when no continuation can
+    outrank its ``n``-th best finished hypothesis; one whose beams all die out first has fewer."""
+    if generation.search.strategy.draws:
+        raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
+    found = _run(rows, batch, generation, max_len=max_len, keys=None, ranked=True)
+    return [found[index].hypotheses for index in range(batch)]
+
+
+def _run(
+    rows: Rows,
+    batch: int,
+    generation: Generation,
+    *,
+    max_len: Limit,
+    keys: Sequence[int] | np.ndarray | None,
+    ranked: bool = False,
+) -> dict[int, Finished[int]]:
+    """Every sentence of a batch that ``rows`` hold, stepped until each has ended."""
+    engine: Engine[int] = Engine(rows, generation, ranked=ranked)
+    engine.hold(list(range(batch)), row_limits(max_len, batch), np.arange(batch) if keys is None else np.asarray(keys))
+    found: dict[int, Finished[int]] = {}
+    while len(found) < batch:
+        for finished in engine.step():
+            found[finished.owner] = finished
+    return found
