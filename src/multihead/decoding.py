@@ -284,15 +284,30 @@ class Choices(Protocol):
 
 
 class Steps(Choices, Protocol):
-    """What a front end's Transformer supplies for one ``generate`` call (its ``decoder_steps()``)."""
+    """What a front end's Transformer supplies for decoding (its ``decoder_steps()``): the parts of its forward pass
+    that the rows of :mod:`multihead.engine` run, on arguments already checked."""
+
+    def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """``src (N, Ls)`` encoded: the memory ``(N, Ls, E)`` and its key mask ``(N, Ls)`` (from the model's pad id
+        when not given; ``None``: every position real)."""
+        ...
 
     def project_memory(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
         ...
 
-    def step(self, tokens: Tensor, cache: DecoderCaches, memory_key_mask: Tensor | None) -> Tensor:
-        """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, whose predecessors
-        and projected memory ``cache`` holds; ``tokens`` extend it."""
+    def step(
+        self,
+        tokens: Tensor,
+        cache: DecoderCaches,
+        memory_key_mask: Tensor | None,
+        self_key_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions ``cache.length``
+        (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; ``tokens`` extend it. It holds
+        the projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_key_mask (N|1, L)``: the keys
+        each row attends of those the self-attention caches give (default: all; rows that joined at different steps
+        attend only their own)."""
         ...
 
     def recompute(self, prefix: Tensor, memory: Tensor, memory_key_mask: Tensor | None) -> Tensor:

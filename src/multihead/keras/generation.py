@@ -205,7 +205,7 @@ def _cached(model: Generating, capacity: int) -> tuple[Callable[..., Any], Calla
         memory_keys, memory_values, memory_key_mask = _gather(state[2:], source_rows)
         buffers = _Buffers(position, self_keys, self_values, memory_keys, memory_values)
         written = ops.expand_dims(ops.arange(capacity) <= position, 0)  # (1, C): the keys written so far
-        log_probs = steps.step(token, buffers, memory_key_mask, written)  # (N, V)
+        log_probs = steps.step(token, buffers, memory_key_mask, self_key_mask=written)  # (N, V)
         state = (
             [b.keys for b in buffers.self_attention],
             [b.values for b in buffers.self_attention],

@@ -91,8 +91,10 @@ class PositionalEncoding(NamedTensorArguments, layers.Layer):
     def _forward(self, x: Tensor, offset: int | Tensor, training: bool | None) -> Tensor:
         # Rows gathered, not sliced: in a compiled decoding step the offset is a tensor, and XLA compiles a slice
         # that starts at a tensor again for every value it takes.
-        rows = ops.arange(ops.shape(x)[1]) + offset  # (L,)
-        positions = ops.take(ops.convert_to_tensor(self.table), rows, axis=0)  # (L, E)
+        if len(getattr(offset, "shape", ())) == 1:  # one offset per row (a stream's rows)
+            offset = ops.expand_dims(offset, -1)  # (B, 1)
+        rows = ops.arange(ops.shape(x)[1]) + offset  # (L,) or (B, L)
+        positions = ops.take(ops.convert_to_tensor(self.table), rows, axis=0)  # (L, E) or (B, L, E)
         return self.dropout(x + ops.cast(positions, x.dtype), training=training)
 
     def get_config(self) -> dict[str, Any]:
@@ -725,7 +727,7 @@ class DecoderSteps:
 
     The same steps run eagerly over a :class:`~multihead.cache.DecoderCache` and, traced, inside the compiled
     programs of :mod:`multihead.keras.generation`, over buffers of fixed capacity whose position (``cache.length``)
-    is a tensor; there ``written`` ``(1, C)`` says which of the buffers' positions hold keys.
+    is a tensor; there ``self_key_mask`` ``(1, C)`` says which of the buffers' positions hold keys.
     """
 
     def __init__(self, model: Transformer) -> None:
@@ -749,11 +751,16 @@ class DecoderSteps:
         return keys, values
 
     def step(
-        self, tokens: Tensor, cache: DecoderCaches, memory_key_mask: Tensor | None, written: Tensor | None = None
+        self,
+        tokens: Tensor,
+        cache: DecoderCaches,
+        memory_key_mask: Tensor | None,
+        self_key_mask: Tensor | None = None,
     ) -> Tensor:
-        """As :meth:`multihead.decoding.Steps.step`; ``written (N|1, L)``: the keys each row attends of those the
-        self-attention caches give (default: all)."""
-        hidden, _ = self.model._decode_hidden(tokens, None, memory_key_mask, written, cache, False, False)  # (N, 1, E)
+        """As :meth:`multihead.decoding.Steps.step`."""
+        hidden, _ = self.model._decode_hidden(
+            tokens, None, memory_key_mask, self_key_mask, cache, False, False
+        )  # (N, 1, E)
         return self.log_probs(hidden[:, 0])
 
     def recompute(

@@ -197,15 +197,15 @@ class StreamRows:
             made = self.length - self.starts  # (N,) each row's position: the tokens it has made after BOS
             self.own.length = torch.from_numpy(made).to(self.device)
             # A row attends its own columns (the others masked), and its source's.
-            self_mask = memory_mask = None
+            self_key_mask = memory_mask = None
             if first != self.starts.max():
                 columns = torch.arange(first, self.length + 1, device=self.device)
-                self_mask = columns >= torch.from_numpy(self.starts).to(self.device)[:, None]  # (N, span)
+                self_key_mask = columns >= torch.from_numpy(self.starts).to(self.device)[:, None]  # (N, span)
             if source_span != self.sources.min():
                 sources = torch.from_numpy(self.sources).to(self.device)
                 memory_mask = torch.arange(source_span, device=self.device) < sources[:, None]  # (N, S)
             logits = self.steps.step(torch.from_numpy(tokens[:, None]).to(self.device), self.cache, memory_mask,
-                                     self_mask)  # fmt: skip
+                                     self_key_mask)  # fmt: skip
         self.length += 1
         return logits
 

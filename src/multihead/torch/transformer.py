@@ -599,14 +599,14 @@ class DecoderSteps:
         tokens: torch.Tensor,
         cache: DecoderCaches,
         memory_key_mask: torch.Tensor | None,
-        self_mask: torch.Tensor | None = None,
+        self_key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions
         ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
-        projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_mask (N|1, L)``: the keys each row
+        projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_key_mask (N|1, L)``: the keys each row
         attends of those the self-attention caches give (default: all)."""
         hidden = self.model._decode(
-            tokens, None, memory_key_mask, self_mask, cache, project=False, layouts=self.layouts
+            tokens, None, memory_key_mask, self_key_mask, cache, project=False, layouts=self.layouts
         )[0]
         return self._logits(hidden[:, -1])  # (N, V)
 
