@@ -183,6 +183,7 @@ class Engine(Generic[Owner]):
         self.group = np.zeros(count, dtype=np.int64)  # (N,) its sentence's search
         self.beams = np.zeros(count, dtype=np.int64)  # (N,) its sentence's beam size; 0: one row, not ranked
         self.floor = np.zeros(count, dtype=np.int64)  # (N,) its sentence's min_length
+        self.forcing = np.zeros(count, dtype=bool)  # (N,) its sentence forces tokens of its own
         self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
         self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
 
@@ -250,6 +251,7 @@ class Engine(Generic[Owner]):
         self.group = np.concatenate([self.group, [sentence.group for sentence in sentences]]).astype(np.int64)
         self.beams = np.concatenate([self.beams, [s.search.beam_size * s.ranked for s in sentences]]).astype(np.int64)
         self.floor = np.concatenate([self.floor, [s.search.min_length for s in sentences]]).astype(np.int64)
+        self.forcing = np.concatenate([self.forcing, [s.forced is not None for s in sentences]]).astype(bool)
         self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
         self.history = np.concatenate([self.history, np.zeros((count, self.history.shape[1]), dtype=np.int64)])
 
@@ -330,7 +332,19 @@ class Engine(Generic[Owner]):
         """The rows ``order`` of the state, in that order, in the rows and here."""
         self.rows.keep(order, same_sources=same_sources)
         self.of_row = [self.of_row[row] for row in order]
-        for name in ("made", "last", "score", "limit", "width", "group", "beams", "floor", "ended", "history"):
+        for name in (
+            "made",
+            "last",
+            "score",
+            "limit",
+            "width",
+            "group",
+            "beams",
+            "floor",
+            "forcing",
+            "ended",
+            "history",
+        ):
             setattr(self, name, getattr(self, name)[order])
 
     # --- a step ------------------------------------------------------------------------------------------------
@@ -345,11 +359,11 @@ class Engine(Generic[Owner]):
         if self.made.max() + 1 >= self.history.shape[1]:
             self.history = np.pad(self.history, ((0, 0), (0, self.history.shape[1])))
         finished: list[Finished[Owner]] = []
-        going = ~self.ended
+        going, alone = ~self.ended, len(self.searches) == 1
         next_rows = _Next()
         for group, search in enumerate(self.searches):
-            in_group = going & (self.group == group)
-            if not in_group.any():
+            in_group = going if alone else going & (self.group == group)
+            if not alone and not in_group.any():
                 continue
             if search.beam_size > 1 or self.ranked:
                 for width in np.unique(self.width[in_group]):
@@ -370,7 +384,7 @@ class Engine(Generic[Owner]):
     def _processed(self, logits: Tensor) -> Tensor:
         """A step's logits as the generation and each row's sentence say."""
         generation = self.generation
-        own = any(sentence.forced is not None for sentence in self.of_row)
+        own = self.forcing.any()
         forced = [generation.forced if s.forced is None else s.forced for s in self.of_row] if own else None
         says = generation.banned or generation.forced or own or generation.eos_at_limit or self.floor.any()
         if not says:
@@ -378,19 +392,26 @@ class Engine(Generic[Owner]):
         return process(self.rows, logits, self.made, generation, forced, self.limit, self.floor)
 
     def _one_row(self, logits: Tensor, rows: np.ndarray, search: SearchOptions, next_rows: _Next) -> list[Finished]:
-        """Greedy or sampled sentences' next tokens, at ``rows`` (one each); those that ended."""
-        everyone = len(rows) == len(self.of_row)
-        chosen = logits if everyone else self.rows.select(logits, rows)
+        """Greedy or sampled sentences' next tokens, at ``rows`` (one each); those that ended. When every row is of
+        this search, the rows that have ended and not left choose too (cheaper than selecting the others), their
+        tokens ignored."""
+        every = len(self.searches) == 1
+        chosen = logits if every or len(rows) == len(self.of_row) else self.rows.select(logits, rows)
         if search.strategy.draws:
-            generators = [self.of_row[row].generator for row in rows]
+            generators = [self.of_row[row].generator for row in (range(len(self.of_row)) if every else rows)]
             token = sample(self.rows, chosen, generators, search)  # type: ignore[arg-type]
         else:
             token = self.rows.argmax(chosen)
+        if every and len(rows) < len(self.of_row):
+            token = token[rows]
         made = self.made[rows] + 1
         self.history[rows, made - 1] = token
         self.made[rows], self.last[rows] = made, token
         ends = (token == self.generation.specials.eos) | (made == self.limit[rows])
-        next_rows.add(rows[~ends], token[~ends], self.score[rows[~ends]], rows[~ends].astype(np.float64))
+        if self.beams.any():  # the rows are laid out again after the step
+            next_rows.add(rows[~ends], token[~ends], self.score[rows[~ends]], rows[~ends].astype(np.float64))
+        if not ends.any():
+            return []
         self.ended[rows[ends]] = True
         nan = float("nan")
         return [Finished(self.of_row[row].owner, [(nan, self.history[row, : self.made[row]].copy())])
