@@ -567,7 +567,7 @@ def test_quantized_linear_layers_translate_close_to_float32(
 ) -> None:
     quantized = Translator(corpus_run.path, device="cpu", quantize=dtype)
     translations = quantized.translate(SAMPLES)
-    assert quantized.layouts[quantized.model._layouts["output"]].kind == dtype  # what translated
+    assert quantized.layouts[quantized.model, "output"].kind == dtype  # what translated
     same = sum(a == b for a, b in zip(translations, corpus_run.translations, strict=True))
     assert same >= len(SAMPLES) - 1, (translations, corpus_run.translations)
     result = cli("translate", corpus_run.path, *SAMPLES, "--quantize", dtype, "--plot", tmp_path / "a.png")

@@ -1,18 +1,20 @@
 """The linear layers' inference forms (multihead.torch.layouts) against the linears themselves and, for int8, against
 a NumPy float64 simulation of the quantization: per output feature symmetric int8 weights, the input quantized as
-a whole to unsigned 8 (or 7) bits."""
+a whole to unsigned 8 (or 7) bits; a quantized model's forms as PyTorch shows, saves, loads and moves it."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from multihead.io import load_weights, save_weights
 from multihead.torch import Layouts, Transformer, quantize
-from multihead.torch.layouts import Affine, StepLayout, layouts, linear, onednn_linear
+from multihead.torch.layouts import Quantized, apply_form, lay_out, linear, onednn_linear
 
 pytestmark = pytest.mark.skipif(not onednn_linear(), reason="this PyTorch build has no oneDNN")
 
@@ -54,7 +56,7 @@ def test_a_layout_computes_its_linears_side_by_side(bias: bool, dtype: torch.dty
     parts = [module.to(dtype) for module in linears(5, 113, 64, bias=bias)]
     x = torch.randn(4, 3, 59, dtype=dtype)
     with torch.no_grad():
-        affine = Affine.of(*parts)
+        affine = lay_out(*parts)
         assert affine.kind == ("onednn" if dtype == torch.float32 else "plain")
         expected = torch.cat([module(x) for module in parts], dim=-1)
         torch.testing.assert_close(affine(x), expected, rtol=1e-5, atol=1e-5)
@@ -80,7 +82,7 @@ def test_int8_equals_its_numpy_simulation_and_is_near_float() -> None:
     parts = linears(5, 113, 64)
     x = torch.randn(6, 4, 59) * 3.0
     with torch.no_grad():
-        affine = Affine.of(*parts, dtype="int8")
+        affine = lay_out(*parts, dtype="int8")
         out = affine(x)
         exact = torch.cat([module(x) for module in parts], dim=-1)
     assert affine.kind == "int8"
@@ -88,7 +90,7 @@ def test_int8_equals_its_numpy_simulation_and_is_near_float() -> None:
     assert ((out - exact).norm() / exact.norm()).item() < 0.03  # int8's error, well below the outputs
     # One scale per output feature: laid out together or apart, the same numbers.
     with torch.no_grad():
-        apart = torch.cat([Affine.of(module, dtype="int8")(x) for module in parts], dim=-1)
+        apart = torch.cat([lay_out(module, dtype="int8")(x) for module in parts], dim=-1)
     assert torch.equal(out, apart)
 
 
@@ -98,7 +100,7 @@ def test_bf16_equals_the_product_of_rounded_inputs_and_weights() -> None:
     parts = linears(5, 113)
     x = torch.randn(6, 4, 59)
     with torch.no_grad():
-        affine = Affine.of(*parts, dtype="bf16")
+        affine = lay_out(*parts, dtype="bf16")
         out = affine(x)
     assert out.dtype == torch.float32
     weight = torch.cat([module.weight.detach() for module in parts]).bfloat16().double()
@@ -108,9 +110,9 @@ def test_bf16_equals_the_product_of_rounded_inputs_and_weights() -> None:
     torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-3)
 
 
-def small_model(seed: int = 0) -> Transformer:
+def small_model(seed: int = 0, layers: int = 2) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(31, 31, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64,
+    return Transformer(31, 31, d_model=32, num_heads=4, num_encoder_layers=layers, num_decoder_layers=layers, d_ff=64,
                        dropout=0.0).eval()  # fmt: skip
 
 
@@ -123,10 +125,11 @@ def test_a_quantized_model_infers_in_int8_and_trains_in_float() -> None:
         exact, near = reference(src, tgt), model(src, tgt)
     assert not torch.equal(near, exact)  # computed in int8 ...
     assert ((near - exact).norm() / exact.norm()).item() < 0.05  # ... close to float
-    assert all(layout.dtype == "int8" for layout in layouts(model))
-    session = Layouts()  # every layer of a search takes the int8 layouts
-    assert session[model._layouts["output"]].kind == "int8"
-    assert session[model.decoder.layers[0].self_attn._layouts["qkv"]].kind == "int8"
+    kinds = {form.kind for module in model.modules() if isinstance(module, Quantized) for form in module.forms.values()}
+    assert kinds == {"int8"}
+    session = Layouts()  # every layer of a search takes the int8 forms
+    assert session[model, "output"].kind == "int8"
+    assert session[model.decoder.layers[0].self_attn, "qkv"].kind == "int8"
     with torch.inference_mode():
         model.generate(src, max_len=5, bos_id=1, eos_id=3, beam_size=2)
     # With gradients, the float weights: the same logits and gradients as the model never quantized.
@@ -148,21 +151,65 @@ def test_a_bf16_model_infers_near_float() -> None:
     assert near.dtype == torch.float32
     assert not torch.equal(near, exact)
     assert ((near - exact).norm() / exact.norm()).item() < 0.02
-    assert Layouts()[model._layouts["output"]].kind == "bf16"
+    assert Layouts()[model, "output"].kind == "bf16"
 
 
-def test_int8_layouts_are_the_weights_quantize_saw_until_it_runs_again() -> None:
-    model = quantize(small_model())
+def quantized_forms(model: nn.Module) -> list[str]:
+    """The lines of ``print(model)`` that show quantized forms."""
+    return [line.strip() for line in str(model).splitlines() if "(quantized): Quantized(" in line]
+
+
+def test_print_shows_every_quantized_form_and_the_state_dict_is_the_weights() -> None:
+    """One line per attention (its projections alone and a step's query, key and value as one), per feed-forward
+    block (each linear) and for the output projection (one layer a stack: ``print`` shows equal layers once); the
+    state dict holds the same weights as the float model's, which load into the quantized model and back."""
+    model, reference = quantize(small_model(layers=1)), small_model(layers=1)
+    attention = "q=int8(q_proj), k=int8(k_proj), v=int8(v_proj), out=int8(out_proj), qkv=int8(q_proj, k_proj, v_proj)"
+    feed_forward = "linear1=int8(linear1), linear2=int8(linear2)"
+    expected = [attention, feed_forward, attention, feed_forward, attention, "output=int8(output_proj)"]
+    assert quantized_forms(model) == [f"(quantized): Quantized({forms})" for forms in expected]
+    assert quantized_forms(reference) == []
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    reference.load_state_dict(model.state_dict())
+    model.load_state_dict(reference.state_dict())
+
+
+def test_loading_weights_makes_the_forms_anew_from_them(tmp_path: Path) -> None:
+    """``load_state_dict`` and :func:`multihead.io.load_weights` into a quantized model: it then computes what a model
+    quantized with those weights computes, in its forward pass and in its decoding steps."""
+    src, tgt = torch.randint(3, 31, (2, 5)), torch.randint(3, 31, (2, 4))
+    other = small_model(seed=1)
+    with torch.inference_mode():
+        expected = quantize(copy.deepcopy(other))(src, tgt)
+        tokens = quantize(copy.deepcopy(other)).generate(src, max_len=6, bos_id=1, eos_id=3)
+    by_state_dict = quantize(small_model())
+    by_state_dict.load_state_dict(other.state_dict())
+    path = tmp_path / "weights.safetensors"
+    save_weights(other, path)
+    by_file = quantize(small_model())
+    load_weights(by_file, path)
+    for model in (by_state_dict, by_file):
+        with torch.inference_mode():
+            assert torch.equal(model(src, tgt), expected)
+            assert torch.equal(model.generate(src, max_len=6, bos_id=1, eos_id=3), tokens)
+
+
+def test_weights_changed_in_place_are_quantized_when_quantize_runs_again_or_the_model_moves() -> None:
+    """An optimizer's step (weights changed in place) leaves the forms as :func:`quantize` made them; quantizing again,
+    or moving the model (``.to()``), makes them from the weights as they are."""
+    model, changed = quantize(small_model()), small_model()
     src, tgt = torch.randint(3, 31, (2, 5)), torch.randint(3, 31, (2, 4))
     with torch.no_grad():
         before = model(src, tgt)
-        model.load_state_dict(small_model(seed=1).state_dict())
-        stale = model(src, tgt)  # the linears: the weights quantize saw
-        after = quantize(model)(src, tgt)
-        expected = quantize(small_model(seed=1))(src, tgt)
-    assert not torch.equal(before, after)
-    assert not torch.equal(stale, expected)
-    assert torch.equal(after, expected)
+        for module in (*model.modules(), *changed.modules()):
+            if isinstance(module, nn.Linear):  # every weight the forms are made from
+                module.weight.mul_(1.5)
+        stale = model(src, tgt)
+        expected = quantize(copy.deepcopy(changed))(src, tgt)
+        assert torch.equal(stale, before)
+        assert not torch.equal(stale, expected)
+        assert torch.equal(quantize(copy.deepcopy(model))(src, tgt), expected)
+        assert torch.equal(model.to(torch.float64)(src, tgt), quantize(changed.to(torch.float64))(src, tgt))
 
 
 def test_quantize_takes_int8_or_bf16() -> None:
@@ -170,26 +217,36 @@ def test_quantize_takes_int8_or_bf16() -> None:
         quantize(small_model(), "int4")
 
 
-def test_a_layout_of_weights_made_in_inference_mode_computes_its_linears() -> None:
+class Owner(nn.Module):
+    """A module with one linear, ``proj``, and its form."""
+
+    INFERENCE_FORMS = {"proj": ("proj",)}  # noqa: RUF012
+
+    def __init__(self, proj: nn.Module) -> None:
+        super().__init__()
+        self.proj = proj
+
+
+def test_a_form_of_weights_made_in_inference_mode_computes_its_linears() -> None:
     with torch.inference_mode():
         (module,) = linears(20)
-        layout = StepLayout(nn.ModuleDict({"proj": module}), "proj")
+        owner = Owner(module)
         x = torch.randn(3, 1, 59)
-        torch.testing.assert_close(layout.apply(x), module(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(layout.apply(x, Layouts()), module(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(apply_form(owner, "proj", x), module(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(apply_form(owner, "proj", x, Layouts()), module(x), rtol=1e-5, atol=1e-5)
 
 
-def test_layouts_lay_out_each_layout_once_from_the_weights_as_they_are() -> None:
-    """A :class:`Layouts` builds a layout when first asked and keeps it (the weights fixed while it is used); a new
+def test_layouts_lay_out_each_form_once_from_the_weights_as_they_are() -> None:
+    """A :class:`Layouts` lays out a form when first asked and keeps it (the weights fixed while it is used); a new
     one lays out the weights as they are then."""
     (module,) = linears(20)
-    layout = StepLayout(nn.ModuleDict({"proj": module}), "proj")
+    owner = Owner(module)
     kept, x = Layouts(), torch.randn(3, 59)
-    first = kept[layout]
-    assert kept[layout] is first
+    first = kept[owner, "proj"]
+    assert kept[owner, "proj"] is first
     with torch.no_grad():
         module.weight.mul_(2.0)
-        torch.testing.assert_close(Layouts()[layout](x), module(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(Layouts()[owner, "proj"](x), module(x), rtol=1e-5, atol=1e-5)
         assert not torch.allclose(first(x), module(x))
 
 
@@ -212,8 +269,8 @@ def test_a_replaced_linear_runs_itself_in_training_inference_and_steps() -> None
         layer.feed_forward.linear2 = adapted
         after = model(src, tgt)
         x = torch.randn(3, 1, plain.in_features)
-        torch.testing.assert_close(layer.feed_forward._layouts["linear2"].apply(x, Layouts()), adapted(x))  # a step's
+        torch.testing.assert_close(apply_form(layer.feed_forward, "linear2", x, Layouts()), adapted(x))  # a step's
     assert not torch.allclose(before, after)
-    torch.testing.assert_close(model._layouts["output"].apply(torch.ones(2, 32)), model.output_proj(torch.ones(2, 32)))
+    torch.testing.assert_close(apply_form(model, "output", torch.ones(2, 32)), model.output_proj(torch.ones(2, 32)))
     x = torch.randn(3, 4, plain.in_features, requires_grad=True)
-    torch.testing.assert_close(layer.feed_forward._layouts["linear2"].apply(x), adapted(x))
+    torch.testing.assert_close(apply_form(layer.feed_forward, "linear2", x), adapted(x))

@@ -19,6 +19,8 @@ N rows of one token each.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 from torch import nn
@@ -27,7 +29,7 @@ from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.schema import ATTENTION
 from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
-from multihead.torch.layouts import Layouts, StepLayout
+from multihead.torch.layouts import Layouts, apply_form
 from multihead.torch.masks import restrict
 from multihead.torch.tensors import OPS
 from multihead.validation import (
@@ -160,6 +162,13 @@ class MultiHeadAttention(nn.Module):
         torch.Size([64, 5, 512])
     """
 
+    INFERENCE_FORMS: ClassVar[dict[str, tuple[str, ...]]] = {
+        **{form: (name,) for form, name in zip(("q", "k", "v", "out"), ATTENTION, strict=True)},
+        "qkv": ATTENTION[:3],
+    }
+    """The projections' inference forms (see :mod:`multihead.torch.layouts`): each alone, and the query, key and
+    value of a decoding step's self-attention as one product."""
+
     def __init__(
         self,
         d_model: int,
@@ -198,12 +207,6 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(vdim, num_kv_heads * value_head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * value_head_dim, d_model, bias=bias)
-        # The projections laid out for inference (multihead.torch.layouts): each alone, and a decoding step's
-        # self-attention query, key and value as one product.
-        self._layouts = {
-            key: StepLayout(self, name) for key, name in zip(("q", "k", "v", "out"), ATTENTION, strict=True)
-        }
-        self._layouts["qkv"] = StepLayout(self, *ATTENTION[:3])
 
     def extra_repr(self) -> str:
         return (
@@ -288,8 +291,8 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
                 return_weights=False, implementation=self.implementation,
             )  # fmt: skip  # (N, H, 1, Dv)
-            return layouts[self._layouts["out"]](out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
-        q = self._layouts["q"].apply(query, layouts)  # (B, Lq, H*Dk)
+            return layouts[self, "out"](out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
+        q = apply_form(self, "q", query, layouts)  # (B, Lq, H*Dk)
         q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
         k, v = attended(cache, self_attention, lambda: self._project_given(key, value, layouts))
         out, weights = _attention(
@@ -297,7 +300,7 @@ class MultiHeadAttention(nn.Module):
             return_weights=return_weights, implementation=self.implementation,
         )  # fmt: skip
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
-        return self._layouts["out"].apply(out, layouts), weights  # (B, Lq, E)
+        return apply_form(self, "out", out, layouts), weights  # (B, Lq, E)
 
     def _project_step(
         self,
@@ -313,9 +316,9 @@ class MultiHeadAttention(nn.Module):
         rows, queries = query.shape[0], self.num_heads * self.head_dim
         x = query.reshape(rows, -1)  # (N, qdim)
         if not self_attention:
-            q = layouts[self._layouts["q"]](x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
+            q = layouts[self, "q"](x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
             return (q, *attended(cache, False, lambda: self._project_given(key, value, None)))  # as the memory's
-        projected = layouts[self._layouts["qkv"]](x)  # (N, H*Dk + Hkv*(Dk + Dv))
+        projected = layouts[self, "qkv"](x)  # (N, H*Dk + Hkv*(Dk + Dv))
         q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
         k, v = projected[:, queries:].split(
             (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1
@@ -337,8 +340,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``key (B, Lk, kdim)``, ``value (B, Lk, vdim)`` → keys ``(B, Hkv, Lk, Dk)``, values ``(B, Hkv, Lk, Dv)``."""
         batch, length, _ = key.shape
-        k = self._layouts["k"].apply(key, layouts).view(batch, length, self.num_kv_heads, self.head_dim)
-        v = self._layouts["v"].apply(value, layouts).view(batch, length, self.num_kv_heads, self.value_head_dim)
+        k = apply_form(self, "k", key, layouts).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = apply_form(self, "v", value, layouts).view(batch, length, self.num_kv_heads, self.value_head_dim)
         return k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, Lk, Dk), (B, Hkv, Lk, Dv)
 
     def _attend_packed(
@@ -357,10 +360,9 @@ class MultiHeadAttention(nn.Module):
         lk = key.shape[1]
         key_mask = torch.ones(batch, lk, dtype=torch.bool, device=key.device) if key_mask is None else key_mask
         q_rows, k_rows = query_mask.reshape(-1).nonzero()[:, 0], key_mask.reshape(-1).nonzero()[:, 0]  # (N,), (M,)
-        layouts = self._layouts
-        q = layouts["q"].apply(query.reshape(batch * lq, self.qdim).index_select(0, q_rows))  # (N, H*Dk)
-        k = layouts["k"].apply(key.reshape(batch * lk, self.kdim).index_select(0, k_rows))  # (M, Hkv*Dk)
-        v = layouts["v"].apply(value.reshape(batch * lk, self.vdim).index_select(0, k_rows))  # (M, Hkv*Dv)
+        q = apply_form(self, "q", query.reshape(batch * lq, self.qdim).index_select(0, q_rows))  # (N, H*Dk)
+        k = apply_form(self, "k", key.reshape(batch * lk, self.kdim).index_select(0, k_rows))  # (M, Hkv*Dk)
+        v = apply_form(self, "v", value.reshape(batch * lk, self.vdim).index_select(0, k_rows))  # (M, Hkv*Dv)
         masks, packed_causal = _sequence_masks(mask, query_mask, key_mask, causal)
         out = _packed_attention(
             q.view(-1, self.num_heads, self.head_dim),  # (N, H, Dk)
@@ -374,7 +376,7 @@ class MultiHeadAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             implementation=self.implementation,
         )  # (N, H, Dv)
-        packed = layouts["out"].apply(out.reshape(-1, self.num_heads * self.value_head_dim))  # (N, E)
+        packed = apply_form(self, "out", out.reshape(-1, self.num_heads * self.value_head_dim))  # (N, E)
         out = packed.new_zeros(batch * lq, self.d_model).index_copy(0, q_rows, packed)  # (B*Lq, E)
         return out.view(batch, lq, self.d_model)
 

@@ -1,24 +1,35 @@
-"""Linear layers on oneDNN's kernels on the CPU, and laid out for inference: what a projection runs.
+"""Linear layers on oneDNN's kernels on the CPU, and their inference forms: what a projection runs.
 
 On the CPU in float32 every linear layer's products, training's gradients included, run on oneDNN's kernel
 (:func:`linear`): PyTorch's ``nn.Linear`` calls the BLAS it was built with, Intel's MKL, which some CPUs (AMD's) run
 on 256-bit vectors only; oneDNN, also inside PyTorch, uses every vector width the CPU has (docs/performance.md: about
-twice the speed on a 2-core AMD EPYC). Under autocast or ``torch.compile`` the modules run as they are. Inference (no
-gradients) also takes laid-out forms of the same products:
+twice the speed on a 2-core AMD EPYC). Under autocast or ``torch.compile`` the modules run as they are.
 
-- In a decoding session (one token per row a step), the weights laid out for such rows (:class:`StepLayout`): on the CPU
-  packed in oneDNN's blocked format; elsewhere ``(in, out)`` row-major, which some BLAS multiply faster by a few rows;
-  linears that read the same input as one product (a self-attention's query, key and value).
-- Quantized layouts (:func:`quantize`), for every inference call, not only steps: ``int8``, weights in int8 with one
-  scale per output feature, inputs quantized as they come (dynamic quantization, oneDNN's kernels where PyTorch has
-  them); ``bf16``, weights and inputs rounded to bfloat16, outputs back in the inputs' dtype (oneDNN's kernel, which
-  uses the CPU's bfloat16 instructions where it has them), on the CPU.
+Inference (no gradients) also takes *forms* of the same products. A module's class names its forms in
+``INFERENCE_FORMS`` (a :class:`HasForms`): each form, the linears (attribute names) that read one input, computed as
+one product with their outputs side by side (a self-attention's query, key and value). :func:`apply_form` computes a
+form; a form laid out is an :class:`Affine`, one class per way of computing it:
 
-Nothing here watches the weights: a layout is laid out afresh for each stretch of inference in which they stay fixed
-(a :class:`Layouts`: one decoding session, or a translator's life), and a quantized one when :func:`quantize` runs.
-Each form computes what its linears do; tests check each against them.
+- a decoding session's (one token per row a step), laid out for such rows by a :class:`Layouts`, which keeps them for
+  a stretch of inference in which the weights stay fixed (one session, or a translator's life): on the CPU packed in
+  oneDNN's blocked format (:class:`OneDNN`); elsewhere ``(in, out)`` row-major (:class:`Plain`), which some BLAS
+  multiply faster by a few rows. This cache, which lives as long as its session, is the only state kept out of the
+  framework's sight.
+- quantized ones (:func:`quantize`), for every inference call, not only steps: :class:`Int8`, weights in int8 with
+  one scale per output feature, inputs quantized as they come (dynamic quantization, oneDNN's kernels where PyTorch
+  has them); :class:`BFloat16`, weights and inputs rounded to bfloat16, outputs back in the inputs' dtype (oneDNN's
+  kernel, which uses the CPU's bfloat16 instructions where it has them), on the CPU. They are a submodule of each
+  module with forms, ``quantized`` (a :class:`Quantized`), which ``print(model)`` shows. Made from the weights, they
+  hold none of their own: the state dict is the weights alone (a float model's loads into a quantized one and the
+  reverse), and loading weights (``load_state_dict``, :func:`multihead.io.load_weights`) or moving the model
+  (``.to()``, ``.double()``, ``.cuda()``) makes them anew from the weights as they then are; weights changed in place
+  otherwise (an optimizer's steps) keep the forms made before: quantize again.
 
-Notation: N rows, I input features, O output features (of all the linears a layout joins), V vocabulary.
+A linear replaced by another module (an adapter's, which computes more) runs as it is in every form
+(:class:`Modules`). Forms compute without calling the linears, so the linears' forward hooks do not run in them (nor
+on oneDNN's path of :func:`linear`). Each form computes what its linears do; tests check each against them.
+
+Notation: N rows, I input features, O output features (of all the linears a form joins).
 """
 
 from __future__ import annotations
@@ -26,9 +37,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +48,26 @@ from torch import nn
 from multihead.config import QUANTIZED
 from multihead.cpu import has_vnni
 
-__all__ = ["Affine", "Layouts", "StepLayout", "linear", "product", "quantize"]
+__all__ = [
+    "Affine",
+    "BFloat16",
+    "HasForms",
+    "Int8",
+    "Layouts",
+    "Modules",
+    "OneDNN",
+    "Plain",
+    "Quantized",
+    "apply_form",
+    "lay_out",
+    "linear",
+    "product",
+    "quantize",
+    "remake",
+]
+
+SUBMODULE = "quantized"
+"""The name of a module's :class:`Quantized` submodule."""
 
 
 @functools.cache
@@ -53,7 +83,7 @@ def onednn_linear() -> bool:
 
 @functools.cache
 def int8_engine() -> str | None:
-    """The quantized engine whose int8 weights a layout packs: oneDNN's where PyTorch has it (faster than FBGEMM on
+    """The quantized engine whose int8 weights a form packs: oneDNN's where PyTorch has it (faster than FBGEMM on
     the large output projections of translation models), else PyTorch's default."""
     return "onednn" if "onednn" in torch.backends.quantized.supported_engines else None
 
@@ -67,8 +97,14 @@ def _on_cpu_in_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` by oneDNN: ``x (..., I)``, ``weight (O, I)``, either may be a strided view."""
+    """``x @ weight.T + bias`` by oneDNN: ``x (..., I)``, ``weight (O, I)`` (a strided view, or packed by
+    :func:`_packed`)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """``weight (O, I)`` in oneDNN's blocked format, which its kernel multiplies fastest."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -112,73 +148,126 @@ def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return _OneDNNLinear.apply(x, module.weight, module.bias)
 
 
-@dataclass(frozen=True)
-class Affine:
+class Affine(Protocol):
     """Linears that read the same input laid out as one: ``x (..., I)`` → their outputs side by side ``(..., O)``.
+    ``kind`` names the way, one class each."""
 
-    ``kind`` says how: ``"onednn"`` a float32 weight packed for oneDNN ``(O, I)``; ``"bf16"`` the same in bfloat16
-    (inputs rounded to it, outputs back in their dtype); ``"int8"`` PyTorch's packed int8 weight (``weight`` is then
-    its packed parameters); ``"plain"`` ``x @ weight + bias`` with ``weight (I, O)``; ``"modules"`` the linears run as
-    they are (modules other than ``nn.Linear``, weights made in inference mode, which cannot be laid out).
-    """
+    kind: ClassVar[str]
 
-    kind: str
-    weight: Any
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, eq=False)
+class OneDNN:
+    """A float32 ``weight (O, I)`` packed for oneDNN's kernel (:func:`_packed`)."""
+
+    kind: ClassVar[str] = "onednn"
+    weight: torch.Tensor
     bias: torch.Tensor | None
-    modules: tuple[nn.Module, ...] = ()
-    reduce_range: bool = True
-
-    @classmethod
-    def of(cls, *linears: nn.Linear, dtype: str | None = None) -> Affine:
-        """``linears`` (all ``nn.Linear``) as one; ``dtype``: computed in ``"int8"`` or ``"bf16"`` (see
-        :func:`quantize`)."""
-        weight = torch.cat(tuple(linear.weight for linear in linears))  # (O, I)
-        biases = [linear.bias for linear in linears]
-        bias = None
-        if any(b is not None for b in biases):
-            bias = torch.cat([
-                torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device) if b is None else b
-                for linear, b in zip(linears, biases, strict=True)
-            ])  # fmt: skip
-        if dtype == "int8":
-            return cls._int8(weight, bias)
-        if dtype == "bf16":
-            weight, bias = weight.bfloat16(), None if bias is None else bias.bfloat16()
-            if weight.device.type == "cpu" and onednn_linear():
-                return cls("bf16", torch.ops.mkldnn._reorder_linear_weight(weight.contiguous()), bias)
-        elif _on_cpu_in_float32(weight, weight):
-            return cls("onednn", torch.ops.mkldnn._reorder_linear_weight(weight.contiguous()), bias)
-        return cls("plain", weight.t().contiguous(), bias)
-
-    @classmethod
-    def _int8(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
-        """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``."""
-        weight = weight.float().cpu()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()  # (O,)
-        zeros = torch.zeros(len(scales), dtype=torch.long)
-        engine = int8_engine()
-        with warnings.catch_warnings(), _quantized_engine(engine):  # PyTorch's notices that its int8 tensors are
-            warnings.simplefilter("ignore", UserWarning)  # deprecated (the kernels are not)
-            quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
-            packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.float().cpu())
-        # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits, as FBGEMM wants.
-        return cls("int8", packed, None, reduce_range=not (engine == "onednn" and has_vnni()))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x (..., I)`` → ``(..., O)``."""
-        if self.kind == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if self.kind == "bf16":
-            out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.weight, self.bias, "none", [], "")
-            return out.to(x.dtype)
-        if self.kind == "int8":
-            out = torch.ops.quantized.linear_dynamic(x.float(), self.weight, self.reduce_range)
-            return out.to(x.dtype)
-        if self.kind == "modules":
-            return torch.cat([module(x) for module in self.modules], dim=-1)
+        return _product(x, self.weight, self.bias)
+
+
+@dataclass(frozen=True, eq=False)
+class BFloat16:
+    """A bfloat16 ``weight (O, I)`` packed for oneDNN's kernel: inputs rounded to bfloat16, outputs back in their
+    dtype."""
+
+    kind: ClassVar[str] = "bf16"
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _product(x.bfloat16(), self.weight, self.bias).to(x.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Int8:
+    """PyTorch's packed int8 weight (its bias inside): inputs quantized as a whole as they come, to 7 bits with
+    ``reduce_range``, outputs back in their dtype."""
+
+    kind: ClassVar[str] = "int8"
+    packed: Any
+    reduce_range: bool
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, self.reduce_range).to(x.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Plain:
+    """``x @ weight + bias`` with ``weight (I, O)`` in its own dtype (the inputs cast to it, outputs back)."""
+
+    kind: ClassVar[str] = "plain"
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(self.weight.dtype)  # (N, I)
         out = flat @ self.weight if self.bias is None else torch.addmm(self.bias, flat, self.weight)
         return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)  # (..., O)
+
+
+@dataclass(frozen=True, eq=False)
+class Modules:
+    """The linears run as they are: modules other than ``nn.Linear``, which compute more than their weights say."""
+
+    kind: ClassVar[str] = "modules"
+    modules: tuple[nn.Module, ...]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([module(x) for module in self.modules], dim=-1)
+
+
+def _float(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
+    """The weights in their own dtype: packed for oneDNN on the CPU in float32, else ``(I, O)``."""
+    if _on_cpu_in_float32(weight, weight):
+        return OneDNN(_packed(weight), bias)
+    return Plain(weight.t().contiguous(), bias)
+
+
+def _bf16(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
+    """The weights rounded to bfloat16: packed for oneDNN on the CPU, else ``(I, O)``."""
+    weight, bias = weight.bfloat16(), None if bias is None else bias.bfloat16()
+    if weight.device.type == "cpu" and onednn_linear():
+        return BFloat16(_packed(weight), bias)
+    return Plain(weight.t().contiguous(), bias)
+
+
+def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
+    """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``."""
+    weight = weight.float().cpu()
+    scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()  # (O,)
+    zeros = torch.zeros(len(scales), dtype=torch.long)
+    engine = int8_engine()
+    with warnings.catch_warnings(), _quantized_engine(engine):  # PyTorch's notices that its int8 tensors are
+        warnings.simplefilter("ignore", UserWarning)  # deprecated (the kernels are not)
+        quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+        packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.float().cpu())
+    # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits, as FBGEMM wants.
+    return Int8(packed, reduce_range=not (engine == "onednn" and has_vnni()))
+
+
+LAYOUTS: dict[str | None, Callable[[torch.Tensor, torch.Tensor | None], Affine]] = {
+    None: _float, "bf16": _bf16, "int8": _int8,
+}  # fmt: skip
+"""How weights ``(O, I)`` and a bias ``(O,)`` are laid out, by the type inference computes them in (``None``: their
+own)."""
+
+
+def lay_out(*linears: nn.Linear, dtype: str | None = None) -> Affine:
+    """``linears`` (all ``nn.Linear``) as one, laid out from their weights as they are; ``dtype``: computed in
+    ``"int8"`` or ``"bf16"`` (see :func:`quantize`)."""
+    weight = torch.cat(tuple(linear.weight for linear in linears))  # (O, I)
+    biases = [linear.bias for linear in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([
+            torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device) if b is None else b
+            for linear, b in zip(linears, biases, strict=True)
+        ])  # fmt: skip
+    return LAYOUTS[dtype](weight, bias)
 
 
 @contextlib.contextmanager
@@ -194,79 +283,130 @@ def _quantized_engine(engine: str | None) -> Iterator[None]:
         torch.backends.quantized.engine = before
 
 
-class StepLayout:
-    """Linears of ``owner`` (named ``names``) that read one input, laid out as one :class:`Affine` for inference:
-    :meth:`build` lays out the weights as they are; a :class:`Layouts` keeps what it built while the weights stay
-    fixed (a decoding session, a translator's life). A linear replaced by another module (an adapter's, which computes
-    more) makes the layout run the modules as they are.
+class HasForms(Protocol):
+    """A module whose linears have inference forms: ``INFERENCE_FORMS`` maps each form's name to the attribute names
+    of the linears it computes as one product (one input, their outputs side by side in that order)."""
 
-    ``dtype`` and ``quantized`` (set by :func:`quantize`): the layout is quantized (``"int8"`` or ``"bf16"``), laid
-    out when :func:`quantize` ran, and every inference call takes it.
-    """
+    INFERENCE_FORMS: ClassVar[Mapping[str, tuple[str, ...]]]
 
-    def __init__(self, owner: nn.Module, *names: str) -> None:
-        self.owner, self.names = owner, names
-        self.dtype: str | None = None
-        self.quantized: Affine | None = None
 
-    def linears(self) -> list[nn.Module]:
-        return [getattr(self.owner, name) for name in self.names]
+def _forms_of(module: nn.Module) -> Mapping[str, tuple[str, ...]]:
+    """``module``'s forms (see :class:`HasForms`); none for other modules."""
+    forms: Mapping[str, tuple[str, ...]] = getattr(type(module), "INFERENCE_FORMS", {})
+    return forms
 
-    def build(self) -> Affine:
-        """The linears laid out from their weights as they are now (in ``dtype`` when quantized)."""
-        modules = self.linears()
-        linears = [module for module in modules if type(module) is nn.Linear]
-        if len(linears) < len(modules):
-            return Affine("modules", None, None, tuple(modules))
-        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
-            return Affine.of(*linears, dtype=self.dtype)
 
-    def apply(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
-        """``x (..., I)`` through the linears. Without gradients: laid out by ``layouts`` when given (a decoding
-        session's), quantized when :func:`quantize` made the layout so; else (and with gradients) through
-        :func:`linear`."""
-        if not torch.is_grad_enabled():
-            if layouts is not None:
-                return layouts[self](x)
-            if self.quantized is not None:
-                return self.quantized(x)
-        linears = self.linears()
-        return linear(linears[0], x) if len(linears) == 1 else torch.cat([linear(m, x) for m in linears], dim=-1)
+def _form(module: nn.Module, name: str, dtype: str | None) -> Affine:
+    """``module``'s form ``name`` laid out from the weights as they are now (computed in ``dtype``, see
+    :func:`lay_out`); its linears as they are if one is not an ``nn.Linear``."""
+    modules = [getattr(module, linear_name) for linear_name in _forms_of(module)[name]]
+    linears = [module for module in modules if type(module) is nn.Linear]
+    if len(linears) < len(modules):
+        return Modules(tuple(modules))
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable by any later call
+        return lay_out(*linears, dtype=dtype)
+
+
+class Quantized(nn.Module):
+    """The quantized forms of a module's linears (:func:`quantize`): its submodule ``quantized``, which every inference
+    call of the module takes. Made from the weights, they are made anew whenever the module's weights load
+    (``load_state_dict``, :func:`multihead.io.load_weights`) or it moves (``.to()``): the state dict holds the weights
+    alone. The module's linears come before it (it is registered after them), so they have loaded or moved first."""
+
+    def __init__(self, owner: nn.Module, dtype: str) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self._owner = (owner,)  # the module whose forms these are: its parent, not a submodule
+        self.forms: dict[str, Affine] = self._made()
+
+    def _made(self) -> dict[str, Affine]:
+        owner = self._owner[0]
+        return {name: _form(owner, name, self.dtype) for name in _forms_of(owner)}
+
+    def remake(self) -> None:
+        """The forms made anew from the weights as they are now."""
+        self.forms = self._made()
+
+    def extra_repr(self) -> str:
+        linears = _forms_of(self._owner[0])
+        return ", ".join(f"{name}={form.kind}({', '.join(linears[name])})" for name, form in self.forms.items())
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Quantized:
+        self.remake()  # the owner's linears have moved
+        return self
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        self.remake()  # the owner's linears have loaded
+
+
+def _quantized(module: nn.Module) -> Quantized | None:
+    """``module``'s quantized forms, if :func:`quantize` made them."""
+    found = module._modules.get(SUBMODULE)
+    return found if isinstance(found, Quantized) else None
+
+
+def apply_form(module: nn.Module, name: str, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
+    """``x (..., I)`` through ``module``'s form ``name`` ``(..., O)``. Without gradients: as ``layouts`` laid it out
+    when given (a decoding session's), in its quantized form when :func:`quantize` made one; else (and with gradients)
+    through its linears (:func:`linear`)."""
+    if not torch.is_grad_enabled():
+        if layouts is not None:
+            return layouts[module, name](x)
+        quantized = _quantized(module)
+        if quantized is not None:
+            return quantized.forms[name](x)
+    linears = [getattr(module, linear_name) for linear_name in _forms_of(module)[name]]
+    return linear(linears[0], x) if len(linears) == 1 else torch.cat([linear(m, x) for m in linears], dim=-1)
 
 
 class Layouts:
-    """The laid-out weights of a stretch of inference in which the weights do not change: each :class:`StepLayout`'s
-    :class:`Affine`, built when first asked for and kept. A decoding session makes one (``model.decoder_steps()``),
-    or takes its caller's (``decoding_session(..., layouts=...)``): a translator keeps one for its whole life.
-    Quantized layouts are :func:`quantize`'s."""
+    """The forms of a stretch of inference in which the weights do not change, each laid out when first asked for
+    (``layouts[module, name]``) and kept: a quantized form as :func:`quantize` made it, any other from the weights as
+    they are then. A decoding session makes one (``model.decoder_steps()``), or takes its caller's
+    (``decoding_session(..., layouts=...)``): a translator keeps one for its whole life."""
 
     def __init__(self) -> None:
-        self._built: dict[int, tuple[StepLayout, Affine]] = {}
+        self._built: dict[tuple[nn.Module, str], Affine] = {}
 
-    def __getitem__(self, layout: StepLayout) -> Affine:
-        if layout.quantized is not None:
-            return layout.quantized
-        kept = self._built.get(id(layout))
-        if kept is None:
-            kept = self._built[id(layout)] = (layout, layout.build())
-        return kept[1]
-
-
-def layouts(model: nn.Module) -> Iterator[StepLayout]:
-    """Every :class:`StepLayout` of ``model``'s modules (kept in their ``_layouts`` dicts)."""
-    for module in model.modules():
-        yield from getattr(module, "_layouts", {}).values()
+    def __getitem__(self, key: tuple[nn.Module, str]) -> Affine:
+        built = self._built.get(key)
+        if built is None:
+            module, name = key
+            quantized = _quantized(module)
+            built = self._built[key] = _form(module, name, None) if quantized is None else quantized.forms[name]
+        return built
 
 
 def quantize(model: nn.Module, dtype: str = "int8") -> nn.Module:
     """Make ``model``'s inference (no gradients) compute its linear layers in ``dtype``: ``"int8"``, weights quantized
     to int8 with one scale per output feature, inputs as they come; ``"bf16"``, weights and inputs rounded to
-    bfloat16, outputs back in float32 (fast on CPUs with bfloat16 instructions: AVX512-BF16, AMX). The weights are
-    quantized as they are when it runs: after changing them, quantize again. Training (gradients on) still runs the
-    float weights. On the CPU, float32 models. Returns ``model``."""
+    bfloat16, outputs back in float32 (fast on CPUs with bfloat16 instructions: AVX512-BF16, AMX). Each module with
+    forms gets a submodule ``quantized`` (:class:`Quantized`; ``print(model)`` shows them), made from the weights as
+    they are, and anew when they load or the model moves; after changing them otherwise (an optimizer's steps),
+    quantize again. Training (gradients on) still runs the float weights. On the CPU, float32 models. Returns
+    ``model``."""
     if dtype not in QUANTIZED:
         raise ValueError(f"`dtype` must be one of {QUANTIZED}, received {dtype!r}")
-    for layout in layouts(model):
-        layout.dtype = dtype
-        layout.quantized = layout.build()
+    for module in [module for module in model.modules() if _forms_of(module)]:
+        module.register_module(SUBMODULE, Quantized(module, dtype))
     return model
+
+
+def remake(model: nn.Module) -> None:
+    """Make the quantized forms of ``model``'s modules anew from the weights as they are (after writing them in
+    place)."""
+    for module in model.modules():
+        if isinstance(module, Quantized):
+            module.remake()

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from multihead.torch.layouts import remake
+
 
 class TorchAdapter:
     """The :class:`multihead.io.StateAdapter` of PyTorch modules."""
@@ -26,13 +28,15 @@ class TorchAdapter:
         return {name: tuple(t.shape) for name, t in self.module.state_dict().items()}
 
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
-        """Copy each weight in from ``tensors`` (names checked by the caller), one at a time, a tied weight once."""
+        """Copy each weight in from ``tensors`` (names checked by the caller), one at a time, a tied weight once; then
+        the quantized forms made from them anew (:func:`multihead.torch.quantize`)."""
         done: set[int] = set()
         with torch.no_grad():
             for name, weight in self.module.state_dict(keep_vars=True).items():
                 if id(weight) not in done:
                     done.add(id(weight))
                     weight.copy_(torch.from_numpy(np.ascontiguousarray(tensors[name])))
+        remake(self.module)
 
     def weight_objects(self) -> Mapping[str, object]:
         return self.module.state_dict(keep_vars=True)

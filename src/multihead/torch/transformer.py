@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -27,13 +27,15 @@ from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, con
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
-from multihead.torch.layouts import Layouts, StepLayout
+from multihead.torch.layouts import Layouts, apply_form
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
 }  # fmt: skip
+
+_FIRST, _SECOND = schema.FEED_FORWARD  # the feed-forward block's linears, in order
 
 __all__ = [
     "Decoder",
@@ -84,6 +86,9 @@ class PositionalEncoding(nn.Module):
 class FeedForward(nn.Module):
     """Position-wise feed-forward block: ``linear2(dropout(activation(linear1(x))))``."""
 
+    INFERENCE_FORMS: ClassVar[dict[str, tuple[str, ...]]] = {name: (name,) for name in schema.FEED_FORWARD}
+    """Each linear's inference form (see :mod:`multihead.torch.layouts`)."""
+
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu") -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -92,8 +97,6 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff))
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
-        self._layouts = {name: StepLayout(self, name) for name in schema.FEED_FORWARD}  # laid out for inference
-        self._first, self._second = self._layouts.values()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
@@ -101,8 +104,8 @@ class FeedForward(nn.Module):
 
     def _forward(self, x: torch.Tensor, layouts: Layouts | None = None) -> torch.Tensor:
         """``layouts``: a decoding session's (see :class:`~multihead.torch.layouts.Layouts`)."""
-        hidden = self._activate(self._first.apply(x, layouts))
-        return self._second.apply(self.dropout(hidden) if self.training else hidden, layouts)
+        hidden = self._activate(apply_form(self, _FIRST, x, layouts))
+        return apply_form(self, _SECOND, self.dropout(hidden) if self.training else hidden, layouts)
 
     def _activate(self, hidden: torch.Tensor) -> torch.Tensor:
         return ACTIVATION_FUNCTIONS[self.activation](hidden)
@@ -346,6 +349,9 @@ class Transformer(nn.Module):
         2
     """
 
+    INFERENCE_FORMS: ClassVar[dict[str, tuple[str, ...]]] = {"output": (schema.OUTPUT,)}
+    """The output projection's inference form (see :mod:`multihead.torch.layouts`)."""
+
     def __init__(
         self,
         src_vocab: int,
@@ -390,7 +396,6 @@ class Transformer(nn.Module):
         if tie_embeddings or tie_output:
             self.output_proj.weight = self.tgt_embed.weight
             nn.init.zeros_(self.output_proj.bias)
-        self._layouts = {"output": StepLayout(self, schema.OUTPUT)}  # the output projection laid out for inference
 
     @classmethod
     def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
@@ -472,7 +477,7 @@ class Transformer(nn.Module):
         )
         if not project:
             return hidden, weights  # (B, Lt, E)
-        return self._layouts["output"].apply(hidden), weights  # (B, Lt, V)
+        return apply_form(self, "output", hidden), weights  # (B, Lt, V)
 
     def forward(
         self,
@@ -579,7 +584,7 @@ class DecoderSteps:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``."""
-        return self.layouts[self.model._layouts["output"]](hidden).float()
+        return self.layouts[self.model, "output"](hidden).float()
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
