@@ -754,19 +754,21 @@ def _add_import(commands: argparse._SubParsersAction) -> None:
 
     command = _command(
         commands, "import", _import,
-        help="make a run of a Hugging Face Marian model (OPUS-MT's Helsinki-NLP/opus-mt-*) or M2M100 model",
+        help="make a run of a Hugging Face Marian (OPUS-MT's Helsinki-NLP/opus-mt-*), M2M100 or NLLB-200 model",
         description="Write RUN, a new run directory that translate, evaluate, score, serve and export read as any "
-        "run, from SOURCE: a directory holding a Hugging Face Marian or M2M100 checkpoint as save_pretrained writes "
+        "run, from SOURCE: a directory holding a Hugging Face Marian, M2M100 or NLLB-200 checkpoint as save_pretrained "
+        "writes "
         "it (its config, weights as safetensors or pytorch_model.bin, SentencePiece models and vocabularies), or a "
         "Hub name such as Helsinki-NLP/opus-mt-de-en, downloaded with huggingface_hub (or found in its cache). The "
         "model computes what Transformers' MarianMTModel or M2M100ForConditionalGeneration computes; a model with "
         "anything multihead cannot compute exactly (learned positions, another activation...) is refused, naming "
-        "the setting. An M2M100 run translates the pair --langs names (else its tokenizer's src_lang and tgt_lang). "
+        "the setting. An M2M100 or NLLB-200 run translates the pair --langs names (else its tokenizer's src_lang and "
+        "tgt_lang). "
         "RUN "
         "appears whole or not at all; an existing RUN is refused, never overwritten. Fine-tune it on your corpus with "
         "multihead train --init RUN --data SRC TGT --out NEW.",
     )  # fmt: skip
-    command.add_argument("source", help="a Marian or M2M100 checkpoint's directory, or a Hugging Face Hub name")
+    command.add_argument("source", help="a Marian, M2M100 or NLLB-200 checkpoint's directory, or a Hub name")
     command.add_argument("run", help="the run directory to write (it must not exist)")
     langs = BY_NAME["langs"]
     command.add_argument(
