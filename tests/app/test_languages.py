@@ -23,7 +23,8 @@ from app.served import request, serving
 from app.support import VALID, Cli, assert_refused, write_lines
 from multihead.app.console import UserError
 from multihead.app.languages import LanguageTokens, pair_text
-from multihead.app.serve import Limits, Service, _served_langs, create_app
+from multihead.app.serve import Limits, Service, create_app
+from multihead.app.serve.command import _served_langs
 from multihead.app.translate import Translator
 
 pytest.importorskip("transformers")

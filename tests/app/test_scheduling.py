@@ -88,7 +88,7 @@ def test_an_abandoned_request_is_dropped_with_its_pieces() -> None:
 
 
 class Clock:
-    """A fake ``time.monotonic`` that the fake engine's steps and the jobs advance."""
+    """A fake ``time.monotonic`` that the fake engines' steps and the jobs advance."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -98,7 +98,8 @@ class Clock:
 
 
 class Steps:
-    """A fake engine (what :class:`~multihead.app.serve.Batcher` drives) with ``count`` steps to take, each 2 ms."""
+    """Fake engines (what :class:`~multihead.app.serve.worker.Worker` drives) with ``count`` steps to take, each
+    2 ms, their run's page attention (what a job alone computes) 10 ms."""
 
     def __init__(self, clock: Clock, count: int, log: list[str]) -> None:
         self.clock, self.count, self.log = clock, count, log
@@ -113,6 +114,20 @@ class Steps:
 
     def fail(self, error: BaseException) -> None:
         raise AssertionError(error)
+
+    def waiting(self) -> bool:
+        return False
+
+    def to_load(self, pinned: object) -> list:
+        return []
+
+    def translator(self, job: object) -> Steps:
+        return self
+
+    def attention(self, sentence: str, *, search: object) -> str:
+        self.clock.now += 0.010
+        self.log.append(sentence)
+        return sentence
 
 
 class Refusing(Words):
@@ -148,25 +163,21 @@ def test_a_text_that_cannot_be_cut_fails_its_request_alone_and_leaves_nothing_qu
 def test_jobs_that_run_alone_take_their_share_of_the_worker_between_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Four 10 ms jobs beside 100 steps of 2 ms: the first at once, each next one once the steps since the last have
     taken (1 - share) / share of its time."""
-    from multihead.app import serve
+    from multihead.app.serve import worker
+    from multihead.app.serve.jobs import Attend, Stop
+    from multihead.app.serve.routing import Leg
 
     clock, log = Clock(), []
-    monkeypatch.setattr(serve.time, "monotonic", clock)
-    batcher = serve.Batcher(Steps(clock, 100, log), thread=False)  # type: ignore[arg-type]
-
-    def job(name: str) -> str:
-        clock.now += 0.010
-        log.append(name)
-        return name
-
-    futures = [Future() for _ in range(4)]
-    for index, future in enumerate(futures):
-        batcher.jobs.put((lambda index=index: job(f"job {index}"), future))
-    batcher.jobs.put(batcher.STOP)
-    batcher.work()
-    assert [future.result(timeout=0) for future in futures] == [f"job {index}" for index in range(4)]
+    monkeypatch.setattr(worker.time, "monotonic", clock)
+    working = worker.Worker(Steps(clock, 100, log), thread=False)  # type: ignore[arg-type]
+    jobs = [Attend(Leg(0, ("de", "en")), f"job {index}") for index in range(4)]
+    for job in jobs:
+        working.submit(job)
+    working.jobs.put(Stop())
+    working.work()
+    assert [job.answer.result(timeout=0) for job in jobs] == [f"job {index}" for index in range(4)]
     places = [index for index, entry in enumerate(log) if entry.startswith("job")]
-    wait = math.ceil(0.010 / (0.002 * serve.ALONE_SHARE / (1 - serve.ALONE_SHARE)))  # steps between two jobs
+    wait = math.ceil(0.010 / (0.002 * worker.ALONE_SHARE / (1 - worker.ALONE_SHARE)))  # steps between two jobs
     assert places[0] == 0  # at once
     assert [b - a - 1 for a, b in itertools.pairwise(places[:3])] == [wait, wait]
     assert log.count("step") == 100

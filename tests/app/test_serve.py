@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -22,10 +22,11 @@ from libretranslatepy import LibreTranslateAPI
 
 from app.served import request, serving, start
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, beam
-from multihead.app import serve
 from multihead.app.languages import from_file_names
 from multihead.app.markup import translate_html
-from multihead.app.serve import Limits, Service, create_app
+from multihead.app.serve import Limits, Service, command, create_app, limits, worker
+from multihead.app.serve.jobs import Attend
+from multihead.app.serve.routing import Leg
 from multihead.app.translate import Translator
 from multihead.app.view import attention_view
 
@@ -244,18 +245,18 @@ def test_limits_and_keys(translator: Translator, tmp_path: Path, corpus_run: Cor
 
 def test_the_rate_limit_counts_a_minute_per_address_and_forgets_quiet_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(serve.time, "monotonic", lambda: now[0])
-    limiter = serve.RateLimiter(2)
+    monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
+    limiter = limits.RateLimiter(2)
     limiter.check("a")
     limiter.check("a")
     limiter.check("b")
-    with pytest.raises(serve.ApiError, match="Slowdown: 2 per 1 minute"):
+    with pytest.raises(limits.ApiError, match="Slowdown: 2 per 1 minute"):
         limiter.check("a")
     now[0] += 60.5
     limiter.check("a")  # a minute later
-    for address in range(serve.ADDRESSES):
+    for address in range(limits.ADDRESSES):
         limiter.check(str(address))
-    assert set(limiter.seen) == {"a", *map(str, range(serve.ADDRESSES))}  # "b" was quiet for a minute
+    assert set(limiter.seen) == {"a", *map(str, range(limits.ADDRESSES))}  # "b" was quiet for a minute
 
 
 def test_concurrent_requests_each_get_their_own_answers(url: str, translator: Translator) -> None:
@@ -328,11 +329,11 @@ def until(condition: Callable[[], bool], seconds: float) -> bool:
 
 
 class Counted:
-    """A :class:`serve.Service` whose worker counts the pieces it has translated."""
+    """A :class:`Service` whose worker counts the pieces it has translated."""
 
     def __init__(self, translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
         self.service = Service(translator, ["de", "en"])
-        self.engine = self.service.engines.slots[0].engine
+        self.engine = self.service.engines.runs[0].engine
         self.translated = 0
         ended = self.engine.requests.ended
 
@@ -354,11 +355,10 @@ def test_a_short_request_shares_the_batch_with_a_large_one_and_a_client_that_lea
         assert until(lambda: counted.translated > 0, 60)  # the text is being translated
         assert request(url, "/translate", {"q": SAMPLES[1], "source": "de", "target": "en"}) == (
             200, {"translatedText": corpus_run.translations[1]})  # fmt: skip
-        assert len(counted.engine) > 0  # the large text was still being translated
+        assert counted.engine.requests.live  # the large text was still being translated (read between steps or not)
         heavy.close()
-        assert until(lambda: len(counted.engine) == 0, 30)
+        assert until(lambda: counted.engine.requests.live == [] and len(counted.engine) == 0, 30)
         assert counted.translated < 8000  # it was dropped, not finished
-        assert counted.engine.requests.live == []
         assert request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en"}) == (
             200, {"translatedText": corpus_run.translations[0]})  # fmt: skip
 
@@ -368,27 +368,28 @@ def test_a_request_over_the_time_limit_is_answered_503_and_its_work_dropped(
     translator: Translator, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
     service = Service(translator, ["de", "en"], search=beam(size))
-    engine = service.batcher.engine
-    step = engine.engine.step
-    monkeypatch.setattr(engine.engine, "step", lambda: (time.sleep(0.05), step()))  # the large text takes > 1.5 s
+    engine = service.engines
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda: (time.sleep(0.05), step()))  # the large text takes > 1.5 s
     with serving(create_app(service, Limits(timeout=0.5))) as url:
         start = time.monotonic()
         status, answer = request(url, "/translate", {"q": HEAVY, "source": "de", "target": "en"})
         assert time.monotonic() - start < 10
         assert (status, answer) == (503, {"error": "Translation took longer than this server allows (0.5 seconds): "
                                                    "try shorter texts"})  # fmt: skip
-        assert until(lambda: len(engine) == 0 and service.batcher.busy_since is None, 30)  # dropped
+        assert until(lambda: len(engine) == 0 and service.worker.busy_since is None, 30)  # dropped
         status, answer = request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en"})
         assert status == 200
 
 
 def test_health_reports_a_stalled_worker(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "STALLED_AFTER", 0.2)
+    monkeypatch.setattr(worker, "STALLED_AFTER", 0.2)
     service = Service(translator, ["de", "en"])
     release = threading.Event()
+    monkeypatch.setattr(translator, "attention", lambda *args, **kwargs: release.wait(30))  # a job that hangs
     with serving(create_app(service, Limits())) as url:
         assert request(url, "/health") == (200, {"status": "ok"})
-        service.batcher.jobs.put((lambda: release.wait(30), Future()))  # a job that hangs
+        service.worker.submit(Attend(Leg(0, ("de", "en")), SAMPLES[0]))
         time.sleep(0.5)
         status, answer = request(url, "/health")
         release.set()
@@ -516,7 +517,7 @@ def test_a_second_sigterm_stops_at_once_and_quietly(corpus_run: CorpusRun) -> No
 def test_serve_refuses_what_it_cannot_do_in_one_line(corpus_run: CorpusRun, tmp_path: Path,
                                                         cli: Callable[..., Cli]) -> None:  # fmt: skip
     with pytest.MonkeyPatch.context() as patched:  # a corpus run whose files' names gave no languages
-        patched.setattr(serve, "Translator", Unlabelled)
+        patched.setattr(command, "Translator", Unlabelled)
         assert_refused(cli("serve", corpus_run.path, "--port", "0"), "does not record its languages", "--langs SRC")
     assert_refused(cli("serve", corpus_run.path, "--timeout", "0"), "--timeout", "-1 (no limit) or a number")
     assert_refused(cli("serve", corpus_run.path, "--api-keys", tmp_path / "none"), "--api-keys", "cannot read")

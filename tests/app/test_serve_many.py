@@ -7,6 +7,7 @@ weights, another name) and an NLLB-style model of de, en, fr, zh and zh-Hant.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +17,10 @@ import pytest
 from libretranslatepy import LibreTranslateAPI
 
 from app.served import request, serving
-from app.support import sentences
+from app.support import beam, sentences
 from multihead.app.pretrained import import_pretrained
-from multihead.app.serve import Limits, Service, create_app, pivots, run_paths
+from multihead.app.serve import Limits, Service, create_app, run_paths
+from multihead.app.serve.routing import pivots
 from multihead.app.translate import Translator
 
 pytest.importorskip("transformers")
@@ -130,7 +132,7 @@ def test_max_loaded_holds_one_model_and_answers_every_pair(runs: dict[str, Trans
             )  # fmt: skip
             loaded = service.engines.loaded()
             assert loaded == [0 if pair == ("de", "en") else 1]
-            assert request(url, "/health") == (200, {"status": "ok", "loaded": [service.name(loaded[0])]})
+            assert request(url, "/health") == (200, {"status": "ok", "loaded": [service.routes.names[loaded[0]]]})
             gc.collect()
             assert (held() is None) == (turn > 0)  # the first model, released at the first French request, is gone
 
@@ -140,7 +142,7 @@ def test_serve_says_how_many_pairs_each_run_serves_in_words(
 ) -> None:
     import socket
 
-    from multihead.app.serve import _say_serving
+    from multihead.app.serve.command import _say_serving
 
     first, *more = runs.values()
     service = Service(first, first.langs or [], more=[(run, run.langs or []) for run in more])
@@ -152,3 +154,60 @@ def test_serve_says_how_many_pairs_each_run_serves_in_words(
         "  de-en: de → en (German to English); 1 pair",
         "  en-sv: en → sv (English to Swedish); 1 pair",
     ]
+
+
+def test_a_run_loading_does_not_stop_another_runs_requests(runs: dict[str, Translator]) -> None:
+    """A released run loads off the worker: while its load is held back (a slow load, stood in for), the loaded run's
+    requests are answered as it translates them; once it has loaded, the request that waited for it is answered as
+    its run translates, and ``/health`` names both runs."""
+    import threading
+
+    paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
+    started, go_on = threading.Event(), threading.Event()
+
+    def slow(path: str) -> Translator:
+        started.set()
+        assert go_on.wait(60), "the test never let the load finish"
+        return Translator(path)
+
+    first, second = Translator(paths[0]), Translator(paths[1])
+    second.release()
+    loaders = [lambda: Translator(paths[0]), lambda: slow(paths[1])]
+    service = Service(first, first.langs or [], more=[(second, second.langs or [])], loaders=loaders, max_loaded=2)
+    texts = sentences(3, seed=23)
+    french = runs["nllb"].for_languages("de", "fr").translate(texts)
+    with serving(create_app(service, Limits(timeout=20))) as url, ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(request, url, "/translate", {"q": texts, "source": "de", "target": "fr"})
+        assert started.wait(30)
+        for text in texts:  # the load still held back: each answered, one after another
+            assert request(url, "/translate", {"q": text, "source": "de", "target": "en"}) == (
+                200, {"translatedText": runs["de-en"].translate([text])[0]}
+            )  # fmt: skip
+        assert not waiting.done()
+        assert service.engines.loaded() == [0]
+        go_on.set()
+        assert waiting.result(timeout=60) == (200, {"translatedText": french})
+        assert request(url, "/health") == (200, {"status": "ok", "loaded": ["de-en", "nllb"]})
+
+
+def test_jobs_alone_wait_for_their_run_to_load(runs: dict[str, Translator]) -> None:
+    """Under ``--max-loaded 1`` the page's attention and alternatives of a run not held load it first, as texts do:
+    each answered as its run computes it."""
+    from multihead.app.view import attention_view
+
+    paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
+    loaders = [lambda path=path: Translator(path) for path in paths]
+    first, second = (load() for load in loaders)
+    second.release()
+    service = Service(first, first.langs or [], more=[(second, second.langs or [])], loaders=loaders, max_loaded=1)
+    (text,) = sentences(1, seed=24)
+    french = runs["nllb"].for_languages("de", "fr")
+    with serving(create_app(service, Limits())) as url:
+        status, view = request(url, "/attention", {"q": text, "source": "de", "target": "fr"})
+        assert (status, view) == (200, json.loads(json.dumps(attention_view(french.attention(text)))))
+        assert service.engines.loaded() == [1]
+        best = runs["de-en"].hypotheses([text], beam(3, n_best=3))[0]  # as serve widens greedy's
+        status, answer = request(url, "/translate", {"q": text, "source": "de", "target": "en", "alternatives": 2})
+        others = list(dict.fromkeys(other for other in best[1:] if other != best[0]))  # distinct, as LibreTranslate
+        assert (status, answer) == (200, {"translatedText": best[0], "alternatives": others})
+        assert service.engines.loaded() == [0]

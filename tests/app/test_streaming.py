@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from app.support import SAMPLES, VALID, CorpusRun, beam
-from multihead.app import serve
+from multihead.app.serve import Service
+from multihead.app.serve.jobs import Attend, Stop, Translate
+from multihead.app.serve.parse import Lines
+from multihead.app.serve.routing import Leg
 from multihead.app.streaming import SHARE, RoundTranslator, StreamingTranslator
 from multihead.app.tokenizers import EOS
 from multihead.app.translate import TRANSLATION, Translator
@@ -186,24 +189,28 @@ def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
 
 
 @pytest.mark.parametrize("size", [1, 3], ids=["stream", "rounds"])
-def test_the_worker_answers_every_request_with_its_own_translations(translator: Translator, size: int) -> None:
+def test_the_worker_answers_every_request_with_its_own_translations(
+    translator: Translator, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``serve``'s worker: greedy through the stream, beam search in rounds; jobs that run alone (the page's attention)
     between them; a failing job answers its own request only; after close, what was queued is answered."""
-    service = serve.Service(translator, ["de", "en"], search=beam(size), thread=False)
-    batcher = service.batcher
-    assert isinstance(service.engines.slots[0].engine, StreamingTranslator if size == 1 else RoundTranslator)
+    service = Service(translator, ["de", "en"], search=beam(size), thread=False)
+    worker, leg = service.worker, Leg(0, ("de", "en"))
+    assert isinstance(service.engines.runs[0].engine, StreamingTranslator if size == 1 else RoundTranslator)
+    monkeypatch.setattr(translator, "attention", lambda *args, **kwargs: 1 / 0)
     requests = [[f"{SAMPLES[i % 6]}\n\n{SAMPLES[(i + 1) % 6]}", " "] for i in range(10)]
-    futures = []
+    jobs = []
     for index, texts in enumerate(requests):
-        futures.append(Future())
-        batcher.jobs.put((serve.Texts(texts, None), futures[-1]))
+        lines = Lines.of(texts)  # as the handlers give the worker a request's texts: line by line
+        jobs.append((lines, Translate(leg, lines.flat)))
+        worker.submit(jobs[-1][1])
         if index == 4:
-            futures.append(Future())
-            batcher.jobs.put((lambda: 1 / 0, futures[-1]))
-    batcher.jobs.put(batcher.STOP)
-    batcher.work()
-    failed = futures.pop(5)
-    assert isinstance(failed.exception(timeout=0), ZeroDivisionError)
+            failing = Attend(leg, SAMPLES[0])
+            worker.submit(failing)
+    worker.jobs.put(Stop())
+    worker.work()
+    assert isinstance(failing.answer.exception(timeout=0), ZeroDivisionError)
     expected = translator.translate(SAMPLES, search=beam(size))
-    for i, future in enumerate(futures):
-        assert future.result(timeout=0).texts == [f"{expected[i % 6]}\n\n{expected[(i + 1) % 6]}", " "]
+    for i, (lines, job) in enumerate(jobs):
+        answer = lines.joined(job.answer.result(timeout=0).texts)
+        assert answer == [f"{expected[i % 6]}\n\n{expected[(i + 1) % 6]}", " "]

@@ -1,7 +1,8 @@
-"""Texts translated as they come, for ``serve``: requests' texts cut into the pieces the model reads (as
+"""Texts translated as they come, for ``serve``'s worker: requests' texts cut into the pieces the model reads (as
 :meth:`Translator.translate` cuts them), given out in turn (:class:`Requests`), and decoded by one
 :class:`multihead.torch.streaming.Stream` that sentences join and leave at every decoding step (continuous batching,
-greedy or sampling, :class:`StreamingTranslator`), or in rounds (beam search, :class:`RoundTranslator`).
+greedy or sampling, :class:`StreamingTranslator`), or in rounds (beam search, :class:`RoundTranslator`): which of the
+two a search takes is :func:`engine`'s choice alone.
 
 In turn: each place that frees up in the running batch goes to the next request with pieces left, so a large text
 shares the batch with the short requests that come after it instead of going before all of them; and while others
@@ -15,7 +16,7 @@ it at the next step (``Stream.room``), so a dropped request leaves no sentence w
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -26,26 +27,19 @@ from multihead.torch.streaming import Stream
 
 SHARE = 8
 """How many more places than all the other requests together one request may hold while they are being translated."""
-Finish = Callable[[Translated], Any]
-"""What a request's translations become before they are its answer."""
-
-
-def _keep(translated: Translated) -> Any:
-    return translated
 
 
 class Translating(Protocol):
-    """What ``serve``'s worker drives: requests' texts added as they come, translated a step at a time."""
+    """What ``serve``'s worker drives, one a run: requests' texts added as they come, translated a step at a time."""
 
     def __len__(self) -> int:
         """Pieces being translated or waiting for a place."""
         ...
 
-    def add(
-        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
-    ) -> None:
-        """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result once all have been translated.
-        ``translator``: the engine's translator between other languages (:meth:`Translator.for_languages`)."""
+    def add(self, texts: Sequence[str], future: Future[Translated], translator: Translator | None = None) -> None:
+        """Queue ``texts``: their translations become ``future``'s result once all have been translated.
+        ``translator``: the engine's translator between other languages (:meth:`Translator.for_languages`), or
+        splitting otherwise (:meth:`Translator.splitting`)."""
         ...
 
     def step(self) -> None:
@@ -81,8 +75,7 @@ class _Job(Generic[C]):
 
     translator: C
     uncut: deque[tuple[int, str]]
-    future: Future
-    finish: Finish = field(repr=False)
+    future: Future[Translated]
     pieces: list[Cut] = field(default_factory=list)
     pending: deque[tuple[int, Ids]] = field(default_factory=deque)
     outputs: list[Ids] = field(default_factory=list)
@@ -93,7 +86,7 @@ class _Job(Generic[C]):
         return not (self.uncut or self.pending or self.running)
 
 
-def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+def settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
     """``future``'s result (or ``error``), unless it is already done: cancelled while it was being translated."""
     try:
         if error is None:
@@ -119,8 +112,8 @@ class Requests(Generic[C]):
         """Pieces not yet given out, a text not yet cut counting as one."""
         return sum(len(job.pending) + len(job.uncut) for job in self.turns)
 
-    def add(self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: C | None = None) -> None:
-        job = _Job(translator or self.translator, deque(enumerate(texts)), future, finish)
+    def add(self, texts: Sequence[str], future: Future[Translated], translator: C | None = None) -> None:
+        job = _Job(translator or self.translator, deque(enumerate(texts)), future)
         self.live.append(job)
         self._cut(job)  # its first piece, or the answer of blank texts
         if job.pending:
@@ -148,7 +141,7 @@ class Requests(Generic[C]):
         """Answer ``job``, all of its pieces translated: their translations checked and joined (or the error that
         gave, its alone)."""
         try:
-            answer = job.finish(job.translator.joined(job.pieces, job.outputs, self.search))
+            answer = job.translator.joined(job.pieces, job.outputs, self.search)
         except Exception as error:
             settle(job.future, error=error)
             return
@@ -213,13 +206,11 @@ class StreamingTranslator:
     def __len__(self) -> int:
         return len(self.stream) + len(self.requests)
 
-    def add(
-        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
-    ) -> None:
-        """Queue ``texts``; ``finish(translations)`` becomes ``future``'s result in :meth:`step` (at once, when they
-        hold no piece to translate). Each request's pieces start their translations with its translator's forced
-        tokens (its target language's)."""
-        self.requests.add(texts, future, finish, translator)
+    def add(self, texts: Sequence[str], future: Future[Translated], translator: Translator | None = None) -> None:
+        """Queue ``texts``: their translations become ``future``'s result in :meth:`step` (at once, when they hold no
+        piece to translate). Each request's pieces start their translations with its translator's forced tokens (its
+        target language's)."""
+        self.requests.add(texts, future, translator)
 
     def step(self) -> None:
         gone = self.requests.drop_abandoned()
@@ -250,10 +241,8 @@ class RoundTranslator:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def add(
-        self, texts: Sequence[str], future: Future, finish: Finish = _keep, translator: Translator | None = None
-    ) -> None:
-        self.requests.add(texts, future, finish, translator)
+    def add(self, texts: Sequence[str], future: Future[Translated], translator: Translator | None = None) -> None:
+        self.requests.add(texts, future, translator)
 
     def step(self) -> None:
         self.requests.drop_abandoned()
@@ -271,3 +260,10 @@ class RoundTranslator:
 
     def fail(self, error: BaseException) -> None:
         self.requests.fail(error)
+
+
+def engine(translator: Translator, *, rows: int, search: SearchOptions) -> Translating:
+    """The engine that translates a run's requests as ``search`` says, at most ``rows`` pieces at once: a stream for
+    a search that keeps one row a sentence (greedy, sampling), rounds for beam search."""
+    kind = StreamingTranslator if search.strategy.one_row else RoundTranslator
+    return kind(translator, rows=rows, search=search)

@@ -1,0 +1,195 @@
+"""``multihead serve``, on the main thread: the runs loaded for their languages, the socket, the event loop started
+on a thread of its own (uvicorn), the worker run on this one, and the signals that stop them."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from multihead.app.console import UserError, plural, say
+from multihead.app.languages import closest_code, pair_text
+from multihead.app.runs import has_checkpoints
+from multihead.app.serve.http import create_app
+from multihead.app.serve.limits import Limits
+from multihead.app.serve.service import Service
+from multihead.app.translate import Translator
+from multihead.decoding import SearchOptions
+
+DRAIN = 30.0
+"""Seconds the server waits, once told to stop, for the requests in flight before it drops them."""
+
+Loading = Callable[[], tuple[Translator, Sequence[str]]]
+"""What loads a run: its translator, and the pair it serves by default."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port), listening; refused in one line when it cannot be."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, protocol)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as error:
+        raise UserError(f"cannot listen on --host {host} --port {port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _load_run(
+    run: str,
+    *,
+    checkpoint: str | None,
+    device: str | None,
+    quantize: str | None,
+    normalize: str | None,
+    langs: Sequence[str] | None,
+    split_sentences: bool = True,
+    guard: bool = True,
+) -> tuple[Translator, Sequence[str]]:
+    """A run's translator, and the pair it serves by default (:func:`_served_langs`)."""
+    translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
+                            split_sentences=split_sentences, guard=guard)  # fmt: skip
+    return translator, _served_langs(translator, langs, run)
+
+
+def _service(
+    loaders: Sequence[Loading], search: Callable[[Translator], SearchOptions], max_loaded: int | None
+) -> Service:
+    """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``
+    released at once (loaded again when asked), searching as ``search`` says of the first run."""
+    loaded: list[tuple[Translator, Sequence[str]]] = []
+    for index, load in enumerate(loaders):
+        loaded.append(load())
+        if max_loaded is not None and index >= max_loaded:
+            loaded[-1][0].release()
+    (translator, langs), more = loaded[0], loaded[1:]
+    reload = [functools.partial(_translator_only, load) for load in loaders]
+    return Service(translator, langs, more=more, search=search(translator), thread=False, loaders=reload,
+                   max_loaded=max_loaded)  # fmt: skip
+
+
+def _translator_only(load: Loading) -> Translator:
+    """What ``load`` loads, without its pair: a released run loaded again (its pair is known)."""
+    return load()[0]
+
+
+def _served_langs(translator: Translator, langs: Sequence[str] | None, run: str) -> Sequence[str]:
+    """The pair ``serve`` defaults to: ``langs`` (of a model of many languages: the pair it chooses; of a run that
+    records its one pair: that pair, another refused in one line; else the names of the run's languages), else the
+    run's, else a built-in task's; refused in one line where there is none."""
+    marked, named = translator.language_tokens, f"--langs {' '.join(langs or [])}"
+    if langs and marked is not None:
+        translator.choose_languages(langs[0] if marked.sources else None, langs[1], named=named)
+        langs = translator.langs
+    elif langs and translator.langs:
+        if any(closest_code(code, [own]) != own for code, own in zip(langs, translator.langs, strict=True)):
+            translator.choose_languages(*langs, named=named)  # refused, as translate --target-lang is: no tokens
+        langs = translator.langs
+    task = translator.checkpoint.options.get("task")
+    langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
+    if not langs:
+        raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
+    return langs
+
+
+def run_paths(given: Sequence[str]) -> list[str]:
+    """The runs ``given`` names, in order: each a run directory, or a directory holding runs (those in it, by
+    name)."""
+    found = []
+    for name in given:
+        path = Path(name)
+        inside = sorted(child for child in path.iterdir() if has_checkpoints(child)) if path.is_dir() else []
+        found += [name] if has_checkpoints(path) or not inside else [str(child) for child in inside]
+    return found
+
+
+def _say_serving(service: Service, runs: Sequence[str], sock: socket.socket) -> None:
+    """Where the service listens, what it serves by default, and each run's pairs."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    routes, first, many = service.routes, service.runs[0][0], len(service.runs) > 1
+    served = f"{len(service.runs)} runs" if many else f"{runs[0]} (checkpoint {first.checkpoint.path.name})"
+    pairs = sum(map(len, routes.pairs.values()))
+    others = f"; {pairs} pairs of {len(routes.languages())} languages" if pairs > 1 else ""
+    say(f"serving {served}, by default {pair_text([routes.source, routes.target])}{others}, at "
+        f"http://{shown}:{port} (Ctrl-C stops)", sys.stderr)  # fmt: skip
+    for index in range(len(service.runs)) if many else ():
+        count = sum(owner == index for owner in routes.direct.values())
+        said = plural(count, "pair") if count else "no pair: the runs named before it serve all of its"
+        say(f"  {routes.names[index]}: {pair_text(service.runs[index][1])}; {said}", sys.stderr)
+
+
+def serve(
+    runs: Sequence[str],
+    *,
+    host: str,
+    port: int,
+    checkpoint: str | None,
+    device: str | None,
+    quantize: str | None,
+    search: Callable[[Translator], SearchOptions],
+    langs: Sequence[str] | None,
+    limits: Limits,
+    max_loaded: int | None = None,
+    normalize: str | None = None,
+    split_sentences: bool = True,
+    guard: bool = True,
+) -> int:
+    """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
+    answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``search``: how
+    every run searches, given the first run's translator (its defaults under the flags); ``langs``: the first run's
+    pair; ``max_loaded``: the most runs whose models are held at once (:class:`~multihead.app.serve.engines.Engines`);
+    ``normalize``: the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by
+    sentence unless a request says otherwise, ``guard``: whether doubted translations are searched again
+    (:class:`Translator`). A run of a built-in task serves its inputs as the language ``TASK`` and its outputs as
+    ``TASK-out`` unless ``langs`` says otherwise."""
+    import uvicorn
+
+    sock = listening_socket(host, port)
+    load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
+                             split_sentences=split_sentences, guard=guard)  # fmt: skip
+    loaders = [
+        functools.partial(load, run, langs=None if index else langs) for index, run in enumerate(run_paths(runs))
+    ]
+    try:
+        service = _service(loaders, search, max_loaded)
+    except UserError:
+        sock.close()
+        raise
+    config = uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5,
+                            timeout_graceful_shutdown=int(DRAIN))  # fmt: skip
+    server = uvicorn.Server(config)
+    _say_serving(service, runs, sock)
+
+    def stop(sig: int, frame: Any) -> None:
+        """The first signal drains; a second stops without waiting for the requests in flight, quietly: uvicorn's
+        reports of the tasks it then cancels (the requests', the application's lifespan) are not errors."""
+        if server.should_exit:
+            logging.getLogger("uvicorn.error").disabled = True
+            server.force_exit = True
+        server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+    def run_server() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            service.worker.close()  # stops the worker below, if the server's shutdown has not
+
+    # The event loop on a thread, the translation on this (main) one.
+    thread = threading.Thread(target=run_server, name="event loop")
+    thread.start()
+    service.worker.work()
+    thread.join()
+    say("stopped", sys.stderr)
+    return 0

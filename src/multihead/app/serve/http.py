@@ -1,0 +1,255 @@
+"""The HTTP side, on the event loop: LibreTranslate's endpoints, field for field and error for error (its clients
+work unchanged): ``POST /translate``, ``GET /languages``, ``POST /detect``, ``GET /health``, ``GET /frontend/settings``;
+ours: ``GET /`` (the page, self-contained) and ``POST /attention`` (one sentence's cross-attention, as the page draws
+it).
+
+A handler reads its request into a typed one (:mod:`multihead.app.serve.parse`), finds its route
+(:mod:`multihead.app.serve.routing`) and gives the worker typed jobs (:mod:`multihead.app.serve.jobs`), awaiting their
+answers; the event loop never computes a translation. Every error is mapped here, at the edge: each a user can cause
+is ``{"error": "..."}`` with a 4xx status, as LibreTranslate words it; a 500 would be a bug of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, overload
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route as Endpoint
+
+from multihead.app.console import UserError
+from multihead.app.detect import Detected
+from multihead.app.languages import language_name
+from multihead.app.markup import translate_html, visible_text
+from multihead.app.serve.jobs import Attend, Hypotheses, Translate, Work
+from multihead.app.serve.limits import Access, ApiError, Limits
+from multihead.app.serve.parse import Lines, arguments, attention_request, checked_texts, translate_request
+from multihead.app.serve.routing import Leg, Route, Unserved
+from multihead.app.serve.service import Service
+from multihead.app.translate import Translated, Translation
+from multihead.app.view import attention_view, page
+
+
+class Handlers:
+    """The HTTP endpoints of ``service`` under ``limits``: each a Starlette handler."""
+
+    def __init__(self, service: Service, limits: Limits) -> None:
+        self.service, self.routes, self.limits = service, service.routes, limits
+        self.access = Access(limits)
+        self.page = page()
+
+    async def _arguments(self, request: Request) -> dict[str, Any]:
+        """The request's parameters, its access checked."""
+        found = await arguments(request)
+        self.access.check(found.get("api_key"), request.client.host if request.client else "")
+        return found
+
+    async def translate(self, request: Request) -> JSONResponse:
+        asked = translate_request(await self._arguments(request), self.limits)
+        texts = asked.texts
+        shown = [visible_text(text) for text in texts] if asked.html else texts  # what detection reads
+        target, detected, sources = self.routes.sources(shown, asked.source, asked.target)
+        routes = {code: self.routes.route(code, target) for code in dict.fromkeys(sources)}
+        # A text already in the target language (source "auto") is kept as it is; the others go by their sources.
+        kept = [found.language == target for found in detected] if detected else [False] * len(texts)
+        groups: dict[str, list[int]] = {}
+        for index, (code, keep) in enumerate(zip(sources, kept, strict=True)):
+            if not keep:
+                groups.setdefault(code, []).append(index)
+        doubtful: list[list[str]] = [[] for _ in texts]  # each text's sentences whose translation the guard doubts
+        others: list[list[str]] = [[] for _ in texts]  # alternatives: none for HTML, as LibreTranslate
+        translated = list(texts)
+        if asked.html or asked.alternatives:  # a text at a time
+            for code, indices in groups.items():
+                for index in indices:
+                    if asked.html:
+                        through = self._through(routes[code], request, asked.split, doubtful, [index])
+                        translated[index] = await translate_html(texts[index], through)
+                    else:
+                        found = await self._best(routes[code], texts[index], asked.alternatives + 1, request)
+                        translated[index] = found[0]
+                        others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
+        else:
+            done = await asyncio.gather(*(
+                self._through(routes[code], request, asked.split, doubtful, indices)([texts[i] for i in indices])
+                for code, indices in groups.items()
+            ))  # fmt: skip
+            for indices, outputs in zip(groups.values(), done, strict=True):
+                for index, output in zip(indices, outputs, strict=True):
+                    translated[index] = output
+        answer = _answer(translated, detected=detected, alternatives=asked.alternatives and others, doubtful=doubtful)
+        return JSONResponse(answer if asked.many else {name: value[0] for name, value in answer.items()})
+
+    def _through(
+        self, route: Route, request: Request, split: bool | None, doubtful: list[list[str]], into: Sequence[int]
+    ) -> Callable[[list[str]], Awaitable[list[str]]]:
+        """What translates a request's texts along ``route``, line by line, split into sentences as ``split`` says,
+        adding the source sentences the guard doubts in its ``i``-th text to ``doubtful[into[i]]`` (an HTML text's
+        pieces, all of them to ``doubtful[into[0]]``)."""
+
+        async def translate(texts: list[str]) -> list[str]:
+            lines = Lines.of(texts)
+
+            async def leg(on: Leg, flat: list[str]) -> list[str]:
+                done = await self._ask(Translate(on, flat, split), request)
+                for index, found in enumerate(lines.doubts(done)):
+                    doubtful[into[min(index, len(into) - 1)]] += found
+                return done.texts
+
+            return lines.joined(await route.through(lines.flat, leg, leg))
+
+        return translate
+
+    async def _best(self, route: Route, text: str, count: int, request: Request) -> list[str]:
+        """The ``count`` best translations of ``text`` along ``route``, line by line (the ``i``-th best of each line,
+        joined; a blank line: itself): each line's beam search is a job of its own on the worker, so that the
+        requests being streamed take their steps between them."""
+
+        async def leg(on: Leg, texts: list[str]) -> list[str]:
+            return (await self._ask(Translate(on, texts), request)).texts
+
+        async def best(on: Leg, texts: list[str]) -> list[list[str]]:
+            return await self._ask(Hypotheses(on, texts, count), request)
+
+        found = []
+        for line in Lines.of([text]).lines[0]:
+            found += [[line]] if not line.strip() else await route.through([line], leg, best)
+        return ["\n".join(line[min(i, len(line) - 1)] for line in found) for i in range(count)]
+
+    @overload
+    async def _ask(self, job: Translate, request: Request) -> Translated: ...
+    @overload
+    async def _ask(self, job: Hypotheses, request: Request) -> list[list[str]]: ...
+    @overload
+    async def _ask(self, job: Attend, request: Request) -> Translation: ...
+
+    async def _ask(self, job: Work, request: Request) -> object:
+        """``job``'s answer from the worker; an :class:`ApiError` when ``request``'s client leaves first (499) or the
+        time limit passes first (503), and then the worker drops the job."""
+        self.service.worker.submit(job)
+        future: Future[Any] = job.answer
+        answer, timeout = asyncio.wrap_future(future), self.limits.timeout
+        left = asyncio.ensure_future(_client_left(request))
+        try:
+            done, _ = await asyncio.wait(
+                [answer, left], timeout=None if timeout < 0 else timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:  # also when this request's task is cancelled (the server stopping)
+            left.cancel()
+            future.cancel()  # nobody waits for it now: the worker drops it (done already: no effect)
+        if answer in done:
+            return answer.result()
+        if done:
+            raise ApiError(499, "Client closed request")  # nobody reads it
+        raise ApiError(503, f"Translation took longer than this server allows ({timeout:g} seconds): try shorter texts")
+
+    async def attention(self, request: Request) -> JSONResponse:
+        asked = attention_request(await self._arguments(request), self.limits)
+        routes = self.routes
+        source, target = routes.code(asked.source or routes.source), routes.code(asked.target or routes.target)
+        route = routes.route(source, target)
+        if route.pivot is not None:
+            raise ApiError(400, f"{language_name(source)} ({source}) to {language_name(target)} ({target}) goes "
+                           f"through {language_name(route.pivot)}: no one model's attention")  # fmt: skip
+        return JSONResponse(attention_view(await self._ask(Attend(route.legs[0], asked.sentence), request)))
+
+    async def detect(self, request: Request) -> JSONResponse:
+        q = (await self._arguments(request)).get("q")
+        texts = checked_texts(q, self.limits)
+        found = [[each.as_json() for each in self.routes.identifier.detect(text)] for text in texts]
+        return JSONResponse(found if isinstance(q, list) else found[0])  # a list of texts: each text's candidates
+
+    async def languages(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.routes.languages())
+
+    async def health(self, request: Request) -> JSONResponse:
+        """``{"status": "ok"}`` (LibreTranslate's answer) while the worker makes progress; 503 with how long it has
+        been on one step or job once that is over :data:`~multihead.app.serve.worker.STALLED_AFTER` seconds."""
+        stalled, names = self.service.worker.stalled(), self.routes.names
+        if stalled is None:
+            loaded = {"loaded": [names[index] for index in self.service.engines.loaded()]}
+            return JSONResponse({"status": "ok", **(loaded if len(names) > 1 else {})})
+        message = f"the translation worker has been on one step for {stalled:.0f} seconds"
+        return JSONResponse({"status": "stalled", "error": message}, status_code=503)
+
+    async def settings(self, request: Request) -> JSONResponse:
+        keys, routes = self.limits.api_keys is not None, self.routes
+        return JSONResponse(
+            {
+                "charLimit": self.limits.char_limit, "frontendTimeout": 500, "apiKeys": keys, "keyRequired": keys,
+                "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                "language": {
+                    "source": {"code": routes.source, "name": language_name(routes.source)},
+                    "target": {"code": routes.target, "name": language_name(routes.target)},
+                },
+            }
+        )  # fmt: skip
+
+    async def favicon(self, request: Request) -> Response:
+        """No icon (204): a browser's request for one is answered without an error in the log."""
+        return Response(status_code=204)
+
+    async def index(self, request: Request) -> HTMLResponse:
+        return HTMLResponse(self.page)
+
+
+async def refused(request: Request, error: Exception) -> JSONResponse:
+    """Every error, as LibreTranslate answers it: ``{"error": ...}`` with its status."""
+    if isinstance(error, ApiError):
+        return JSONResponse({"error": error.message}, status_code=error.status)
+    if isinstance(error, HTTPException):
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
+    if isinstance(error, (Unserved, UserError)):  # a pair no route serves; the translator's own refusal
+        return JSONResponse({"error": str(error)}, status_code=400)
+    return JSONResponse({"error": f"Internal error: {type(error).__name__}"}, status_code=500)
+
+
+async def _client_left(request: Request) -> None:
+    """Returns when ``request``'s client disconnects (its body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _answer(
+    translated: list[str], *, detected: list[Detected] | None, alternatives: Any, doubtful: list[list[str]]
+) -> dict[str, list[Any]]:
+    """``/translate``'s answer, each field a list of each text's: ``translatedText``, and where there are any
+    ``detectedLanguage``, ``alternatives`` (each text's list) and ``doubtful`` (each text's sentences the guard
+    doubts, each once: an HTML text's pieces may translate one more than once)."""
+    fields: dict[str, list[Any]] = {"translatedText": translated}
+    if detected:
+        fields["detectedLanguage"] = [found.as_json() for found in detected]
+    if alternatives:
+        fields["alternatives"] = alternatives
+    if any(doubtful):
+        fields["doubtful"] = [list(dict.fromkeys(sentences)) for sentences in doubtful]
+    return fields
+
+
+def create_app(service: Service, limits: Limits) -> Starlette:
+    """The Starlette application of ``service`` under ``limits``."""
+    handlers = Handlers(service, limits)
+    endpoints = [
+        Endpoint("/", handlers.index, methods=["GET"]),
+        Endpoint("/translate", handlers.translate, methods=["POST"]),
+        Endpoint("/attention", handlers.attention, methods=["POST"]),
+        Endpoint("/detect", handlers.detect, methods=["POST"]),
+        Endpoint("/favicon.ico", handlers.favicon, methods=["GET"]),
+        Endpoint("/languages", handlers.languages, methods=["GET", "POST"]),
+        Endpoint("/health", handlers.health, methods=["GET"]),
+        Endpoint("/frontend/settings", handlers.settings, methods=["GET"]),
+    ]
+    errors = {error: refused for error in (ApiError, HTTPException, Unserved, UserError, Exception)}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.worker.close)  # after the last request: what was queued is answered
+
+    return Starlette(routes=endpoints, exception_handlers=errors, lifespan=lifespan)
