@@ -189,9 +189,13 @@ class Engine(Generic[Owner]):
 
     def __len__(self) -> int:
         """Sentences decoding or waiting to join."""
-        return len({id(sentence) for sentence, ended in zip(self.of_row, self.ended, strict=True) if not ended}) + len(
-            self.waiting
-        )
+        return len(self.decoding) + len(self.waiting)
+
+    @property
+    def decoding(self) -> list[Owner]:
+        """The owners of the sentences decoding (not those waiting to join), in the rows' order."""
+        live = [sentence for sentence, ended in zip(self.of_row, self.ended, strict=True) if not ended]
+        return list(dict.fromkeys(sentence.owner for sentence in live))
 
     # --- sentences in ------------------------------------------------------------------------------------------
 

@@ -254,11 +254,11 @@ def test_export_translates_as_ctranslate2s_own_conversion(nllb: Nllb, tmp_path: 
         ]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("beams", [1, 2], ids=["stream", "rounds"])
+@pytest.mark.parametrize("beams", [1, 2], ids=["greedy", "beam"])
 def test_serve_answers_every_pair_of_its_languages_as_translate(nllb: Nllb, beams: int) -> None:
     """``/languages`` lists each of the model's languages (as ISO codes) with every other as a target; ``/translate``
     answers any pair as ``translate --source-lang --target-lang`` does, requests into different languages at once
-    sharing the batch (greedy) or each pair's rounds (beam search)."""
+    sharing the batch, greedy or beam search."""
     from concurrent.futures import ThreadPoolExecutor
 
     from app.served import request, serving

@@ -39,12 +39,12 @@ def test_pieces_are_given_out_in_turn_and_answers_joined_in_order() -> None:
     taken = requests.take(6)
     assert [job.future for job, _, _ in taken] == [heavy, short] * 3  # one of each, in turn
     for job, index, ids in taken:
-        requests.ended(job, index, [ids[0] * 10])
+        requests.ended(job, index, [(0.0, [ids[0] * 10])])
     assert short.result(timeout=0).texts == ["20 30", "", "10"]
     assert not heavy.done()
     while remaining := requests.take(8):
         for job, index, ids in remaining:
-            requests.ended(job, index, [ids[0]])
+            requests.ended(job, index, [(0.0, [ids[0]])])
     assert heavy.result(timeout=0).texts == [" ".join(["10", "20", "30"] + ["4", "1", "2", "3"] * 4 + ["4"])]
     assert (requests.live, len(requests), requests.running) == ([], 0, 0)
 
@@ -60,10 +60,10 @@ def test_one_request_holds_at_most_its_share_while_others_are_translated() -> No
     assert [job for job, _, _ in more].count(first[0][0]) == 0  # at its share: only the short request's pieces
     assert len(more) == 2
     for job, index, ids in more:
-        requests.ended(job, index, ids)
+        requests.ended(job, index, [(0.0, ids)])
     assert short.result(timeout=0).texts == ["1 1"]
     for job, index, ids in first[: 50 - SHARE]:
-        requests.ended(job, index, ids)
+        requests.ended(job, index, [(0.0, ids)])
     assert len(requests.take(100)) == 50  # alone again: the rest
 
 
@@ -79,11 +79,11 @@ def test_an_abandoned_request_is_dropped_with_its_pieces() -> None:
     assert len(requests) == sum(len(job.pending) + len(job.uncut) for job in requests.turns) < 3
     for job, index, ids in first:  # the heavy request's are dropped from the batch with it (never end)
         if job.future is short:
-            requests.ended(job, index, ids)
+            requests.ended(job, index, [(0.0, ids)])
     while taken := requests.take(8):
         assert all(job.future is short for job, _, _ in taken)
         for job, index, ids in taken:
-            requests.ended(job, index, ids)
+            requests.ended(job, index, [(0.0, ids)])
     assert short.result(timeout=0).texts == ["1 1 1"]
 
 
@@ -152,7 +152,7 @@ def test_a_text_that_cannot_be_cut_fails_its_request_alone_and_leaves_nothing_qu
     while len(requests) or requests.running:
         requests.drop_abandoned()
         for job, index, ids in requests.take(4):
-            requests.ended(job, index, [ids[0] * 10])
+            requests.ended(job, index, [(0.0, [ids[0] * 10])])
     with pytest.raises(RuntimeError, match="cannot encode"):
         bad.result(timeout=0)
     assert good.result(timeout=0).texts == ["20 10"]

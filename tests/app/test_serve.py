@@ -363,7 +363,7 @@ def test_a_short_request_shares_the_batch_with_a_large_one_and_a_client_that_lea
             200, {"translatedText": corpus_run.translations[0]})  # fmt: skip
 
 
-@pytest.mark.parametrize("size", [1, 3], ids=["stream", "rounds"])
+@pytest.mark.parametrize("size", [1, 3], ids=["greedy", "beam"])
 def test_a_request_over_the_time_limit_is_answered_503_and_its_work_dropped(
     translator: Translator, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:

@@ -1,6 +1,6 @@
 """Continuous batching (``multihead.torch.streaming``, through ``multihead.app.streaming``): sentences join and leave a
-running batch at every step and get what ``Translator.translate`` gives them; ``serve``'s worker over it, and over
-rounds for beam search."""
+running batch at every step and get what ``Translator.translate`` gives them, whatever their search; ``serve``'s
+worker over it."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from app.support import SAMPLES, VALID, CorpusRun, beam
 from multihead.app.serve import Service
 from multihead.app.serve.jobs import Attend, Stop, Translate
 from multihead.app.serve.parse import Lines
 from multihead.app.serve.routing import Leg
-from multihead.app.streaming import SHARE, RoundTranslator, StreamingTranslator
+from multihead.app.streaming import SHARE, StreamingTranslator
 from multihead.app.tokenizers import EOS
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.torch import streaming
-from multihead.torch.streaming import Stream
+from multihead.torch.streaming import Stream, StreamRows
 
 SOURCES = [source for source, _ in VALID]
 
@@ -97,8 +98,13 @@ def test_a_sentence_ends_at_its_own_length_limit(translator: Translator, monkeyp
 def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
     translator: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    decode = Stream._decode
-    monkeypatch.setattr(Stream, "_decode", lambda self: np.maximum(decode(self), EOS + 1))  # no sentence ends
+    step = StreamRows.step
+
+    def never_ending(self: StreamRows, tokens: np.ndarray) -> torch.Tensor:
+        logits = step(self, tokens)
+        return torch.where(torch.arange(logits.shape[1]) == EOS, float("-inf"), logits)  # no sentence ends
+
+    monkeypatch.setattr(StreamRows, "step", never_ending)
     stream = Stream(translator.model, rows=64, generation=translator.spec(TRANSLATION))
 
     def add(index: int) -> None:
@@ -108,14 +114,14 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
     for index in range(8):
         add(index)
     stream.step()  # nothing decoding: all join
-    assert len(stream.sentences) == 8
+    assert len(stream.decoding) == 8
     add(8)  # one is less than a quarter of 8
     for _ in range(streaming.JOIN_AFTER):
         stream.step()
-        assert [entry.owner for entry in stream.waiting] == [8]
+        assert [entry.sentence.owner for entry in stream.waiting] == [8]
     stream.step()
     assert not stream.waiting
-    assert 8 in [sentence.owner for sentence in stream.sentences]
+    assert 8 in [sentence.owner for sentence in stream.of_row]
 
 
 def test_a_large_request_shares_the_batch_and_takes_it_all_alone(translator: Translator) -> None:
@@ -130,7 +136,7 @@ def test_a_large_request_shares_the_batch_and_takes_it_all_alone(translator: Tra
     def held() -> Counter:
         stream = streaming_translator.stream
         assert not stream.waiting  # the requests' pieces wait in one queue: Requests'
-        owners = [sentence.owner for sentence in stream.sentences]
+        owners = stream.decoding
         return Counter(job.future for job, _ in owners)
 
     streaming_translator.step()
@@ -156,7 +162,7 @@ def test_a_cancelled_request_is_dropped_at_the_next_step(translator: Translator)
     for future in futures[::2]:
         assert future.cancel()
     streaming_translator.step()
-    owners = [sentence.owner for sentence in streaming_translator.stream.sentences]
+    owners = streaming_translator.stream.decoding
     assert not any(job.future.cancelled() for job, _ in owners)
     while len(streaming_translator):
         streaming_translator.step()
@@ -179,7 +185,7 @@ def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
         if failing_part == "encoding":
             patched.setattr(translator.model, "_encode", lambda *args: 1 / 0)
         else:
-            patched.setattr(Stream, "_decode", lambda self: 1 / 0)
+            patched.setattr(StreamRows, "step", lambda self, tokens: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             streaming_translator.step()
     streaming_translator.fail(RuntimeError("boom"))
@@ -188,15 +194,15 @@ def test_a_failed_step_fails_every_request_in_the_stream_and_the_next_ones_work(
     assert run(streaming_translator, [[SAMPLES[0]]], seed=0, in_flight=1) == [translator.translate([SAMPLES[0]])]
 
 
-@pytest.mark.parametrize("size", [1, 3], ids=["stream", "rounds"])
+@pytest.mark.parametrize("size", [1, 3], ids=["greedy", "beam"])
 def test_the_worker_answers_every_request_with_its_own_translations(
     translator: Translator, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``serve``'s worker: greedy through the stream, beam search in rounds; jobs that run alone (the page's attention)
+    """``serve``'s worker: greedy or beam search through the stream; jobs that run alone (the page's attention)
     between them; a failing job answers its own request only; after close, what was queued is answered."""
     service = Service(translator, ["de", "en"], search=beam(size), thread=False)
     worker, leg = service.worker, Leg(0, ("de", "en"))
-    assert isinstance(service.engines.runs[0].engine, StreamingTranslator if size == 1 else RoundTranslator)
+    assert isinstance(service.engines.runs[0].engine, StreamingTranslator)
     monkeypatch.setattr(translator, "attention", lambda *args, **kwargs: 1 / 0)
     requests = [[f"{SAMPLES[i % 6]}\n\n{SAMPLES[(i + 1) % 6]}", " "] for i in range(10)]
     jobs = []

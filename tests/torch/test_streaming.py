@@ -246,9 +246,12 @@ def test_every_search_streams_as_it_generates(strategy: str, processing: str) ->
             if search.beam_size > 1:
                 expected = engine.n_best_search(alone, 1, generation, max_len=limits[index])[0]
             else:
-                tokens = engine.generate(alone, 1, generation, max_len=limits[index], keys=[index])[0].tolist()
+                found = engine.generate(alone, 1, generation, max_len=limits[index], keys=[index])
+                tokens = found[0].tolist()
                 expected = [(None, tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens)]
-        assert [hypothesis.tolist() for _, hypothesis in got[index]] == [np.asarray(t).tolist() for _, t in expected], index
+        assert [hypothesis.tolist() for _, hypothesis in got[index]] == [np.asarray(t).tolist() for _, t in expected], (
+            index
+        )
         if search.beam_size > 1:
             np.testing.assert_allclose([rank for rank, _ in got[index]], [rank for rank, _ in expected], rtol=1e-5)
 

@@ -1,8 +1,8 @@
 """Texts translated as they come, for ``serve``'s worker: requests' texts cut into the pieces the model reads (as
 :meth:`Translator.translate` cuts them), given out in turn (:class:`Requests`), and decoded by one
-:class:`multihead.torch.streaming.Stream` that sentences join and leave at every decoding step (continuous batching,
-greedy or sampling, :class:`StreamingTranslator`), or in rounds (beam search, :class:`RoundTranslator`): which of the
-two a search takes is :func:`engine`'s choice alone.
+:class:`multihead.torch.streaming.Stream` that sentences join and leave at every decoding step (continuous batching),
+whatever their search: greedy, sampling, beam search, and each text's best few translations
+(:class:`StreamingTranslator`).
 
 In turn: each place that frees up in the running batch goes to the next request with pieces left, so a large text
 shares the batch with the short requests that come after it instead of going before all of them; and while others
@@ -21,7 +21,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from multihead.app.translate import TRANSLATION, Cut, Ids, Translated, Translator, translate_ids, translation
+from multihead.app.translate import TRANSLATION, Cut, Ids, Ranked, Translated, Translator, translation
 from multihead.decoding import SearchOptions
 from multihead.torch.streaming import Stream
 
@@ -36,10 +36,13 @@ class Translating(Protocol):
         """Pieces being translated or waiting for a place."""
         ...
 
-    def add(self, texts: Sequence[str], future: Future[Translated], translator: Translator | None = None) -> None:
-        """Queue ``texts``: their translations become ``future``'s result once all have been translated.
-        ``translator``: the engine's translator between other languages (:meth:`Translator.for_languages`), or
-        splitting otherwise (:meth:`Translator.splitting`)."""
+    def add(
+        self, texts: Sequence[str], future: Future[Any], translator: Translator | None = None, *, best: int = 0
+    ) -> None:
+        """Queue ``texts``: their translations become ``future``'s result once all have been translated (a
+        :class:`~multihead.app.translate.Translated`; with ``best``, each text's ``best`` best translations,
+        ``list[list[str]]``). ``translator``: the engine's translator between other languages
+        (:meth:`Translator.for_languages`), or splitting otherwise (:meth:`Translator.splitting`)."""
         ...
 
     def step(self) -> None:
@@ -62,6 +65,10 @@ class Cutting(Protocol):
         self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION
     ) -> Translated: ...
 
+    def joined_best(
+        self, cuts: Sequence[Cut], found: Sequence[Ranked], count: int
+    ) -> list[list[tuple[float | None, str]]]: ...
+
 
 C = TypeVar("C", bound=Cutting)
 
@@ -70,15 +77,17 @@ C = TypeVar("C", bound=Cutting)
 class _Job(Generic[C]):
     """One request: the translator of its languages, its texts not yet cut into pieces (``uncut``, with their
     places), each text's pieces as far as they are cut, the pieces cut and not yet given out (index among the
-    request's pieces, ids), the translations of those that have ended, how many are being translated. Texts are cut
+    request's pieces, ids), the hypotheses of those that have ended (ranked, best first), how many are being
+    translated; ``best``: how many translations of each text it asks for (0: one, checked and joined). Texts are cut
     as their pieces are wanted, so that a large request costs the worker no long pause when it comes."""
 
     translator: C
     uncut: deque[tuple[int, str]]
-    future: Future[Translated]
+    future: Future[Any]
+    best: int = 0
     pieces: list[Cut] = field(default_factory=list)
     pending: deque[tuple[int, Ids]] = field(default_factory=deque)
-    outputs: list[Ids] = field(default_factory=list)
+    outputs: list[Ranked] = field(default_factory=list)
     running: int = 0
 
     @property
@@ -112,8 +121,8 @@ class Requests(Generic[C]):
         """Pieces not yet given out, a text not yet cut counting as one."""
         return sum(len(job.pending) + len(job.uncut) for job in self.turns)
 
-    def add(self, texts: Sequence[str], future: Future[Translated], translator: C | None = None) -> None:
-        job = _Job(translator or self.translator, deque(enumerate(texts)), future)
+    def add(self, texts: Sequence[str], future: Future[Any], translator: C | None = None, *, best: int = 0) -> None:
+        job = _Job(translator or self.translator, deque(enumerate(texts)), future, best)
         self.live.append(job)
         self._cut(job)  # its first piece, or the answer of blank texts
         if job.pending:
@@ -138,10 +147,14 @@ class Requests(Generic[C]):
             self._answer(job)
 
     def _answer(self, job: _Job[C]) -> None:
-        """Answer ``job``, all of its pieces translated: their translations checked and joined (or the error that
-        gave, its alone)."""
+        """Answer ``job``, all of its pieces translated: their translations checked and joined, or each text's best
+        joined (or the error that gave, its alone)."""
         try:
-            answer = job.translator.joined(job.pieces, job.outputs, self.search)
+            if job.best:
+                found = job.translator.joined_best(job.pieces, job.outputs, job.best)
+                answer: Any = [[text for _, text in texts] for texts in found]
+            else:
+                answer = job.translator.joined(job.pieces, [ranked[0][1] for ranked in job.outputs], self.search)
         except Exception as error:
             settle(job.future, error=error)
             return
@@ -166,9 +179,10 @@ class Requests(Generic[C]):
         self.turns.extendleft(reversed(held_back))
         return taken
 
-    def ended(self, job: _Job[C], index: int, tokens: Ids) -> None:
-        """Piece ``index`` of ``job`` translated as ``tokens``: the request answered once all of its pieces are."""
-        job.outputs[index] = tokens
+    def ended(self, job: _Job[C], index: int, hypotheses: Ranked) -> None:
+        """Piece ``index`` of ``job`` translated as ``hypotheses`` (ranked, best first): the request answered once all
+        of its pieces are."""
+        job.outputs[index] = hypotheses
         job.running -= 1
         self.running -= 1
         if job.done:
@@ -190,11 +204,20 @@ class Requests(Generic[C]):
         self.turns, self.live, self.running = deque(), [], 0
 
 
+def alternatives(search: SearchOptions, count: int) -> SearchOptions:
+    """The search of a text's ``count`` best translations: a beam at least 2 and ``count`` wide, ``search``'s length
+    penalty and limits otherwise."""
+    return SearchOptions(
+        beam_size=max(search.beam_size, count, 2), length_penalty=search.length_penalty, n_best=count,
+        max_length=search.max_length, min_length=search.min_length,
+    )  # fmt: skip
+
+
 class StreamingTranslator:
     """Texts translated as they come (:class:`~multihead.torch.streaming.Stream`), as :meth:`Translator.translate`
-    translates them: each request's translations are its future's result once all of its pieces have ended. A
-    request's piece ``i`` is sampled with key ``i``, as ``translate`` samples that request's texts. A
-    :class:`Translating`."""
+    translates them with ``search`` (greedy, sampling or beam search), or each text's best few: every request's
+    pieces share one running batch, whatever they ask. A request's piece ``i`` is sampled with key ``i``, as
+    ``translate`` samples that request's texts. A :class:`Translating`."""
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator, self.rows, self.search = translator, rows, search
@@ -206,64 +229,29 @@ class StreamingTranslator:
     def __len__(self) -> int:
         return len(self.stream) + len(self.requests)
 
-    def add(self, texts: Sequence[str], future: Future[Translated], translator: Translator | None = None) -> None:
+    def add(
+        self, texts: Sequence[str], future: Future[Any], translator: Translator | None = None, *, best: int = 0
+    ) -> None:
         """Queue ``texts``: their translations become ``future``'s result in :meth:`step` (at once, when they hold no
         piece to translate). Each request's pieces start their translations with its translator's forced tokens (its
         target language's)."""
-        self.requests.add(texts, future, translator)
+        self.requests.add(texts, future, translator, best=best)
 
     def step(self) -> None:
         gone = self.requests.drop_abandoned()
         if gone:
             self.stream.drop(lambda owner: owner[0] in gone)
         for job, index, ids in self.requests.take(self.stream.room(len(self.requests))):  # they join at this step
+            search = alternatives(self.search, job.best) if job.best else self.search
             forced = job.translator.generation.forced
-            limit = job.translator.limits(self.search)(len(ids))
-            self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced)
-        for (job, index), tokens in self.stream.step():
-            self.requests.ended(job, index, translation(tokens, len(tokens), job.translator.generation))
+            limit = job.translator.limits(search)(len(ids))
+            self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced, search=search)
+        for finished in self.stream.step():
+            job, index = finished.owner
+            hypotheses = [(rank, translation(tokens, len(tokens), job.translator.generation))
+                          for rank, tokens in finished.hypotheses] or [(float("nan"), [])]  # fmt: skip
+            self.requests.ended(job, index, hypotheses)
 
     def fail(self, error: BaseException) -> None:
         self.stream.clear()
         self.requests.fail(error)
-
-
-class RoundTranslator:
-    """Texts translated in rounds (beam search, one batch of beams a round): each round takes at most ``rows``
-    pieces, in turn from every request, and translates them in the translator's token-bounded batches (those of
-    each pair of languages apart). A :class:`Translating`."""
-
-    def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
-        self.translator, self.rows, self.search = translator, rows, search
-        self.requests: Requests[Translator] = Requests(translator, search)
-        self.batch_tokens = translator.batch_size(search)
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    def add(self, texts: Sequence[str], future: Future[Translated], translator: Translator | None = None) -> None:
-        self.requests.add(texts, future, translator)
-
-    def step(self) -> None:
-        self.requests.drop_abandoned()
-        pairs: dict[int, list[tuple[_Job[Translator], int, Ids]]] = {}  # by the translator of their languages
-        for piece in self.requests.take(self.rows):
-            pairs.setdefault(id(piece[0].translator), []).append(piece)
-        for pieces in pairs.values():
-            translator = pieces[0][0].translator
-            outputs = translate_ids(
-                translator.generate(self.search), [ids for _, _, ids in pieces], limit=translator.limits(self.search),
-                generation=translator.generation, batch_tokens=self.batch_tokens,
-            )  # fmt: skip
-            for (job, index, _), tokens in zip(pieces, outputs, strict=True):
-                self.requests.ended(job, index, tokens)
-
-    def fail(self, error: BaseException) -> None:
-        self.requests.fail(error)
-
-
-def engine(translator: Translator, *, rows: int, search: SearchOptions) -> Translating:
-    """The engine that translates a run's requests as ``search`` says, at most ``rows`` pieces at once: a stream for
-    a search that keeps one row a sentence (greedy, sampling), rounds for beam search."""
-    kind = StreamingTranslator if search.strategy.one_row else RoundTranslator
-    return kind(translator, rows=rows, search=search)

@@ -30,6 +30,8 @@ from multihead.decoding import Generation, SearchOptions, Specials
 from multihead.engine import Ensemble, generate, n_best_search
 
 Ids = list[int]
+Ranked = list[tuple[float, Ids]]
+"""A sentence's hypotheses, best first, each with its rank."""
 Row = TypeVar("Row")  # what a batch gives for each of its rows
 Run = Callable[[np.ndarray, np.ndarray, np.ndarray], Sequence[Row]]
 """What translates a batch: ``src (B, Ls)`` padded, each row's length limit ``(B,)`` and index in the input ``(B,)``
@@ -266,9 +268,10 @@ class Translator:
     layers in that type (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps
     alike. ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
     (:meth:`choose_languages`). ``ensemble``: other runs of the same vocabularies whose models translate with this
-    one's (:class:`multihead.engine.Ensemble`), each from its checkpoint ``checkpoint`` names, on the same device and quantized
-    alike; this run's tokenizers, generation and languages are the ensemble's. ``split_sentences``: translate each
-    text sentence by sentence (the default), else as one sentence (sources already split into sentences). ``guard``:
+    one's (:class:`multihead.engine.Ensemble`), each from its checkpoint ``checkpoint`` names, on the same device and
+    quantized alike; this run's tokenizers, generation and languages are the ensemble's. ``split_sentences``:
+    translate each text sentence by sentence (the default), else as one sentence (sources already split into
+    sentences). ``guard``:
     search again the translations that look as if they lost or invented text, and name those that still do (the
     default; :meth:`joined`), else take them as the search finds them."""
 
@@ -481,7 +484,8 @@ class Translator:
 
     def session(self, src: np.ndarray, limits: np.ndarray) -> Any:
         """A decoding session of ``src (B, Ls)`` for rows limited to ``limits (B,)``, stepping with this translator's
-        layouts (an :class:`~multihead.engine.Ensemble` of every member's, in an ensemble); inside ``torch.inference_mode()``."""
+        layouts (an :class:`~multihead.engine.Ensemble` of every member's, in an ensemble); inside
+        ``torch.inference_mode()``."""
         source = self.torch.from_numpy(src).to(self.device)
         sessions = [
             member.model.decoding_session(source, max_len=int(limits.max()), layouts=member.layouts)
@@ -646,18 +650,27 @@ class Translator:
             progress=progress,
         )
         self.tokens += sum(len(tokens) for best in batches for _, tokens in best)
-        outputs = iter(batches)
+        return self.joined_best(cuts, batches, search.n_best)
+
+    def joined_best(
+        self, cuts: Sequence[Cut], found: Sequence[Ranked], count: int
+    ) -> list[list[tuple[float | None, str]]]:
+        """Each text's ``count`` best translations from its pieces' hypotheses ``found`` (ranked, best first, in
+        order): its ``i``-th joins its pieces' ``i``-th best (their last where a piece has fewer), its score the sum of
+        theirs; a blank text gives ``[(None, "")]``."""
+        outputs = iter(found)
         results: list[list[tuple[float | None, str]]] = []
         language = self.langs[1] if self.langs else None
         for cut in cuts:
             if not cut.ids:  # a blank text
                 results.append([(None, "")])
                 continue
-            found = [next(outputs) for _ in cut.ids]  # per piece, its n best
+            pieces = [next(outputs) for _ in cut.ids]  # per piece, its best
+            best = [[ranked[min(i, len(ranked) - 1)] for ranked in pieces] for i in range(count)]
             results.append([
-                (sum(best[i][0] for best in found), join(cut.gaps, [self.target.decode(best[i][1]) for best in found],
-                                                          language))
-                for i in range(search.n_best)
+                (sum(rank for rank, _ in chosen), join(cut.gaps, [self.target.decode(ids) for _, ids in chosen],
+                                                       language))
+                for chosen in best
             ])  # fmt: skip
         return results
 

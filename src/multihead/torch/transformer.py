@@ -608,7 +608,8 @@ class DecoderSteps:
     ) -> torch.Tensor:
         """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions
         ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
-        projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_key_mask (N|1, L)``: the keys each row
+        projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_key_mask (N|1, L)``: the keys each
+        row
         attends of those the self-attention caches give (default: all)."""
         hidden = self.model._decode(
             tokens, None, memory_key_mask, self_key_mask, cache, project=False, layouts=self.layouts
@@ -626,7 +627,8 @@ class DecoderSteps:
 
     @staticmethod
     def mean_log_probs(logits: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The mean of several steps' log-probabilities ``(N, V)`` (an ensemble's, :class:`multihead.engine.Ensemble`)."""
+        """The mean of several steps' log-probabilities ``(N, V)``: an ensemble's (:class:`~multihead.engine.Ensemble`
+        steps so)."""
         log_probs = [torch.log_softmax(each.float(), dim=-1) for each in logits]
         return torch.stack(log_probs).mean(dim=0)  # (models, N, V) -> (N, V)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from multihead.app.console import say
-from multihead.app.serve.jobs import Load, Loaded, Translate, Work
+from multihead.app.serve.jobs import Hypotheses, Load, Loaded, Streamed, Work
 from multihead.app.serve.routing import Leg, Pair
 from multihead.app.streaming import Translating, settle
 from multihead.app.translate import Translator
@@ -104,11 +104,15 @@ class Engines:
             run.views[leg.pair] = found
         return found
 
-    def add(self, job: Translate, translator: Translator) -> None:
-        """``job``'s texts into its run's engine, translated by ``translator`` (:meth:`translator`)."""
+    def add(self, job: Streamed, translator: Translator) -> None:
+        """``job``'s texts into its run's engine, translated by ``translator`` (:meth:`translator`): each text's best
+        translation, or its ``count`` best."""
         engine = self.runs[job.leg.run].engine
         assert engine is not None  # its translator is loaded
-        engine.add(job.texts, job.answer, translator if job.split is None else translator.splitting(job.split))
+        if isinstance(job, Hypotheses):
+            engine.add(job.texts, job.answer, translator, best=job.count)
+        else:
+            engine.add(job.texts, job.answer, translator if job.split is None else translator.splitting(job.split))
 
     def step(self) -> None:
         for run in self.runs:

@@ -36,8 +36,8 @@ class Translate(Job[Translated]):
 
 @dataclass(frozen=True, eq=False)
 class Hypotheses(Job[list[list[str]]]):
-    """Each text's ``count`` best translations, from a beam search that runs alone (texts that hold text: the
-    handlers keep a blank line as it is)."""
+    """Each text's ``count`` best translations, from a beam search whose sentences step in the run's engine with the
+    others (texts that hold text: the handlers keep a blank line as it is)."""
 
     texts: list[str]
     count: int
@@ -64,9 +64,11 @@ class Stop:
     """The last message: the worker finishes what it holds, then returns."""
 
 
-Alone = Hypotheses | Attend
+Alone = Attend
 """The jobs that take the worker alone, in turn with the engines' steps."""
-Work = Translate | Alone
+Streamed = Translate | Hypotheses
+"""The jobs whose sentences join their run's engine."""
+Work = Streamed | Alone
 """Every job."""
 Message = Work | Loaded | Stop
 """What the worker's queue holds."""

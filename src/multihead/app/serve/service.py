@@ -10,12 +10,12 @@ from multihead.app.serve.engines import Engines
 from multihead.app.serve.jobs import Load
 from multihead.app.serve.routing import Routes
 from multihead.app.serve.worker import Worker
-from multihead.app.streaming import engine
+from multihead.app.streaming import StreamingTranslator
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.decoding import SearchOptions
 
 GATHER = 256
-"""The most sentences a run's engine translates together (in one running batch, or one round of beam search)."""
+"""The most rows a run's engine decodes together (a beam-search sentence takes its beam's)."""
 
 
 class Service:
@@ -38,6 +38,6 @@ class Service:
     ) -> None:
         self.runs = [(translator, langs), *more]
         self.routes = Routes(self.runs)
-        make = functools.partial(engine, rows=GATHER, search=search)
+        make = functools.partial(StreamingTranslator, rows=GATHER, search=search)
         self.engines = Engines(self.runs, make, loaders=loaders, max_loaded=max_loaded)
         self.worker = Worker(self.engines, search=search, thread=thread)

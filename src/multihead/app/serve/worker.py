@@ -1,7 +1,7 @@
 """The worker: the one thread that translates (``serve`` gives it the main thread: PyTorch's CPU threads wake
 fastest for it). It owns the runs' engines (:class:`~multihead.app.serve.engines.Engines`) and takes typed jobs from
 one queue (:mod:`multihead.app.serve.jobs`): texts join their run's engine between its steps; a job that runs alone
-(alternatives, the page's attention) takes its turn between steps; a run whose model is not held is loaded off the
+(the page's attention) takes its turn between steps; a run whose model is not held is loaded off the
 worker (:mod:`multihead.app.serve.loader`), its jobs waiting meanwhile. A job's answer, or the error it met, is its
 future's: what that means to a client is the event loop's to say.
 
@@ -18,14 +18,14 @@ import time
 from typing import Any
 
 from multihead.app.serve.engines import Engines
-from multihead.app.serve.jobs import Alone, Attend, Loaded, Message, Stop, Translate, Work
+from multihead.app.serve.jobs import Alone, Loaded, Message, Stop, Streamed, Work
 from multihead.app.serve.loader import start_loading
 from multihead.app.streaming import settle
 from multihead.app.translate import TRANSLATION, Translator
 from multihead.decoding import SearchOptions
 
 ALONE_SHARE = 0.3
-"""The share of the worker's time that jobs which run alone (alternatives, the page's attention) take while requests
+"""The share of the worker's time that jobs which run alone (the page's attention) take while requests
 are being translated: each waits until the steps since the last have taken (1 - share) / share of its time."""
 STALLED_AFTER = 60.0
 """Seconds on one step or job after which ``/health`` reports the worker stalled."""
@@ -112,7 +112,7 @@ class Worker:
                 self._give(job)
         elif message.answer.done():  # cancelled while it was queued
             return
-        elif isinstance(message, Translate):
+        elif isinstance(message, Streamed):
             try:
                 translator = self.engines.translator(message)
                 if translator is not None:
@@ -146,12 +146,5 @@ class Worker:
         self.busy_since = None
 
     def _compute(self, job: Alone, translator: Translator) -> Any:
-        """The page's attention of one sentence; or each text's best translations from a beam search at least 2 and
-        ``job.count`` wide, with the service's length penalty and limit."""
-        if isinstance(job, Attend):
-            return translator.attention(job.sentence, search=self.search)
-        search = SearchOptions(
-            beam_size=max(self.search.beam_size, job.count, 2), length_penalty=self.search.length_penalty,
-            n_best=job.count, max_length=self.search.max_length,
-        )  # fmt: skip
-        return translator.hypotheses(job.texts, search)
+        """The page's attention of one sentence."""
+        return translator.attention(job.sentence, search=self.search)
