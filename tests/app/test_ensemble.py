@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.support import CORPUS_FLAGS, SAMPLES, VALID, Cli, CorpusRun, beam, write_corpus, write_lines
+from app.served import request, start
+from app.support import CORPUS_FLAGS, SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, write_corpus, write_lines
 from multihead.app.cli import main
 from multihead.app.translate import Translator
 from multihead.engine import n_best_search
@@ -143,3 +144,25 @@ def test_runs_of_other_vocabularies_are_refused_before_any_work(
     assert done.status == 2
     assert "--plot draws one model's attention" in done.err
     assert not (tmp_path / "a.png").exists()
+
+
+def test_serve_serves_an_ensemble_whose_requests_step_together(
+    corpus_run: CorpusRun, other_run: Path, cli: Callable[..., Cli]
+) -> None:
+    """``serve RUN OTHER --ensemble``: one service of both models, each text translated as ``translate`` translates it
+    with the ensemble (greedy), alternatives as its n-best lists, greedy and beam requests sharing one stream."""
+    ensemble = Translator(corpus_run.path, ensemble=[other_run])
+    expected = ensemble.translate(TEXTS)
+    best = ensemble.hypotheses(TEXTS[:1], beam(2, n_best=2))[0]
+    process, url, line = start(corpus_run.path, str(other_run), "--ensemble")
+    try:
+        assert "an ensemble of 2 runs" in line
+        status, answer = request(url, "/translate", {"q": TEXTS, "source": "de", "target": "en"})
+        assert (status, answer["translatedText"]) == (200, expected)
+        status, answer = request(url, "/translate", {"q": TEXTS[0], "source": "de", "target": "en", "alternatives": 1})
+        assert status == 200
+        assert [answer["translatedText"], *answer["alternatives"]] == best
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    assert_refused(cli("serve", corpus_run.path, "--ensemble", "--port", "0"), "--ensemble", "received 1 run")

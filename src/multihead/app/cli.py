@@ -539,7 +539,7 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
-        normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard,
+        normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard, ensemble=args.ensemble,
     )  # fmt: skip
 
 
@@ -839,6 +839,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--max-loaded", type=limit(1), metavar="N",
         help="hold the models of at most N runs at once: the least recently used idle one is released, and loaded "
         "again when a request needs it (default: every run's)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--ensemble", action="store_true",
+        help="serve the runs as one ensemble (runs of the same vocabularies, as translate takes them): every step's "
+        "log-probabilities averaged over their models, with the first run's pairs, tokenizers and search defaults",
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=port_number, default=5000, help="the port to listen on (0: a free one)")

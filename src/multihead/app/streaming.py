@@ -1,6 +1,6 @@
 """Texts translated as they come, for ``serve``'s worker: requests' texts cut into the pieces the model reads (as
 :meth:`Translator.translate` cuts them), given out in turn (:class:`Requests`), and decoded by one
-:class:`multihead.torch.streaming.Stream` that sentences join and leave at every decoding step (continuous batching),
+:class:`multihead.engine.Engine` that sentences join and leave at every decoding step (continuous batching),
 whatever their search: greedy, sampling, beam search, and each text's best few translations
 (:class:`StreamingTranslator`).
 
@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from multihead.app.translate import TRANSLATION, Cut, Ids, Ranked, Translated, Translator, translation
 from multihead.decoding import SearchOptions
-from multihead.torch.streaming import Stream
+from multihead.engine import Engine
 
 SHARE = 8
 """How many more places than all the other requests together one request may hold while they are being translated."""
@@ -214,17 +214,18 @@ def alternatives(search: SearchOptions, count: int) -> SearchOptions:
 
 
 class StreamingTranslator:
-    """Texts translated as they come (:class:`~multihead.torch.streaming.Stream`), as :meth:`Translator.translate`
-    translates them with ``search`` (greedy, sampling or beam search), or each text's best few: every request's
-    pieces share one running batch, whatever they ask. A request's piece ``i`` is sampled with key ``i``, as
+    """Texts translated as they come (the :class:`~multihead.engine.Engine` over the translator's
+    :meth:`~Translator.stream_rows`: its model's, or its ensemble's), as :meth:`Translator.translate` translates them
+    with ``search`` (greedy, sampling or beam search), or each text's best few: every request's pieces share one
+    running batch, whatever they ask. A request's piece ``i`` is sampled with key ``i``, as
     ``translate`` samples that request's texts. A :class:`Translating`."""
 
     def __init__(self, translator: Translator, *, rows: int = 256, search: SearchOptions = TRANSLATION) -> None:
         self.translator, self.rows, self.search = translator, rows, search
         self.requests: Requests[Translator] = Requests(translator, search)
-        self.stream: Stream[tuple[_Job[Translator], int]] = Stream(
-            translator.model, rows=rows, generation=translator.spec(search), layouts=translator.layouts,
-        )  # fmt: skip
+        self.stream: Engine[tuple[_Job[Translator], int]] = Engine(
+            translator.stream_rows(), translator.spec(search), capacity=rows
+        )
 
     def __len__(self) -> int:
         return len(self.stream) + len(self.requests)

@@ -493,6 +493,14 @@ class Translator:
         ]
         return Ensemble(sessions, sessions[0].steps.mean_log_probs) if self.others else sessions[0]
 
+    def stream_rows(self) -> Any:
+        """The rows a stream decodes this translator's sentences over (:class:`multihead.torch.streaming.StreamRows`,
+        stepping with its layouts; an :class:`~multihead.engine.Ensemble` of every member's, in an ensemble)."""
+        from multihead.torch.streaming import StreamRows
+
+        members = [StreamRows(member.model, member.layouts, pad=self.specials.pad) for member in (self, *self.others)]
+        return Ensemble(members, members[0].steps.mean_log_probs) if self.others else members[0]
+
     def spec(self, search: SearchOptions) -> Generation:
         """This run's generation, searching as ``search`` says."""
         return replace(self.generation, search=search)

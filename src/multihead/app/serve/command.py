@@ -53,10 +53,12 @@ def _load_run(
     langs: Sequence[str] | None,
     split_sentences: bool = True,
     guard: bool = True,
+    ensemble: Sequence[str] = (),
 ) -> tuple[Translator, Sequence[str]]:
-    """A run's translator, and the pair it serves by default (:func:`_served_langs`)."""
+    """A run's translator (with ``ensemble``: of it and those runs together), and the pair it serves by default
+    (:func:`_served_langs`)."""
     translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
-                            split_sentences=split_sentences, guard=guard)  # fmt: skip
+                            split_sentences=split_sentences, guard=guard, ensemble=ensemble)  # fmt: skip
     return translator, _served_langs(translator, langs, run)
 
 
@@ -117,6 +119,8 @@ def _say_serving(service: Service, runs: Sequence[str], sock: socket.socket) -> 
     shown = f"[{host}]" if ":" in host else host
     routes, first, many = service.routes, service.runs[0][0], len(service.runs) > 1
     served = f"{len(service.runs)} runs" if many else f"{runs[0]} (checkpoint {first.checkpoint.path.name})"
+    if len(first.runs) > 1:
+        served = f"an ensemble of {len(first.runs)} runs ({', '.join(str(run.path.parents[1]) for run in first.runs)})"
     pairs = sum(map(len, routes.pairs.values()))
     others = f"; {pairs} pairs of {len(routes.languages())} languages" if pairs > 1 else ""
     say(f"serving {served}, by default {pair_text([routes.source, routes.target])}{others}, at "
@@ -142,23 +146,28 @@ def serve(
     normalize: str | None = None,
     split_sentences: bool = True,
     guard: bool = True,
+    ensemble: bool = False,
 ) -> int:
-    """Serve ``runs`` (:func:`run_paths`) until SIGINT or SIGTERM: then new requests are refused, those in flight
-    answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``search``: how
-    every run searches, given the first run's translator (its defaults under the flags); ``langs``: the first run's
-    pair; ``max_loaded``: the most runs whose models are held at once (:class:`~multihead.app.serve.engines.Engines`);
-    ``normalize``: the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by
-    sentence unless a request says otherwise, ``guard``: whether doubted translations are searched again
-    (:class:`Translator`). A run of a built-in task serves its inputs as the language ``TASK`` and its outputs as
-    ``TASK-out`` unless ``langs`` says otherwise."""
+    """Serve ``runs`` (:func:`run_paths`; with ``ensemble``, as one ensemble of the first run's pairs, every step's
+    log-probabilities averaged over their models) until SIGINT or SIGTERM: then new requests are refused, those in
+    flight answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0.
+    ``search``: how every run searches, given the first run's translator (its defaults under the flags); ``langs``:
+    the first run's pair; ``max_loaded``: the most runs whose models are held at once
+    (:class:`~multihead.app.serve.engines.Engines`); ``normalize``: the sources' punctuation normalizer,
+    ``split_sentences``: whether texts are translated sentence by sentence unless a request says otherwise,
+    ``guard``: whether doubted translations are searched again (:class:`Translator`). A run of a built-in task
+    serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
     import uvicorn
 
+    paths = run_paths(runs)
+    if ensemble and len(paths) < 2:
+        raise UserError(f"--ensemble serves several runs as one: received {len(paths)} run ({' '.join(runs)})")
     sock = listening_socket(host, port)
     load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
                              split_sentences=split_sentences, guard=guard)  # fmt: skip
-    loaders = [
-        functools.partial(load, run, langs=None if index else langs) for index, run in enumerate(run_paths(runs))
-    ]
+    loaders = [functools.partial(load, run, langs=None if index else langs) for index, run in enumerate(paths)]
+    if ensemble:
+        loaders = [functools.partial(load, paths[0], langs=langs, ensemble=paths[1:])]
     try:
         service = _service(loaders, search, max_loaded)
     except UserError:
