@@ -262,14 +262,13 @@ def test_forced_eos_ends_translations_at_the_limit_as_transformers(marian: dict[
     got = generated(ours.generate(src, max_len=LIMITED, generation=generation))
     assert got == expected
     assert sum(len(row) == LIMITED and row[-1] == EOS for row in got) >= 30  # most end at the limit, with EOS
-    if beams == 1:
-        stream: Stream[int] = Stream(ours, rows=8, generation=generation)
-        for index, ids in enumerate(checkpoint.tokenizer(texts)["input_ids"]):
-            stream.add(ids, index, limit=LIMITED)
-        streamed: dict[int, list[int]] = {}
-        while len(stream):
-            streamed.update(stream.step())
-        assert [streamed[index] for index in range(len(texts))] == expected
+    stream: Stream[int] = Stream(ours, rows=8, generation=generation)  # beam search 2 sentences at a time
+    for index, ids in enumerate(checkpoint.tokenizer(texts)["input_ids"]):
+        stream.add(ids, index, limit=LIMITED)
+    streamed: dict[int, list[int]] = {}
+    while len(stream):
+        streamed.update((finished.owner, finished.tokens.tolist()) for finished in stream.step())
+    assert [streamed[index] for index in range(len(texts))] == expected
 
 
 @KINDS

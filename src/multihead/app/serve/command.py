@@ -78,6 +78,23 @@ def _service(
                    max_loaded=max_loaded)  # fmt: skip
 
 
+def _loaders(
+    load: Callable[..., tuple[Translator, Sequence[str]]],
+    runs: Sequence[str],
+    langs: Sequence[str] | None,
+    *,
+    ensemble: bool,
+) -> list[Loading]:
+    """What loads each run served (:func:`run_paths`), ``langs`` the first's pair; with ``ensemble``, what loads
+    them as one (refused in one line for fewer than two)."""
+    paths = run_paths(runs)
+    if not ensemble:
+        return [functools.partial(load, run, langs=None if index else langs) for index, run in enumerate(paths)]
+    if len(paths) < 2:
+        raise UserError(f"--ensemble serves several runs as one: received {len(paths)} run ({' '.join(runs)})")
+    return [functools.partial(load, paths[0], langs=langs, ensemble=paths[1:])]
+
+
 def _translator_only(load: Loading) -> Translator:
     """What ``load`` loads, without its pair: a released run loaded again (its pair is known)."""
     return load()[0]
@@ -159,15 +176,10 @@ def serve(
     serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
     import uvicorn
 
-    paths = run_paths(runs)
-    if ensemble and len(paths) < 2:
-        raise UserError(f"--ensemble serves several runs as one: received {len(paths)} run ({' '.join(runs)})")
-    sock = listening_socket(host, port)
     load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
                              split_sentences=split_sentences, guard=guard)  # fmt: skip
-    loaders = [functools.partial(load, run, langs=None if index else langs) for index, run in enumerate(paths)]
-    if ensemble:
-        loaders = [functools.partial(load, paths[0], langs=langs, ensemble=paths[1:])]
+    loaders = _loaders(load, runs, langs, ensemble=ensemble)
+    sock = listening_socket(host, port)
     try:
         service = _service(loaders, search, max_loaded)
     except UserError:
