@@ -207,7 +207,7 @@ class Engine(Generic[Owner]):
             raise TypeError(f"`search` must be a SearchOptions or None, received {type(search).__name__}")
         if search not in self.searches:
             self.searches.append(search)
-        own = None if forced is None else dataclasses.replace(self.generation, forced=forced).forced  # checked
+        own = None if forced is None else tuple(dataclasses.replace(self.generation, forced=forced).forced)  # checked
         generator = None
         if search.strategy.draws:
             generator = sentence_generators(self.seed if search.seed is None else search.seed, [key])[0]

@@ -34,8 +34,8 @@ class _Layer:
 
     def __init__(self, rows: StreamRows) -> None:
         self.rows = rows
-        self.keys: Tensor | None = None
-        self.values: Tensor | None = None
+        self.keys: Tensor = None  # none until sources join
+        self.values: Tensor = None
 
     @property
     def length(self) -> Tensor:
@@ -61,8 +61,8 @@ class _Caches:
         return self.rows.positions
 
 
-def _rows_of(tensor: Tensor | None, rows: np.ndarray) -> Tensor | None:
-    return None if tensor is None else ops.take(tensor, ops.convert_to_tensor(rows.astype("int32")), axis=0)
+def _rows_of(tensor: Tensor, rows: np.ndarray) -> Tensor:
+    return ops.take(tensor, ops.convert_to_tensor(rows.astype("int32")), axis=0)
 
 
 def _stacked(held: Tensor | None, new: Tensor, columns: int) -> Tensor:
