@@ -64,7 +64,7 @@ def test_an_ensemble_takes_the_most_probable_token_of_its_models_mean_log_probab
     corpus_run: CorpusRun, other_run: Path
 ) -> None:
     ensemble = Translator(corpus_run.path, ensemble=[other_run])
-    models = [ensemble.model, ensemble.others[0].model]
+    models = [ensemble.model, ensemble.loaded.others[0].model]
     expected = [ensemble.target.decode(reference_greedy(ensemble, models, text)) for text in TEXTS]
     assert ensemble.translate(TEXTS) == expected
     alone = [Translator(run).translate(TEXTS) for run in (corpus_run.path, other_run)]
@@ -76,7 +76,7 @@ def test_an_ensembles_beam_scores_are_its_models_mean_log_probabilities_renormal
     corpus_run: CorpusRun, other_run: Path
 ) -> None:
     ensemble = Translator(corpus_run.path, ensemble=[other_run])
-    models, banned = [ensemble.model, ensemble.others[0].model], list(ensemble.generation.banned)
+    models, banned = [ensemble.model, ensemble.loaded.others[0].model], list(ensemble.generation.banned)
     spec = ensemble.spec(replace(beam(4, n_best=3), length_penalty=0.0))  # ranked by log-probability alone
     sources = [ensemble.source.encode(text)[0] for text in TEXTS]
     checked = 0

@@ -24,7 +24,7 @@ from app.support import VALID, Cli, assert_refused, write_lines
 from multihead.app.console import UserError
 from multihead.app.languages import LanguageTokens, pair_text
 from multihead.app.serve import Limits, Service, create_app
-from multihead.app.serve.command import _served_langs
+from multihead.app.serve.command import _served
 from multihead.app.translate import Translator
 
 pytest.importorskip("transformers")
@@ -198,9 +198,9 @@ def test_serve_langs_of_another_pair_is_refused_for_a_run_of_one(
     in one line, as ``translate --target-lang`` is, not taken as the run's languages."""
     run = marians["de-en"]
     path = str(run.checkpoint.path.parents[1])
-    assert _served_langs(run, ["de-DE", "en"], path) == ["de", "en"]
+    assert _served(run, ["de-DE", "en"], path)[1] == ["de", "en"]
     with pytest.raises(UserError, match=r"^--langs fr en: this run translates de → en \(German to English\) only"):
-        _served_langs(run, ["fr", "en"], path)
+        _served(run, ["fr", "en"], path)
     assert_refused(cli("serve", path, "--port", "0", "--langs", "fr", "en"), "--langs fr en",
                    "this run translates de → en (German to English) only")  # fmt: skip
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -461,7 +462,7 @@ class Unlabelled(Translator):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.langs = None
+        self.direction = replace(self.direction, langs=None)
 
 
 def test_sigterm_does_not_wait_for_work_nobody_waits_for(corpus_run: CorpusRun) -> None:

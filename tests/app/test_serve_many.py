@@ -119,12 +119,13 @@ def test_max_loaded_holds_one_model_and_answers_every_pair(runs: dict[str, Trans
     paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
     loaders = [lambda path=path: Translator(path) for path in paths]
     first, second = (load() for load in loaders)
-    second.release()
-    service = Service(first, first.langs or [], more=[(second, second.langs or [])], loaders=loaders, max_loaded=1)
+    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])], loaders=loaders,
+                      max_loaded=1)  # fmt: skip
     texts = sentences(4, seed=22)
     expected = {("de", "en"): runs["de-en"].translate(texts), ("de", "fr"): runs["nllb"].for_languages(
         "de", "fr").translate(texts)}  # fmt: skip
     held = weakref.ref(first.model)
+    del first, second  # the service alone holds the first run
     with serving(create_app(service, Limits())) as url:
         for turn, pair in enumerate([("de", "en"), ("de", "fr"), ("de", "en"), ("de", "fr")]):
             assert request(url, "/translate", {"q": texts, "source": pair[0], "target": pair[1]}) == (
@@ -171,9 +172,9 @@ def test_a_run_loading_does_not_stop_another_runs_requests(runs: dict[str, Trans
         return Translator(path)
 
     first, second = Translator(paths[0]), Translator(paths[1])
-    second.release()
     loaders = [lambda: Translator(paths[0]), lambda: slow(paths[1])]
-    service = Service(first, first.langs or [], more=[(second, second.langs or [])], loaders=loaders, max_loaded=2)
+    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])], loaders=loaders,
+                      max_loaded=2)  # fmt: skip
     texts = sentences(3, seed=23)
     french = runs["nllb"].for_languages("de", "fr").translate(texts)
     with serving(create_app(service, Limits(timeout=20))) as url, ThreadPoolExecutor(1) as pool:
@@ -198,8 +199,8 @@ def test_jobs_alone_wait_for_their_run_to_load(runs: dict[str, Translator]) -> N
     paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
     loaders = [lambda path=path: Translator(path) for path in paths]
     first, second = (load() for load in loaders)
-    second.release()
-    service = Service(first, first.langs or [], more=[(second, second.langs or [])], loaders=loaders, max_loaded=1)
+    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])], loaders=loaders,
+                      max_loaded=1)  # fmt: skip
     (text,) = sentences(1, seed=24)
     french = runs["nllb"].for_languages("de", "fr")
     with serving(create_app(service, Limits())) as url:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from app.support import SAMPLES, VALID, CorpusRun, beam
+from multihead.app.loaded import LoadedRun
 from multihead.app.serve import Service
 from multihead.app.serve.jobs import Attend, Stop, Translate
 from multihead.app.serve.parse import Lines
@@ -87,7 +88,7 @@ def test_columns_in_use_move_to_the_front_when_they_run_out(
 
 def test_a_sentence_ends_at_its_own_length_limit(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
     """Limits that bind (a few tokens less than the source), sentences of every length in one batch."""
-    monkeypatch.setattr(translator, "limit", lambda length: max(1, length - 3))
+    monkeypatch.setattr(LoadedRun, "limit", lambda self, length: max(1, length - 3))
     requests = [[source] for source in sorted(SOURCES, key=len)]
     answers = run(StreamingTranslator(translator, rows=8), requests, seed=1, in_flight=8)
     assert answers == [translator.translate(request) for request in requests]

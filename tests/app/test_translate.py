@@ -22,6 +22,7 @@ from sacrebleu.metrics import BLEU
 import multihead.app.translate as translate_module
 from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, subprocess_env, write_lines
 from multihead.app.cli import main
+from multihead.app.loaded import LoadedRun
 from multihead.app.runs import latest_checkpoint
 from multihead.app.tokenizers import EOS
 from multihead.app.translate import Translator, translate_ids
@@ -154,7 +155,7 @@ def test_a_sentences_length_limit_does_not_depend_on_its_batch(
     """Limits that bind (a few tokens less than the source): each sentence is cut at its own, batched or alone (a
     short sentence batched with a long one once took the long one's limit)."""
     translator = Translator(corpus_run.path)
-    monkeypatch.setattr(translator, "limit", lambda length: max(1, length - 3))
+    monkeypatch.setattr(LoadedRun, "limit", lambda self, length: max(1, length - 3))
     lines = sorted(SOURCES, key=len)[:: max(1, len(SOURCES) // 6)]  # short to long
     batched = translator.translate(lines, search=beam(size))
     assert batched == [translator.translate([line], search=beam(size))[0] for line in lines]
@@ -567,7 +568,7 @@ def test_quantized_linear_layers_translate_close_to_float32(
 ) -> None:
     quantized = Translator(corpus_run.path, device="cpu", quantize=dtype)
     translations = quantized.translate(SAMPLES)
-    assert quantized.layouts[quantized.model, "output"].kind == dtype  # what translated
+    assert quantized.loaded.layouts[quantized.model, "output"].kind == dtype  # what translated
     same = sum(a == b for a, b in zip(translations, corpus_run.translations, strict=True))
     assert same >= len(SAMPLES) - 1, (translations, corpus_run.translations)
     result = cli("translate", corpus_run.path, *SAMPLES, "--quantize", dtype, "--plot", tmp_path / "a.png")

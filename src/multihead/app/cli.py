@@ -452,11 +452,7 @@ def _import(args: argparse.Namespace) -> int:
     if tokens is not None:
         prefix = " ".join(source.pieces(getattr(source, "prefix", [])))
         opening = f"every source starts with {prefix}" if prefix else "no source starts with a language code"
-        if tokens.sources:
-            print(f"  {len(tokens.targets)} languages, any into any other: translate --source-lang/--target-lang "
-                  f"CODE; {opening}")  # fmt: skip
-        else:
-            print(f"  {len(tokens.targets)} target languages: translate --target-lang CODE; {opening}")
+        print(f"  {tokens.choosing()}; {opening}")
     generation = imported.generation
     if generation.banned or generation.forced:
         forced = " ".join(target.pieces(list(generation.forced)))

@@ -219,19 +219,19 @@ class Marian(BartNames):
             if len(tokenizer) != size:
                 raise files.refuse(vocabulary, f"has {len(tokenizer)} pieces, the model's {side} vocabulary {size}")
             made.append(tokenizer)
-        self.target_code(files, made[0], made[1], pair)
-        return Tokenizers(made[0], made[1], ids, pair)
+        prefix = self.target_code(files, made[0], made[1], pair)
+        return Tokenizers(made[0].with_prefix(prefix) if prefix else made[0], made[1], ids, pair)
 
     @staticmethod
     def target_code(
         files: CheckpointFiles, source: SentencePieceTokenizer, target: SentencePieceTokenizer, langs: list[str] | None
-    ) -> None:
+    ) -> tuple[int, ...]:
         """A multilingual OPUS-MT model's sources open with their target language's code (``>>cmn_Hans<<``), as
-        ``MarianTokenizer``'s users write it: the source tokenizer's prefix becomes the code of ``langs[1]`` (``zh``:
-        the first Simplified Chinese code), if the model has one; else a warning says how to choose one."""
+        ``MarianTokenizer``'s users write it: the source tokenizer's prefix, the code of ``langs[1]`` (``zh``: the
+        first Simplified Chinese code), if the model has one; else none, and a warning says how to choose one."""
         tokens = LanguageTokens.of(source.vocabulary, target.vocabulary)
         if tokens is None or tokens.forced_target:
-            return
+            return ()
         try:
             if langs is None:
                 raise ValueError("the run's languages are not recorded")
@@ -240,8 +240,8 @@ class Marian(BartNames):
             files.notes.append(f"{files.name!r} writes in {len(tokens.targets)} languages, chosen by a code that "
                                f"opens the source ({', '.join(list(tokens.targets)[:4])}...); {error}: give translate "
                                "--target-lang CODE, or open each source with >>CODE<<")  # fmt: skip
-            return
-        source.prefix = [tokens.targets[code]]
+            return ()
+        return (tokens.targets[code],)
 
 
 def _token_text(value: Any, default: str) -> str:

@@ -1,6 +1,10 @@
 """The languages a run translates between: ISO 639-1 codes, given to ``train --langs SRC TGT`` or read from the
 corpus's file names (``train.de.gz`` and ``train.en.gz``: ``de`` to ``en``), kept in the run's options, shown by
-``translate``/``evaluate`` and answered by ``serve``'s ``/languages``."""
+``translate``/``evaluate`` and answered by ``serve``'s ``/languages``.
+
+A model of many languages marks them with tokens (:class:`LanguageTokens`); which two it translates between, and how
+it is told, is a :class:`Direction`, which the language tokens make (:func:`choose_direction`, :func:`asked_direction`):
+every decision about another pair than a run's own is taken here."""
 
 from __future__ import annotations
 
@@ -10,9 +14,12 @@ import functools
 import importlib.util
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from multihead.app.console import UserError
+from multihead.decoding import Generation, SearchOptions
 
 CODE = re.compile(r"^[a-z]{2,3}([-_][A-Za-z]{2,4})?$")
 """An ISO 639 code, with an optional script or region (``zh-Hans``, ``pt-BR``); or a model's own code written with
@@ -155,6 +162,36 @@ def public_code(code: str, codes: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
+class Direction:
+    """Which two languages a run translates between, and how its model is told: ``prefix``, the ids every source
+    opens with (M2M100's and NLLB's source language token, a multilingual OPUS-MT model's target's; a run's own, its
+    source tokenizer's), and ``generation``, whose forced ids open every translation (M2M100's and NLLB's target
+    language token). ``langs``: (source, target) as clients name them, ``None`` where the run records none. A run's
+    other pairs are other directions (:meth:`LanguageTokens.direction`)."""
+
+    langs: tuple[str, str] | None
+    prefix: tuple[int, ...]
+    generation: Generation
+
+    def spec(self, search: SearchOptions) -> Generation:
+        """Its generation, searching as ``search`` says."""
+        return replace(self.generation, search=search)
+
+    @property
+    def forced(self) -> tuple[int, ...]:
+        """The ids every translation opens with, which generation forces: the model's, not the text's."""
+        return tuple(self.generation.forced)
+
+    @property
+    def source_lang(self) -> str | None:
+        return self.langs[0] if self.langs else None
+
+    @property
+    def target_lang(self) -> str | None:
+        return self.langs[1] if self.langs else None
+
+
+@dataclass(frozen=True)
 class LanguageTokens:
     """The language tokens of a model that translates between many languages, and where each goes.
 
@@ -214,6 +251,86 @@ class LanguageTokens:
         ``kor_Hang``), each as given where the model has none of it (a multilingual OPUS-MT model's source)."""
         sides = (self.sources, self.targets)
         return [closest_code(code, list(side)) or code for code, side in zip(langs, sides, strict=True)]
+
+    def direction(self, run: Direction, source: str | None, target: str | None) -> Direction:
+        """The direction from ``source`` into ``target`` (``None``: ``run``'s, the run's own direction; an ISO code
+        or the model's own, :meth:`choose`): M2M100's and NLLB's sources open with the source's token and their
+        translations with the target's (forced first); a multilingual OPUS-MT model's sources open with the
+        target's. ``ValueError`` for a language the model lacks, or for another source than the run's where the
+        sources carry no token."""
+        recorded: Sequence[str | None] = run.langs or (None, None)
+        prefix, generation = run.prefix, run.generation
+        if source is not None and self.sources:
+            source = self.choose(source, target=False)
+            prefix = (self.sources[source],)
+        elif source is not None and source != recorded[0] and recorded[0] not in (None, "mul"):
+            raise ValueError(f"this model reads {recorded[0]} (its sources carry no language token)")
+        if target is not None:
+            target = self.choose(target, target=True)
+            if self.forced_target:
+                generation = replace(generation, forced=(self.targets[target],))
+            else:
+                prefix = (self.targets[target],)
+        chosen = [code and self.public(code, target=side == 1) for side, code in enumerate((source, target))]
+        return Direction((chosen[0] or recorded[0] or "mul", chosen[1] or recorded[1] or "mul"), prefix, generation)
+
+    def pairs(self, source: str, target: str) -> dict[str, list[str]]:
+        """Each source language this model translates and its targets, as the codes clients send (:meth:`public`:
+        NLLB's ``kor_Hang`` is ``ko``), for a run whose own pair is ``source`` into ``target``: M2M100's and NLLB's,
+        each of its languages into every other; a multilingual OPUS-MT model's, ``source`` into each of its
+        targets."""
+        targets = list(dict.fromkeys(self.public(code, target=True) for code in self.targets))
+        targets += [] if target in targets else [target]
+        if not self.sources:
+            return {source: targets}
+        sources = list(dict.fromkeys([source, *(self.public(code, target=False) for code in self.sources)]))
+        return {code: [other for other in targets if other != code] for code in sources}
+
+    def choosing(self) -> str:
+        """How ``translate`` chooses among this model's languages, in words."""
+        if self.sources:
+            return f"{len(self.targets)} languages, any into any other: translate --source-lang/--target-lang CODE"
+        return f"{len(self.targets)} target languages: translate --target-lang CODE"
+
+
+def choose_direction(
+    tokens: LanguageTokens | None,
+    run: Direction,
+    source: str | None,
+    target: str | None,
+    *,
+    named: str | None = None,
+    task: str | None = None,
+) -> Direction:
+    """The direction from ``source`` into ``target`` of a run whose own is ``run`` and whose model has the language
+    ``tokens`` (:meth:`LanguageTokens.direction`); refused in one line, naming what chose them as ``named`` says
+    (default: ``--source-lang``/``--target-lang``), for a language the model lacks, or a model without language
+    tokens (``task``: the built-in task a run of one translates)."""
+    given = named or " ".join(f"{flag} {code}" for flag, code in (("--source-lang", source),
+                              ("--target-lang", target)) if code is not None)  # fmt: skip
+    if tokens is None:
+        raise UserError(f"{given}: this run translates {pair_text(run.langs, task=task)} only; its model marks no "
+                        "languages with tokens (M2M100, NLLB-200 and multilingual OPUS-MT models do)")  # fmt: skip
+    try:
+        return tokens.direction(run, source, target)
+    except ValueError as error:
+        raise UserError(f"{given}: {error}") from None
+
+
+def asked_direction(
+    tokens: LanguageTokens | None, run: Direction, pair: Sequence[str], *, named: str | None = None,
+    task: str | None = None,
+) -> Direction:  # fmt: skip
+    """The direction of a run asked to translate ``pair`` (as clients name it: ``serve``'s), ``run`` its own: of a
+    model with language ``tokens``, the pair it chooses (:func:`choose_direction`), its source only where its
+    sources carry a token (a multilingual OPUS-MT model's read any of its languages); of a run that records its one
+    pair, that pair in any spelling (``de-DE``: ``de``), another refused as :func:`choose_direction` refuses it; of
+    a run that records none, its own."""
+    if tokens is not None:
+        return choose_direction(tokens, run, pair[0] if tokens.sources else None, pair[1], named=named, task=task)
+    if run.langs and any(closest_code(code, [own]) != own for code, own in zip(pair, run.langs, strict=True)):
+        return choose_direction(None, run, *pair, named=named, task=task)  # refused: the model has no tokens
+    return run
 
 
 def language_code(text: str) -> str:

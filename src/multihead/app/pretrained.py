@@ -38,7 +38,7 @@ Transformers bans the pad after the softmax, leaving the others' probabilities a
 CTranslate2) ban it before the softmax, so that they sum to 1: beam scores differ by ``log(1 - p(pad))``, nothing for
 a model that never learnt to write its pad; and with its default ``early_stopping=False`` it may stop a sentence
 before a longer hypothesis that would rank higher, which multihead still finds (as ``early_stopping="never"``
-does). Another pair of a many-language model's languages: :func:`multihead.app.translate.language_pair`.
+does). Another pair of a many-language model's languages: :meth:`multihead.app.languages.LanguageTokens.direction`.
 """
 
 from __future__ import annotations

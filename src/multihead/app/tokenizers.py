@@ -387,7 +387,8 @@ class SentencePieceTokenizer:
     vocabulary lacks read as ``specials.unk``. The source side of a Marian model ends every text with ``specials.eos``
     (``append_eos``); its target side does not, as the batches add it. ``prefix``: ids every encoded text starts with
     (the source language's code of an M2M100 or NLLB model, as their tokenizers put it first; the target language's
-    code of a multilingual OPUS-MT model, unless the text opens with a code of its own).
+    code of a multilingual OPUS-MT model, unless the text opens with a code of its own), what the run chose; another
+    pair's code is an argument of :meth:`encode`, the tokenizer never changes.
     """
 
     kind = "sentencepiece"
@@ -411,7 +412,7 @@ class SentencePieceTokenizer:
                 f"{len(self.symbols) - 1})"
             )
         self.model, self.append_eos, self.specials = bytes(model), append_eos, specials
-        self.prefix = [int(index) for index in prefix]
+        self.prefix = tuple(int(index) for index in prefix)
         self.vocabulary = dict(vocabulary)
         self.piece_ids = [  # SentencePiece's id -> ours
             self.vocabulary.get(self.processor.id_to_piece(index), specials.unk)
@@ -462,14 +463,22 @@ class SentencePieceTokenizer:
                 parts.append((part, False))
         return parts
 
-    def _ended(self, ids: list[int], layout: list[tuple[str, bool]]) -> list[int]:
-        """The ids of a text cut as ``layout`` with the prefix before them (unless the text opens with a language code
+    def with_prefix(self, prefix: Sequence[int]) -> SentencePieceTokenizer:
+        """A tokenizer of the same SentencePiece model and vocabulary whose texts open with ``prefix``: what a run
+        that chose another pair of a many-language model's languages keeps."""
+        return SentencePieceTokenizer(self.model, self.vocabulary, append_eos=self.append_eos, specials=self.specials,
+                                      prefix=prefix)  # fmt: skip
+
+    def _ended(self, ids: list[int], layout: list[tuple[str, bool]], prefix: Sequence[int]) -> list[int]:
+        """The ids of a text cut as ``layout`` with ``prefix`` before them (unless the text opens with a language code
         of its own, ``>>fra<<``, which takes its place) and, where ``append_eos``, EOS after them."""
         own_code = bool(layout) and layout[0][1] and layout[0][0].startswith(">>")
-        prefix = [] if own_code else self.prefix
-        return [*prefix, *ids, self.specials.eos] if self.append_eos else [*prefix, *ids]
+        opening = () if own_code else prefix
+        return [*opening, *ids, self.specials.eos] if self.append_eos else [*opening, *ids]
 
-    def encode(self, text: str) -> tuple[list[int], list[str]]:
+    def encode(self, text: str, *, prefix: Sequence[int] | None = None) -> tuple[list[int], list[str]]:
+        """:meth:`Tokenizer.encode`; ``prefix``: the ids the text opens with instead of :attr:`prefix` (another
+        language's token)."""
         layout = self._parts(text)
         pieces = [
             piece
@@ -477,7 +486,8 @@ class SentencePieceTokenizer:
             for piece in ([part] if whole else self.processor.encode(part, out_type=str))
         ]
         ids = [self.vocabulary.get(piece, self.specials.unk) for piece in pieces]
-        return self._ended(ids, layout), [piece for piece in pieces if piece not in self.vocabulary]
+        opening = self.prefix if prefix is None else prefix
+        return self._ended(ids, layout, opening), [piece for piece in pieces if piece not in self.vocabulary]
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         """SentencePiece cuts all the texts at once, into its own ids, which become ours; a part holding what it does
@@ -498,7 +508,7 @@ class SentencePieceTokenizer:
                     ids += [self.vocabulary.get(piece, unk) for piece in pieces]
                 else:
                     ids += map(self.piece_ids.__getitem__, numbers)
-            encoded.append(self._ended(ids, layout))
+            encoded.append(self._ended(ids, layout, self.prefix))
         return encoded
 
     def corpus_encoder(self) -> Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]:
@@ -534,9 +544,23 @@ def forcing(target: Tokenizer, forced: Sequence[int]) -> Tokenizer:
         return target
     if not isinstance(target, SentencePieceTokenizer):
         raise TypeError(f"forced tokens go with a SentencePiece vocabulary, not a {type(target).__name__}")
-    found = copy.copy(target)
-    found.prefix = list(forced)
+    found = copy.copy(target)  # the model and vocabulary shared: this is made at every evaluation
+    found.prefix = tuple(forced)
     return found
+
+
+def source_prefix(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The ids ``tokenizer`` opens every text with: a SentencePiece tokenizer's :attr:`~SentencePieceTokenizer.prefix`
+    (a language's token); none for the others."""
+    return tokenizer.prefix if isinstance(tokenizer, SentencePieceTokenizer) else ()
+
+
+def encode_opened(tokenizer: Tokenizer, text: str, prefix: Sequence[int]) -> tuple[list[int], list[str]]:
+    """:meth:`Tokenizer.encode` of ``text``, opened with ``prefix`` instead of the tokenizer's own
+    (:func:`source_prefix`): another language's token, which only a SentencePiece vocabulary holds."""
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return tokenizer.encode(text, prefix=prefix)
+    return tokenizer.encode(text)
 
 
 def sentencepiece_processor(model: bytes) -> Any:
@@ -624,14 +648,16 @@ def subword_file(side: str, joint: bool) -> str:
     return "subwords.json" if joint else f"subwords.{side}.json"
 
 
-def digest(source: Tokenizer, target: Tokenizer) -> str:
-    """A SHA-256 of both tokenizers' vocabularies and rules: the same only for the same tokenizers."""
-    described = [_described(tokenizer) for tokenizer in (source, target)]
+def digest(source: Tokenizer, target: Tokenizer, *, prefixes: bool = True) -> str:
+    """A SHA-256 of both tokenizers' vocabularies and rules: the same only for the same tokenizers. Without
+    ``prefixes``, the ids they open texts with left out: the same for every pair of a many-language model's
+    languages."""
+    described = [_described(tokenizer, prefix=prefixes) for tokenizer in (source, target)]
     return hashlib.sha256(json.dumps(described).encode("utf-8")).hexdigest()
 
 
-def _described(tokenizer: Tokenizer) -> str:
-    """A tokenizer's whole vocabulary and rules as text."""
+def _described(tokenizer: Tokenizer, *, prefix: bool = True) -> str:
+    """A tokenizer's whole vocabulary and rules as text (``prefix``: with the ids it opens texts with)."""
     if isinstance(tokenizer, SubwordTokenizer):
         return tokenizer.to_json()
     if isinstance(tokenizer, SymbolTokenizer):
@@ -639,7 +665,7 @@ def _described(tokenizer: Tokenizer) -> str:
     if isinstance(tokenizer, SentencePieceTokenizer):
         model = hashlib.sha256(tokenizer.model).hexdigest()
         rules = {"append_eos": tokenizer.append_eos, "specials": asdict(tokenizer.specials)}
-        rules |= {"prefix": tokenizer.prefix} if tokenizer.prefix else {}  # as a tokenizer without one always was
+        rules |= {"prefix": tokenizer.prefix} if tokenizer.prefix and prefix else {}  # as one without always was
         return json.dumps({"kind": tokenizer.kind, "model": model, "symbols": tokenizer.symbols, **rules})
     raise TypeError(f"no description of a {type(tokenizer).__name__}")
 

@@ -53,6 +53,7 @@ from multihead.app.data import (
 )
 from multihead.app.devices import keep_frameworks_off_gpus, resolve_device, use_threads
 from multihead.app.languages import LanguageTokens, from_file_names
+from multihead.app.loaded import run_direction
 from multihead.app.memory import release_freed_memory
 from multihead.app.options import (
     DATA,
@@ -90,7 +91,7 @@ from multihead.app.runs import (
 )
 from multihead.app.schedule import learning_rate
 from multihead.app.tokenizers import SentencePieceTokenizer, Tokenizer, build_tokenizers, forcing
-from multihead.app.translate import language_pair, length_limit, translate_ids
+from multihead.app.translate import length_limit, translate_ids
 from multihead.config import TransformerConfig
 from multihead.decoding import Generation
 
@@ -241,15 +242,14 @@ def new_setup(options: TrainOptions, out: Path) -> Setup:
     # A vocabulary taken from another run (an imported one's) keeps what that run's generation bans and forces, for
     # the pair --langs chooses of a model that marks its languages with tokens (M2M100, NLLB, multilingual OPUS-MT).
     generation = Generation(target.specials) if taken is None else taken.generation
-    tokens = None  # a taken vocabulary's language tokens, read once
     if taken is not None and resolved.langs and isinstance(source, SentencePieceTokenizer):
         tokens = LanguageTokens.of(source.vocabulary, getattr(target, "vocabulary", {}))
-    if taken is not None and tokens is not None and resolved.langs:
-        try:
-            source, generation, _ = language_pair(tokens, source, generation, taken.options.get("langs"),
-                                                  *resolved.langs)  # fmt: skip
-        except ValueError as error:
-            raise UserError(f"--langs {' '.join(resolved.langs)}: {error}") from None
+        if tokens is not None:
+            try:
+                chosen = tokens.direction(run_direction(taken), *resolved.langs)
+            except ValueError as error:
+                raise UserError(f"--langs {' '.join(resolved.langs)}: {error}") from None
+            source, generation = source.with_prefix(chosen.prefix), chosen.generation
     targets = forcing(target, generation.forced)
     if initial is None:
         config = _config(resolved, source, targets, data.positions(source, targets))

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from multihead.app.console import UserError, plural, say
-from multihead.app.languages import closest_code, pair_text
+from multihead.app.languages import asked_direction, pair_text
 from multihead.app.runs import has_checkpoints
 from multihead.app.serve.http import create_app
 from multihead.app.serve.limits import Limits
 from multihead.app.serve.service import Service
-from multihead.app.translate import Translator
+from multihead.app.translate import Described, Translator
 from multihead.decoding import SearchOptions
 
 DRAIN = 30.0
@@ -55,24 +55,25 @@ def _load_run(
     guard: bool = True,
     ensemble: Sequence[str] = (),
 ) -> tuple[Translator, Sequence[str]]:
-    """A run's translator (with ``ensemble``: of it and those runs together), and the pair it serves by default
-    (:func:`_served_langs`)."""
+    """A run's translator (with ``ensemble``: of it and those runs together) in the direction it serves by default,
+    and that pair (:func:`_served`)."""
     translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
                             split_sentences=split_sentences, guard=guard, ensemble=ensemble)  # fmt: skip
-    return translator, _served_langs(translator, langs, run)
+    return _served(translator, langs, run)
 
 
 def _service(
     loaders: Sequence[Loading], search: Callable[[Translator], SearchOptions], max_loaded: int | None
 ) -> Service:
     """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``
-    released at once (loaded again when asked), searching as ``search`` says of the first run."""
-    loaded: list[tuple[Translator, Sequence[str]]] = []
-    for index, load in enumerate(loaders):
-        loaded.append(load())
-        if max_loaded is not None and index >= max_loaded:
-            loaded[-1][0].release()
-    (translator, langs), more = loaded[0], loaded[1:]
+    released at once (only their descriptions kept; loaded again when asked), searching as ``search`` says of the
+    first run."""
+    translator, langs = loaders[0]()
+    more: list[tuple[Translator | Described, Sequence[str]]] = []
+    for index, load in enumerate(loaders[1:], start=1):
+        run, pair = load()
+        more.append((run.described if max_loaded is not None and index >= max_loaded else run, pair))
+        del run  # a run released: its model goes before the next loads
     reload = [functools.partial(_translator_only, load) for load in loaders]
     return Service(translator, langs, more=more, search=search(translator), thread=False, loaders=reload,
                    max_loaded=max_loaded)  # fmt: skip
@@ -100,23 +101,20 @@ def _translator_only(load: Loading) -> Translator:
     return load()[0]
 
 
-def _served_langs(translator: Translator, langs: Sequence[str] | None, run: str) -> Sequence[str]:
-    """The pair ``serve`` defaults to: ``langs`` (of a model of many languages: the pair it chooses; of a run that
-    records its one pair: that pair, another refused in one line; else the names of the run's languages), else the
-    run's, else a built-in task's; refused in one line where there is none."""
-    marked, named = translator.language_tokens, f"--langs {' '.join(langs or [])}"
-    if langs and marked is not None:
-        translator.choose_languages(langs[0] if marked.sources else None, langs[1], named=named)
-        langs = translator.langs
-    elif langs and translator.langs:
-        if any(closest_code(code, [own]) != own for code, own in zip(langs, translator.langs, strict=True)):
-            translator.choose_languages(*langs, named=named)  # refused, as translate --target-lang is: no tokens
-        langs = translator.langs
+def _served(translator: Translator, langs: Sequence[str] | None, run: str) -> tuple[Translator, Sequence[str]]:
+    """The translator of the pair ``serve`` defaults to, and that pair: ``langs``, in the direction the run's
+    languages give it (:func:`~multihead.app.languages.asked_direction`: of a model of many languages, the pair it
+    chooses; of a run that records its one pair, that pair, another refused in one line; else the names of the run's
+    languages), else the run's, else a built-in task's; refused in one line where there is none."""
     task = translator.checkpoint.options.get("task")
-    langs = langs or translator.langs or ([task, f"{task}-out"] if task else None)
+    if langs:
+        named = f"--langs {' '.join(langs)}"
+        translator = translator.toward(asked_direction(translator.language_tokens, translator.direction, langs,
+                                                       named=named, task=task))  # fmt: skip
+    langs = translator.langs or langs or ([task, f"{task}-out"] if task else None)
     if not langs:
         raise UserError(f"the run {run} does not record its languages: give --langs SRC TGT (ISO 639-1 codes)")
-    return langs
+    return translator, langs
 
 
 def run_paths(given: Sequence[str]) -> list[str]:

@@ -1,7 +1,8 @@
-"""The runs served, on the worker thread: each run's translator and engine while its model is held, the translators
-of its other pairs, and, under ``--max-loaded``, which runs hold their models. A run not held is loaded off the
-worker (:mod:`multihead.app.serve.loader`): the jobs for it wait here meanwhile, while the other runs' engines go on
-stepping."""
+"""The runs served, on the worker thread: what describes each run, whether its model is held or not; its translator
+and engine while it is, and the translators of its other pairs; and, under ``--max-loaded``, which runs hold their
+models. A run released lets go of its translators and engine, which hold its model: only its description stays. A
+run not held is loaded off the worker (:mod:`multihead.app.serve.loader`): the jobs for it wait here meanwhile, while
+the other runs' engines go on stepping."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from multihead.app.console import say
+from multihead.app.languages import asked_direction
 from multihead.app.serve.jobs import Hypotheses, Load, Loaded, Streamed, Work
 from multihead.app.serve.routing import Leg, Pair
 from multihead.app.streaming import Translating, settle
-from multihead.app.translate import Translator
+from multihead.app.translate import Described, Translator
+
+
+def described(run: Translator | Described) -> Described:
+    """What describes ``run``: a loaded translator's description, or a run's without its model."""
+    return run.described if isinstance(run, Translator) else run
 
 
 @dataclass(eq=False)
 class _Run:
-    """A run served: as first loaded (its languages and tokenizers; its model released beyond ``--max-loaded``), its
-    own pair, how to load it again, while loaded its translator, engine and translators of its other pairs, and the
-    jobs that wait for it to load."""
+    """A run served: what describes it (its languages and the direction it serves by default, held or not), its own
+    pair, how to load it again, while loaded its translator, engine and translators of its other pairs, and the jobs
+    that wait for it to load."""
 
-    first: Translator
+    about: Described
     own: Pair
     load: Load | None
     translator: Translator | None = None
@@ -35,7 +42,7 @@ class _Run:
 
     @property
     def name(self) -> str:
-        return self.first.checkpoint.path.parents[1].name
+        return self.about.name
 
     @property
     def idle(self) -> bool:
@@ -49,27 +56,28 @@ class _Run:
 
 
 class Engines:
-    """The engines of ``runs`` (each a translator and its pair), one a run, ``make`` making each: a step steps every
-    engine that has work, so that no run waits for another's requests to end. With ``max_loaded``, at most that many
-    runs hold their models; a run not held is loaded again by its ``loaders`` entry, releasing first the least
-    recently used run that has nothing to do (a job waits while none has)."""
+    """The engines of ``runs`` (each a translator, or the description of a run not loaded, and its pair), one a run,
+    ``make`` making each: a step steps every engine that has work, so that no run waits for another's requests to
+    end. With ``max_loaded``, at most that many runs hold their models; a run not held is loaded again by its
+    ``loaders`` entry, releasing first the least recently used run that has nothing to do (a job waits while none
+    has)."""
 
     def __init__(
         self,
-        runs: Sequence[tuple[Translator, Sequence[str]]],
+        runs: Sequence[tuple[Translator | Described, Sequence[str]]],
         make: Callable[[Translator], Translating],
         *,
         loaders: Sequence[Load] | None = None,
         max_loaded: int | None = None,
     ) -> None:
-        if loaders is None and (max_loaded is not None or any(run.model is None for run, _ in runs)):
+        if loaders is None and (max_loaded is not None or any(isinstance(run, Described) for run, _ in runs)):
             raise ValueError("runs that may be released need their loaders")
         self.make, self.max_loaded = make, max_loaded
-        self.runs = [_Run(run, (langs[0], langs[1]), None if loaders is None else loaders[index])
+        self.runs = [_Run(described(run), (langs[0], langs[1]), None if loaders is None else loaders[index])
                      for index, (run, langs) in enumerate(runs)]  # fmt: skip
-        for run in self.runs:
-            if run.first.model is not None:
-                run.translator, run.engine = run.first, make(run.first)
+        for held, (run, _) in zip(self.runs, runs, strict=True):
+            if isinstance(run, Translator):
+                held.translator, held.engine = run, make(run)
 
     def __len__(self) -> int:
         """Pieces the engines have to translate."""
@@ -94,13 +102,14 @@ class Engines:
         return self._view(run, run.translator, job.leg)
 
     def _view(self, run: _Run, translator: Translator, leg: Leg) -> Translator:
-        """The translator of ``leg``'s pair: the run's own, or one sharing its model (made once)."""
+        """The translator of ``leg``'s pair: the run's own, or one in the direction its languages give that pair
+        (:func:`~multihead.app.languages.asked_direction`), sharing its model (made once while it is held)."""
         if leg.pair == run.own:
             return translator
         found = run.views.get(leg.pair)
         if found is None:
-            marked = translator.language_tokens
-            found = translator.for_languages(leg.pair[0] if marked and marked.sources else None, leg.pair[1])
+            about = run.about
+            found = translator.toward(asked_direction(about.language_tokens, about.direction, leg.pair))
             run.views[leg.pair] = found
         return found
 
@@ -148,9 +157,7 @@ class Engines:
         if not idle:
             return False
         released = self.runs[min(idle, key=lambda index: self.runs[index].used)]
-        if released.translator is not None:
-            released.translator.release()
-        released.translator, released.engine, released.views = None, None, {}
+        released.translator, released.engine, released.views = None, None, {}  # its model with them
         say(f"released {released.name} (--max-loaded {self.max_loaded})", sys.stderr)
         return True
 

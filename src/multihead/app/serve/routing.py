@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from multihead.app.detect import Detected, LanguageIdentifier
-from multihead.app.languages import closest_code, language_name
-from multihead.app.translate import Translator
+from multihead.app.languages import LanguageTokens, closest_code, language_name
+from multihead.app.translate import Described
 
 PIVOT = "en"
 """The language a pair no run serves goes through first, where both legs are served (as Argos Translate does)."""
@@ -61,19 +61,20 @@ class Route:
 
 
 class Routes:
-    """The languages ``runs`` serve (each a translator and its pair; the first run's pair, the default): a model that
+    """The languages ``runs`` serve (each described, with its pair; the first run's pair, the default): a model that
     marks its languages with tokens serves every pair it has; a pair two runs serve goes to the one named first; a
     pair none serves goes through a language both legs share (:func:`pivots`)."""
 
-    def __init__(self, runs: Sequence[tuple[Translator, Sequence[str]]]) -> None:
+    def __init__(self, runs: Sequence[tuple[Described, Sequence[str]]]) -> None:
         self.source, self.target = runs[0][1][0], runs[0][1][1]
-        self.names = [run.checkpoint.path.parents[1].name for run, _ in runs]
+        self.names = [run.name for run, _ in runs]
         """Each run's name: its directory's."""
-        self.models = [run for run, _ in runs]
+        self.tokens = [run.language_tokens for run, _ in runs]
+        """Each run's model's language tokens, where it marks its languages with them."""
         self.direct: dict[Pair, int] = {}
         """Each pair a run serves (the codes clients send) -> the first run named that serves it."""
         for index, (run, (source, target, *_)) in enumerate(runs):
-            for code, targets in served_pairs(run, source, target).items():
+            for code, targets in served_pairs(run.language_tokens, source, target).items():
                 for other in targets:
                     if other != code:  # a multilingual OPUS-MT model's own source among its targets
                         self.direct.setdefault((code, other), index)
@@ -138,8 +139,8 @@ class Routes:
         for code in dict.fromkeys([*self.pairs, *self.targets()]):
             targets = self.pairs.get(code, [])
             entry: dict[str, Any] = {"code": code, "name": language_name(code), "targets": targets}
-            models = zip(self.names, self.models, strict=True)
-            owns = {name: own for name, run in models if (own := own_code(run, code))}
+            models = zip(self.names, self.tokens, strict=True)
+            owns = {name: own for name, tokens in models if tokens is not None and (own := tokens.own_code(code))}
             if owns:
                 entry["model_codes"] = owns
             if len(self.names) > 1:
@@ -163,24 +164,8 @@ def pivots(direct: Collection[Pair], codes: Sequence[str]) -> dict[Pair, str]:
     return found
 
 
-def served_pairs(translator: Translator, source: str, target: str) -> dict[str, list[str]]:
-    """The pairs a run serves, as the codes clients send (:meth:`LanguageTokens.public`: NLLB's ``kor_Hang`` is
-    ``ko``): its own, ``source`` into ``target``; with a model that marks its languages with tokens, every pair it has
-    (M2M100's and NLLB's: each language into every other; a multilingual OPUS-MT model's: ``source`` into each of its
-    targets)."""
-    tokens = translator.language_tokens
-    if tokens is None:
-        return {source: [target]}
-    targets = list(dict.fromkeys(tokens.public(code, target=True) for code in tokens.targets))
-    targets += [] if target in targets else [target]
-    if not tokens.sources:
-        return {source: targets}
-    sources = list(dict.fromkeys([source, *(tokens.public(code, target=False) for code in tokens.sources)]))
-    return {code: [other for other in targets if other != code] for code in sources}
-
-
-def own_code(translator: Translator, code: str) -> str | None:
-    """The run's model's own code of the served language ``code`` (NLLB's ``kor_Hang`` for ``ko``), where the model
-    marks languages with tokens and has it."""
-    tokens = translator.language_tokens
-    return None if tokens is None else tokens.own_code(code)
+def served_pairs(tokens: LanguageTokens | None, source: str, target: str) -> dict[str, list[str]]:
+    """The pairs a run serves, as the codes clients send: its own, ``source`` into ``target``; with a model that marks
+    its languages with ``tokens``, every pair it has (:meth:`LanguageTokens.pairs
+    <multihead.app.languages.LanguageTokens.pairs>`)."""
+    return {source: [target]} if tokens is None else tokens.pairs(source, target)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from multihead.app.serve.engines import Engines
+from multihead.app.serve.engines import Engines, described
 from multihead.app.serve.jobs import Load
 from multihead.app.serve.routing import Routes
 from multihead.app.serve.worker import Worker
 from multihead.app.streaming import StreamingTranslator
-from multihead.app.translate import TRANSLATION, Translator
+from multihead.app.translate import TRANSLATION, Described, Translator
 from multihead.decoding import SearchOptions
 
 GATHER = 256
@@ -19,25 +19,27 @@ GATHER = 256
 
 
 class Service:
-    """The runs served (``translator`` and its pair ``langs``, the default; ``more``: other runs, each with its pair),
-    their :class:`~multihead.app.serve.routing.Routes`, and the worker that translates with them as ``search`` says,
-    on a thread of its own unless ``thread`` is false (then :meth:`Worker.work` is the caller's to run). With
+    """The runs served (``translator`` and its pair ``langs``, the default; ``more``: other runs, each with its pair,
+    a translator or, for a run not loaded, its description), what describes them (:attr:`runs`), their
+    :class:`~multihead.app.serve.routing.Routes`, and the worker that translates with them as ``search`` says, on a
+    thread of its own unless ``thread`` is false (then :meth:`Worker.work` is the caller's to run). With
     ``max_loaded``, at most that many runs hold their models, ``loaders`` loading each again
-    (:class:`~multihead.app.serve.engines.Engines`)."""
+    (:class:`~multihead.app.serve.engines.Engines`, which alone holds the translators)."""
 
     def __init__(
         self,
         translator: Translator,
         langs: Sequence[str],
         *,
-        more: Sequence[tuple[Translator, Sequence[str]]] = (),
+        more: Sequence[tuple[Translator | Described, Sequence[str]]] = (),
         search: SearchOptions = TRANSLATION,
         thread: bool = True,
         loaders: Sequence[Load] | None = None,
         max_loaded: int | None = None,
     ) -> None:
-        self.runs = [(translator, langs), *more]
+        runs = [(translator, langs), *more]
+        self.runs = [(described(run), pair) for run, pair in runs]
         self.routes = Routes(self.runs)
         make = functools.partial(StreamingTranslator, rows=GATHER, search=search)
-        self.engines = Engines(self.runs, make, loaders=loaders, max_loaded=max_loaded)
+        self.engines = Engines(runs, make, loaders=loaders, max_loaded=max_loaded)
         self.worker = Worker(self.engines, search=search, thread=thread)
