@@ -171,6 +171,7 @@ class Engine(Generic[Owner]):
         self.searches: list[SearchOptions] = []  # the distinct searches asked for; a sentence's group is an index
         self.waiting: deque[_Waiting] = deque()
         self.waited = 0  # steps since sentences began waiting to join
+        self.counted = 0  # sentences that have joined
         self._reset_rows(0)
 
     def _reset_rows(self, count: int) -> None:
@@ -184,6 +185,7 @@ class Engine(Generic[Owner]):
         self.beams = np.zeros(count, dtype=np.int64)  # (N,) its sentence's beam size; 0: one row, not ranked
         self.floor = np.zeros(count, dtype=np.int64)  # (N,) its sentence's min_length
         self.forcing = np.zeros(count, dtype=bool)  # (N,) its sentence forces tokens of its own
+        self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
         self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
         self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
 
@@ -256,6 +258,8 @@ class Engine(Generic[Owner]):
         self.beams = np.concatenate([self.beams, [s.search.beam_size * s.ranked for s in sentences]]).astype(np.int64)
         self.floor = np.concatenate([self.floor, [s.search.min_length for s in sentences]]).astype(np.int64)
         self.forcing = np.concatenate([self.forcing, [s.forced is not None for s in sentences]]).astype(bool)
+        self.sid = np.concatenate([self.sid, self.counted + np.arange(count)])
+        self.counted += count
         self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
         self.history = np.concatenate([self.history, np.zeros((count, self.history.shape[1]), dtype=np.int64)])
 
@@ -333,22 +337,14 @@ class Engine(Generic[Owner]):
         self._keep(order, same_sources=False)
 
     def _keep(self, order: np.ndarray, *, same_sources: bool) -> None:
-        """The rows ``order`` of the state, in that order, in the rows and here."""
+        """The rows ``order`` of the state, in that order, in the rows and here; ``same_sources``: each row keeps its
+        sentence, whose values stay as they are."""
         self.rows.keep(order, same_sources=same_sources)
-        self.of_row = [self.of_row[row] for row in order]
-        for name in (
-            "made",
-            "last",
-            "score",
-            "limit",
-            "width",
-            "group",
-            "beams",
-            "floor",
-            "forcing",
-            "ended",
-            "history",
-        ):
+        names = ["made", "last", "score", "ended", "history"]  # each row's own
+        if not same_sources:
+            self.of_row = [self.of_row[row] for row in order]
+            names += ["limit", "width", "group", "beams", "floor", "forcing", "sid"]  # its sentence's
+        for name in names:
             setattr(self, name, getattr(self, name)[order])
 
     # --- a step ------------------------------------------------------------------------------------------------
@@ -424,9 +420,7 @@ class Engine(Generic[Owner]):
     def _advance(self, parent: np.ndarray, token: np.ndarray, score: np.ndarray) -> None:
         """The rows after a step with beams: row ``i`` extends ``parent[i]`` by ``token[i]`` (one-row sentences extend
         themselves: their token is written already)."""
-        same_sources = len(parent) == len(self.of_row) and all(
-            self.of_row[p] is self.of_row[i] for i, p in enumerate(parent.tolist())
-        )
+        same_sources = len(parent) == len(self.sid) and bool((self.sid[parent] == self.sid).all())
         if not (same_sources and (parent == np.arange(len(parent))).all()):
             self._keep(parent, same_sources=same_sources)
         rows = np.flatnonzero(self.beams)
