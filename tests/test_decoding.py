@@ -53,8 +53,11 @@ def numpy_argmax(log_probs: np.ndarray) -> np.ndarray:
     return log_probs.argmax(axis=-1)
 
 
-def numpy_top_k(log_probs: np.ndarray, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+def numpy_top_k(
+    log_probs: np.ndarray, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """A :meth:`multihead.decoding.Steps.top_k` in NumPy: ties keep the lower index, as the frameworks' do."""
+    log_probs = log_probs if rows is None else log_probs[rows]
     added = (log_probs + scores[:, None]).reshape(-1, beam * log_probs.shape[-1])  # (S, beam*V)
     indices = np.argsort(-added, axis=-1, kind="stable")[:, :count]
     return np.take_along_axis(added, indices, axis=-1).astype(np.float32), indices
@@ -75,10 +78,6 @@ class ArraySession:
     def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         self.orders.append(np.asarray(rows).copy())
         self.prefix = self.prefix[rows]
-
-    @staticmethod
-    def select(log_probs: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return log_probs[rows]
 
     argmax = staticmethod(numpy_argmax)
     top_k = staticmethod(numpy_top_k)
@@ -527,26 +526,24 @@ def test_generate_beam_search_reorders_the_session_with_the_beams(use_cache: boo
     )
     np.testing.assert_array_equal(out[:1, : expected.shape[1]], expected)
 
-    # The first step computes one row per source; then its rows become the beams (row b * k + j is beam j of
-    # source b), then each step's rows.
-    np.testing.assert_array_equal(session.taken[0], [0, 0, 1, 1])
+    # The first step computes one row per source; then each source's row holds its first beam and its other beams
+    # take new rows after those (rows b and B + b*(k-1) + j - 1), then each step's rows.
+    np.testing.assert_array_equal(session.taken[0], [0, 1, 0, 1])
     assert not session.same_sources[0]
     assert session.memories[0].tolist() == [0, 1]
     assert len(session.taken) > 1
-    sources = [0, 1]  # the sources still searched, each k rows of the state
+    sources = np.array([0, 1, 0, 1])  # each row's source
     for rows, same_sources in zip(session.taken[1:], session.same_sources[1:], strict=True):
         assert rows.shape in ((2 * k,), (k,))
-        assert same_sources == (len(rows) == len(sources) * k)  # said exactly when no source left
-        if len(rows) == 2 * k:
-            for b in range(2):
-                assert set(rows[b * k : (b + 1) * k]) <= set(range(b * k, (b + 1) * k)), rows  # beams stay home
+        assert same_sources == (len(rows) == len(sources))  # said exactly when no source left
+        if same_sources:
+            assert (sources[rows] == sources).all(), rows  # beams stay among their source's rows
         else:  # a source has ended and left: its rows are no longer computed
-            kept = rows[0] // k
-            assert set(rows) <= set(range(kept * k, (kept + 1) * k)), rows
-            sources = [sources[kept]] if len(sources) == 2 else sources
-    assert sources == [0]  # source 1's answer is shorter: it leaves first
+            assert len(set(sources[rows])) == 1, rows
+        sources = sources[rows]
+    assert set(sources) == {0}  # source 1's answer is shorter: it leaves first
     assert [memory.tolist() for memory in session.memories][-1] == [0, 0]
-    assert all(memory.tolist() in ([0, 0, 1, 1], [0, 0]) for memory in session.memories[1:])
+    assert all(memory.tolist() in ([0, 1, 0, 1], [0, 0]) for memory in session.memories[1:])
     # The source's state (memory or its projection, key mask) moves only when the beams are made and when a source
     # leaves; the reorders among a source's beams leave it where it is.
     moves = session.same_sources.count(False)

@@ -270,11 +270,14 @@ class Choices(Protocol):
         """The most probable token of each row of ``logits (N, V)``: int64 ``(N,)`` on the host."""
         ...
 
-    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``count`` best continuations of each sentence's ``beam`` rows (``N = S * beam``): ``scores (N,)`` added
-        to the log-probabilities of ``logits (N, V)``, the best over each sentence's ``beam * V`` candidates, best
-        first. Their scores (float32) and indices (int64, ``beam_row * V + token``), ``(S, count)`` each, on the
-        host."""
+    def top_k(
+        self, logits: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``count`` best continuations of each sentence's ``beam`` rows: ``scores`` added to the
+        log-probabilities of the rows ``rows`` of ``logits`` (int64 ``(S * beam,)``, each sentence's rows one after
+        the other; default: every row of ``logits (N, V)``, in order), the best over each sentence's ``beam * V``
+        candidates, best first. Their scores (float32) and indices (int64, ``beam_row * V + token``, ``beam_row``
+        counted among the sentence's rows), ``(S, count)`` each, on the host."""
         ...
 
     def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
@@ -364,14 +367,13 @@ class DecodingSession:
         if self.memory_key_mask is not None:
             self.memory_key_mask = self.steps.take(self.memory_key_mask, rows)
 
-    def select(self, logits: Tensor, rows: np.ndarray) -> Tensor:
-        return self.steps.take(logits, rows)
-
     def argmax(self, logits: Tensor) -> np.ndarray:
         return self.steps.argmax(logits)
 
-    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.steps.top_k(logits, scores, beam, count)
+    def top_k(
+        self, logits: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.steps.top_k(logits, scores, beam, count, rows)
 
     def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
         return self.steps.suppress(logits, tokens, rows)
@@ -434,16 +436,21 @@ def sentence_generators(seed: int | None, keys: Sequence[int] | np.ndarray) -> l
 
 
 def sample(
-    choices: Choices, logits: Tensor, generators: Sequence[np.random.Generator], options: SearchOptions
+    choices: Choices,
+    logits: Tensor,
+    generators: Sequence[np.random.Generator],
+    options: SearchOptions,
+    rows: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One token for each row of ``logits (N, V)``, drawn as ``options`` say, row ``i`` with ``generators[i]``:
-    int64 ``(N,)``."""
-    vocab, rows = int(logits.shape[-1]), len(generators)
+    """One token for each of the rows ``rows`` of ``logits (N, V)`` (default: every row), drawn as ``options`` say,
+    the ``i``-th with ``generators[i]``: int64, one per row drawn."""
+    vocab, count_rows = int(logits.shape[-1]), len(generators)
     count = vocab if options.sampling_topk == 0 else min(options.sampling_topk, vocab)
-    values, tokens = choices.top_k(logits, np.zeros(rows, dtype=np.float32), 1, count)  # (N, k) best first
-    uniforms = np.array([generator.random() for generator in generators])  # (N,)
+    scores = np.zeros(count_rows, dtype=np.float32)
+    values, tokens = choices.top_k(logits, scores, 1, count, rows)  # (n, k) best first
+    uniforms = np.array([generator.random() for generator in generators])  # (n,)
     drawn = draw(values, uniforms, temperature=options.sampling_temperature, top_p=options.sampling_topp)
-    return tokens[np.arange(rows), drawn]
+    return tokens[np.arange(count_rows), drawn]
 
 
 def draw(log_probs: np.ndarray, uniforms: np.ndarray, *, temperature: float, top_p: float) -> np.ndarray:

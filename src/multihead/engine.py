@@ -73,10 +73,6 @@ class Rows(Choices, Protocol):
         the same source as row ``rows[i]`` did, so only the target's state moves."""
         ...
 
-    def select(self, logits: Tensor, rows: np.ndarray) -> Tensor:
-        """Rows ``rows`` of a step's ``logits``, for the choices of some of the rows."""
-        ...
-
 
 class JoiningRows(Rows, Protocol):
     """Rows that new sources join while others decode."""
@@ -132,12 +128,20 @@ class _Waiting:
 
 @dataclass
 class _Next:
-    """A step's new rows: each one's parent row, token and score, and its place (sorting key) among them."""
+    """A step's new rows: each one's parent row, token and score, and its place: the row it takes, where that is one
+    its sentence held (``fresh`` places, from the rows held on, are new rows of a beam opening)."""
 
-    parent: list[np.ndarray] = field(default_factory=list)
-    token: list[np.ndarray] = field(default_factory=list)
-    score: list[np.ndarray] = field(default_factory=list)
-    place: list[np.ndarray] = field(default_factory=list)
+    def __init__(self, held: int) -> None:
+        self.parent: list[np.ndarray] = []
+        self.token: list[np.ndarray] = []
+        self.score: list[np.ndarray] = []
+        self.place: list[np.ndarray] = []
+        self.next_fresh = held
+
+    def fresh(self, count: int) -> np.ndarray:
+        """``count`` places past the rows held."""
+        self.next_fresh += count
+        return np.arange(self.next_fresh - count, self.next_fresh)
 
     def add(self, parent: np.ndarray, token: np.ndarray, score: np.ndarray, place: np.ndarray) -> None:
         self.parent.append(parent)
@@ -146,10 +150,18 @@ class _Next:
         self.place.append(place)
 
     def joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The new rows' parents, tokens and scores, in their places' order."""
+        """The new rows' parents, tokens and scores, in the order they take: a row whose place is among the first as
+        many as there are new rows stays there, the others (by place) fill the places left."""
         if not self.parent:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        order = np.argsort(np.concatenate(self.place), kind="stable")
+        place = np.concatenate(self.place)
+        count = len(place)
+        stays = place < count
+        movers = np.flatnonzero(~stays)
+        position = place.copy()
+        position[movers[np.argsort(place[movers], kind="stable")]] = np.setdiff1d(np.arange(count), place[stays])
+        order = np.empty(count, dtype=np.int64)
+        order[position] = np.arange(count)  # the new row at each position
         return tuple(np.concatenate(parts)[order] for parts in (self.parent, self.token, self.score))  # type: ignore[return-value]
 
 
@@ -171,6 +183,7 @@ class Engine(Generic[Owner]):
         self.searches: list[SearchOptions] = []  # the distinct searches asked for; a sentence's group is an index
         self.waiting: deque[_Waiting] = deque()
         self.waited = 0  # steps since sentences began waiting to join
+        self.counted = 0  # sentences that have joined
         self._reset_rows(0)
 
     def _reset_rows(self, count: int) -> None:
@@ -184,6 +197,7 @@ class Engine(Generic[Owner]):
         self.beams = np.zeros(count, dtype=np.int64)  # (N,) its sentence's beam size; 0: one row, not ranked
         self.floor = np.zeros(count, dtype=np.int64)  # (N,) its sentence's min_length
         self.forcing = np.zeros(count, dtype=bool)  # (N,) its sentence forces tokens of its own
+        self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
         self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
         self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
 
@@ -256,6 +270,8 @@ class Engine(Generic[Owner]):
         self.beams = np.concatenate([self.beams, [s.search.beam_size * s.ranked for s in sentences]]).astype(np.int64)
         self.floor = np.concatenate([self.floor, [s.search.min_length for s in sentences]]).astype(np.int64)
         self.forcing = np.concatenate([self.forcing, [s.forced is not None for s in sentences]]).astype(bool)
+        self.sid = np.concatenate([self.sid, self.counted + np.arange(count)])
+        self.counted += count
         self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
         self.history = np.concatenate([self.history, np.zeros((count, self.history.shape[1]), dtype=np.int64)])
 
@@ -317,38 +333,26 @@ class Engine(Generic[Owner]):
         return owners + [entry.sentence.owner for entry in waiting]
 
     def _leave(self, gone: np.ndarray) -> None:
-        """Rows ``gone`` leave: the rows after them move up, or, when only one-row sentences are held, the last rows
-        take their places."""
+        """Rows ``gone`` leave: the last rows take their places."""
         count = len(self.of_row)
         if not len(gone):
             return
-        if not self.beams.any():
-            left = count - len(gone)
-            holes = gone[gone < left]
-            donors = np.setdiff1d(np.arange(left, count), gone)  # as many as holes
-            order = np.arange(left)
-            order[holes] = donors
-        else:
-            order = np.setdiff1d(np.arange(count), gone)
+        left = count - len(gone)
+        holes = gone[gone < left]
+        donors = np.setdiff1d(np.arange(left, count), gone)  # as many as holes
+        order = np.arange(left)
+        order[holes] = donors
         self._keep(order, same_sources=False)
 
     def _keep(self, order: np.ndarray, *, same_sources: bool) -> None:
-        """The rows ``order`` of the state, in that order, in the rows and here."""
+        """The rows ``order`` of the state, in that order, in the rows and here; ``same_sources``: each row keeps its
+        sentence, whose values stay as they are."""
         self.rows.keep(order, same_sources=same_sources)
-        self.of_row = [self.of_row[row] for row in order]
-        for name in (
-            "made",
-            "last",
-            "score",
-            "limit",
-            "width",
-            "group",
-            "beams",
-            "floor",
-            "forcing",
-            "ended",
-            "history",
-        ):
+        names = ["made", "last", "score", "ended", "history"]  # each row's own
+        if not same_sources:
+            self.of_row = [self.of_row[row] for row in order]
+            names += ["limit", "width", "group", "beams", "floor", "forcing", "sid"]  # its sentence's
+        for name in names:
             setattr(self, name, getattr(self, name)[order])
 
     # --- a step ------------------------------------------------------------------------------------------------
@@ -364,7 +368,7 @@ class Engine(Generic[Owner]):
             self.history = np.pad(self.history, ((0, 0), (0, self.history.shape[1])))
         finished: list[Finished[Owner]] = []
         going, alone = ~self.ended, len(self.searches) == 1
-        next_rows = _Next()
+        next_rows = _Next(len(self.of_row))
         for group, search in enumerate(self.searches):
             in_group = going if alone else going & (self.group == group)
             if not alone and not in_group.any():
@@ -372,6 +376,7 @@ class Engine(Generic[Owner]):
             if search.beam_size > 1 or self.ranked:
                 for width in np.unique(self.width[in_group]):
                     rows = np.flatnonzero(in_group & (self.width == width))
+                    rows = rows[np.argsort(self.sid[rows], kind="stable")]  # each sentence's rows together
                     finished += self._beam(logits, rows, int(width), search, next_rows)
             else:
                 finished += self._one_row(logits, np.flatnonzero(in_group), search, next_rows)
@@ -396,24 +401,23 @@ class Engine(Generic[Owner]):
         return process(self.rows, logits, self.made, generation, forced, self.limit, self.floor)
 
     def _one_row(self, logits: Tensor, rows: np.ndarray, search: SearchOptions, next_rows: _Next) -> list[Finished]:
-        """Greedy or sampled sentences' next tokens, at ``rows`` (one each); those that ended. When every row is of
-        this search, the rows that have ended and not left choose too (cheaper than selecting the others), their
-        tokens ignored."""
-        every = len(self.searches) == 1
-        chosen = logits if every or len(rows) == len(self.of_row) else self.rows.select(logits, rows)
+        """Greedy or sampled sentences' next tokens, at ``rows`` (one each); those that ended. Every row takes its most
+        probable token (those of the others ignored); when every row samples, the rows that have ended and not left
+        draw too (cheaper than choosing the others), their tokens ignored."""
         if search.strategy.draws:
-            generators = [self.of_row[row].generator for row in (range(len(self.of_row)) if every else rows)]
-            token = sample(self.rows, chosen, generators, search)  # type: ignore[arg-type]
+            every = len(self.searches) == 1
+            drawn = np.arange(len(self.of_row)) if every else rows
+            generators = [self.of_row[row].generator for row in drawn]
+            token = sample(self.rows, logits, generators, search, None if every else rows)  # type: ignore[arg-type]
+            token = token[rows] if every else token
         else:
-            token = self.rows.argmax(chosen)
-        if every and len(rows) < len(self.of_row):
-            token = token[rows]
+            token = self.rows.argmax(logits)[rows]
         made = self.made[rows] + 1
         self.history[rows, made - 1] = token
         self.made[rows], self.last[rows] = made, token
         ends = (token == self.generation.specials.eos) | (made == self.limit[rows])
         if self.beams.any():  # the rows are laid out again after the step
-            next_rows.add(rows[~ends], token[~ends], self.score[rows[~ends]], rows[~ends].astype(np.float64))
+            next_rows.add(rows[~ends], token[~ends], self.score[rows[~ends]], rows[~ends])
         if not ends.any():
             return []
         self.ended[rows[ends]] = True
@@ -424,9 +428,7 @@ class Engine(Generic[Owner]):
     def _advance(self, parent: np.ndarray, token: np.ndarray, score: np.ndarray) -> None:
         """The rows after a step with beams: row ``i`` extends ``parent[i]`` by ``token[i]`` (one-row sentences extend
         themselves: their token is written already)."""
-        same_sources = len(parent) == len(self.of_row) and all(
-            self.of_row[p] is self.of_row[i] for i, p in enumerate(parent.tolist())
-        )
+        same_sources = len(parent) == len(self.sid) and bool((self.sid[parent] == self.sid).all())
         if not (same_sources and (parent == np.arange(len(parent))).all()):
             self._keep(parent, same_sources=same_sources)
         rows = np.flatnonzero(self.beams)
@@ -438,22 +440,24 @@ class Engine(Generic[Owner]):
     def _beam(
         self, logits: Tensor, rows: np.ndarray, width: int, search: SearchOptions, next_rows: _Next
     ) -> list[Finished]:
-        """Beam-search sentences' next beams, their ``width`` rows each at ``rows`` (a sentence's next to each other);
-        those that ended."""
+        """Beam-search sentences' next beams, their ``width`` rows each at ``rows`` (a sentence's rows one after the
+        other there, wherever they are held); those that ended."""
         k, eos, penalty = search.beam_size, self.generation.specials.eos, search.length_penalty
-        everyone = len(rows) == len(self.of_row)
+        everyone = len(rows) == len(self.of_row) and bool((rows == np.arange(len(rows))).all())
         count = min(2 * k, width * int(logits.shape[-1]))
-        chosen = logits if everyone else self.rows.select(logits, rows)
-        values, indices = self.rows.top_k(chosen, self.score[rows], width, count)  # (S, count) each
+        values, indices = self.rows.top_k(
+            logits, self.score[rows], width, count, None if everyone else rows
+        )  # (S, count)
         vocab = int(logits.shape[-1])
         if count < min(2 * k, k * vocab):  # a first step with fewer tokens than 2k: dead candidates fill the rest
             dead = ((0, 0), (0, min(2 * k, k * vocab) - count))
             values, indices = np.pad(values, dead, constant_values=-np.inf), np.pad(indices, dead)
             count = values.shape[1]
-        firsts = rows[::width]  # (S,) each sentence's first row
+        held = rows.reshape(-1, width)  # (S, width): each sentence's rows
+        firsts = held[:, 0]
         sentences = [self.of_row[row] for row in firsts]
-        parent = firsts[:, None] + indices // vocab  # (S, count): the row each extends
-        token = indices % vocab
+        local = indices // vocab  # (S, count): the sentence's row each extends
+        parent, token = np.take_along_axis(held, local, axis=1), indices % vocab
         t = self.made[firsts] + 1  # (S,) the length of the hypotheses this step makes
         ending = (token == eos) & (np.arange(count) < k) & np.isfinite(values)
         for s, c in zip(*np.nonzero(ending), strict=True):
@@ -461,7 +465,7 @@ class Engine(Generic[Owner]):
             sentences[s].offer(float(values[s, c] / t[s] ** penalty), ended)
         # The next beams: the best k continuations that do not end (at most one per row ends, so at most k of the 2k).
         kept = np.argsort(token == eos, axis=1, kind="stable")[:, :k]  # (S, k)
-        scores = np.take_along_axis(values, kept, axis=1)
+        scores, local = np.take_along_axis(values, kept, axis=1), np.take_along_axis(local, kept, axis=1)
         parent, token = np.take_along_axis(parent, kept, axis=1), np.take_along_axis(token, kept, axis=1)
         limit = self.limit[firsts]  # (S,)
         for s in np.flatnonzero(limit == t):  # those sentences' beams end here, unfinished
@@ -472,12 +476,15 @@ class Engine(Generic[Owner]):
         bound = np.maximum(scores[:, 0] / (t + 1) ** penalty, scores[:, 0] / limit**penalty)
         worst = np.array([sentence.rank[-1] for sentence in sentences])
         going = ~(worst >= bound) & np.isfinite(scores[:, 0]) & (limit > t)
-        if width == k:  # the beams in their parents' places where they can: those rows' states need not move
-            order = _stay(parent - firsts[:, None])  # (S, k): the beam each place takes
-            parent, token = np.take_along_axis(parent, order, axis=1), np.take_along_axis(token, order, axis=1)
-            scores = np.take_along_axis(scores, order, axis=1)
-        places = firsts[:, None] + np.arange(k) / k  # (S, k): after the sentence's first row, before the next row
         g = np.flatnonzero(going)
+        if width == k:  # the beams in their parents' places where they can: those rows' states need not move
+            order = _stay(local)  # (S, k): the beam each place takes
+            parent, token = np.take_along_axis(parent, order, axis=1), np.take_along_axis(token, order, axis=1)
+            scores, places = np.take_along_axis(scores, order, axis=1), held
+        else:  # a beam opening: its first beam in the sentence's row, the others in new rows
+            places = np.zeros((len(held), k), dtype=np.int64)
+            places[:, 0] = firsts
+            places[g, 1:] = next_rows.fresh(len(g) * (k - 1)).reshape(len(g), k - 1)
         next_rows.add(parent[g].reshape(-1), token[g].reshape(-1), scores[g].reshape(-1), places[g].reshape(-1))
         nan_free = [sentence for s, sentence in enumerate(sentences) if not going[s]]
         return [Finished(s.owner, [(float(r), x) for r, x in zip(s.rank, s.kept, strict=False)]) for s in nan_free]
@@ -506,14 +513,13 @@ class Ensemble:
         for member in self.members:
             cast(JoiningRows, member).join(sources)
 
-    def select(self, logits: Tensor, rows: np.ndarray) -> Tensor:
-        return self.first.select(logits, rows)
-
     def argmax(self, logits: Tensor) -> np.ndarray:
         return self.first.argmax(logits)
 
-    def top_k(self, logits: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.first.top_k(logits, scores, beam, count)
+    def top_k(
+        self, logits: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.first.top_k(logits, scores, beam, count, rows)
 
     def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
         return self.first.suppress(logits, tokens, rows)

@@ -429,15 +429,14 @@ class CompiledDecoding:
             return np.asarray(ops.convert_to_numpy(log_probs.log_probs))[log_probs.live].argmax(axis=-1)
         return np.asarray(ops.convert_to_numpy(log_probs.best))[log_probs.live].astype(np.int64)
 
-    def top_k(self, log_probs: Scores, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._choices.top_k(log_probs.rows(), scores, beam, count)
+    def top_k(
+        self, log_probs: Scores, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self._choices.top_k(log_probs.rows(), scores, beam, count, rows)
 
     def suppress(self, log_probs: Scores, tokens: np.ndarray, rows: np.ndarray | None = None) -> Scores:
         """The search's rows, ``tokens`` impossible (renormalised), their best chosen again."""
         return Scores(self._choices.suppress(log_probs.rows(), tokens, rows), None, np.arange(len(log_probs.live)))
-
-    def select(self, log_probs: Scores, rows: np.ndarray) -> Scores:
-        return Scores(log_probs.log_probs, log_probs.best, log_probs.live[rows])
 
     def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         kept = self._live[rows]  # buffer rows, as the next step will see them

@@ -140,14 +140,13 @@ class StreamRows:
         self.starts -= first
         self.length -= first
 
-    def select(self, log_probs: Tensor, rows: np.ndarray) -> Tensor:
-        return self.steps.take(log_probs, rows)
-
     def argmax(self, log_probs: Tensor) -> np.ndarray:
         return self.steps.argmax(log_probs)
 
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.steps.top_k(log_probs, scores, beam, count)
+    def top_k(
+        self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.steps.top_k(log_probs, scores, beam, count, rows)
 
     def suppress(self, log_probs: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
         return self.steps.suppress(log_probs, tokens, rows)

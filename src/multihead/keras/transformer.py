@@ -795,13 +795,17 @@ class DecoderSteps:
             impossible = np.logical_and.outer(chosen, impossible)  # (N, V)
         return ops.log_softmax(ops.where(ops.convert_to_tensor(impossible), -np.inf, log_probs), axis=-1)
 
-    def top_k(self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def top_k(
+        self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         vocab = int(log_probs.shape[-1])
         # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
         row_best = min(count, vocab)
-        values, tokens = ops.top_k(log_probs, row_best)  # (S*beam, row_best)
-        values = np.asarray(ops.convert_to_numpy(values)) + scores[:, None]
-        tokens = np.asarray(ops.convert_to_numpy(tokens)).astype(np.int64)
+        values, tokens = ops.top_k(log_probs, row_best)  # (N, row_best)
+        values, tokens = np.asarray(ops.convert_to_numpy(values)), np.asarray(ops.convert_to_numpy(tokens))
+        if rows is not None:  # the rows searched, each sentence's together
+            values, tokens = values[rows], tokens[rows]  # (S*beam, row_best)
+        values, tokens = values + scores[:, None], tokens.astype(np.int64)
         values, tokens = values.reshape(-1, beam * row_best), tokens.reshape(-1, beam * row_best)  # (S, beam*row_best)
         chosen = np.argsort(-values, axis=-1, kind="stable")[:, :count]  # (S, count), ties to the lower row
         indices = chosen // row_best * vocab + np.take_along_axis(tokens, chosen, axis=-1)  # beam_row * V + token

@@ -224,9 +224,6 @@ class StreamRows:
         if not count:
             self.length = 0
 
-    def select(self, logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-        return self.steps.take(logits, rows)
-
     def suppress(self, logits: torch.Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> torch.Tensor:
         with torch.inference_mode():  # in place, on a step's logits
             return self.steps.suppress(logits, tokens, rows)

@@ -650,11 +650,16 @@ class DecoderSteps:
         logits[torch.from_numpy(rows).to(logits.device)[:, None], columns] = float("-inf")
         return logits
 
-    def top_k(self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def top_k(
+        self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         vocab = logits.shape[-1]
         # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
         row_best = min(count, vocab)
-        values, tokens = torch.log_softmax(logits, dim=-1).topk(row_best, dim=-1)  # (S*beam, row_best)
+        values, tokens = torch.log_softmax(logits, dim=-1).topk(row_best, dim=-1)  # (N, row_best)
+        if rows is not None:  # the rows searched, each sentence's together: the few best of each, not the logits
+            index = torch.from_numpy(rows).to(logits.device)
+            values, tokens = values.index_select(0, index), tokens.index_select(0, index)  # (S*beam, row_best)
         values = values + torch.from_numpy(scores).to(logits.device)[:, None]
         values, chosen = values.reshape(-1, beam * row_best).topk(count, dim=-1)  # (S, count)
         tokens = tokens.reshape(-1, beam * row_best).gather(1, chosen)  # (S, count)
