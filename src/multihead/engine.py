@@ -58,6 +58,8 @@ Owner = TypeVar("Owner")
 
 JOIN_AFTER = 3
 """The most steps sentences wait to join while others decode."""
+UNBOUNDED = 1 << 62
+"""The rows an engine without a capacity has room for."""
 
 
 class Rows(Choices, Protocol):
@@ -293,11 +295,13 @@ class Engine(Generic[Owner]):
         return count
 
     def room(self, available: int) -> int:
-        """How many of ``available`` sentences not yet added would join at the next step (one row each), by the rule
-        added sentences wait by: a caller that asks once a step and adds only that many keeps its sentences in its own
-        queue, never waiting here."""
-        count = self._admitted(len(self.waiting) + available, count_wait=not self.waiting)
-        return max(0, count - len(self.waiting))
+        """How many rows ``available`` sentences not yet added would find at the next step (a sentence takes one, or
+        its beam), by the rule added sentences wait by: a caller that asks once a step and adds only sentences of that
+        many rows keeps its sentences in its own queue, never waiting here."""
+        if not self._admitted(len(self.waiting) + available, count_wait=not self.waiting):
+            return 0
+        waiting = sum(entry.sentence.search.beam_size for entry in self.waiting)
+        return max(0, (UNBOUNDED if self.capacity is None else self.capacity - self._taken()) - waiting)
 
     def _join(self) -> None:
         count = self._admitted(len(self.waiting), count_wait=True)

@@ -26,9 +26,23 @@ class Words:
                 for text in texts]  # fmt: skip
         return cuts, [ids for cut in cuts for ids in cut.ids]
 
-    def joined(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION) -> Translated:
-        each = iter(outputs)
+    def joined(
+        self,
+        cuts: Sequence[Cut],
+        outputs: Sequence[Ids],
+        search: SearchOptions = TRANSLATION,
+        *,
+        again: dict[int, Ids] | None = None,
+    ) -> Translated:
+        each = iter({**dict(enumerate(outputs)), **(again or {})}[index] for index in range(len(outputs)))
         return Translated([" ".join(str(next(each)[0]) for _ in cut.ids) for cut in cuts], [[] for _ in cuts])
+
+    def doubts(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions) -> dict[int, str]:
+        """A translation 0 is doubted."""
+        return {index: "zero" for index, out in enumerate(outputs) if out == [0]}
+
+    def wider(self, search: SearchOptions) -> SearchOptions:
+        return search
 
 
 def test_pieces_are_given_out_in_turn_and_answers_joined_in_order() -> None:
@@ -182,3 +196,23 @@ def test_jobs_that_run_alone_take_their_share_of_the_worker_between_steps(monkey
     assert [b - a - 1 for a, b in itertools.pairwise(places[:3])] == [wait, wait]
     assert log.count("step") == 100
     assert places[3] - places[2] - 1 == wait
+
+
+def test_pieces_the_guard_doubts_are_searched_again_before_the_answer() -> None:
+    """A request whose pieces have all ended is checked: the doubted ones are given out again (their second try, in
+    the stream beside the others) and the answer joins those tries; a request with none doubted is answered at once."""
+    requests: Requests[Words] = Requests(Words())
+    doubted, clean = Future(), Future()
+    requests.add(["a bb ccc"], doubted)
+    requests.add(["dd"], clean)
+    taken = requests.take(10)
+    assert [(job.future, index) for job, index, _ in taken] == [(doubted, 0), (clean, 0), (doubted, 1), (doubted, 2)]
+    for job, index, ids in taken:
+        requests.ended(job, index, [(0.0, [0] if job.future is doubted and index == 1 else ids)])
+    assert clean.result(timeout=0).texts == ["2"]
+    assert not doubted.done()  # piece 1 was doubted: it goes out again
+    ((job, index, ids),) = requests.take(10)
+    assert (job.future, index) == (doubted, 1)
+    requests.ended(job, index, [(0.0, [7])])  # its second try
+    assert doubted.result(timeout=0).texts == ["1 7 3"]
+    assert not requests.live

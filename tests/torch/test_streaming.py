@@ -173,8 +173,8 @@ def test_each_sentence_may_force_tokens_of_its_own(search: SearchOptions) -> Non
 
 
 def test_room_says_how_many_would_join_by_the_rule_sentences_wait_by() -> None:
-    """``room(available)``: all that fit when nothing decodes or a quarter of the rows decoding joins; none else,
-    each such step counted, until ``JOIN_AFTER`` steps have passed."""
+    """``room(available)``: the rows left when nothing decodes or ``available`` are a quarter of the rows decoding;
+    none else, each such step counted, until ``JOIN_AFTER`` steps have passed."""
     from multihead.torch.streaming import JOIN_AFTER
 
     transformer = model()
@@ -191,9 +191,10 @@ def test_room_says_how_many_would_join_by_the_rule_sentences_wait_by() -> None:
         stream.step()
         assert stream.room(1) == 0
     stream.step()
-    assert stream.room(1) == 1  # waited long enough
-    assert stream.room(2) == 2  # a quarter of 8
-    assert stream.room(100) == 8  # the rows left
+    assert stream.room(1) == 8  # waited long enough: the rows left
+    assert stream.room(2) == 8  # a quarter of 8
+    stream.add(texts[8], 8, limit=30, search=SearchOptions(beam_size=3))  # waiting, its beam's rows taken
+    assert stream.room(100) == 5
 
 
 STRATEGIES = {

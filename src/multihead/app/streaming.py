@@ -16,7 +16,7 @@ it at the next step (``Stream.room``), so a dropped request leaves no sentence w
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -62,8 +62,17 @@ class Cutting(Protocol):
     def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]: ...
 
     def joined(
-        self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION
+        self,
+        cuts: Sequence[Cut],
+        outputs: Sequence[Ids],
+        search: SearchOptions = TRANSLATION,
+        *,
+        again: Mapping[int, Ids] | None = None,
     ) -> Translated: ...
+
+    def doubts(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions) -> dict[int, str]: ...
+
+    def wider(self, search: SearchOptions) -> SearchOptions: ...
 
     def joined_best(
         self, cuts: Sequence[Cut], found: Sequence[Ranked], count: int
@@ -85,6 +94,8 @@ class _Job(Generic[C]):
     uncut: deque[tuple[int, str]]
     future: Future[Any]
     best: int = 0
+    again: dict[int, Ids] | None = None  # once its pieces are checked: the second tries of those the guard doubts
+    doubted: set[int] = field(default_factory=set)
     pieces: list[Cut] = field(default_factory=list)
     pending: deque[tuple[int, Ids]] = field(default_factory=deque)
     outputs: list[Ranked] = field(default_factory=list)
@@ -144,7 +155,25 @@ class Requests(Generic[C]):
             settle(job.future, error=error)
             return
         if job.done:
-            self._answer(job)
+            self._finish(job)
+
+    def _finish(self, job: _Job[C]) -> bool:
+        """``job``'s pieces all translated: once, those the guard doubts are queued again, to be searched wider in the
+        stream beside the others; else it is answered. Whether it was answered."""
+        if not job.best and job.again is None:
+            job.again = {}
+            try:
+                doubts = job.translator.doubts(job.pieces, [ranked[0][1] for ranked in job.outputs], self.search)
+            except Exception as error:
+                settle(job.future, error=error)
+                return True
+            if doubts:
+                flat = [ids for cut in job.pieces for ids in cut.ids]
+                job.doubted = set(doubts)
+                job.pending.extend((index, flat[index]) for index in doubts)
+                return False
+        self._answer(job)
+        return True
 
     def _answer(self, job: _Job[C]) -> None:
         """Answer ``job``, all of its pieces translated: their translations checked and joined, or each text's best
@@ -154,21 +183,27 @@ class Requests(Generic[C]):
                 found = job.translator.joined_best(job.pieces, job.outputs, job.best)
                 answer: Any = [[text for _, text in texts] for texts in found]
             else:
-                answer = job.translator.joined(job.pieces, [ranked[0][1] for ranked in job.outputs], self.search)
+                outputs = [ranked[0][1] for ranked in job.outputs]
+                answer = job.translator.joined(job.pieces, outputs, self.search, again=job.again)
         except Exception as error:
             settle(job.future, error=error)
             return
         settle(job.future, answer)
 
-    def take(self, count: int) -> list[tuple[_Job[C], int, Ids]]:
-        """At most ``count`` pieces, in turn: (request, the piece's index in it, its ids)."""
+    def take(self, count: int, rows: Callable[[_Job[C], int], int] | None = None) -> list[tuple[_Job[C], int, Ids]]:
+        """Pieces, in turn, that take at most ``count`` rows (``rows``: how many a request's piece takes; default
+        one): (request, the piece's index in it, its ids)."""
         taken: list[tuple[_Job[C], int, Ids]] = []
         held_back: list[_Job[C]] = []
-        while len(taken) < count and self.turns:
+        while count > 0 and self.turns:
             job = self.turns.popleft()
             if len(self.live) > 1 and job.running >= self.running - job.running + SHARE:
                 held_back.append(job)  # its share taken: its turn comes again when the others hold more
                 continue
+            count -= 1 if rows is None else rows(job, job.pending[0][0])
+            if count < 0:  # its rows do not fit: its turn comes first next time
+                held_back.append(job)
+                break
             index, ids = job.pending.popleft()
             taken.append((job, index, ids))
             job.running += 1
@@ -182,12 +217,17 @@ class Requests(Generic[C]):
     def ended(self, job: _Job[C], index: int, hypotheses: Ranked) -> None:
         """Piece ``index`` of ``job`` translated as ``hypotheses`` (ranked, best first): the request answered once all
         of its pieces are."""
-        job.outputs[index] = hypotheses
+        if index in job.doubted and job.again is not None:
+            job.again[index] = hypotheses[0][1]  # its second try
+        else:
+            job.outputs[index] = hypotheses
         job.running -= 1
         self.running -= 1
         if job.done:
-            self.live.remove(job)
-            self._answer(job)
+            if self._finish(job):
+                self.live.remove(job)
+            else:
+                self.turns.append(job)
 
     def drop_abandoned(self) -> set[_Job[C]]:
         """Forget the requests whose future is done before their answer (cancelled); those requests."""
@@ -242,8 +282,9 @@ class StreamingTranslator:
         gone = self.requests.drop_abandoned()
         if gone:
             self.stream.drop(lambda owner: owner[0] in gone)
-        for job, index, ids in self.requests.take(self.stream.room(len(self.requests))):  # they join at this step
-            search = alternatives(self.search, job.best) if job.best else self.search
+        rows = self.stream.room(len(self.requests))
+        for job, index, ids in self.requests.take(rows, lambda job, index: self._search(job, index).beam_size):
+            search = self._search(job, index)  # they join at this step
             forced = job.translator.generation.forced
             limit = job.translator.limits(search)(len(ids))
             self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced, search=search)
@@ -252,6 +293,13 @@ class StreamingTranslator:
             hypotheses = [(rank, translation(tokens, len(tokens), job.translator.generation))
                           for rank, tokens in finished.hypotheses] or [(float("nan"), [])]  # fmt: skip
             self.requests.ended(job, index, hypotheses)
+
+    def _search(self, job: _Job[Translator], index: int) -> SearchOptions:
+        """How piece ``index`` of ``job`` is searched: its request's alternatives, the guard's second try, or the
+        service's search."""
+        if job.best:
+            return alternatives(self.search, job.best)
+        return job.translator.wider(self.search) if index in job.doubted else self.search
 
     def fail(self, error: BaseException) -> None:
         self.stream.clear()

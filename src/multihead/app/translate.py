@@ -18,7 +18,7 @@ Notation: B batch, Ls source length, T generated length.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from textwrap import shorten
@@ -339,25 +339,48 @@ class Translator:
                 warn(f"{name}: the translation of {shorten(sentence, 60)!r} may have lost or invented words ({why})")
         return done.texts, first_key + len(flat)
 
-    def joined(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions = TRANSLATION) -> Translated:
+    def joined(
+        self,
+        cuts: Sequence[Cut],
+        outputs: Sequence[Ids],
+        search: SearchOptions = TRANSLATION,
+        *,
+        again: Mapping[int, Ids] | None = None,
+    ) -> Translated:
         """Each text's translation from the translations ``outputs`` of all pieces, in order (searched with
         ``search``): the guard (unless the cutter's ``guard`` is off) first searches again those that look as if they
         lost or invented text (:func:`doubt`): with a beam of at least :data:`GUARD_BEAM`, then, where that does not
         settle it, their source split at its clauses (or in two halves) translated part by part; what still looks
         wrong is kept (the first translation) and named in the result. Then the pieces' translations are joined with
-        their source's spacing (:meth:`Cutter.joined <multihead.app.cutting.Cutter.joined>`)."""
+        their source's spacing (:meth:`Cutter.joined <multihead.app.cutting.Cutter.joined>`). ``again``: the
+        translations of the doubted pieces (:meth:`doubts`) with the wider search (:meth:`wider`), where the caller
+        searched them (a stream), instead of a batch here."""
         translated = [self.target.decode(ids) for ids in outputs]
         sources = [source for cut in cuts for source in cut.sources]
         flat = [ids for cut in cuts for ids in cut.ids]
-        doubts = {index: why for index, (ids, out) in enumerate(zip(flat, outputs, strict=True))
-                  if self.cutter.guard and (why := self._doubt(ids, out, search)) is not None}  # fmt: skip
+        doubts = self.doubts(cuts, outputs, search)
         if doubts:
-            doubts = self._search_again(doubts, flat, sources, translated, search)
+            doubts = self._search_again(doubts, flat, sources, translated, search, again)
         doubtful, at = [], 0
         for cut in cuts:
             doubtful.append([(sources[i], doubts[i]) for i in range(at, at + len(cut.ids)) if i in doubts])
             at += len(cut.ids)
         return Translated(self.cutter.joined(cuts, translated, self.direction), doubtful)
+
+    def doubts(self, cuts: Sequence[Cut], outputs: Sequence[Ids], search: SearchOptions) -> dict[int, str]:
+        """The pieces (index among all of ``cuts``' pieces) whose translations ``outputs`` (searched with ``search``)
+        the guard doubts, and why; none when the guard is off."""
+        if not self.cutter.guard:
+            return {}
+        flat = [ids for cut in cuts for ids in cut.ids]
+        return {index: why for index, (ids, out) in enumerate(zip(flat, outputs, strict=True))
+                if (why := self._doubt(ids, out, search)) is not None}  # fmt: skip
+
+    @staticmethod
+    def wider(search: SearchOptions) -> SearchOptions:
+        """The guard's second try of a translation searched with ``search``: a beam of at least :data:`GUARD_BEAM`."""
+        return replace(search, beam_size=max(search.beam_size, GUARD_BEAM), n_best=1, sampling_topk=1,
+                       sampling_topp=1.0, sampling_temperature=1.0)  # fmt: skip
 
     def _doubt(self, source: Ids, translated: Ids, search: SearchOptions) -> str | None:
         """:func:`doubt` of a piece ``source`` translated as ``translated`` with ``search``, within its limit."""
@@ -365,16 +388,24 @@ class Translator:
         return doubt(source, translated, self.specials.eos, room)
 
     def _search_again(
-        self, doubts: dict[int, str], flat: list[Ids], sources: list[str], translated: list[str], search: SearchOptions
+        self,
+        doubts: dict[int, str],
+        flat: list[Ids],
+        sources: list[str],
+        translated: list[str],
+        search: SearchOptions,
+        searched: Mapping[int, Ids] | None,
     ) -> dict[int, str]:
         """The guard's second and third tries of the pieces ``doubts`` names (index among ``flat`` -> why): their
-        translations in ``translated`` replaced where a try settles the doubt; the doubts left."""
-        wider = replace(search, beam_size=max(search.beam_size, GUARD_BEAM), n_best=1, sampling_topk=1,
-                        sampling_topp=1.0, sampling_temperature=1.0)  # fmt: skip
-        indices = list(doubts)
-        again = translate_ids(self.generate(wider), [flat[i] for i in indices], limit=self.limits(wider),
-                              generation=self.generation, batch_tokens=self.batch_size(wider))  # fmt: skip
-        self.tokens += sum(map(len, again))
+        translations in ``translated`` replaced where a try settles the doubt; the doubts left. ``searched``: the
+        second tries, made by the caller."""
+        wider, indices = self.wider(search), list(doubts)
+        if searched is None:
+            again = translate_ids(self.generate(wider), [flat[i] for i in indices], limit=self.limits(wider),
+                                  generation=self.generation, batch_tokens=self.batch_size(wider))  # fmt: skip
+            self.tokens += sum(map(len, again))
+        else:
+            again = [searched[index] for index in indices]
         left = {}
         for index, out in zip(indices, again, strict=True):
             if self._doubt(flat[index], out, wider) is None:
