@@ -185,6 +185,7 @@ class Engine(Generic[Owner]):
         self.searches: list[SearchOptions] = []  # the distinct searches asked for; a sentence's group is an index
         self.waiting: deque[_Waiting] = deque()
         self.waited = 0  # steps since sentences began waiting to join
+        self.opened = False  # room said sentences may join at the next step
         self.counted = 0  # sentences that have joined
         self._reset_rows(0)
 
@@ -300,11 +301,13 @@ class Engine(Generic[Owner]):
         many rows keeps its sentences in its own queue, never waiting here."""
         if not self._admitted(len(self.waiting) + available, count_wait=not self.waiting):
             return 0
+        self.opened = True  # those added before the step join it, however few
         waiting = sum(entry.sentence.search.beam_size for entry in self.waiting)
         return max(0, (UNBOUNDED if self.capacity is None else self.capacity - self._taken()) - waiting)
 
     def _join(self) -> None:
-        count = self._admitted(len(self.waiting), count_wait=True)
+        count = len(self.waiting) if self.opened else self._admitted(len(self.waiting), count_wait=True)
+        self.opened = False
         if self.capacity is not None:  # beams need their rows too
             beams = np.cumsum([self.waiting[index].sentence.search.beam_size for index in range(count)])
             count = int(np.searchsorted(beams, self.capacity - self._taken(), side="right"))

@@ -333,7 +333,7 @@ def test_parts_validate() -> None:
 
 
 FRAMEWORK_HOOKS = {
-    mt.Transformer: {"forward"},  # nn.Module's
+    mt.Transformer: {"forward", "INFERENCE_FORMS"},  # nn.Module's, and the forms multihead.torch.layouts lays out
     mk.Transformer: {"build", "call", "get_config", "build_from_state", "state_children", "tensor_arguments"},  # Keras'
 }  # and multihead.io's state protocol for Keras
 """What each front end's Transformer defines for its framework rather than for its users."""
