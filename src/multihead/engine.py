@@ -172,14 +172,23 @@ class Engine(Generic[Owner]):
     tokens), at most ``capacity`` rows at a time (beam search counts its beam size; ``None``: no bound): see the
     module's docstring. :meth:`add` queues a sentence (over :class:`JoiningRows`), :meth:`hold` names the sentences
     that rows already hold, :meth:`step` decodes one token of each and returns those that ended. ``ranked``: every
-    sentence is searched by beam search, even of one beam, whose hypotheses carry their ranks (n-best lists)."""
+    sentence is searched by beam search, even of one beam, whose hypotheses carry their ranks (n-best lists).
+    ``vocab``: the target vocabulary's size, which the generation's and each sentence's ids are checked against."""
 
     def __init__(
-        self, rows: Rows, generation: Generation, *, capacity: int | None = None, ranked: bool = False
+        self,
+        rows: Rows,
+        generation: Generation,
+        *,
+        capacity: int | None = None,
+        ranked: bool = False,
+        vocab: int | None = None,
     ) -> None:
         if not isinstance(generation, Generation):
             raise TypeError(f"`generation` must be a Generation, received {type(generation).__name__}")
-        self.rows, self.generation, self.ranked = rows, generation, ranked
+        if vocab is not None:
+            generation.check(vocab)
+        self.rows, self.generation, self.ranked, self.vocab = rows, generation, ranked, vocab
         self.capacity = None if capacity is None else check_positive_int("capacity", capacity)
         self.seed = secrets.randbits(64)  # the draws of searches without a seed of their own
         self.searches: list[SearchOptions] = []  # the distinct searches asked for; a sentence's group is an index
@@ -224,7 +233,12 @@ class Engine(Generic[Owner]):
             raise TypeError(f"`search` must be a SearchOptions or None, received {type(search).__name__}")
         if search not in self.searches:
             self.searches.append(search)
-        own = None if forced is None else tuple(dataclasses.replace(self.generation, forced=forced).forced)  # checked
+        own = None
+        if forced is not None:
+            checked = dataclasses.replace(self.generation, forced=forced)
+            if self.vocab is not None:
+                checked.check(self.vocab)
+            own = tuple(checked.forced)
         generator = None
         if search.strategy.draws:
             generator = sentence_generators(self.seed if search.seed is None else search.seed, [key])[0]

@@ -26,7 +26,6 @@ cross-attention buffers hold, H key/value heads, D head dim, E d_model, n senten
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 
 from multihead.cache import StepCache
-from multihead.decoding import Generation, SearchOptions
+from multihead.decoding import Generation
 from multihead.engine import JOIN_AFTER, Engine, Owner
 from multihead.torch.layouts import Layouts
 from multihead.torch.transformer import Transformer
@@ -241,22 +240,6 @@ class Stream(Engine[Owner]):
     ) -> None:
         if not isinstance(generation, Generation):
             raise TypeError(f"`generation` must be a Generation, received {type(generation).__name__}")
-        generation.check(model.config.tgt_vocab)
         rows = check_positive_int("rows", rows)
-        super().__init__(StreamRows(model, layouts, pad=generation.specials.pad), generation, capacity=rows)
-        self.vocab = model.config.tgt_vocab
-
-    def add(
-        self,
-        ids: Sequence[int],
-        owner: Owner,
-        *,
-        limit: int,
-        key: int = 0,
-        forced: Sequence[int] | None = None,
-        search: SearchOptions | None = None,
-    ) -> None:
-        """As :meth:`multihead.engine.Engine.add`; ``forced`` must be target tokens."""
-        if forced is not None:
-            dataclasses.replace(self.generation, forced=forced).check(self.vocab)
-        super().add(ids, owner, limit=limit, key=key, forced=forced, search=search)
+        rows_of = StreamRows(model, layouts, pad=generation.specials.pad)
+        super().__init__(rows_of, generation, capacity=rows, vocab=model.config.tgt_vocab)
