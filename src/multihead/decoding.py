@@ -326,7 +326,25 @@ class Steps(Choices, Protocol):
         ...
 
 
-class DecodingSession:
+class Chooser:
+    """:class:`Choices` made by another object's, ``choices`` (a front end's decoding steps, an ensemble's first
+    member): what rows choose with."""
+
+    choices: Choices
+
+    def argmax(self, logits: Tensor) -> np.ndarray:
+        return self.choices.argmax(logits)
+
+    def top_k(
+        self, logits: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.choices.top_k(logits, scores, beam, count, rows)
+
+    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
+        return self.choices.suppress(logits, tokens, rows)
+
+
+class DecodingSession(Chooser):
     """The rows of one ``generate`` call over a model's :class:`Steps` (a :class:`multihead.engine.Rows`): the encoder
     memory ``(N, Ls, E)`` (without a cache) or the decoder's cache with the memory projected into it, and the memory's
     key mask ``(N, Ls)`` (``None``: every position real). ``cache``: a model's empty
@@ -336,7 +354,7 @@ class DecodingSession:
     def __init__(
         self, steps: Steps, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
     ) -> None:
-        self.steps = steps
+        self.steps = self.choices = steps
         self.memory = memory
         self.memory_key_mask = memory_key_mask
         self.cache = cache
@@ -366,17 +384,6 @@ class DecodingSession:
             self.memory = self.steps.take(self.memory, rows)
         if self.memory_key_mask is not None:
             self.memory_key_mask = self.steps.take(self.memory_key_mask, rows)
-
-    def argmax(self, logits: Tensor) -> np.ndarray:
-        return self.steps.argmax(logits)
-
-    def top_k(
-        self, logits: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return self.steps.top_k(logits, scores, beam, count, rows)
-
-    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
-        return self.steps.suppress(logits, tokens, rows)
 
 
 def process(

@@ -42,6 +42,7 @@ import numpy as np
 
 from multihead.decoding import (
     Choices,
+    Chooser,
     Generation,
     Limit,
     SearchOptions,
@@ -511,7 +512,7 @@ class Engine(Generic[Owner]):
         return [Finished(s.owner, [(float(r), x) for r, x in zip(s.rank, s.kept, strict=False)]) for s in nan_free]
 
 
-class Ensemble:
+class Ensemble(Chooser):
     """Rows of several models translating the same sources into the same target vocabulary, one :class:`Rows` each
     (joining when they all join): a step's logits are ``mean`` of the members' (the mean of their log-probabilities,
     a log-linear ensemble of equal weights, as Marian's; fairseq averages the probabilities instead), which the
@@ -521,7 +522,7 @@ class Ensemble:
     def __init__(self, members: Sequence[Rows], mean: Callable[[list[Tensor]], Tensor]) -> None:
         if not members:
             raise ValueError("an ensemble needs at least one member's rows, received none")
-        self.members, self.mean, self.first = list(members), mean, members[0]
+        self.members, self.mean, self.choices = list(members), mean, members[0]
 
     def step(self, tokens: np.ndarray) -> Tensor:
         return self.mean([member.step(tokens) for member in self.members])
@@ -533,17 +534,6 @@ class Ensemble:
     def join(self, sources: Sequence[Sequence[int]]) -> None:
         for member in self.members:
             cast(JoiningRows, member).join(sources)
-
-    def argmax(self, logits: Tensor) -> np.ndarray:
-        return self.first.argmax(logits)
-
-    def top_k(
-        self, logits: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return self.first.top_k(logits, scores, beam, count, rows)
-
-    def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
-        return self.first.suppress(logits, tokens, rows)
 
 
 def _stay(parents: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from keras import ops
 
+from multihead.decoding import Chooser
 from multihead.keras.tensors import Tensor
 
 __all__ = ["StreamRows"]
@@ -80,7 +81,7 @@ def _stacked(held: Tensor | None, new: Tensor, columns: int) -> Tensor:
     return ops.concatenate(parts, axis=0)
 
 
-class StreamRows:
+class StreamRows(Chooser):
     """A Keras :class:`~multihead.keras.Transformer`'s rows for :class:`~multihead.engine.Engine` that sources join
     while others decode (a :class:`multihead.engine.JoiningRows`): see the module's docstring. ``pad`` fills a batch
     of joining sources (their key mask leaves it out)."""
@@ -88,6 +89,7 @@ class StreamRows:
     def __init__(self, model: Any, *, pad: int) -> None:
         model.build()  # the decoding steps call the layers' unchecked paths, which need their weights
         self.steps, self.pad = model.decoder_steps(), pad
+        self.choices = self.steps
         self.cache = _Caches(self, len(model.decoder.blocks))
         self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of each row's first token
         self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
@@ -139,14 +141,3 @@ class StreamRows:
                 layer.keys, layer.values = (_rows_of(x, rows)[:, :, :span] for x in (layer.keys, layer.values))
         self.starts -= first
         self.length -= first
-
-    def argmax(self, log_probs: Tensor) -> np.ndarray:
-        return self.steps.argmax(log_probs)
-
-    def top_k(
-        self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return self.steps.top_k(log_probs, scores, beam, count, rows)
-
-    def suppress(self, log_probs: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
-        return self.steps.suppress(log_probs, tokens, rows)

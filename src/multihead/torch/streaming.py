@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from multihead.cache import StepCache
-from multihead.decoding import Generation
+from multihead.decoding import Chooser, Generation
 from multihead.engine import JOIN_AFTER, Engine, Owner
 from multihead.torch.layouts import Layouts
 from multihead.torch.transformer import Transformer
@@ -141,7 +141,7 @@ class _Caches:
         return self.own.length
 
 
-class StreamRows:
+class StreamRows(Chooser):
     """A PyTorch :class:`~multihead.torch.Transformer`'s rows for :class:`~multihead.engine.Engine` that sources join
     while others decode (a :class:`multihead.engine.JoiningRows`): see the module's docstring. ``pad`` fills a batch of
     joining sources (their key mask leaves it out)."""
@@ -153,7 +153,7 @@ class StreamRows:
         self.own, self.memory = _Buffers(layers), _Buffers(layers)  # self-attention's, cross-attention's
         self.cache = _Caches(self.own, self.memory)
         self.steps = model.decoder_steps(layouts)
-        self.argmax, self.top_k = self.steps.argmax, self.steps.top_k
+        self.choices = self.steps
         self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of each row's first token
         self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
         self.length = 0  # the columns written: a step writes column `length`
