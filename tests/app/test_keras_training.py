@@ -70,6 +70,48 @@ def test_keras_trains_a_corpus_and_translates_with_the_same_pipeline(tmp_path: P
     assert [step for step, _ in trainer["losses"]] == list(range(1, 6))
 
 
+def test_a_keras_run_is_served_on_keras_as_pytorch_translates_it(tmp_path: Path) -> None:
+    """``serve`` decodes a Keras run in Keras (its stream's rows, a sentence's attention, an ensemble) and answers
+    what PyTorch's ``translate`` gives; the command does so; with ``--quantize`` it serves through PyTorch."""
+    from app.served import request, serving, start
+    from multihead.app.serve import Limits, Service, create_app
+    from multihead.app.view import attention_view
+    from multihead.keras.streaming import StreamRows
+
+    data = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "run"
+    train(TrainOptions(out=str(out), data=data, framework="keras", steps=60, eval_every=1000, batch_tokens=200,
+                       lr=1e-2, warmup=10, dropout=0.0, vocab_size=120, **SMALL))  # fmt: skip
+    served, pytorch = Translator(out, own_framework=True), Translator(out)
+    assert (served.loaded.front.name, pytorch.loaded.front.name) == ("keras", "torch")
+    assert isinstance(served.stream_rows(), StreamRows)
+    body = {"q": SAMPLES, "source": "de", "target": "en"}
+
+    def translated(url: str) -> list[str]:  # (the guard's "doubtful" field aside)
+        status, answer = request(url, "/translate", body)
+        assert status == 200, answer
+        return answer["translatedText"]
+
+    with serving(create_app(Service(served, served.langs), Limits())) as url:
+        assert translated(url) == pytorch.translate(SAMPLES)
+        status, view = request(url, "/attention", {"q": SAMPLES[0]})
+    assert status == 200
+    expected = attention_view(pytorch.attention(SAMPLES[0]))
+    assert (view["target"], view["target_words"]) == (expected["target"], expected["target_words"])
+    # The weights are rounded to 4 decimals.
+    np.testing.assert_allclose(np.array(view["layers"]), np.array(expected["layers"]), atol=2e-4)
+    pair = Translator(out, ensemble=[out], own_framework=True)
+    with serving(create_app(Service(pair, pair.langs), Limits())) as url:
+        assert translated(url) == Translator(out, ensemble=[out]).translate(SAMPLES)
+    assert Translator(out, own_framework=True, quantize="int8").loaded.front.name == "torch"
+    process, url, _ = start(out)
+    try:
+        assert translated(url) == pytorch.translate(SAMPLES)
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
+
+
 def test_keras_trains_dates_on_batches_of_several_lengths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from multihead.app.train_keras import LENGTH_MULTIPLE, KerasTrainer
 

@@ -1,7 +1,7 @@
-"""A run loaded to translate: its checkpoint's model in PyTorch (whatever trained it) on a device, in the inference
-form chosen (:func:`multihead.torch.quantize`), its weights laid out for decoding, an ensemble's other runs loaded
-alike; and what decodes with them: batches (:func:`multihead.engine.generate`, through a session) and streams
-(:class:`multihead.torch.streaming.StreamRows`).
+"""A run loaded to translate: its checkpoint's model on a device, in PyTorch (whatever trained it; in the inference
+form chosen, :func:`multihead.torch.quantize`, its weights laid out for decoding) or in Keras where it trained there
+and is asked to (its :class:`FrontEnd`), an ensemble's other runs loaded alike; and what decodes with them: batches
+(:func:`multihead.engine.generate`, through a session) and streams (each front end's ``StreamRows``).
 
 Only a loaded run holds its models: a run is released by letting go of it (and of the translators made of it).
 What describes a run besides (its languages, its tokenizers) is its checkpoint's and its direction's
@@ -12,11 +12,13 @@ Notation: B batch, Ls source length.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,7 +28,7 @@ from multihead.app.languages import Direction, LanguageTokens
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
 from multihead.app.tokenizers import SentencePieceTokenizer, digest, source_prefix
 from multihead.decoding import Generation, SearchOptions
-from multihead.engine import Ensemble, generate
+from multihead.engine import Ensemble, JoiningRows, Rows, generate
 
 
 def run_direction(checkpoint: Checkpoint) -> Direction:
@@ -44,18 +46,181 @@ def model_tokens(checkpoint: Checkpoint) -> str:
     return digest(checkpoint.source, checkpoint.target, prefixes=False)
 
 
+class FrontEnd(Protocol):
+    """The framework a loaded run's models are in: how it loads a checkpoint's model, and what it computes with a
+    :class:`LoadedRun`'s (arrays in, arrays out)."""
+
+    @property
+    def name(self) -> str:
+        """``"torch"`` or ``"keras"``, as a run's ``trainer.json`` names its framework."""
+        ...
+
+    @property
+    def device(self) -> str:
+        """Where its models compute: ``"cpu"``, else a GPU (``"cuda:N"`` in PyTorch, ``"gpu"`` in Keras)."""
+        ...
+
+    def load(self, checkpoint: Checkpoint) -> Any:
+        """The checkpoint's model with its weights, on the front end's device, ready to decode."""
+        ...
+
+    def layouts(self) -> Any:
+        """What holds a model's weights laid out for decoding (PyTorch's :class:`~multihead.torch.Layouts`; ``None``
+        in Keras)."""
+        ...
+
+    def decoding(self) -> AbstractContextManager[Any]:
+        """Where its models decode without recording gradients."""
+        ...
+
+    def session(self, run: LoadedRun, src: np.ndarray, limit: int) -> Rows:
+        """``run``'s model's decoding session of ``src (B, Ls)`` for at most ``limit`` steps."""
+        ...
+
+    def stream_rows(self, run: LoadedRun, pad: int) -> JoiningRows:
+        """``run``'s model's rows of a stream, sources padded with ``pad``."""
+        ...
+
+    def log_probs(
+        self, run: LoadedRun, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, pad: int
+    ) -> np.ndarray:
+        """Teacher-forced: for each row ``(B,)``, the summed log-probabilities of ``tgt_out (B, Lt)``'s tokens other
+        than ``pad``, reading ``src (B, Ls)`` and ``tgt_in (B, Lt)``."""
+        ...
+
+    def cross_attention(self, run: LoadedRun, src: list[int], tgt: list[int]) -> list[np.ndarray]:
+        """Every decoder layer's cross-attention weights ``(H, Lt, Ls)`` for one source and its target prefix."""
+        ...
+
+
+@dataclass(frozen=True)
+class TorchFrontEnd:
+    """PyTorch on ``device`` (a :func:`~multihead.app.devices.resolve_device` name); ``quantize`` as
+    :func:`load_run` takes it."""
+
+    device: str
+    quantize: str | None = None
+    name: str = "torch"
+
+    def load(self, checkpoint: Checkpoint) -> Any:
+        from multihead.io import load_weights
+        from multihead.torch import Transformer, quantize
+
+        model = Transformer.from_config(checkpoint.config).eval()
+        load_weights(model, checkpoint.path / WEIGHTS)
+        model.to(self.device)
+        if self.quantize is not None:
+            quantize(model, self.quantize)
+        return model
+
+    def layouts(self) -> Any:
+        from multihead.torch import Layouts
+
+        return Layouts()
+
+    def decoding(self) -> AbstractContextManager[Any]:
+        import torch
+
+        return torch.inference_mode()
+
+    def session(self, run: LoadedRun, src: np.ndarray, limit: int) -> Rows:
+        import torch
+
+        source = torch.from_numpy(src).to(self.device)
+        return run.model.decoding_session(source, max_len=limit, layouts=run.layouts)
+
+    def stream_rows(self, run: LoadedRun, pad: int) -> JoiningRows:
+        from multihead.torch.streaming import StreamRows
+
+        return StreamRows(run.model, run.layouts, pad=pad)
+
+    def log_probs(
+        self, run: LoadedRun, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, pad: int
+    ) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            out = torch.from_numpy(tgt_out).to(self.device)
+            logits = run.model(torch.from_numpy(src).to(self.device), torch.from_numpy(tgt_in).to(self.device))
+            logits = logits.float()  # (B, Lt, V)
+            picked = logits.gather(-1, out.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, Lt)
+            return picked.masked_fill(out == pad, 0.0).sum(dim=1).double().cpu().numpy()
+
+    def cross_attention(self, run: LoadedRun, src: list[int], tgt: list[int]) -> list[np.ndarray]:
+        import torch
+
+        with torch.inference_mode():
+            memory = run.model.encode(torch.tensor([src], device=self.device))
+            _, weights = run.model.decode(torch.tensor([tgt], device=self.device), memory, return_weights=True)
+        return [w[0].float().cpu().numpy() for w in weights]
+
+
+@dataclass(frozen=True)
+class KerasFrontEnd:
+    """Keras, on the backend ``KERAS_BACKEND`` names, where that backend computes (``device``: ``"cpu"`` or
+    ``"gpu"``); its models decode eagerly, one operation at a time (a stream's rows change at every step)."""
+
+    device: str
+    name: str = "keras"
+
+    def load(self, checkpoint: Checkpoint) -> Any:
+        from multihead.io import load_weights
+        from multihead.keras import Transformer
+
+        model = Transformer.from_config(checkpoint.config)
+        model.build()
+        load_weights(model, checkpoint.path / WEIGHTS)
+        return model
+
+    def layouts(self) -> None:
+        return None
+
+    def decoding(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def session(self, run: LoadedRun, src: np.ndarray, limit: int) -> Rows:
+        return run.model.decoding_session(src, max_len=limit, compiled=False)
+
+    def stream_rows(self, run: LoadedRun, pad: int) -> JoiningRows:
+        from multihead.keras.streaming import StreamRows
+
+        return StreamRows(run.model, pad=pad)
+
+    def log_probs(
+        self, run: LoadedRun, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, pad: int
+    ) -> np.ndarray:
+        from keras import ops
+
+        logits = ops.cast(run.model(src, tgt_in), "float32")  # (B, Lt, V)
+        log_probs = ops.convert_to_numpy(ops.log_softmax(logits, axis=-1)).astype(np.float64)
+        picked = np.take_along_axis(log_probs, tgt_out[..., None], axis=-1)[..., 0]  # (B, Lt)
+        return np.where(tgt_out == pad, 0.0, picked).sum(axis=1)
+
+    def cross_attention(self, run: LoadedRun, src: list[int], tgt: list[int]) -> list[np.ndarray]:
+        from keras import ops
+
+        memory = run.model.encode(np.array([src], dtype=np.int64))
+        _, weights = run.model.decode(np.array([tgt], dtype=np.int64), memory, return_weights=True)
+        return [ops.convert_to_numpy(ops.cast(w, "float32"))[0] for w in weights]
+
+
 @dataclass(frozen=True, eq=False)
 class LoadedRun:
-    """A run's ``checkpoint`` and its ``model``, loaded on ``device`` (:func:`load_run`), ready to decode:
-    ``layouts``, the model's weights laid out for decoding, once for every session (a loaded run never changes
-    them); ``others``, an ensemble's other runs, whose models decode with this one's
+    """A run's ``checkpoint`` and its ``model``, loaded by its ``front`` end (:func:`load_run`), ready to decode:
+    ``layouts``, a PyTorch model's weights laid out for decoding, once for every session (a loaded run never changes
+    them; ``None`` in Keras); ``others``, an ensemble's other runs, whose models decode with this one's
     (:class:`multihead.engine.Ensemble`)."""
 
     checkpoint: Checkpoint
     model: Any
-    device: Any
+    front: FrontEnd
     layouts: Any
     others: tuple[LoadedRun, ...] = ()
+
+    @property
+    def device(self) -> str:
+        """Where its models compute: its front end's device."""
+        return self.front.device
 
     @property
     def runs(self) -> list[Checkpoint]:
@@ -75,7 +240,7 @@ class LoadedRun:
     @property
     def batch_tokens(self) -> int:
         """Source tokens per batch on its device (:data:`~multihead.app.batched.BATCH_TOKENS`)."""
-        return CUDA_BATCH_TOKENS if self.device.type == "cuda" else BATCH_TOKENS
+        return BATCH_TOKENS if self.device == "cpu" else CUDA_BATCH_TOKENS
 
     @functools.cached_property
     def language_tokens(self) -> LanguageTokens | None:
@@ -104,34 +269,28 @@ class LoadedRun:
         """Source tokens per batch for ``search``: the device's, divided by the beams."""
         return self.batch_tokens // search.beam_size
 
-    def session(self, src: np.ndarray, limits: np.ndarray) -> Any:
+    def decoding(self) -> AbstractContextManager[Any]:
+        """Where its models decode (:meth:`FrontEnd.decoding`)."""
+        return self.front.decoding()
+
+    def session(self, src: np.ndarray, limits: np.ndarray) -> Rows:
         """A decoding session of ``src (B, Ls)`` for rows limited to ``limits (B,)``, stepping with its layouts (an
-        :class:`~multihead.engine.Ensemble` of every member's, in an ensemble); inside ``torch.inference_mode()``."""
-        import torch
+        :class:`~multihead.engine.Ensemble` of every member's, in an ensemble); to step inside :meth:`decoding`."""
+        sessions = [self.front.session(member, src, int(limits.max())) for member in (self, *self.others)]
+        return Ensemble(sessions, sessions[0].steps.mean_log_probs) if self.others else sessions[0]  # type: ignore[attr-defined]
 
-        source = torch.from_numpy(src).to(self.device)
-        sessions = [
-            member.model.decoding_session(source, max_len=int(limits.max()), layouts=member.layouts)
-            for member in (self, *self.others)
-        ]
-        return Ensemble(sessions, sessions[0].steps.mean_log_probs) if self.others else sessions[0]
-
-    def stream_rows(self, pad: int) -> Any:
-        """The rows a stream decodes its sentences over (:class:`multihead.torch.streaming.StreamRows`, a batch of
-        joining sources padded with ``pad``, stepping with its layouts; an :class:`~multihead.engine.Ensemble` of
-        every member's, in an ensemble)."""
-        from multihead.torch.streaming import StreamRows
-
-        members = [StreamRows(member.model, member.layouts, pad=pad) for member in (self, *self.others)]
-        return Ensemble(members, members[0].steps.mean_log_probs) if self.others else members[0]
+    def stream_rows(self, pad: int) -> Rows:
+        """The rows a stream decodes its sentences over (its front end's ``StreamRows``, a batch of joining sources
+        padded with ``pad``; an :class:`~multihead.engine.Ensemble` of every member's, in an ensemble)."""
+        members = [self.front.stream_rows(member, pad) for member in (self, *self.others)]
+        return Ensemble(members, members[0].steps.mean_log_probs) if self.others else members[0]  # type: ignore[attr-defined]
 
     def generator(self, spec: Generation) -> Generate:
         """What translates a batch as ``spec`` says (one translation a sentence): ``src (B, Ls)``, each row's length
         limit and index in the input (which seeds its sampling) -> tokens ``(B, T)`` as generated."""
-        import torch
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
+            with self.decoding():
                 return generate(self.session(src, limits), len(src), spec, max_len=limits, keys=indices)
 
         return run
@@ -144,38 +303,47 @@ def load_run(
     device: str | None = None,
     quantize: str | None = None,
     ensemble: Sequence[str | Path] = (),
+    own_framework: bool = False,
 ) -> LoadedRun:
     """A run's checkpoint (``checkpoint`` names it; default: the run's) loaded in PyTorch on ``device`` (see
     :mod:`multihead.app.devices`); ``quantize`` (``"int8"`` or ``"bf16"``) computes its linear layers in that type
-    (on the CPU). ``ensemble``: other runs of the same vocabularies, each from its checkpoint ``checkpoint`` names,
-    loaded alike, whose models translate with this one's; one whose model reads or writes other tokens is refused
-    in one line."""
-    import torch
+    (on the CPU). ``own_framework``: a run Keras trained is loaded in Keras, on the backend ``KERAS_BACKEND`` names
+    (unless ``quantize`` asks for PyTorch's inference forms). ``ensemble``: other runs of the same vocabularies, each
+    from its checkpoint ``checkpoint`` names, loaded alike by the same front end, whose models translate with this
+    one's; one whose model reads or writes other tokens is refused in one line."""
 
-    from multihead.app.devices import resolve_device
-    from multihead.app.memory import keep_freed_memory
-    from multihead.io import load_weights
-    from multihead.torch import Layouts, Transformer
-    from multihead.torch import quantize as quantize_model
+    def load(found: Checkpoint) -> tuple[FrontEnd, Any]:
+        front = _front_end(found, device=device, quantize=quantize, own_framework=own_framework)
+        return front, front.load(found)
 
-    where = torch.device(resolve_device(device or "auto"))
-    if quantize is not None and where.type != "cpu":
-        raise UserError(f"--quantize {quantize} runs on the CPU (oneDNN's kernels): add --device cpu")
+    found, (front, model) = open_checkpoint(Path(run), checkpoint, load)
+    if front.device == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step;
+        from multihead.app.memory import keep_freed_memory
 
-    def load(found: Checkpoint) -> Any:
-        model = Transformer.from_config(found.config).eval()
-        load_weights(model, found.path / WEIGHTS)
-        return model.to(where)
-
-    found, model = open_checkpoint(Path(run), checkpoint, load)
-    if where.type == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step;
         keep_freed_memory()  # from here on, not while loading, which frees what no step will reuse
-    if quantize is not None:
-        quantize_model(model, quantize)
-    others = tuple(load_run(other, checkpoint, device=device, quantize=quantize) for other in ensemble)
-    for other in others:
-        _check_member(found, other.checkpoint)
-    return LoadedRun(found, model, where, Layouts(), others)
+    others = []
+    for other in ensemble:
+        member, member_model = open_checkpoint(Path(other), checkpoint, front.load)
+        _check_member(found, member)
+        others.append(LoadedRun(member, member_model, front, front.layouts()))
+    return LoadedRun(found, model, front, front.layouts(), tuple(others))
+
+
+def _front_end(found: Checkpoint, *, device: str | None, quantize: str | None, own_framework: bool) -> FrontEnd:
+    """The front end ``found`` loads in (see :func:`load_run`), its device checked in one line."""
+    if own_framework and quantize is None and found.trainer["framework"] == "keras":
+        from multihead.app.training import check_device
+
+        check_device("keras", device or "auto")  # Keras imported there, its notices kept from the terminal
+        from multihead.app.train_keras import keras_device
+
+        return KerasFrontEnd(keras_device())
+    from multihead.app.devices import resolve_device
+
+    where = resolve_device(device or "auto")
+    if quantize is not None and where != "cpu":
+        raise UserError(f"--quantize {quantize} runs on the CPU (oneDNN's kernels): add --device cpu")
+    return TorchFrontEnd(where, quantize)
 
 
 def _check_member(mine: Checkpoint, theirs: Checkpoint) -> None:

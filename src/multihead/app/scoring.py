@@ -96,8 +96,6 @@ def score(
     translation longer than the model reads is cut to what it reads (only what was read is scored: see the count),
     with one warning naming the lines as ``names`` say; a blank source, which the model never reads, scores ``nan``,
     with one warning."""
-    import torch
-
     specials, forced = direction.generation.specials, len(direction.forced)
     names = names or [f"pair {i + 1}" for i in range(len(sources))]
     source_ids, target_ids = _pairs_read(cutter, direction, sources, targets, names)
@@ -110,12 +108,7 @@ def score(
         for row, tokens in enumerate(rows):
             tgt_in[row, 0], tgt_in[row, 1 : len(tokens)] = specials.bos, tokens[:-1]
             tgt_out[row, forced : len(tokens)] = tokens[forced:]  # the forced: probability 1, not read
-        with torch.inference_mode():
-            out = torch.from_numpy(tgt_out).to(run.device)
-            logits = run.model(torch.from_numpy(src).to(run.device), torch.from_numpy(tgt_in).to(run.device))
-            logits = logits.float()  # (B, Lt, V)
-            picked = logits.gather(-1, out.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, Lt)
-            totals = picked.masked_fill(out == specials.pad, 0.0).sum(dim=1).double().cpu().numpy()  # (B,)
+        totals = run.front.log_probs(run, src, tgt_in, tgt_out, specials.pad)  # (B,)
         return [Scored(float(total), len(tokens)) for total, tokens in zip(totals, rows, strict=True)]
 
     scored = in_batches(
@@ -130,8 +123,6 @@ def attention(
 ) -> Translation:
     """One sentence's translation by ``run`` in ``direction``, searched as ``search`` says, with every decoder layer's
     cross-attention; refused in one line for a sentence longer than the model reads."""
-    import torch
-
     ids, unknown = cutter.encode(cutter.normalized(text, direction), direction)
     warn_unknown("the text", unknown)
     if len(ids) > run.checkpoint.config.max_len:
@@ -142,11 +133,7 @@ def attention(
     spec = direction.spec(search)
     (out,) = translate_ids(run.generator(spec), [ids], limit=run.limits(search), generation=spec)
     forced, bos = list(direction.forced), direction.generation.specials.bos
-    src = torch.tensor([ids], device=run.device)
-    with torch.no_grad():
-        memory = run.model.encode(src)
-        tgt = torch.tensor([[bos, *forced, *out][: len(forced) + len(out)]], device=run.device)
-        _, weights = run.model.decode(tgt, memory, return_weights=True)
+    weights = run.front.cross_attention(run, ids, [bos, *forced, *out][: len(forced) + len(out)])
     source, target = cutter.source, cutter.target
     return Translation(
         source=text,
@@ -155,5 +142,5 @@ def attention(
         target_tokens=target.pieces(out),
         source_word_starts=source.word_starts(ids),
         target_word_starts=target.word_starts(out),
-        cross_attention=[w[0, :, len(forced) :].float().cpu().numpy() for w in weights],  # per layer (H, Lt, Ls)
+        cross_attention=[w[:, len(forced) :] for w in weights],  # per layer (H, Lt, Ls)
     )

@@ -132,7 +132,8 @@ class Described:
 
 
 class Translator:
-    """A run's checkpoint, loaded in PyTorch (whatever trained it) on ``device`` (see :mod:`multihead.app.devices`),
+    """A run's checkpoint, loaded in PyTorch (whatever trained it; with ``own_framework``, a Keras run in Keras on the
+    backend ``KERAS_BACKEND`` names, unless ``quantize`` is given) on ``device`` (see :mod:`multihead.app.devices`),
     ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear layers in that type
     (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps alike.
     ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
@@ -161,8 +162,10 @@ class Translator:
         ensemble: Sequence[str | Path] = (),
         split_sentences: bool = True,
         guard: bool = True,
+        own_framework: bool = False,
     ) -> None:
-        loaded = load_run(run, checkpoint, device=device, quantize=quantize, ensemble=ensemble)
+        loaded = load_run(run, checkpoint, device=device, quantize=quantize, ensemble=ensemble,
+                          own_framework=own_framework)  # fmt: skip
         found, normalizer = loaded.checkpoint, moses_normalizer() if normalize == "moses" else None
         split = split_sentences and found.options.get("task") is None  # a task's inputs: no sentences
         cutter = Cutter(found.source, found.target, loaded.max_len, split=split, guard=guard, normalizer=normalizer)
@@ -448,12 +451,10 @@ class Translator:
         ``[(None, "")]``; a text longer than the model reads is translated in pieces (:meth:`pieces`, warnings
         naming it as ``names`` say): its ``i``-th translation joins its pieces' ``i``-th best, and its score is the
         sum of theirs."""
-        import torch
-
         spec = self.spec(search)
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
-            with torch.inference_mode():
+            with self.loaded.decoding():
                 found = n_best_search(self.session(src, limits), len(src), spec, max_len=limits)
             # The model's log-probabilities are finite: every sentence has `n_best` hypotheses.
             return [

@@ -14,7 +14,7 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -777,6 +777,12 @@ class DecoderSteps:
 
     def take(self, x: Tensor, rows: np.ndarray) -> Tensor:
         return ops.take(x, ops.convert_to_tensor(rows), axis=0)
+
+    @staticmethod
+    def mean_log_probs(log_probs: Sequence[Tensor]) -> Tensor:
+        """The mean of several steps' log-probabilities ``(N, V)``: an ensemble's (:class:`~multihead.engine.Ensemble`
+        steps so)."""
+        return ops.mean(ops.stack(list(log_probs)), axis=0)  # (models, N, V) -> (N, V)
 
     def tensor(self, array: np.ndarray) -> Tensor:
         return ops.convert_to_tensor(array.astype("int32") if array.dtype == np.int64 else array)

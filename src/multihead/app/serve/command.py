@@ -58,7 +58,8 @@ def _load_run(
     """A run's translator (with ``ensemble``: of it and those runs together) in the direction it serves by default,
     and that pair (:func:`_served`)."""
     translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
-                            split_sentences=split_sentences, guard=guard, ensemble=ensemble)  # fmt: skip
+                            split_sentences=split_sentences, guard=guard, ensemble=ensemble,
+                            own_framework=True)  # fmt: skip
     return _served(translator, langs, run)
 
 
