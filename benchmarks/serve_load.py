@@ -3,7 +3,7 @@ Concurrent clients, every answer checked, then malformed requests mixed in, then
 nothing and talks to 127.0.0.1 only.
 
     .venv/bin/python benchmarks/serve_load.py RUN SRC [--clients 32] [--seconds 60] [--limit 1000] [--port 0] [--beam 1]
-        [--langs SRC TGT] [--give-up 3]
+        [--langs SRC TGT] [--give-up 3] [--framework torch|keras]
 
 The sentences are the first ``--limit`` lines of SRC less the blank ones. Baseline: ``multihead translate RUN --input``
 on all of them, timed, less the time the same command takes on one of them (loading the model); its lines are the
@@ -394,7 +394,8 @@ def benchmark(args: argparse.Namespace, directory: Path) -> int:
 
     port = args.port or free_port()
     log_path = directory / "serve.log"
-    command = [*MULTIHEAD, "serve", args.run, "--host", HOST, "--port", str(port), "--beam", str(args.beam)]
+    command = [*MULTIHEAD, "serve", args.run, "--host", HOST, "--port", str(port), "--beam", str(args.beam),
+               "--framework", args.framework]  # fmt: skip
     command += ["--langs", *args.langs] if args.langs else []
     with open(log_path, "wb") as log:
         server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -461,7 +462,7 @@ def report(
     rates = {name: tally.ok / seconds for name, (tally, seconds) in results.items()}
     print(f"\nbaseline: multihead translate, {n} sentences in {wall:.2f} s, {load_seconds:.2f} s of it loading "
           f"(the time for 1 sentence): {raw_rate:.2f} sentences/s with loading, {baseline:.2f} without")  # fmt: skip
-    print(f"server: multihead serve, {pair}, beam {args.beam}, {args.clients} clients\n")
+    print(f"server: multihead serve --framework {args.framework}, {pair}, beam {args.beam}, {args.clients} clients\n")
     print(f"{'phase':10s} {'seconds':>8s} {'requests':>9s} {'ok':>7s} {'errors':>7s} {'wrong':>6s} "
           f"{'sent/s':>7s} {'/ base':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")  # fmt: skip
     for name, (tally, seconds) in results.items():
@@ -527,6 +528,12 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=0, help="the server's loopback port (default: 0, a free one)")
     parser.add_argument("--beam", type=int, default=1, help="beam size of translate and serve (default: 1)")
     parser.add_argument("--langs", nargs=2, metavar=("SRC", "TGT"), help="serve's, for a run that records none")
+    parser.add_argument(
+        "--framework",
+        choices=("torch", "keras"),
+        default="torch",
+        help="what serve decodes with (default: torch; the baseline is translate's, in PyTorch)",
+    )
     parser.add_argument("--give-up", type=float, default=3.0, help="seconds the heavy client waits (default: 3)")
     args = parser.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.limit < 1 or not 0 <= args.port < 65536 or args.give_up <= 0:

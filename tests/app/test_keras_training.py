@@ -24,6 +24,7 @@ from app.support import (
     TRAIN,
     VALID,
     Cli,
+    assert_refused,
     no_evaluation,
     subprocess_env,
     write_corpus,
@@ -70,9 +71,11 @@ def test_keras_trains_a_corpus_and_translates_with_the_same_pipeline(tmp_path: P
     assert [step for step, _ in trainer["losses"]] == list(range(1, 6))
 
 
-def test_a_keras_run_is_served_on_keras_as_pytorch_translates_it(tmp_path: Path) -> None:
-    """``serve`` decodes a Keras run in Keras (its stream's rows, a sentence's attention, an ensemble) and answers
-    what PyTorch's ``translate`` gives; the command does so; with ``--quantize`` it serves through PyTorch."""
+def test_a_keras_run_is_served_and_translated_on_keras_as_pytorch_translates_it(tmp_path: Path) -> None:
+    """``--framework keras`` decodes a run in Keras: ``serve`` (its stream's rows, a sentence's attention, an
+    ensemble), the command too, and ``translate``, all giving what PyTorch gives; PyTorch's inference forms
+    (``--quantize``) are refused there in one line. (The commands run in subprocesses: TensorFlow's logging, once it
+    writes to a stream the tests capture, would close pytest's own.)"""
     from app.served import request, serving, start
     from multihead.app.serve import Limits, Service, create_app
     from multihead.app.view import attention_view
@@ -82,7 +85,7 @@ def test_a_keras_run_is_served_on_keras_as_pytorch_translates_it(tmp_path: Path)
     out = tmp_path / "run"
     train(TrainOptions(out=str(out), data=data, framework="keras", steps=60, eval_every=1000, batch_tokens=200,
                        lr=1e-2, warmup=10, dropout=0.0, vocab_size=120, **SMALL))  # fmt: skip
-    served, pytorch = Translator(out, own_framework=True), Translator(out)
+    served, pytorch = Translator(out, framework="keras"), Translator(out)
     assert (served.loaded.front.name, pytorch.loaded.front.name) == ("keras", "torch")
     assert isinstance(served.stream_rows(), StreamRows)
     body = {"q": SAMPLES, "source": "de", "target": "en"}
@@ -100,11 +103,18 @@ def test_a_keras_run_is_served_on_keras_as_pytorch_translates_it(tmp_path: Path)
     assert (view["target"], view["target_words"]) == (expected["target"], expected["target_words"])
     # The weights are rounded to 4 decimals.
     np.testing.assert_allclose(np.array(view["layers"]), np.array(expected["layers"]), atol=2e-4)
-    pair = Translator(out, ensemble=[out], own_framework=True)
+    pair = Translator(out, ensemble=[out], framework="keras")
     with serving(create_app(Service(pair, pair.langs), Limits())) as url:
         assert translated(url) == Translator(out, ensemble=[out]).translate(SAMPLES)
-    assert Translator(out, own_framework=True, quantize="int8").loaded.front.name == "torch"
-    process, url, _ = start(out)
+    command = [sys.executable, "-m", "multihead", "translate", str(out), "--framework", "keras"]
+    here = subprocess.run([*command, *SAMPLES], capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.splitlines() == pytorch.translate(SAMPLES)
+    refused = subprocess.run([*command, "--quantize", "int8", "Hallo"], capture_output=True, text=True, timeout=300,
+                             env=subprocess_env())  # fmt: skip
+    assert_refused(Cli(refused.returncode, refused.stdout, refused.stderr),
+                   "--quantize int8 is PyTorch's (its inference forms): not with --framework keras")  # fmt: skip
+    process, url, _ = start(out, "--framework", "keras")
     try:
         assert translated(url) == pytorch.translate(SAMPLES)
     finally:

@@ -239,7 +239,7 @@ def _translate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=others, split_sentences=not args.no_split,
-        guard=not args.no_guard,
+        guard=not args.no_guard, framework=args.framework,
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -347,7 +347,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run[0], args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=args.run[1:],
-        split_sentences=not args.no_split, guard=not args.no_guard,
+        split_sentences=not args.no_split, guard=not args.no_guard, framework=args.framework,
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -396,7 +396,7 @@ def _score(args: argparse.Namespace) -> int:
         )
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang, normalize=args.normalize,
+        target_lang=args.target_lang, normalize=args.normalize, framework=args.framework,
     )  # fmt: skip
     begin = time.perf_counter()
     scored = translator.score(
@@ -536,6 +536,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
         normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard, ensemble=args.ensemble,
+        framework=args.framework,
     )  # fmt: skip
 
 
@@ -585,11 +586,13 @@ def _add_checkpoint_option(command: argparse.ArgumentParser) -> None:
 
 
 def _add_model_options(command: argparse.ArgumentParser) -> None:
-    """What the commands that run a trained model share: where (``--device``, ``--threads``, both ``train``'s own
-    option), which checkpoint, and in what precision."""
-    from multihead.app.options import BY_NAME, RUN_DEVICE_HELP, RUN_THREADS_HELP
+    """What the commands that run a trained model share: which framework and where (``--framework``, ``--device``,
+    ``--threads``, ``train``'s own options), which checkpoint, and in what precision."""
+    from multihead.app.options import BY_NAME, RUN_DEVICE_HELP, RUN_FRAMEWORK_HELP, RUN_THREADS_HELP
     from multihead.config import QUANTIZED
 
+    BY_NAME["framework"].add_to(command, help=RUN_FRAMEWORK_HELP)
+    command.set_defaults(framework="torch")
     BY_NAME["device"].add_to(command, help=RUN_DEVICE_HELP)
     BY_NAME["threads"].add_to(command, help=RUN_THREADS_HELP)
     _add_checkpoint_option(command)

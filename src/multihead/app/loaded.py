@@ -73,12 +73,17 @@ class FrontEnd(Protocol):
         """Where its models decode without recording gradients."""
         ...
 
-    def session(self, run: LoadedRun, src: np.ndarray, limit: int) -> Rows:
-        """``run``'s model's decoding session of ``src (B, Ls)`` for at most ``limit`` steps."""
+    def session(self, run: LoadedRun, src: np.ndarray, limit: int, *, alone: bool) -> Rows:
+        """``run``'s model's decoding session of ``src (B, Ls)`` for at most ``limit`` steps; ``alone``: not one of
+        an ensemble's (whose steps give their log-probabilities to be averaged)."""
         ...
 
     def stream_rows(self, run: LoadedRun, pad: int) -> JoiningRows:
         """``run``'s model's rows of a stream, sources padded with ``pad``."""
+        ...
+
+    def mean_log_probs(self, log_probs: Sequence[Any]) -> Any:
+        """An ensemble's step: the mean of its models' (:class:`~multihead.engine.Ensemble`)."""
         ...
 
     def log_probs(
@@ -123,7 +128,7 @@ class TorchFrontEnd:
 
         return torch.inference_mode()
 
-    def session(self, run: LoadedRun, src: np.ndarray, limit: int) -> Rows:
+    def session(self, run: LoadedRun, src: np.ndarray, limit: int, *, alone: bool) -> Rows:
         import torch
 
         source = torch.from_numpy(src).to(self.device)
@@ -133,6 +138,11 @@ class TorchFrontEnd:
         from multihead.torch.streaming import StreamRows
 
         return StreamRows(run.model, run.layouts, pad=pad)
+
+    def mean_log_probs(self, log_probs: Sequence[Any]) -> Any:
+        from multihead.torch.transformer import DecoderSteps
+
+        return DecoderSteps.mean_log_probs(log_probs)
 
     def log_probs(
         self, run: LoadedRun, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, pad: int
@@ -158,7 +168,8 @@ class TorchFrontEnd:
 @dataclass(frozen=True)
 class KerasFrontEnd:
     """Keras, on the backend ``KERAS_BACKEND`` names, where that backend computes (``device``: ``"cpu"`` or
-    ``"gpu"``); its models decode eagerly, one operation at a time (a stream's rows change at every step)."""
+    ``"gpu"``): batches decode as its ``generate`` does (compiled on TensorFlow and JAX; an ensemble's eagerly),
+    streams eagerly, one operation at a time (their rows change at every step)."""
 
     device: str
     name: str = "keras"
@@ -178,13 +189,19 @@ class KerasFrontEnd:
     def decoding(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def session(self, run: LoadedRun, src: np.ndarray, limit: int) -> Rows:
-        return run.model.decoding_session(src, max_len=limit, compiled=False)
+    def session(self, run: LoadedRun, src: np.ndarray, limit: int, *, alone: bool) -> Rows:
+        # A compiled session's log-probabilities stay inside its programs: an ensemble's members step eagerly.
+        return run.model.decoding_session(src, max_len=limit, compiled=None if alone else False)
 
     def stream_rows(self, run: LoadedRun, pad: int) -> JoiningRows:
         from multihead.keras.streaming import StreamRows
 
         return StreamRows(run.model, pad=pad)
+
+    def mean_log_probs(self, log_probs: Sequence[Any]) -> Any:
+        from multihead.keras.transformer import DecoderSteps
+
+        return DecoderSteps.mean_log_probs(log_probs)
 
     def log_probs(
         self, run: LoadedRun, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, pad: int
@@ -276,14 +293,15 @@ class LoadedRun:
     def session(self, src: np.ndarray, limits: np.ndarray) -> Rows:
         """A decoding session of ``src (B, Ls)`` for rows limited to ``limits (B,)``, stepping with its layouts (an
         :class:`~multihead.engine.Ensemble` of every member's, in an ensemble); to step inside :meth:`decoding`."""
-        sessions = [self.front.session(member, src, int(limits.max())) for member in (self, *self.others)]
-        return Ensemble(sessions, sessions[0].steps.mean_log_probs) if self.others else sessions[0]  # type: ignore[attr-defined]
+        members, limit = (self, *self.others), int(limits.max())
+        sessions = [self.front.session(member, src, limit, alone=not self.others) for member in members]
+        return Ensemble(sessions, self.front.mean_log_probs) if self.others else sessions[0]
 
     def stream_rows(self, pad: int) -> Rows:
         """The rows a stream decodes its sentences over (its front end's ``StreamRows``, a batch of joining sources
         padded with ``pad``; an :class:`~multihead.engine.Ensemble` of every member's, in an ensemble)."""
         members = [self.front.stream_rows(member, pad) for member in (self, *self.others)]
-        return Ensemble(members, members[0].steps.mean_log_probs) if self.others else members[0]  # type: ignore[attr-defined]
+        return Ensemble(members, self.front.mean_log_probs) if self.others else members[0]
 
     def generator(self, spec: Generation) -> Generate:
         """What translates a batch as ``spec`` says (one translation a sentence): ``src (B, Ls)``, each row's length
@@ -303,20 +321,17 @@ def load_run(
     device: str | None = None,
     quantize: str | None = None,
     ensemble: Sequence[str | Path] = (),
-    own_framework: bool = False,
+    framework: str = "torch",
 ) -> LoadedRun:
     """A run's checkpoint (``checkpoint`` names it; default: the run's) loaded in PyTorch on ``device`` (see
-    :mod:`multihead.app.devices`); ``quantize`` (``"int8"`` or ``"bf16"``) computes its linear layers in that type
-    (on the CPU). ``own_framework``: a run Keras trained is loaded in Keras, on the backend ``KERAS_BACKEND`` names
-    (unless ``quantize`` asks for PyTorch's inference forms). ``ensemble``: other runs of the same vocabularies, each
-    from its checkpoint ``checkpoint`` names, loaded alike by the same front end, whose models translate with this
-    one's; one whose model reads or writes other tokens is refused in one line."""
+    :mod:`multihead.app.devices`); ``quantize`` (``"int8"`` or ``"bf16"``) computes its linear layers in that type (on
+    the CPU). ``framework="keras"``: loaded in Keras instead, on the backend ``KERAS_BACKEND`` names, whatever trained
+    it (one weight schema; PyTorch's inference forms, ``quantize``, refused in one line). ``ensemble``: other runs of
+    the same vocabularies, each from its checkpoint ``checkpoint`` names, loaded alike by the same front end, whose
+    models translate with this one's; one whose model reads or writes other tokens is refused in one line."""
 
-    def load(found: Checkpoint) -> tuple[FrontEnd, Any]:
-        front = _front_end(found, device=device, quantize=quantize, own_framework=own_framework)
-        return front, front.load(found)
-
-    found, (front, model) = open_checkpoint(Path(run), checkpoint, load)
+    front = _front_end(framework, device=device, quantize=quantize)
+    found, model = open_checkpoint(Path(run), checkpoint, front.load)
     if front.device == "cpu":  # a step's logits, (rows, vocabulary), would take fresh pages at every step;
         from multihead.app.memory import keep_freed_memory
 
@@ -329,9 +344,11 @@ def load_run(
     return LoadedRun(found, model, front, front.layouts(), tuple(others))
 
 
-def _front_end(found: Checkpoint, *, device: str | None, quantize: str | None, own_framework: bool) -> FrontEnd:
-    """The front end ``found`` loads in (see :func:`load_run`), its device checked in one line."""
-    if own_framework and quantize is None and found.trainer["framework"] == "keras":
+def _front_end(framework: str, *, device: str | None, quantize: str | None) -> FrontEnd:
+    """The front end of ``framework`` on ``device`` (see :func:`load_run`), checked in one line."""
+    if framework == "keras":
+        if quantize is not None:
+            raise UserError(f"--quantize {quantize} is PyTorch's (its inference forms): not with --framework keras")
         from multihead.app.training import check_device
 
         check_device("keras", device or "auto")  # Keras imported there, its notices kept from the terminal

@@ -290,6 +290,11 @@ THREADS_HELP = (
 """What ``--threads`` does for ``train`` (see :func:`multihead.app.devices.use_threads`)."""
 RUN_THREADS_HELP = THREADS_HELP.replace("; for --framework keras TensorFlow's pools too, JAX's cannot be set", "")
 """What ``--threads`` does on the commands that run a trained model (PyTorch's, whatever trained it)."""
+RUN_FRAMEWORK_HELP = (
+    "what decodes: torch (PyTorch, the default: the fastest here, and --quantize's forms) or keras (Keras on the "
+    "backend KERAS_BACKEND names, whatever framework trained the run; serve's streams step eagerly there, slowly)"
+)
+"""What ``--framework`` does on the commands that run a trained model."""
 RUN_DEVICE_HELP = f"where the model runs: {DEVICE_CHOICES} (auto: the first CUDA device, else the CPU)"
 """What ``--device`` does on the commands that run a trained model (``demo`` too)."""
 

@@ -132,18 +132,17 @@ class Described:
 
 
 class Translator:
-    """A run's checkpoint, loaded in PyTorch (whatever trained it; with ``own_framework``, a Keras run in Keras on the
-    backend ``KERAS_BACKEND`` names, unless ``quantize`` is given) on ``device`` (see :mod:`multihead.app.devices`),
-    ready to translate. ``quantize`` (``"int8"`` or ``"bf16"``) computes the linear layers in that type
-    (:func:`multihead.torch.quantize`, on the CPU), for translations, scores and attention maps alike.
-    ``source_lang`` and ``target_lang``: another pair of a many-to-many model's languages than the run's
-    (:meth:`for_languages`). ``ensemble``: other runs of the same vocabularies whose models translate with this
-    one's (:class:`multihead.engine.Ensemble`), each from its checkpoint ``checkpoint`` names, on the same device and
-    quantized alike; this run's tokenizers, generation and languages are the ensemble's. ``normalize="moses"``: the
-    sources' punctuation through Moses' normalizer first. ``split_sentences``: translate each text sentence by
-    sentence (the default), else as one sentence (sources already split into sentences). ``guard``: search again the
-    translations that look as if they lost or invented text, and name those that still do (the default;
-    :meth:`joined`), else take them as the search finds them.
+    """A run's checkpoint, loaded in PyTorch (whatever trained it; ``framework="keras"``: in Keras, on the backend
+    ``KERAS_BACKEND`` names) on ``device`` (see :mod:`multihead.app.devices`), ready to translate. ``quantize``
+    (``"int8"`` or ``"bf16"``) computes the linear layers in that type (:func:`multihead.torch.quantize`, on the CPU),
+    for translations, scores and attention maps alike. ``source_lang`` and ``target_lang``: another pair of a
+    many-to-many model's languages than the run's (:meth:`for_languages`). ``ensemble``: other runs of the same
+    vocabularies whose models translate with this one's (:class:`multihead.engine.Ensemble`), each from its checkpoint
+    ``checkpoint`` names, on the same device and quantized alike; this run's tokenizers, generation and languages are
+    the ensemble's. ``normalize="moses"``: the sources' punctuation through Moses' normalizer first.
+    ``split_sentences``: translate each text sentence by sentence (the default), else as one sentence (sources already
+    split into sentences). ``guard``: search again the translations that look as if they lost or invented text, and name
+    those that still do (the default; :meth:`joined`), else take them as the search finds them.
 
     Its parts: :attr:`loaded` (:class:`~multihead.app.loaded.LoadedRun`), :attr:`direction`
     (:class:`~multihead.app.languages.Direction`) and :attr:`cutter` (:class:`~multihead.app.cutting.Cutter`);
@@ -162,10 +161,10 @@ class Translator:
         ensemble: Sequence[str | Path] = (),
         split_sentences: bool = True,
         guard: bool = True,
-        own_framework: bool = False,
+        framework: str = "torch",
     ) -> None:
         loaded = load_run(run, checkpoint, device=device, quantize=quantize, ensemble=ensemble,
-                          own_framework=own_framework)  # fmt: skip
+                          framework=framework)  # fmt: skip
         found, normalizer = loaded.checkpoint, moses_normalizer() if normalize == "moses" else None
         split = split_sentences and found.options.get("task") is None  # a task's inputs: no sentences
         cutter = Cutter(found.source, found.target, loaded.max_len, split=split, guard=guard, normalizer=normalizer)

@@ -54,12 +54,13 @@ def _load_run(
     split_sentences: bool = True,
     guard: bool = True,
     ensemble: Sequence[str] = (),
+    framework: str = "torch",
 ) -> tuple[Translator, Sequence[str]]:
     """A run's translator (with ``ensemble``: of it and those runs together) in the direction it serves by default,
     and that pair (:func:`_served`)."""
     translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
                             split_sentences=split_sentences, guard=guard, ensemble=ensemble,
-                            own_framework=True)  # fmt: skip
+                            framework=framework)  # fmt: skip
     return _served(translator, langs, run)
 
 
@@ -163,20 +164,21 @@ def serve(
     split_sentences: bool = True,
     guard: bool = True,
     ensemble: bool = False,
+    framework: str = "torch",
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`; with ``ensemble``, as one ensemble of the first run's pairs, every step's
     log-probabilities averaged over their models) until SIGINT or SIGTERM: then new requests are refused, those in
-    flight answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0.
-    ``search``: how every run searches, given the first run's translator (its defaults under the flags); ``langs``:
-    the first run's pair; ``max_loaded``: the most runs whose models are held at once
-    (:class:`~multihead.app.serve.engines.Engines`); ``normalize``: the sources' punctuation normalizer,
-    ``split_sentences``: whether texts are translated sentence by sentence unless a request says otherwise,
-    ``guard``: whether doubted translations are searched again (:class:`Translator`). A run of a built-in task
-    serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
+    flight answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``search``:
+    how every run searches, given the first run's translator (its defaults under the flags); ``langs``: the first run's
+    pair; ``max_loaded``: the most runs whose models are held at once (:class:`~multihead.app.serve.engines.Engines`);
+    ``normalize``: the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by
+    sentence unless a request says otherwise, ``guard``: whether doubted translations are searched again, ``framework``:
+    what decodes (:class:`Translator`). A run of a built-in task serves its inputs as the language ``TASK`` and its
+    outputs as ``TASK-out`` unless ``langs`` says otherwise."""
     import uvicorn
 
     load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
-                             split_sentences=split_sentences, guard=guard)  # fmt: skip
+                             split_sentences=split_sentences, guard=guard, framework=framework)  # fmt: skip
     loaders = _loaders(load, runs, langs, ensemble=ensemble)
     sock = listening_socket(host, port)
     try:
