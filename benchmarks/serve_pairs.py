@@ -2,7 +2,7 @@
 each pair's rate and p95 latency, then the same beside one heavy client on the first pair that gives up.
 
     .venv/bin/python benchmarks/serve_pairs.py RUN [RUN ...] --pair SRC TGT FILE [--pair ...] [--clients 8]
-        [--seconds 30] [--limit 500] [--give-up 3]
+        [--seconds 30] [--limit 500] [--give-up 3] [--no-guard] [--no-split]
 
 Each ``--pair`` names a pair the runs serve (directly or through English) and a file of sentences in its source
 language (the first ``--limit`` lines, blank ones left out). ``multihead serve RUN ...`` runs on a free loopback
@@ -97,7 +97,8 @@ def benchmark(args: argparse.Namespace) -> int:
         lines = [line for index, line in zip(range(args.limit), iter_lines(path, source), strict=False) if line.strip()]
         texts.append(lines)
     port = free_port()
-    command = [*MULTIHEAD, "serve", *args.run, "--host", HOST, "--port", str(port)]
+    command = [*MULTIHEAD, "serve", *args.run, "--host", HOST, "--port", str(port),
+               *(["--no-guard"] * args.no_guard), *(["--no-split"] * args.no_split)]  # fmt: skip
     log_path = Path(tempfile.mkdtemp()) / "serve.log"
     with open(log_path, "wb") as log:
         server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -150,6 +151,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase (default: 30)")
     parser.add_argument("--limit", type=int, default=500, help="read the first N lines of each FILE (default: 500)")
     parser.add_argument("--give-up", type=float, default=3.0, help="seconds the heavy client waits (default: 3)")
+    parser.add_argument("--no-guard", action="store_true",
+                        help="serve --no-guard: no second searches of doubted translations")  # fmt: skip
+    parser.add_argument("--no-split", action="store_true",
+                        help="serve --no-split: each line translated whole, not split into sentences")  # fmt: skip
     return benchmark(parser.parse_args())
 
 
