@@ -11,13 +11,15 @@ between devices.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import re
 import time
 from dataclasses import dataclass
 
 from multihead import cpu
-from multihead.app.console import UserError, warn
+from multihead.app.console import UserError, framework_notices_filtered, warn
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -150,3 +152,57 @@ def keep_frameworks_off_gpus() -> None:
     their work themselves): TensorFlow's and PyTorch's CUDA see no device, JAX runs on its CPU platform."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+KERAS_BACKENDS = ("tensorflow", "jax", "torch")
+"""The Keras backends ``--framework keras`` trains on."""
+
+
+def check_keras_backend() -> None:
+    """``KERAS_BACKEND``, when set, names a backend Keras trains on here: checked before Keras is imported (which would
+    fail on another name) and before anything is written."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend is not None and backend not in KERAS_BACKENDS:
+        raise UserError(
+            f"KERAS_BACKEND={backend!r} is not a backend --framework keras trains on: set it to "
+            f"{', '.join(KERAS_BACKENDS[:-1])} or {KERAS_BACKENDS[-1]} (unset: Keras' default, tensorflow)"
+        )
+
+
+def check_device(framework: str, device: str) -> None:
+    """The device a run is to train or decode on exists: checked before anything is written or loaded. Keras is
+    imported here, after its backend's name is checked and, for ``--device cpu``, with the GPUs hidden from it."""
+    if framework != "keras":
+        resolve_device(device)
+        return
+    check_keras_backend()
+    if device == "cpu":
+        keep_frameworks_off_gpus()
+    with framework_notices_filtered():
+        # Keras imports TensorFlow whenever it is installed, whatever the backend (set_random_seed seeds it too):
+        # here, where its start-up notices are filtered, rather than in the middle of a progress bar.
+        if importlib.util.find_spec("tensorflow") is not None:
+            importlib.import_module("tensorflow")
+
+    found = keras_device()
+    if device.startswith("cuda") and found == "cpu":
+        raise UserError(f"--device {device}: Keras' {os.environ.get('KERAS_BACKEND', 'tensorflow')} backend sees no "
+                        "GPU on this machine; use --device cpu, or auto")  # fmt: skip
+
+
+def keras_device() -> str:
+    """Where Keras' backend computes: ``gpu`` when it sees one, else ``cpu``."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    if backend == "jax":
+        import jax
+
+        return "gpu" if jax.devices()[0].platform == "gpu" else "cpu"
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"

@@ -52,7 +52,7 @@ class FrontEnd(Protocol):
 
     @property
     def name(self) -> str:
-        """``"torch"`` or ``"keras"``, as a run's ``trainer.json`` names its framework."""
+        """``"torch"`` or ``"keras"`` (``--framework``)."""
         ...
 
     @property
@@ -349,11 +349,9 @@ def _front_end(framework: str, *, device: str | None, quantize: str | None) -> F
     if framework == "keras":
         if quantize is not None:
             raise UserError(f"--quantize {quantize} is PyTorch's (its inference forms): not with --framework keras")
-        from multihead.app.training import check_device
+        from multihead.app.devices import check_device, keras_device
 
         check_device("keras", device or "auto")  # Keras imported there, its notices kept from the terminal
-        from multihead.app.train_keras import keras_device
-
         return KerasFrontEnd(keras_device())
     from multihead.app.devices import resolve_device
 

@@ -30,6 +30,7 @@ import numpy as np
 from keras import ops
 
 from multihead.app.batching import Batch, join_batches
+from multihead.app.devices import keras_device
 from multihead.app.options import RunOptions
 from multihead.app.runs import OPTIMIZER, TRAINER, WEIGHTS, Checkpoint, RunError
 from multihead.config import TransformerConfig
@@ -53,22 +54,6 @@ def token_loss(label_smoothing: float, pad: int) -> Any:
 
 
 LENGTH_MULTIPLE = 8
-
-
-def keras_device() -> str:
-    """Where Keras' backend computes: ``gpu`` when it sees one, else ``cpu``."""
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
-    if backend == "jax":
-        import jax
-
-        return "gpu" if jax.devices()[0].platform == "gpu" else "cpu"
-    import torch
-
-    return "gpu" if torch.cuda.is_available() else "cpu"
 
 
 def fill_rows(batch: Batch, rows: int) -> Batch:

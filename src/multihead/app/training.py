@@ -13,11 +13,8 @@ Notation: B batch, Ls source length, Lt target length, V target vocabulary.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import itertools
 import math
-import os
 import signal
 import time
 from collections.abc import Sequence
@@ -32,7 +29,6 @@ import numpy as np
 from multihead.app.batching import Batch, Batches, evaluation_batches
 from multihead.app.console import (
     UserError,
-    framework_notices_filtered,
     is_main_rank,
     plural,
     progress_bar,
@@ -51,7 +47,7 @@ from multihead.app.data import (
     load_task,
     vocabulary_from,
 )
-from multihead.app.devices import keep_frameworks_off_gpus, resolve_device, use_threads
+from multihead.app.devices import check_device, resolve_device, use_threads
 from multihead.app.languages import LanguageTokens, from_file_names
 from multihead.app.loaded import run_direction
 from multihead.app.memory import release_freed_memory
@@ -349,43 +345,6 @@ class Trainer(Protocol):
     def pad_to(self) -> int:
         """Batch lengths are rounded up to a multiple of this (fewer shapes for a compiling framework)."""
         ...
-
-
-KERAS_BACKENDS = ("tensorflow", "jax", "torch")
-"""The Keras backends ``--framework keras`` trains on."""
-
-
-def check_keras_backend() -> None:
-    """``KERAS_BACKEND``, when set, names a backend Keras trains on here: checked before Keras is imported (which would
-    fail on another name) and before anything is written."""
-    backend = os.environ.get("KERAS_BACKEND")
-    if backend is not None and backend not in KERAS_BACKENDS:
-        raise UserError(
-            f"KERAS_BACKEND={backend!r} is not a backend --framework keras trains on: set it to "
-            f"{', '.join(KERAS_BACKENDS[:-1])} or {KERAS_BACKENDS[-1]} (unset: Keras' default, tensorflow)"
-        )
-
-
-def check_device(framework: str, device: str) -> None:
-    """The device a run is to train on exists: checked before anything is written. Keras is imported here, after
-    its backend's name is checked and, for ``--device cpu``, with the GPUs hidden from it."""
-    if framework != "keras":
-        resolve_device(device)
-        return
-    check_keras_backend()
-    if device == "cpu":
-        keep_frameworks_off_gpus()
-    with framework_notices_filtered():
-        # Keras imports TensorFlow whenever it is installed, whatever the backend (set_random_seed seeds it too):
-        # here, where its start-up notices are filtered, rather than in the middle of a progress bar.
-        if importlib.util.find_spec("tensorflow") is not None:
-            importlib.import_module("tensorflow")
-        from multihead.app.train_keras import keras_device
-
-    found = keras_device()
-    if device.startswith("cuda") and found == "cpu":
-        raise UserError(f"--device {device}: Keras' {os.environ.get('KERAS_BACKEND', 'tensorflow')} backend sees no "
-                        "GPU on this machine; use --device cpu, or auto")  # fmt: skip
 
 
 def make_trainer(
