@@ -63,6 +63,11 @@ def numpy_top_k(
     return np.take_along_axis(added, indices, axis=-1).astype(np.float32), indices
 
 
+def numpy_log_probs_at(log_probs: np.ndarray, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """A :meth:`multihead.decoding.Choices.log_probs_at` in NumPy."""
+    return log_probs[rows][:, tokens].astype(np.float32)
+
+
 class ArraySession:
     """:class:`multihead.engine.Rows` over a NumPy step function of the whole prefix; it records the rows of every
     reorder and passes only the rows still held to ``step``."""
@@ -81,6 +86,7 @@ class ArraySession:
 
     argmax = staticmethod(numpy_argmax)
     top_k = staticmethod(numpy_top_k)
+    log_probs_at = staticmethod(numpy_log_probs_at)
 
 
 def greedy_search(session: Any, batch: int, *, max_len: Any, specials: Specials) -> np.ndarray:
@@ -472,6 +478,7 @@ class TableSteps:
 
     argmax = staticmethod(numpy_argmax)
     top_k = staticmethod(numpy_top_k)
+    log_probs_at = staticmethod(numpy_log_probs_at)
 
     @staticmethod
     def suppress(log_probs: np.ndarray, tokens: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:

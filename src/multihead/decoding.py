@@ -285,6 +285,11 @@ class Choices(Protocol):
         indices; default: every row), their probability going to the other tokens."""
         ...
 
+    def log_probs_at(self, logits: Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """The log-probabilities of ``tokens`` (int64 ids ``(T,)``) in rows ``rows`` (int64 ``(R,)``) of ``logits
+        (N, V)``: float32 ``(R, T)`` on the host (a constrained search's candidates beside its best)."""
+        ...
+
 
 class Steps(Choices, Protocol):
     """What a front end's Transformer supplies for decoding (its ``decoder_steps()``): the parts of its forward pass
@@ -342,6 +347,9 @@ class Chooser:
 
     def suppress(self, logits: Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> Tensor:
         return self.choices.suppress(logits, tokens, rows)
+
+    def log_probs_at(self, logits: Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return self.choices.log_probs_at(logits, rows, tokens)
 
 
 class DecodingSession(Chooser):

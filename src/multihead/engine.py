@@ -40,6 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
+from multihead.constraints import Constraints
 from multihead.decoding import (
     Choices,
     Chooser,
@@ -110,6 +111,7 @@ class _Sentence:
     generator: np.random.Generator | None  # its draws, when sampling
     group: int  # the engine's index of its search options
     ranked: bool  # searched by beam search (ranked hypotheses), its beam size wide
+    constraints: Constraints | None = None  # the phrases its translation must hold
     rank: np.ndarray = field(default_factory=lambda: np.zeros(0))  # beam search: its n best finished ranks
     kept: list[np.ndarray] = field(default_factory=list)  # and their tokens
 
@@ -210,6 +212,7 @@ class Engine(Generic[Owner]):
         self.beams = np.zeros(count, dtype=np.int64)  # (N,) its sentence's beam size; 0: one row, not ranked
         self.floor = np.zeros(count, dtype=np.int64)  # (N,) its sentence's min_length
         self.forcing = np.zeros(count, dtype=bool)  # (N,) its sentence forces tokens of its own
+        self.constrained = np.zeros(count, dtype=bool)  # (N,) its sentence's translation must hold phrases
         self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
         self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
         self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
@@ -227,11 +230,31 @@ class Engine(Generic[Owner]):
     # --- sentences in ------------------------------------------------------------------------------------------
 
     def _sentence(
-        self, owner: Any, limit: int, key: int, forced: Sequence[int] | None, search: SearchOptions | None
+        self,
+        owner: Any,
+        limit: int,
+        key: int,
+        forced: Sequence[int] | None,
+        search: SearchOptions | None,
+        constraints: Sequence[Sequence[int]] = (),
     ) -> _Sentence:
         search = self.generation.search if search is None else search
         if not isinstance(search, SearchOptions):
             raise TypeError(f"`search` must be a SearchOptions or None, received {type(search).__name__}")
+        bound = Constraints(constraints) if len(constraints) else None
+        if bound is not None:
+            if search.strategy.draws:
+                raise ValueError("constraints need greedy or beam search, not sampling")
+            specials = self.generation.specials
+            never = {*self.generation.banned, specials.bos, specials.eos, specials.pad}
+            for phrase in bound.phrases:
+                if self.vocab is not None and max(phrase) >= self.vocab:
+                    raise ValueError(f"constraint {list(phrase)} holds an id past the vocabulary ({self.vocab} ids)")
+                if never & set(phrase):
+                    raise ValueError(f"constraint {list(phrase)} holds {sorted(never & set(phrase))}, which no "
+                                     "translation may hold (banned, or BOS, EOS or PAD)")  # fmt: skip
+            # A beam wide enough that every phrase has a place beside the best hypothesis.
+            search = dataclasses.replace(search, beam_size=max(search.beam_size, len(bound) + 1))
         if search not in self.searches:
             self.searches.append(search)
         own = None
@@ -245,7 +268,7 @@ class Engine(Generic[Owner]):
             generator = sentence_generators(self.seed if search.seed is None else search.seed, [key])[0]
         ranked = search.beam_size > 1 or self.ranked
         limited = int(search.limit(limit, 1)[0])
-        sentence = _Sentence(owner, search, limited, own, generator, self.searches.index(search), ranked)
+        sentence = _Sentence(owner, search, limited, own, generator, self.searches.index(search), ranked, bound)
         if ranked:
             sentence.rank = np.full(search.n_best, -np.inf)
         return sentence
@@ -259,20 +282,29 @@ class Engine(Generic[Owner]):
         key: int = 0,
         forced: Sequence[int] | None = None,
         search: SearchOptions | None = None,
+        constraints: Sequence[Sequence[int]] = (),
     ) -> None:
         """Queue source ``ids`` (not empty, at most what the model reads), translated into at most ``limit`` tokens
         (and its search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
         ``generate`` call would); ``forced``: the tokens its translation starts with instead of the generation's;
-        ``search``: its own search instead of the generation's."""
+        ``search``: its own search instead of the generation's; ``constraints``: phrases (token ids) its translation
+        must hold (see :meth:`_constrained`)."""
         if not hasattr(self.rows, "join"):
             raise TypeError(f"{type(self.rows).__name__} holds the sentences it was made with: no others join it")
-        self.waiting.append(_Waiting(ids, self._sentence(owner, limit, key, forced, search)))
+        self.waiting.append(_Waiting(ids, self._sentence(owner, limit, key, forced, search, constraints)))
 
-    def hold(self, owners: Sequence[Owner], limits: np.ndarray, keys: np.ndarray) -> None:
-        """Name the sentences the rows already hold, row ``i`` sentence ``owners[i]``, limited to ``limits[i]`` tokens
-        and drawing by ``keys[i]`` (the engine's first call)."""
-        sentences = [self._sentence(owner, int(limit), int(key), None, None)
-                     for owner, limit, key in zip(owners, limits, keys, strict=True)]  # fmt: skip
+    def hold(
+        self,
+        owners: Sequence[Owner],
+        limits: np.ndarray,
+        keys: np.ndarray,
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    ) -> None:
+        """Name the sentences the rows already hold, row ``i`` sentence ``owners[i]``, limited to ``limits[i]`` tokens,
+        drawing by ``keys[i]`` and holding the phrases ``constraints[i]`` (the engine's first call)."""
+        phrases = constraints if constraints is not None else [()] * len(owners)
+        sentences = [self._sentence(owner, int(limit), int(key), None, None, own)
+                     for owner, limit, key, own in zip(owners, limits, keys, phrases, strict=True)]  # fmt: skip
         self._append(sentences)
 
     def _append(self, sentences: list[_Sentence]) -> None:
@@ -288,6 +320,9 @@ class Engine(Generic[Owner]):
         self.beams = np.concatenate([self.beams, [s.search.beam_size * s.ranked for s in sentences]]).astype(np.int64)
         self.floor = np.concatenate([self.floor, [s.search.min_length for s in sentences]]).astype(np.int64)
         self.forcing = np.concatenate([self.forcing, [s.forced is not None for s in sentences]]).astype(bool)
+        self.constrained = np.concatenate([self.constrained, [s.constraints is not None for s in sentences]]).astype(
+            bool
+        )
         self.sid = np.concatenate([self.sid, self.counted + np.arange(count)])
         self.counted += count
         self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
@@ -373,7 +408,7 @@ class Engine(Generic[Owner]):
         names = ["made", "last", "score", "ended", "history"]  # each row's own
         if not same_sources:
             self.of_row = [self.of_row[row] for row in order]
-            names += ["limit", "width", "group", "beams", "floor", "forcing", "sid"]  # its sentence's
+            names += ["limit", "width", "group", "beams", "floor", "forcing", "constrained", "sid"]  # its sentence's
         for name in names:
             setattr(self, name, getattr(self, name)[order])
 
@@ -391,6 +426,11 @@ class Engine(Generic[Owner]):
         finished: list[Finished[Owner]] = []
         going, alone = ~self.ended, len(self.searches) == 1
         next_rows = _Next(len(self.of_row))
+        if self.constrained.any():
+            bound = np.flatnonzero(going & self.constrained)
+            for sid in np.unique(self.sid[bound]):  # each constrained sentence's rows, in order
+                finished += self._constrained(logits, bound[self.sid[bound] == sid], next_rows)
+            going, alone = going & ~self.constrained, False
         for group, search in enumerate(self.searches):
             in_group = going if alone else going & (self.group == group)
             if not alone and not in_group.any():
@@ -511,6 +551,77 @@ class Engine(Generic[Owner]):
         nan_free = [sentence for s, sentence in enumerate(sentences) if not going[s]]
         return [Finished(s.owner, [(float(r), x) for r, x in zip(s.rank, s.kept, strict=False)]) for s in nan_free]
 
+    def _constrained(self, logits: Tensor, rows: np.ndarray, next_rows: _Next) -> list[Finished]:
+        """A constrained sentence's next beams from its ``rows`` (dynamic beam allocation, Post and Vilar 2018): the
+        candidates are each row's ``2k`` best tokens and the tokens that take it further along its phrases
+        (:class:`~multihead.constraints.Constraints`); they are banked by the phrase tokens they have written, and the
+        ``k`` beams taken from the banks in turn, fullest bank first, each bank's best first. A hypothesis ends (EOS)
+        only once it holds every phrase; at the limit, if none does, the best beams end as they are."""
+        sentence = self.of_row[rows[0]]
+        bound, search = cast(Constraints, sentence.constraints), sentence.search
+        k, eos, penalty = search.beam_size, self.generation.specials.eos, search.length_penalty
+        t, limit = int(self.made[rows[0]]) + 1, int(self.limit[rows[0]])
+        histories = [self.history[row, : self.made[row]] for row in rows]
+        progress = [bound.of(history) for history in histories]
+        scores = self.score[rows].astype(np.float64)
+        candidates: dict[tuple[int, int], float] = {}
+        best, token = self.rows.top_k(
+            logits, np.zeros(len(rows), np.float32), 1, min(2 * k, int(logits.shape[-1])), rows
+        )
+        for i, j in np.ndindex(best.shape):
+            candidates[(i, int(token[i, j]))] = scores[i] + float(best[i, j])
+        wanted = np.array(sorted(set().union(*(bound.next_tokens(p) for p in progress)) | {eos}), dtype=np.int64)
+        at = self.rows.log_probs_at(logits, rows, wanted)  # (w, T)
+        for i, p in enumerate(progress):
+            for column, id_ in enumerate(wanted.tolist()):
+                if id_ in bound.next_tokens(p) or id_ == eos:
+                    candidates[(i, id_)] = scores[i] + float(at[i, column])
+        banks: dict[int, list[tuple[float, int, int]]] = {}
+        for (i, id_), score in candidates.items():
+            if not np.isfinite(score):
+                continue
+            if id_ == eos:
+                if bound.done(progress[i]):
+                    sentence.offer(score / t**penalty, np.append(histories[i], eos))
+                continue
+            banks.setdefault(bound.made(bound.of(np.append(histories[i], id_))), []).append((score, i, id_))
+        chosen = _allocated(banks, k)  # [(score, row i, token)], best bank first
+        if t == limit:  # the beams end here, unfinished: those that hold every phrase, else (none kept) the best
+            ends = [c for c in chosen if bound.done(bound.of(np.append(histories[c[1]], c[2])))]
+            if not ends and not np.isfinite(sentence.rank[0]):
+                ends = sorted(chosen, reverse=True)[:1]
+            for score, i, id_ in ends:
+                sentence.offer(score / t**penalty, np.append(histories[i], id_))
+        top = max((score for score, _, _ in chosen), default=-np.inf)
+        going = bool(np.isfinite(top)) and limit > t and not sentence.rank[-1] >= max(top / (t + 1) ** penalty,
+                                                                                   top / limit**penalty)  # fmt: skip
+        if not going:
+            return [
+                Finished(sentence.owner, [(float(r), x) for r, x in zip(sentence.rank, sentence.kept, strict=False)])
+            ]
+        chosen += [(-np.inf, 0, eos)] * (k - len(chosen))  # dead beams fill a beam the candidates cannot
+        local = np.array([i for _, i, _ in chosen])
+        if len(rows) == k:  # the beams in their parents' places where they can
+            order = _stay(local[None])[0]
+            chosen, places = [chosen[j] for j in order], rows
+        else:  # a beam opening: its first beam in the sentence's row, the others in new rows
+            places = np.concatenate([rows[:1], next_rows.fresh(k - 1)])
+        next_rows.add(rows[[i for _, i, _ in chosen]], np.array([id_ for _, _, id_ in chosen], dtype=np.int64),
+                      np.array([score for score, _, _ in chosen], dtype=np.float32), places)  # fmt: skip
+        return []
+
+
+def _allocated(banks: dict[int, list[tuple[float, int, int]]], k: int) -> list[tuple[float, int, int]]:
+    """``k`` of the banks' candidates ``(score, row, token)``: each bank's best in turn, fullest bank first (a bank
+    that runs out leaves its turns to the others)."""
+    queues = [sorted(banks[bank], reverse=True) for bank in sorted(banks, reverse=True)]
+    chosen: list[tuple[float, int, int]] = []
+    while len(chosen) < k and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < k:
+                chosen.append(queue.pop(0))
+    return chosen
+
 
 class Ensemble(Chooser):
     """Rows of several models translating the same sources into the same target vocabulary, one :class:`Rows` each
@@ -561,16 +672,19 @@ def generate(
     *,
     max_len: Limit,
     keys: Sequence[int] | np.ndarray | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> np.ndarray:
     """The tokens of ``batch`` sources that ``rows`` hold (row ``i`` source ``i``), generated as ``generation`` says,
     ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``), each starting from
-    ``specials.bos``; ``keys`` name the sentences to sampling (default: ``0..B-1``). int64 ``(B, T)``, each row ending
-    at its first EOS or its limit, padded after it."""
+    ``specials.bos``; ``keys`` name the sentences to sampling (default: ``0..B-1``); ``constraints[i]``: phrases
+    (token ids) translation ``i`` must hold, searched by a beam of at least one more than its phrases
+    (:meth:`Engine._constrained`). int64 ``(B, T)``, each row ending at its first EOS or its limit, padded after
+    it."""
     search = generation.search
     if search.n_best != 1:
         raise ValueError(f"`generate` gives one translation a sentence: n-best lists (received n_best={search.n_best}) "
                          "come from n_best_search")  # fmt: skip
-    found = _run(rows, batch, generation, max_len=max_len, keys=keys)
+    found = _run(rows, batch, generation, max_len=max_len, keys=keys, constraints=constraints)
     tokens = [found[index].tokens for index in range(batch)]
     out = np.full((batch, max(1, *(len(row) for row in tokens))), generation.specials.pad, dtype=np.int64)
     for index, row in enumerate(tokens):
@@ -579,14 +693,20 @@ def generate(
 
 
 def n_best_search(
-    rows: Rows, batch: int, generation: Generation, *, max_len: Limit
+    rows: Rows,
+    batch: int,
+    generation: Generation,
+    *,
+    max_len: Limit,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> list[list[tuple[float, np.ndarray]]]:
     """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``generation`` says: (rank,
     int64 tokens after BOS, ending with EOS unless the limit cut them). A sentence stops when no continuation can
-    outrank its ``n``-th best finished hypothesis; one whose beams all die out first has fewer."""
+    outrank its ``n``-th best finished hypothesis; one whose beams all die out first has fewer. ``constraints`` as
+    :func:`generate` takes them."""
     if generation.search.strategy.draws:
         raise ValueError("n-best lists come from beam search: give beam_size > 1, not sampling options")
-    found = _run(rows, batch, generation, max_len=max_len, keys=None, ranked=True)
+    found = _run(rows, batch, generation, max_len=max_len, keys=None, ranked=True, constraints=constraints)
     return [found[index].hypotheses for index in range(batch)]
 
 
@@ -598,10 +718,12 @@ def _run(
     max_len: Limit,
     keys: Sequence[int] | np.ndarray | None,
     ranked: bool = False,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> dict[int, Finished[int]]:
     """Every sentence of a batch that ``rows`` hold, stepped until each has ended."""
     engine: Engine[int] = Engine(rows, generation, ranked=ranked)
-    engine.hold(list(range(batch)), row_limits(max_len, batch), np.arange(batch) if keys is None else np.asarray(keys))
+    keys = np.arange(batch) if keys is None else np.asarray(keys)
+    engine.hold(list(range(batch)), row_limits(max_len, batch), keys, constraints)
     found: dict[int, Finished[int]] = {}
     while len(found) < batch:
         for finished in engine.step():

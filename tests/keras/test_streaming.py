@@ -64,3 +64,38 @@ def test_each_sentence_gets_what_generate_gives_it_alone(search: SearchOptions) 
         else:
             alone = transformer.generate(src, max_len=limits[index], generation=generation)[0].tolist()
         assert got[index] == (alone[: alone.index(EOS) + 1] if EOS in alone else alone), index
+
+
+def holds(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i : i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_constrained_sentences_hold_their_phrases_in_batch_and_stream(compiled: bool) -> None:
+    """A batch's sentences with phrases to hold (greedy, so a beam of one more than their phrases) beside sentences
+    without: the Keras stream gives each what the batch gives it, eagerly and compiled where the backend compiles, and
+    every constrained translation holds its phrases."""
+    import keras
+
+    if compiled and keras.backend.backend() == "torch":
+        pytest.skip("the torch backend has no compiled generation")
+    transformer, rng = model(), random.Random(5)
+    texts = [[rng.randrange(3, 20) for _ in range(rng.randrange(1, 9))] for _ in range(6)]
+    phrases = [[], [(9,)], [(11, 12)], [], [(4,), (17, 3)], [(21,)]]
+    limit, generation = 10, Generation(SPECIALS, search=SearchOptions(), banned=(5,))
+    src = np.full((len(texts), max(map(len, texts))), PAD, dtype="int32")
+    for row, ids in enumerate(texts):
+        src[row, : len(ids)] = ids
+    session = transformer.decoding_session(src, max_len=limit, compiled=compiled)
+    batch = engine.generate(session, len(texts), generation, max_len=limit, constraints=phrases)
+    stream: Engine[int] = Engine(StreamRows(transformer, pad=PAD), generation, capacity=32)
+    for index, ids in enumerate(texts):
+        stream.add(ids, index, limit=limit, constraints=phrases[index])
+    got: dict[int, list[int]] = {}
+    while len(stream):
+        got.update({finished.owner: finished.tokens.tolist() for finished in stream.step()})
+    for index, own in enumerate(phrases):
+        tokens = batch[index].tolist()
+        tokens = tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+        assert got[index] == tokens, index
+        assert all(holds(tokens, phrase) for phrase in own), (index, own, tokens)

@@ -272,3 +272,45 @@ def test_sentences_of_different_searches_share_a_stream() -> None:
             session = transformer.decoding_session(torch.tensor([ids]), max_len=7)
             alone = engine.generate(session, 1, spec(searches[index]), max_len=7, keys=[index])[0].tolist()
         assert got[index] == (alone[: alone.index(EOS) + 1] if EOS in alone else alone), index
+
+
+def phrases_of(count: int) -> list[list[tuple[int, ...]]]:
+    """Each sentence's constraints: none, or one or two phrases of one or two target ids (not 5, which the test's
+    generation bans)."""
+    rng = random.Random(count + 1)
+    ids = [token for token in range(3, 23) if token != 5]
+    return [[tuple(rng.choice(ids) for _ in range(rng.randrange(1, 3))) for _ in range(rng.randrange(0, 3))]
+            for _ in range(count)]  # fmt: skip
+
+
+def holds(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i : i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+@pytest.mark.parametrize("search", [SearchOptions(), SearchOptions(beam_size=3)], ids=["greedy", "beam-3"])
+def test_constrained_sentences_hold_their_phrases_in_batch_and_stream(search: SearchOptions) -> None:
+    """Sentences with phrases to hold beside sentences without: the stream gives each what the batch gives it, every
+    constrained translation holds its phrases, and the unconstrained ones get what they get with no constraint in the
+    batch at all."""
+    transformer, texts, phrases = model(), sources(8), phrases_of(8)
+    limit, generation = 12, spec(search, banned=(5,))
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in texts], batch_first=True, padding_value=PAD)
+    with torch.inference_mode():
+        batch = engine.generate(transformer.decoding_session(src, max_len=limit), len(texts), generation,
+                                max_len=limit, constraints=phrases)  # fmt: skip
+        free = engine.generate(transformer.decoding_session(src, max_len=limit), len(texts), generation, max_len=limit)
+    stream = Stream(transformer, rows=16, generation=generation)
+    for index, ids in enumerate(texts):
+        stream.add(ids, index, limit=limit, constraints=phrases[index])
+    got: dict[object, list[int]] = {}
+    while len(stream):
+        got.update(ended(stream))
+    for index, own in enumerate(phrases):
+        tokens = batch[index].tolist()
+        tokens = tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+        assert got[index] == tokens, index
+        assert all(holds(tokens, phrase) for phrase in own), (index, own, tokens)
+        if not own:
+            width = max(len(tokens), 1)
+            assert free[index, :width].tolist() == tokens, index
+    assert any(not all(holds(row.tolist(), phrase) for phrase in own) for row, own in zip(free, phrases, strict=True))

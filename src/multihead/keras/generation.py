@@ -434,6 +434,9 @@ class CompiledDecoding:
     ) -> tuple[np.ndarray, np.ndarray]:
         return self._choices.top_k(log_probs.rows(), scores, beam, count, rows)
 
+    def log_probs_at(self, log_probs: Scores, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return self._choices.log_probs_at(log_probs.rows(), rows, tokens)
+
     def suppress(self, log_probs: Scores, tokens: np.ndarray, rows: np.ndarray | None = None) -> Scores:
         """The search's rows, ``tokens`` impossible (renormalised), their best chosen again."""
         return Scores(self._choices.suppress(log_probs.rows(), tokens, rows), None, np.arange(len(log_probs.live)))

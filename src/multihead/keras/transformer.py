@@ -801,6 +801,12 @@ class DecoderSteps:
             impossible = np.logical_and.outer(chosen, impossible)  # (N, V)
         return ops.log_softmax(ops.where(ops.convert_to_tensor(impossible), -np.inf, log_probs), axis=-1)
 
+    def log_probs_at(self, log_probs: Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        picked = ops.take(
+            ops.take(log_probs, ops.convert_to_tensor(rows), axis=0), ops.convert_to_tensor(tokens), axis=1
+        )
+        return np.asarray(ops.convert_to_numpy(picked), dtype=np.float32)  # (R, T)
+
     def top_k(
         self, log_probs: Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

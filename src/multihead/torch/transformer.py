@@ -650,6 +650,11 @@ class DecoderSteps:
         logits[torch.from_numpy(rows).to(logits.device)[:, None], columns] = float("-inf")
         return logits
 
+    def log_probs_at(self, logits: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        index = torch.from_numpy(rows).to(logits.device)
+        log_probs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # (R, V)
+        return log_probs[:, torch.from_numpy(tokens).to(logits.device)].cpu().numpy()
+
     def top_k(
         self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,93 @@
+"""Lexical constraints (:mod:`multihead.constraints`) in the engine's beam search: against an exhaustive search of
+toy models, narrow beams that still hold every phrase, and bad constraints refused."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from multihead.constraints import Constraints
+from multihead.decoding import SearchOptions
+from multihead.engine import Engine, generate, n_best_search
+from test_decoding import (
+    EOS,
+    PAD,
+    A,
+    ArraySession,
+    B,
+    C,
+    exhaustive_ranking,
+    spec,
+    two_token_model,
+)
+
+
+def holds(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i : i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+PHRASES = [[(A,)], [(B, C)], [(A,), (C,)], [(C, C)], [(B, A), (A, B)]]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("phrases", PHRASES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_a_beam_as_wide_as_every_hypothesis_finds_the_exhaustive_constrained_best(
+    seed: int, phrases: list[tuple[int, ...]], alpha: float
+) -> None:
+    """Up to 4 tokens: at most 108 candidates a step, so 128 beams keep every hypothesis alive whatever its bank; the
+    best is the exhaustive search's best among the hypotheses that hold every phrase."""
+    step = two_token_model(seed)
+    ranking = [(rank, tokens) for rank, tokens in exhaustive_ranking(step, 4, alpha)
+               if all(holds(tokens, phrase) for phrase in phrases)]  # fmt: skip
+    generation = spec(SearchOptions(beam_size=128, length_penalty=alpha, n_best=3))
+    (found,) = n_best_search(ArraySession(step), 1, generation, max_len=4, constraints=[phrases])
+    assert [tokens.tolist() for _, tokens in found] == [tokens for _, tokens in ranking[:3]]
+    np.testing.assert_allclose([rank for rank, _ in found], [rank for rank, _ in ranking[:3]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("phrases", PHRASES, ids=str)
+def test_greedy_and_narrow_beams_hold_every_phrase(phrases: list[tuple[int, ...]]) -> None:
+    """A greedy request runs the constrained beam at one beam more than its phrases; beside unconstrained sentences
+    in the same batch, which get what they get alone."""
+    for seed, beam in itertools.product(range(6), (1, 2)):
+        step = two_token_model(seed)
+        generation = spec(SearchOptions(beam_size=beam))
+        alone = generate(ArraySession(step), 1, generation, max_len=8)
+        both = generate(ArraySession(step), 2, generation, max_len=8,
+                        constraints=[phrases, []])  # fmt: skip
+        tokens = both[0].tolist()
+        assert all(holds(tokens, phrase) for phrase in phrases), (seed, beam, tokens)
+        np.testing.assert_array_equal(both[1, : alone.shape[1]], alone[0])
+        assert (both[1, alone.shape[1] :] == PAD).all()
+
+
+def test_a_phrase_the_limit_leaves_no_room_for_ends_with_the_best_beam() -> None:
+    """Four phrase tokens and a limit of three: no hypothesis holds them all, so the best beam ends unfinished."""
+    step = two_token_model(0)
+    out = generate(ArraySession(step), 1, spec(SearchOptions(beam_size=2)), max_len=3, constraints=[[(A, B, C, A)]])
+    assert len(out[0]) == 3
+    assert EOS not in out[0].tolist()
+
+
+def test_bad_constraints_are_refused_in_one_line() -> None:
+    step = two_token_model(0)
+    with pytest.raises(ValueError, match=r"constraint 0 must be a non-empty sequence of token ids, received \(\)"):
+        Constraints([()])
+    with pytest.raises(ValueError, match=r"constraint 1 must hold token ids \(ints >= 0\), received \[-1\]"):
+        Constraints([(A,), (-1,)])
+    with pytest.raises(TypeError, match="`constraints` must be a sequence of token id sequences, received 'ab'"):
+        Constraints("ab")  # type: ignore[arg-type]
+    engine: Engine[int] = Engine(ArraySession(step), spec(SearchOptions(sampling_topk=3)), vocab=6)
+    with pytest.raises(ValueError, match="constraints need greedy or beam search, not sampling"):
+        engine.hold([0], np.array([4]), np.array([0]), [[(A,)]])
+    engine = Engine(ArraySession(step), spec(SearchOptions()), vocab=6)
+    with pytest.raises(ValueError, match=r"constraint \[3, 9\] holds an id past the vocabulary \(6 ids\)"):
+        engine.hold([0], np.array([4]), np.array([0]), [[(A, 9)]])
+    engine = Engine(ArraySession(step), spec(SearchOptions(), banned=(C,)), vocab=6)
+    with pytest.raises(ValueError, match=r"constraint \[3, 5\] holds \[5\], which no translation may hold \(banned"):
+        engine.hold([0], np.array([4]), np.array([0]), [[(A, C)]])
+    with pytest.raises(ValueError, match=r"constraint \[1\] holds \[1\], which no translation may hold"):
+        engine.hold([0], np.array([4]), np.array([0]), [[(EOS,)]])
