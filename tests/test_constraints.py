@@ -91,3 +91,15 @@ def test_bad_constraints_are_refused_in_one_line() -> None:
         engine.hold([0], np.array([4]), np.array([0]), [[(A, C)]])
     with pytest.raises(ValueError, match=r"constraint \[1\] holds \[1\], which no translation may hold"):
         engine.hold([0], np.array([4]), np.array([0]), [[(EOS,)]])
+
+
+def test_progress_after_a_token_is_the_progress_of_the_longer_hypothesis() -> None:
+    """What the search computes from a hypothesis' last tokens equals a replay of all of them, for random hypotheses
+    over few ids (so phrases overlap, repeat and restart)."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        phrases = [tuple(rng.integers(3, 6, size=rng.integers(1, 4)).tolist()) for _ in range(rng.integers(1, 4))]
+        bound = Constraints(phrases)
+        tokens = rng.integers(3, 6, size=rng.integers(0, 9)).tolist()
+        for token in (3, 4, 5):
+            assert bound.after(bound.of(tokens), np.array(tokens, dtype=np.int64), token) == bound.of([*tokens, token])

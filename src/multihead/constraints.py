@@ -59,6 +59,23 @@ class Constraints:
             partial.append(started)
         return Progress(tuple(met), tuple(partial))
 
+    def after(self, progress: Progress, tokens: np.ndarray | Sequence[int], token: int) -> Progress:
+        """The progress of a hypothesis of ``tokens`` (at ``progress``) once it writes ``token``: what :meth:`of`
+        gives of them all, from their last few."""
+        tail = [int(t) for t in tokens[len(tokens) - max(map(len, self.phrases)) + 1 :]] if len(tokens) else []
+        tail.append(int(token))
+        met, partial = [], []
+        for phrase, was, started in zip(self.phrases, progress.met, progress.partial, strict=True):
+            size = len(phrase)
+            whole = was or (started == size - 1 and phrase[-1] == token)
+            met.append(whole)
+            partial.append(0 if whole else next(
+                (length for length in range(min(size - 1, len(tail)), 0, -1)
+                 if tuple(tail[len(tail) - length :]) == phrase[:length]),
+                0,
+            ))  # fmt: skip
+        return Progress(tuple(met), tuple(partial))
+
     def done(self, progress: Progress) -> bool:
         """Whether a hypothesis of this progress holds every phrase."""
         return all(progress.met)

@@ -40,7 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
-from multihead.constraints import Constraints
+from multihead.constraints import Constraints, Progress
 from multihead.decoding import (
     Choices,
     Chooser,
@@ -426,10 +426,8 @@ class Engine(Generic[Owner]):
         finished: list[Finished[Owner]] = []
         going, alone = ~self.ended, len(self.searches) == 1
         next_rows = _Next(len(self.of_row))
-        if self.constrained.any():
-            bound = np.flatnonzero(going & self.constrained)
-            for sid in np.unique(self.sid[bound]):  # each constrained sentence's rows, in order
-                finished += self._constrained(logits, bound[self.sid[bound] == sid], next_rows)
+        if (going & self.constrained).any():
+            finished += self._constrained(logits, np.flatnonzero(going & self.constrained), next_rows)
             going, alone = going & ~self.constrained, False
         for group, search in enumerate(self.searches):
             in_group = going if alone else going & (self.group == group)
@@ -552,31 +550,48 @@ class Engine(Generic[Owner]):
         return [Finished(s.owner, [(float(r), x) for r, x in zip(s.rank, s.kept, strict=False)]) for s in nan_free]
 
     def _constrained(self, logits: Tensor, rows: np.ndarray, next_rows: _Next) -> list[Finished]:
-        """A constrained sentence's next beams from its ``rows`` (dynamic beam allocation, Post and Vilar 2018): the
-        candidates are each row's ``2k`` best tokens and the tokens that take it further along its phrases
-        (:class:`~multihead.constraints.Constraints`); they are banked by the phrase tokens they have written, and the
-        ``k`` beams taken from the banks in turn, fullest bank first, each bank's best first. A hypothesis ends (EOS)
-        only once it holds every phrase; at the limit, if none does, the best beams end as they are."""
+        """The next beams of the constrained sentences at ``rows`` (dynamic beam allocation, Post and Vilar 2018): a
+        sentence's candidates are each of its rows' ``2k`` best tokens and the tokens that take the row further along
+        its phrases (:class:`~multihead.constraints.Constraints`); they are banked by the phrase tokens they have
+        written, and the ``k`` beams taken from the banks in turn, fullest bank first, each bank's best first. A
+        hypothesis ends (EOS) only once it holds every phrase; at the limit, if none does, the best beam ends as it
+        is. The candidates' log-probabilities reach the host in two calls for every constrained row."""
+        count = min(2 * int(self.beams[rows].max()), int(logits.shape[-1]))
+        best, token = self.rows.top_k(logits, np.zeros(len(rows), np.float32), 1, count, rows)  # (R, count)
+        progress = {}
+        for row in rows:
+            bound = cast(Constraints, self.of_row[row].constraints)
+            progress[row] = bound.of(self.history[row, : self.made[row]])
+        wanted = {self.generation.specials.eos}.union(*(
+            cast(Constraints, self.of_row[row].constraints).next_tokens(progress[row]) for row in rows))  # fmt: skip
+        columns = np.array(sorted(wanted), dtype=np.int64)
+        at = self.rows.log_probs_at(logits, rows, columns)  # (R, T)
+        finished = []
+        for sid in np.unique(self.sid[rows]):  # each sentence's rows, in order
+            mine = np.flatnonzero(self.sid[rows] == sid)
+            candidates: dict[tuple[int, int], float] = {}
+            for i, r in enumerate(mine):
+                score, bound = float(self.score[rows[r]]), cast(Constraints, self.of_row[rows[r]].constraints)
+                for j in range(count):
+                    candidates[(i, int(token[r, j]))] = score + float(best[r, j])
+                further = bound.next_tokens(progress[rows[r]]) | {self.generation.specials.eos}
+                for column in np.flatnonzero(np.isin(columns, list(further))):
+                    candidates[(i, int(columns[column]))] = score + float(at[r, column])
+            finished += self._allocate(rows[mine], [progress[row] for row in rows[mine]], candidates, next_rows)
+        return finished
+
+    def _allocate(
+        self, rows: np.ndarray, progress: list[Progress], candidates: dict[tuple[int, int], float], next_rows: _Next
+    ) -> list[Finished]:
+        """One constrained sentence's next beams from its ``candidates`` ((its row, token) -> score), its ``rows``
+        being at ``progress`` (:meth:`_constrained`); it, if it has ended."""
         sentence = self.of_row[rows[0]]
         bound, search = cast(Constraints, sentence.constraints), sentence.search
         k, eos, penalty = search.beam_size, self.generation.specials.eos, search.length_penalty
         t, limit = int(self.made[rows[0]]) + 1, int(self.limit[rows[0]])
         histories = [self.history[row, : self.made[row]] for row in rows]
-        progress = [bound.of(history) for history in histories]
-        scores = self.score[rows].astype(np.float64)
-        candidates: dict[tuple[int, int], float] = {}
-        best, token = self.rows.top_k(
-            logits, np.zeros(len(rows), np.float32), 1, min(2 * k, int(logits.shape[-1])), rows
-        )
-        for i, j in np.ndindex(best.shape):
-            candidates[(i, int(token[i, j]))] = scores[i] + float(best[i, j])
-        wanted = np.array(sorted(set().union(*(bound.next_tokens(p) for p in progress)) | {eos}), dtype=np.int64)
-        at = self.rows.log_probs_at(logits, rows, wanted)  # (w, T)
-        for i, p in enumerate(progress):
-            for column, id_ in enumerate(wanted.tolist()):
-                if id_ in bound.next_tokens(p) or id_ == eos:
-                    candidates[(i, id_)] = scores[i] + float(at[i, column])
         banks: dict[int, list[tuple[float, int, int]]] = {}
+        after = {}
         for (i, id_), score in candidates.items():
             if not np.isfinite(score):
                 continue
@@ -584,25 +599,24 @@ class Engine(Generic[Owner]):
                 if bound.done(progress[i]):
                     sentence.offer(score / t**penalty, np.append(histories[i], eos))
                 continue
-            banks.setdefault(bound.made(bound.of(np.append(histories[i], id_))), []).append((score, i, id_))
+            after[(i, id_)] = bound.after(progress[i], histories[i], id_)
+            banks.setdefault(bound.made(after[(i, id_)]), []).append((score, i, id_))
         chosen = _allocated(banks, k)  # [(score, row i, token)], best bank first
         if t == limit:  # the beams end here, unfinished: those that hold every phrase, else (none kept) the best
-            ends = [c for c in chosen if bound.done(bound.of(np.append(histories[c[1]], c[2])))]
+            ends = [c for c in chosen if bound.done(after[(c[1], c[2])])]
             if not ends and not np.isfinite(sentence.rank[0]):
                 ends = sorted(chosen, reverse=True)[:1]
             for score, i, id_ in ends:
                 sentence.offer(score / t**penalty, np.append(histories[i], id_))
         top = max((score for score, _, _ in chosen), default=-np.inf)
-        going = bool(np.isfinite(top)) and limit > t and not sentence.rank[-1] >= max(top / (t + 1) ** penalty,
-                                                                                   top / limit**penalty)  # fmt: skip
-        if not going:
+        bound_rank = max(top / (t + 1) ** penalty, top / limit**penalty)
+        if not (np.isfinite(top) and limit > t and not sentence.rank[-1] >= bound_rank):
             return [
                 Finished(sentence.owner, [(float(r), x) for r, x in zip(sentence.rank, sentence.kept, strict=False)])
             ]
         chosen += [(-np.inf, 0, eos)] * (k - len(chosen))  # dead beams fill a beam the candidates cannot
-        local = np.array([i for _, i, _ in chosen])
         if len(rows) == k:  # the beams in their parents' places where they can
-            order = _stay(local[None])[0]
+            order = _stay(np.array([[i for _, i, _ in chosen]]))[0]
             chosen, places = [chosen[j] for j in order], rows
         else:  # a beam opening: its first beam in the sentence's row, the others in new rows
             places = np.concatenate([rows[:1], next_rows.fresh(k - 1)])
