@@ -15,6 +15,8 @@ from multihead.app.console import progress_bar
 from multihead.decoding import Generation, SearchOptions
 
 Ids = list[int]
+Phrases = list[Ids]
+"""The phrases, as target token ids, one translation must hold (its constraints)."""
 Ranked = list[tuple[float, Ids]]
 """A sentence's hypotheses, best first, each with its rank."""
 Row = TypeVar("Row")  # what a batch gives for each of its rows

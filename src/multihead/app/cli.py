@@ -239,7 +239,7 @@ def _translate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=others, split_sentences=not args.no_split,
-        guard=not args.no_guard, framework=args.framework,
+        guard=not args.no_guard, framework=args.framework, glossary=args.glossary,
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -347,7 +347,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run[0], args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=args.run[1:],
-        split_sentences=not args.no_split, guard=not args.no_guard, framework=args.framework,
+        split_sentences=not args.no_split, guard=not args.no_guard, framework=args.framework, glossary=args.glossary,
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -622,6 +622,16 @@ def _add_language_options(command: argparse.ArgumentParser) -> None:
         )  # fmt: skip
 
 
+def _add_glossary_option(command: argparse.ArgumentParser) -> None:
+    """What ``translate`` and ``evaluate`` take to make translations use a glossary's terms."""
+    command.add_argument(
+        "--glossary", metavar="FILE",
+        help="terms translations must use: a table whose header names the languages (de<TAB>en; .csv: commas), a "
+        "row an entry; each source term found in a sentence (a whole word, any case, the longest first) puts its "
+        "target term, as written, in the translation (a constrained beam search, one beam more than its terms)",
+    )  # fmt: skip
+
+
 def _add_decoding_options(command: argparse.ArgumentParser) -> None:
     """What ``translate``, ``evaluate`` and ``serve`` share: the model's options and the search."""
     from multihead.app.options import add_search_arguments
@@ -683,6 +693,7 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         "no score and no translation",
     )  # fmt: skip
     _add_decoding_options(translate)
+    _add_glossary_option(translate)
     _add_language_options(translate)
 
 
@@ -704,6 +715,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         "where installed, else char; 13a for the others)",
     )  # fmt: skip
     _add_decoding_options(evaluate)
+    _add_glossary_option(evaluate)
     _add_language_options(evaluate)
 
 

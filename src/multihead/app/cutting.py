@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from multihead.app.batched import Ids, Ranked
+from multihead.app.batched import Ids, Phrases, Ranked
 from multihead.app.console import UserError, warn
+from multihead.app.glossary import Glossary
 from multihead.app.languages import Direction
 from multihead.app.segment import join, readable, shorter, split, whole
 from multihead.app.tokenizers import Tokenizer, encode_opened
@@ -55,7 +56,8 @@ class Cutter:
     ``split``: each text sentence by sentence, else whole (sources already split into sentences). ``guard``:
     translations that look as if they lost or invented text are searched again
     (:meth:`multihead.app.translate.Translator.joined`). ``normalizer``: what the sources' punctuation goes through
-    first (Moses', per language), if anything. The languages are a direction's, which each method is given."""
+    first (Moses', per language), if anything. ``glossary``: the terms whose targets translations must use
+    (:meth:`constraints`). The languages are a direction's, which each method is given."""
 
     source: Tokenizer
     target: Tokenizer
@@ -63,6 +65,18 @@ class Cutter:
     split: bool = True
     guard: bool = True
     normalizer: Callable[[str], Any] | None = None
+    glossary: Glossary | None = None
+
+    def constraints(self, sources: Sequence[str]) -> list[Phrases] | None:
+        """Each source piece's constraints: the target terms of the glossary's entries it holds, as the target
+        tokenizer writes them (:mod:`multihead.app.glossary`); ``None`` without a glossary."""
+        if self.glossary is None:
+            return None
+        encoded: dict[str, Ids] = {}
+        for term in {term for source in sources for term in self.glossary.found(source)}:
+            encoded[term.target] = self.target.encode(term.target)[0]
+        return [[encoded[term.target] for term in self.glossary.found(source) if encoded[term.target]]
+                for source in sources]  # fmt: skip
 
     @property
     def unit(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from multihead.app.batched import BATCH_TOKENS, CUDA_BATCH_TOKENS, Generate, length_limit
+from multihead.app.batched import BATCH_TOKENS, CUDA_BATCH_TOKENS, Generate, Phrases, length_limit
 from multihead.app.console import UserError
 from multihead.app.languages import Direction, LanguageTokens
 from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
@@ -303,13 +303,18 @@ class LoadedRun:
         members = [self.front.stream_rows(member, pad) for member in (self, *self.others)]
         return Ensemble(members, self.front.mean_log_probs) if self.others else members[0]
 
-    def generator(self, spec: Generation) -> Generate:
+    def generator(
+        self, spec: Generation, *, constraints: Sequence[Phrases] | None = None, first_key: int = 0
+    ) -> Generate:
         """What translates a batch as ``spec`` says (one translation a sentence): ``src (B, Ls)``, each row's length
-        limit and index in the input (which seeds its sampling) -> tokens ``(B, T)`` as generated."""
+        limit and index ``i`` in the input -> tokens ``(B, T)`` as generated; row ``i`` samples with key
+        ``first_key + i`` and holds the phrases ``constraints[i]`` (:func:`multihead.engine.generate`)."""
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> np.ndarray:
+            phrases = None if constraints is None else [constraints[index] for index in indices]
             with self.decoding():
-                return generate(self.session(src, limits), len(src), spec, max_len=limits, keys=indices)
+                return generate(self.session(src, limits), len(src), spec, max_len=limits, keys=indices + first_key,
+                                constraints=phrases)  # fmt: skip
 
         return run
 

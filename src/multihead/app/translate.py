@@ -41,6 +41,7 @@ from multihead.app.batched import (
 )
 from multihead.app.console import warn
 from multihead.app.cutting import Cut, Cutter, moses_normalizer
+from multihead.app.glossary import read_glossary
 from multihead.app.languages import Direction, LanguageTokens, choose_direction
 from multihead.app.loaded import LoadedRun, load_run, run_direction
 from multihead.app.runs import Checkpoint
@@ -142,7 +143,8 @@ class Translator:
     the ensemble's. ``normalize="moses"``: the sources' punctuation through Moses' normalizer first.
     ``split_sentences``: translate each text sentence by sentence (the default), else as one sentence (sources already
     split into sentences). ``guard``: search again the translations that look as if they lost or invented text, and name
-    those that still do (the default; :meth:`joined`), else take them as the search finds them.
+    those that still do (the default; :meth:`joined`), else take them as the search finds them. ``glossary``: a
+    glossary file (:mod:`multihead.app.glossary`) whose terms found in a sentence its translation must use.
 
     Its parts: :attr:`loaded` (:class:`~multihead.app.loaded.LoadedRun`), :attr:`direction`
     (:class:`~multihead.app.languages.Direction`) and :attr:`cutter` (:class:`~multihead.app.cutting.Cutter`);
@@ -162,6 +164,7 @@ class Translator:
         split_sentences: bool = True,
         guard: bool = True,
         framework: str = "torch",
+        glossary: str | Path | None = None,
     ) -> None:
         loaded = load_run(run, checkpoint, device=device, quantize=quantize, ensemble=ensemble,
                           framework=framework)  # fmt: skip
@@ -172,6 +175,8 @@ class Translator:
         if source_lang is not None or target_lang is not None:
             direction = choose_direction(loaded.language_tokens, direction, source_lang, target_lang,
                                          task=found.options.get("task"))  # fmt: skip
+        if glossary is not None:
+            cutter = replace(cutter, glossary=read_glossary(glossary, direction.langs))
         self._hold(loaded, direction, cutter)
 
     @classmethod
@@ -296,10 +301,15 @@ class Translator:
         """This translator's generation, searching as ``search`` says."""
         return self.direction.spec(search)
 
-    def generate(self, search: SearchOptions = TRANSLATION) -> Generate:
+    def generate(
+        self, search: SearchOptions = TRANSLATION, *, sources: Sequence[str] | None = None, first_key: int = 0
+    ) -> Generate:
         """What translates a batch as ``search`` says (one translation a sentence): ``src (B, Ls)``, each row's length
-        limit and index in the input (which seeds its sampling) -> tokens ``(B, T)`` as generated."""
-        return self.loaded.generator(self.spec(search))
+        limit and index ``i`` in the input (which seeds its sampling, as ``first_key + i``) -> tokens ``(B, T)`` as
+        generated; with a glossary, input ``i`` of source text ``sources[i]`` holds its terms
+        (:meth:`Cutter.constraints <multihead.app.cutting.Cutter.constraints>`)."""
+        constraints = None if sources is None else self.cutter.constraints(sources)
+        return self.loaded.generator(self.spec(search), constraints=constraints, first_key=first_key)
 
     def translate(
         self,
@@ -329,11 +339,9 @@ class Translator:
         a time. A sentence whose translation the guard still doubts (:meth:`joined`) is named in a warning."""
         names = names or [f"text {i + 1}" for i in range(len(texts))]
         cuts, flat = self.pieces(texts, names)
-        run = self.generate(search)
-        outputs = translate_ids(
-            lambda src, limits, indices: run(src, limits, indices + first_key), flat, limit=self.limits(search),
-            generation=self.generation, batch_tokens=self.batch_size(search), progress=progress,
-        )  # fmt: skip
+        run = self.generate(search, sources=[source for cut in cuts for source in cut.sources], first_key=first_key)
+        outputs = translate_ids(run, flat, limit=self.limits(search), generation=self.generation,
+                                batch_tokens=self.batch_size(search), progress=progress)  # fmt: skip
         self.tokens += sum(map(len, outputs))
         done = self.joined(cuts, outputs, search)
         for name, doubtful in zip(names, done.doubtful, strict=True):
@@ -403,8 +411,9 @@ class Translator:
         second tries, made by the caller."""
         wider, indices = self.wider(search), list(doubts)
         if searched is None:
-            again = translate_ids(self.generate(wider), [flat[i] for i in indices], limit=self.limits(wider),
-                                  generation=self.generation, batch_tokens=self.batch_size(wider))  # fmt: skip
+            run = self.generate(wider, sources=[sources[i] for i in indices])
+            again = translate_ids(run, [flat[i] for i in indices], limit=self.limits(wider), generation=self.generation,
+                                  batch_tokens=self.batch_size(wider))  # fmt: skip
             self.tokens += sum(map(len, again))
         else:
             again = [searched[index] for index in indices]
@@ -414,10 +423,11 @@ class Translator:
                 translated[index] = self.target.decode(out)
             else:
                 left[index] = doubts[index]
-        parts = [(index, self.cutter.encode(part, self.direction)[0][: self.max_len]) for index in left
-                 for part in halved(sources[index])]  # fmt: skip
-        outputs = translate_ids(self.generate(search), [ids for _, ids in parts], limit=self.limits(search),
-                                generation=self.generation, batch_tokens=self.batch_size(search))  # fmt: skip
+        texts = [(index, part) for index in left for part in halved(sources[index])]
+        parts = [(index, self.cutter.encode(part, self.direction)[0][: self.max_len]) for index, part in texts]
+        run = self.generate(search, sources=[part for _, part in texts])
+        outputs = translate_ids(run, [ids for _, ids in parts], limit=self.limits(search), generation=self.generation,
+                                batch_tokens=self.batch_size(search))  # fmt: skip
         self.tokens += sum(map(len, outputs))
         tried: dict[int, list[tuple[Ids, Ids]]] = {}  # per piece, its parts' (source, translation)
         for (index, ids), out in zip(parts, outputs, strict=True):
@@ -451,17 +461,19 @@ class Translator:
         naming it as ``names`` say): its ``i``-th translation joins its pieces' ``i``-th best, and its score is the
         sum of theirs."""
         spec = self.spec(search)
+        cuts, flat = self.pieces(texts, names)
+        constraints = self.cutter.constraints([source for cut in cuts for source in cut.sources])
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
+            phrases = None if constraints is None else [constraints[index] for index in indices]
             with self.loaded.decoding():
-                found = n_best_search(self.session(src, limits), len(src), spec, max_len=limits)
+                found = n_best_search(self.session(src, limits), len(src), spec, max_len=limits, constraints=phrases)
             # The model's log-probabilities are finite: every sentence has `n_best` hypotheses.
             return [
                 [(score, translation(tokens, limit, spec)) for score, tokens in best]
                 for best, limit in zip(found, limits, strict=True)
             ]
 
-        cuts, flat = self.pieces(texts, names)
         batches = in_batches(
             run,
             flat,
