@@ -84,3 +84,33 @@ def test_translations_use_the_glossarys_target_terms(
     assert cli("evaluate", corpus_run.path, src, ref, "--glossary", glossary).status == 0
     bad = write_lines(tmp_path / "bad.tsv", ["fr\ten", "chien\tdog"])
     assert_refused(cli("translate", corpus_run.path, "--glossary", bad, "Hallo"), "names no column for de")
+
+
+def test_serve_takes_a_requests_own_glossary_as_translate_takes_a_file(corpus_run: CorpusRun, tmp_path: Path) -> None:
+    """A ``glossary`` field: the answers are what ``translate --glossary`` gives, and an extra ``glossary`` field says
+    which entries each text holds; requests without one, beside it, are not touched; a malformed one is a 400."""
+    from app.served import request, serving
+    from multihead.app.serve import Limits, Service, create_app
+
+    translator = Translator(corpus_run.path)
+    file = write_lines(tmp_path / "g.tsv", ["de\ten", "Hund\tcat", "schnell\tslowly"])
+    expected = Translator(corpus_run.path, glossary=file).translate(SAMPLES)
+    body = {"q": SAMPLES, "source": "de", "target": "en", "glossary": [["Hund", "cat"], ["schnell", "slowly"]]}
+    with serving(create_app(Service(translator, translator.langs), Limits())) as url:
+        status, answer = request(url, "/translate", body)
+        assert status == 200, answer
+        assert answer["translatedText"] == expected
+        assert answer["glossary"] == [[[t.source, t.target] for t in read_glossary(file, ("de", "en")).found(text)]
+                                      for text in SAMPLES]  # fmt: skip
+        plain = request(url, "/translate", {"q": SAMPLES, "source": "de", "target": "en"})
+        assert plain == (200, {"translatedText": translator.translate(SAMPLES)})
+        status, answer = request(url, "/translate", {**body, "q": SAMPLES[0], "alternatives": 2})
+        assert status == 200, answer
+        if "Hund" in SAMPLES[0]:
+            assert all("cat" in text for text in [answer["translatedText"], *answer["alternatives"]])
+        for bad, message in (("Hund=cat", "glossary must be a list of [source, target] pairs of terms"),
+                             (["Hund", "cat"], 'glossary entry 0 must be [source, target], two terms, received "Hund"'),
+                             ([["Hund"]], 'glossary entry 0 must be [source, target], two terms, received ["Hund"]'),
+                             ([["Hund", " "]], "glossary entry 0 must be [source, target]")):  # fmt: skip
+            status, answer = request(url, "/translate", {**body, "glossary": bad})
+            assert (status, answer["error"].startswith(f"Invalid request: {message}")) == (400, True), answer

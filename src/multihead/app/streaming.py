@@ -97,6 +97,7 @@ class _Job(Generic[C]):
     again: dict[int, Ids] | None = None  # once its pieces are checked: the second tries of those the guard doubts
     doubted: set[int] = field(default_factory=set)
     pieces: list[Cut] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # each piece's source text
     pending: deque[tuple[int, Ids]] = field(default_factory=deque)
     outputs: list[Ranked] = field(default_factory=list)
     running: int = 0
@@ -151,6 +152,7 @@ class Requests(Generic[C]):
                 job.pending.extend(enumerate(cut.ids, start=len(job.outputs)))
                 job.outputs += [[] for _ in cut.ids]
                 job.pieces.append(cut)
+                job.sources += cut.sources
         except Exception as error:
             settle(job.future, error=error)
             return
@@ -287,7 +289,9 @@ class StreamingTranslator:
             search = self._search(job, index)  # they join at this step
             forced = job.translator.generation.forced
             limit = job.translator.limits(search)(len(ids))
-            self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced, search=search)
+            phrases = job.translator.constraints([job.sources[index]])  # its glossary's terms it holds
+            self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced, search=search,
+                            constraints=phrases[0] if phrases else ())  # fmt: skip
         for finished in self.stream.step():
             job, index = finished.owner
             hypotheses = [(rank, translation(tokens, len(tokens), job.translator.generation))

@@ -33,6 +33,7 @@ from multihead.app.batched import (
     TRANSLATION,
     Generate,
     Ids,
+    Phrases,
     Ranked,
     in_batches,
     length_limit,
@@ -41,7 +42,7 @@ from multihead.app.batched import (
 )
 from multihead.app.console import warn
 from multihead.app.cutting import Cut, Cutter, moses_normalizer
-from multihead.app.glossary import read_glossary
+from multihead.app.glossary import Glossary, Term, read_glossary
 from multihead.app.languages import Direction, LanguageTokens, choose_direction
 from multihead.app.loaded import LoadedRun, load_run, run_direction
 from multihead.app.runs import Checkpoint
@@ -268,6 +269,19 @@ class Translator:
         if split == self.cutter.split:
             return self
         return type(self).of(self.loaded, self.direction, replace(self.cutter, split=split))
+
+    def glossing(self, terms: Sequence[Term]) -> Translator:
+        """This translator, its glossary's terms and ``terms`` (which win where both give a source term) making
+        translations use their targets, sharing its loaded run: a ``serve`` request's own glossary."""
+        if not terms:
+            return self
+        own = {term.source.casefold(): term for term in (self.cutter.glossary.terms if self.cutter.glossary else [])}
+        own.update({term.source.casefold(): term for term in terms})
+        return type(self).of(self.loaded, self.direction, replace(self.cutter, glossary=Glossary(list(own.values()))))
+
+    def constraints(self, sources: Sequence[str]) -> list[Phrases] | None:
+        """Each source piece's constraints (:meth:`Cutter.constraints <multihead.app.cutting.Cutter.constraints>`)."""
+        return self.cutter.constraints(sources)
 
     def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]:
         """Each text cut into the pieces the model reads (:meth:`Cutter.pieces <multihead.app.cutting.Cutter.pieces>`;

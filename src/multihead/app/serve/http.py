@@ -25,11 +25,19 @@ from starlette.routing import Route as Endpoint
 
 from multihead.app.console import UserError
 from multihead.app.detect import Detected
+from multihead.app.glossary import Glossary, Term
 from multihead.app.languages import language_name
 from multihead.app.markup import translate_html, visible_text
 from multihead.app.serve.jobs import Attend, Hypotheses, Translate, Work
 from multihead.app.serve.limits import Access, ApiError, Limits
-from multihead.app.serve.parse import Lines, arguments, attention_request, checked_texts, translate_request
+from multihead.app.serve.parse import (
+    Lines,
+    TranslateRequest,
+    arguments,
+    attention_request,
+    checked_texts,
+    translate_request,
+)
 from multihead.app.serve.routing import Leg, Route, Unserved
 from multihead.app.serve.service import Service
 from multihead.app.translate import Translated, Translation
@@ -56,6 +64,11 @@ class Handlers:
         shown = [visible_text(text) for text in texts] if asked.html else texts  # what detection reads
         target, detected, sources = self.routes.sources(shown, asked.source, asked.target)
         routes = {code: self.routes.route(code, target) for code in dict.fromkeys(sources)}
+        pivoted = [route for route in routes.values() if route.pivot is not None]
+        if asked.glossary and pivoted:
+            pair = pivoted[0].legs[0].pair[0], pivoted[-1].legs[-1].pair[1]
+            raise ApiError(400, f"Invalid request: a glossary needs a pair a run serves directly, and {pair[0]} -> "
+                                f"{pair[1]} goes through {pivoted[0].pivot}")  # fmt: skip
         # A text already in the target language (source "auto") is kept as it is; the others go by their sources.
         kept = [found.language == target for found in detected] if detected else [False] * len(texts)
         groups: dict[str, list[int]] = {}
@@ -69,35 +82,37 @@ class Handlers:
             for code, indices in groups.items():
                 for index in indices:
                     if asked.html:
-                        through = self._through(routes[code], request, asked.split, doubtful, [index])
+                        through = self._through(routes[code], request, asked, doubtful, [index])
                         translated[index] = await translate_html(texts[index], through)
                     else:
-                        found = await self._best(routes[code], texts[index], asked.alternatives + 1, request)
+                        found = await self._best(routes[code], texts[index], asked, request)
                         translated[index] = found[0]
                         others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
         else:
             done = await asyncio.gather(*(
-                self._through(routes[code], request, asked.split, doubtful, indices)([texts[i] for i in indices])
+                self._through(routes[code], request, asked, doubtful, indices)([texts[i] for i in indices])
                 for code, indices in groups.items()
             ))  # fmt: skip
             for indices, outputs in zip(groups.values(), done, strict=True):
                 for index, output in zip(indices, outputs, strict=True):
                     translated[index] = output
-        answer = _answer(translated, detected=detected, alternatives=asked.alternatives and others, doubtful=doubtful)
+        applied = _applied(asked.glossary, shown)
+        answer = _answer(translated, detected=detected, alternatives=asked.alternatives and others, doubtful=doubtful,
+                         glossary=applied)  # fmt: skip
         return JSONResponse(answer if asked.many else {name: value[0] for name, value in answer.items()})
 
     def _through(
-        self, route: Route, request: Request, split: bool | None, doubtful: list[list[str]], into: Sequence[int]
+        self, route: Route, request: Request, asked: TranslateRequest, doubtful: list[list[str]], into: Sequence[int]
     ) -> Callable[[list[str]], Awaitable[list[str]]]:
-        """What translates a request's texts along ``route``, line by line, split into sentences as ``split`` says,
-        adding the source sentences the guard doubts in its ``i``-th text to ``doubtful[into[i]]`` (an HTML text's
-        pieces, all of them to ``doubtful[into[0]]``)."""
+        """What translates a request's texts along ``route``, line by line, split into sentences as ``asked`` says and
+        using its glossary, adding the source sentences the guard doubts in its ``i``-th text to
+        ``doubtful[into[i]]`` (an HTML text's pieces, all of them to ``doubtful[into[0]]``)."""
 
         async def translate(texts: list[str]) -> list[str]:
             lines = Lines.of(texts)
 
             async def leg(on: Leg, flat: list[str]) -> list[str]:
-                done = await self._ask(Translate(on, flat, split), request)
+                done = await self._ask(Translate(on, flat, asked.split, asked.glossary), request)
                 for index, found in enumerate(lines.doubts(done)):
                     doubtful[into[min(index, len(into) - 1)]] += found
                 return done.texts
@@ -106,16 +121,19 @@ class Handlers:
 
         return translate
 
-    async def _best(self, route: Route, text: str, count: int, request: Request) -> list[str]:
-        """The ``count`` best translations of ``text`` along ``route``, line by line (the ``i``-th best of each line,
+    async def _best(self, route: Route, text: str, asked: TranslateRequest, request: Request) -> list[str]:
+        """The best translations of ``text`` along ``route`` (one more than ``asked``'s alternatives, using its
+        glossary), line by line (the ``i``-th best of each line,
         joined; a blank line: itself): each line's beam search is a job of its own on the worker, so that the
         requests being streamed take their steps between them."""
 
         async def leg(on: Leg, texts: list[str]) -> list[str]:
             return (await self._ask(Translate(on, texts), request)).texts
 
+        count = asked.alternatives + 1
+
         async def best(on: Leg, texts: list[str]) -> list[list[str]]:
-            return await self._ask(Hypotheses(on, texts, count), request)
+            return await self._ask(Hypotheses(on, texts, count, asked.glossary), request)
 
         found = []
         for line in Lines.of([text]).lines[0]:
@@ -216,13 +234,29 @@ async def _client_left(request: Request) -> None:
         pass
 
 
+def _applied(glossary: Sequence[Term], texts: list[str]) -> list[list[list[str]]] | None:
+    """The entries of a request's ``glossary`` each text holds, ``[source, target]`` each (``None``: no glossary)."""
+    if not glossary:
+        return None
+    found = Glossary(list(glossary)).found
+    return [[[term.source, term.target] for term in found(text)] for text in texts]
+
+
 def _answer(
-    translated: list[str], *, detected: list[Detected] | None, alternatives: Any, doubtful: list[list[str]]
+    translated: list[str],
+    *,
+    detected: list[Detected] | None,
+    alternatives: Any,
+    doubtful: list[list[str]],
+    glossary: list[list[list[str]]] | None = None,
 ) -> dict[str, list[Any]]:
     """``/translate``'s answer, each field a list of each text's: ``translatedText``, and where there are any
-    ``detectedLanguage``, ``alternatives`` (each text's list) and ``doubtful`` (each text's sentences the guard
-    doubts, each once: an HTML text's pieces may translate one more than once)."""
+    ``detectedLanguage``, ``alternatives`` (each text's list), ``doubtful`` (each text's sentences the guard
+    doubts, each once: an HTML text's pieces may translate one more than once) and ``glossary`` (the entries of the
+    request's glossary each text holds, ``[source, target]`` each)."""
     fields: dict[str, list[Any]] = {"translatedText": translated}
+    if glossary is not None:
+        fields["glossary"] = glossary
     if detected:
         fields["detectedLanguage"] = [found.as_json() for found in detected]
     if alternatives:

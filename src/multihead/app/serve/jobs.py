@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from multihead.app.glossary import Term
 from multihead.app.serve.routing import Leg
 from multihead.app.translate import Translated, Translation, Translator
 
@@ -27,11 +28,12 @@ class Job(Generic[T]):
 
 @dataclass(frozen=True, eq=False)
 class Translate(Job[Translated]):
-    """Texts to translate, split into sentences as ``split`` says (``None``: as the server does): they join the
-    run's engine between its steps."""
+    """Texts to translate, split into sentences as ``split`` says (``None``: as the server does), using the terms of
+    the request's ``glossary`` beside the server's: they join the run's engine between its steps."""
 
     texts: list[str]
     split: bool | None = None
+    glossary: tuple[Term, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +43,7 @@ class Hypotheses(Job[list[list[str]]]):
 
     texts: list[str]
     count: int
+    glossary: tuple[Term, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
+from multihead.app.glossary import Term
 from multihead.app.segment import not_text
 from multihead.app.serve.limits import ApiError, Limits
 from multihead.app.translate import Translated
@@ -26,7 +27,7 @@ BODY_LIMIT = 1 << 20
 class TranslateRequest:
     """``/translate``'s: its texts (``many``: ``q`` was a list), ``source`` (``"auto"``: each text's detected) and
     ``target`` as sent, whether the texts are HTML, how many alternatives, whether they are split into sentences
-    (``None``: as the server does)."""
+    (``None``: as the server does), and its own glossary's terms (beyond LibreTranslate's fields)."""
 
     texts: list[str]
     many: bool
@@ -35,6 +36,7 @@ class TranslateRequest:
     html: bool
     alternatives: int
     split: bool | None
+    glossary: tuple[Term, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ def translate_request(arguments: dict[str, Any], limits: Limits) -> TranslateReq
     if text_format not in ("text", "html"):
         raise ApiError(400, f"{text_format} format is not supported")
     split = _flag_argument(arguments, "split")
-    return TranslateRequest(texts, isinstance(q, list), source, target, text_format == "html", alternatives, split)
+    glossary = _glossary_argument(arguments)
+    return TranslateRequest(texts, isinstance(q, list), source, target, text_format == "html", alternatives, split,
+                            glossary)  # fmt: skip
 
 
 def attention_request(arguments: dict[str, Any], limits: Limits) -> AttentionRequest:
@@ -116,6 +120,27 @@ def _flag_argument(arguments: dict[str, Any], name: str) -> bool | None:
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
     raise ApiError(400, f"Invalid request: {name} parameter must be true or false, received {value!r}")
+
+
+def _glossary_argument(arguments: dict[str, Any]) -> tuple[Term, ...]:
+    """A request's own glossary: a list of ``[source, target]`` pairs of terms (in a form, that list as JSON)."""
+    value = arguments.get("glossary")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, list):
+        raise ApiError(400, "Invalid request: glossary must be a list of [source, target] pairs of terms")
+    terms = []
+    for index, entry in enumerate(value):
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t.strip() for t in entry)):
+            raise ApiError(400, f"Invalid request: glossary entry {index} must be [source, target], two terms, "
+                                f"received {json.dumps(entry, ensure_ascii=False)[:80]}")  # fmt: skip
+        terms.append(Term(entry[0].strip(), entry[1].strip()))
+    return tuple(terms)
 
 
 def _alternatives(arguments: dict[str, Any], limits: Limits) -> int:
