@@ -39,6 +39,8 @@ class Constraints:
         self.phrases: tuple[tuple[int, ...], ...] = tuple(checked)
         self.total = sum(map(len, self.phrases))
         """The tokens of every phrase: a hypothesis that holds them all has made this much progress."""
+        self.tokens = frozenset(token for phrase in self.phrases for token in phrase)
+        """Every id of every phrase: another token only ends a phrase's start."""
 
     def __len__(self) -> int:
         return len(self.phrases)
@@ -62,6 +64,8 @@ class Constraints:
     def after(self, progress: Progress, tokens: np.ndarray | Sequence[int], token: int) -> Progress:
         """The progress of a hypothesis of ``tokens`` (at ``progress``) once it writes ``token``: what :meth:`of`
         gives of them all, from their last few."""
+        if token not in self.tokens and not any(progress.partial):
+            return progress  # nothing started, nothing begun
         tail = [int(t) for t in tokens[len(tokens) - max(map(len, self.phrases)) + 1 :]] if len(tokens) else []
         tail.append(int(token))
         met, partial = [], []

@@ -566,6 +566,7 @@ class Engine(Generic[Owner]):
             cast(Constraints, self.of_row[row].constraints).next_tokens(progress[row]) for row in rows))  # fmt: skip
         columns = np.array(sorted(wanted), dtype=np.int64)
         at = self.rows.log_probs_at(logits, rows, columns)  # (R, T)
+        listed = columns.tolist()
         finished = []
         for sid in np.unique(self.sid[rows]):  # each sentence's rows, in order
             mine = np.flatnonzero(self.sid[rows] == sid)
@@ -575,8 +576,9 @@ class Engine(Generic[Owner]):
                 for j in range(count):
                     candidates[(i, int(token[r, j]))] = score + float(best[r, j])
                 further = bound.next_tokens(progress[rows[r]]) | {self.generation.specials.eos}
-                for column in np.flatnonzero(np.isin(columns, list(further))):
-                    candidates[(i, int(columns[column]))] = score + float(at[r, column])
+                for column, id_ in enumerate(listed):
+                    if id_ in further:
+                        candidates[(i, id_)] = score + float(at[r, column])
             finished += self._allocate(rows[mine], [progress[row] for row in rows[mine]], candidates, next_rows)
         return finished
 
@@ -592,6 +594,7 @@ class Engine(Generic[Owner]):
         histories = [self.history[row, : self.made[row]] for row in rows]
         banks: dict[int, list[tuple[float, int, int]]] = {}
         after = {}
+        made = [bound.made(p) for p in progress]
         for (i, id_), score in candidates.items():
             if not np.isfinite(score):
                 continue
@@ -599,8 +602,8 @@ class Engine(Generic[Owner]):
                 if bound.done(progress[i]):
                     sentence.offer(score / t**penalty, np.append(histories[i], eos))
                 continue
-            after[(i, id_)] = bound.after(progress[i], histories[i], id_)
-            banks.setdefault(bound.made(after[(i, id_)]), []).append((score, i, id_))
+            after[(i, id_)] = now = bound.after(progress[i], histories[i], id_)
+            banks.setdefault(made[i] if now is progress[i] else bound.made(now), []).append((score, i, id_))
         chosen = _allocated(banks, k)  # [(score, row i, token)], best bank first
         if t == limit:  # the beams end here, unfinished: those that hold every phrase, else (none kept) the best
             ends = [c for c in chosen if bound.done(after[(c[1], c[2])])]
