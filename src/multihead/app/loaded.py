@@ -1,6 +1,6 @@
 """A run loaded to translate: its checkpoint's model on a device, in PyTorch (whatever trained it; in the inference
-form chosen, :func:`multihead.torch.quantize`, its weights laid out for decoding) or in Keras where it trained there
-and is asked to (its :class:`FrontEnd`), an ensemble's other runs loaded alike; and what decodes with them: batches
+form chosen, :func:`multihead.torch.quantize`, its weights laid out for decoding) or, when asked, in Keras (its
+:class:`FrontEnd`), an ensemble's other runs loaded alike; and what decodes with them: batches
 (:func:`multihead.engine.generate`, through a session) and streams (each front end's ``StreamRows``).
 
 Only a loaded run holds its models: a run is released by letting go of it (and of the translators made of it).
