@@ -177,8 +177,8 @@ def test_the_guard_takes_a_better_search_when_it_settles_the_doubt(
     beam = translator.translate(SAMPLES[:3], search=SearchOptions(beam_size=4, length_penalty=0.6))
     generate = translator.generate
 
-    def dropping_greedy(search: SearchOptions) -> Generate:
-        run = generate(search)
+    def dropping_greedy(search: SearchOptions, **given: Any) -> Generate:
+        run = generate(search, **given)
         if search.beam_size > 1:
             return run
 
