@@ -108,9 +108,13 @@ def test_serve_takes_a_requests_own_glossary_as_translate_takes_a_file(corpus_ru
         assert status == 200, answer
         if "Hund" in SAMPLES[0]:
             assert all("cat" in text for text in [answer["translatedText"], *answer["alternatives"]])
-        for bad, message in (("Hund=cat", "glossary must be a list of [source, target] pairs of terms"),
-                             (["Hund", "cat"], 'glossary entry 0 must be [source, target], two terms, received "Hund"'),
-                             ([["Hund"]], 'glossary entry 0 must be [source, target], two terms, received ["Hund"]'),
-                             ([["Hund", " "]], "glossary entry 0 must be [source, target]")):  # fmt: skip
+        refused = [
+            ("Hund=cat", "glossary must be a list of [source, target] pairs of terms"),
+            (["Hund", "cat"], 'glossary entry 0 must be [source, target], two terms, received "Hund"'),
+            ([["Hund"]], 'glossary entry 0 must be [source, target], two terms, received ["Hund"]'),
+            ([["Hund", " "]], "glossary entry 0 must be [source, target]"),
+            ([["Hund", "ca\ud800t"]], "glossary entry 0's target holds a lone surrogate (U+D800, not a character)"),
+        ]
+        for bad, message in refused:
             status, answer = request(url, "/translate", {**body, "glossary": bad})
             assert (status, answer["error"].startswith(f"Invalid request: {message}")) == (400, True), answer

@@ -139,6 +139,9 @@ def _glossary_argument(arguments: dict[str, Any]) -> tuple[Term, ...]:
         if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t.strip() for t in entry)):
             raise ApiError(400, f"Invalid request: glossary entry {index} must be [source, target], two terms, "
                                 f"received {json.dumps(entry, ensure_ascii=False)[:80]}")  # fmt: skip
+        for side, term in zip(("source", "target"), entry, strict=True):
+            if (problem := not_text(term)) is not None:
+                raise ApiError(400, f"Invalid request: glossary entry {index}'s {side} holds {problem}")
         terms.append(Term(entry[0].strip(), entry[1].strip()))
     return tuple(terms)
 
