@@ -93,13 +93,19 @@ def test_bad_constraints_are_refused_in_one_line() -> None:
         engine.hold([0], np.array([4]), np.array([0]), [[(EOS,)]])
 
 
-def test_progress_after_a_token_is_the_progress_of_the_longer_hypothesis() -> None:
-    """What the search computes from a hypothesis' last tokens equals a replay of all of them, for random hypotheses
-    over few ids (so phrases overlap, repeat and restart)."""
+def test_progress_is_what_the_hypothesis_holds_and_the_longest_start_it_ends_with() -> None:
+    """The progress the search tracks token by token (with each phrase's fall-back table) equals its definition,
+    computed afresh from the whole hypothesis, for random hypotheses over few ids (so phrases overlap, repeat and
+    restart)."""
     rng = np.random.default_rng(0)
-    for _ in range(300):
-        phrases = [tuple(rng.integers(3, 6, size=rng.integers(1, 4)).tolist()) for _ in range(rng.integers(1, 4))]
-        bound = Constraints(phrases)
-        tokens = rng.integers(3, 6, size=rng.integers(0, 9)).tolist()
-        for token in (3, 4, 5):
-            assert bound.after(bound.of(tokens), np.array(tokens, dtype=np.int64), token) == bound.of([*tokens, token])
+    for _ in range(400):
+        phrases = [tuple(rng.integers(3, 6, size=rng.integers(1, 5)).tolist()) for _ in range(rng.integers(1, 4))]
+        tokens = rng.integers(3, 6, size=rng.integers(0, 10)).tolist()
+        met = tuple(holds(tokens, phrase) for phrase in phrases)
+        ends = range(1, len(tokens) + 1)  # the lengths of the hypothesis' ends
+        partial = tuple(
+            0 if whole else max((n for n in ends if n < len(phrase) and tuple(tokens[-n:]) == phrase[:n]), default=0)
+            for phrase, whole in zip(phrases, met, strict=True)
+        )
+        progress = Constraints(phrases).of(tokens)
+        assert (progress.met, progress.partial) == (met, partial), (phrases, tokens)

@@ -1,9 +1,11 @@
 """Lexical constraints: target phrases, as token ids, that a translation must hold (each whole, anywhere, once or
-more), and how far a hypothesis has come with them: the phrases it holds and the longest start of another that its
-newest tokens write. A constrained beam search keeps hypotheses of every degree of progress side by side, so that a
-phrase the model finds unlikely still gets a place in the beam (dynamic beam allocation: Post and Vilar, 2018).
+more), and how far hypotheses have come with them: the phrases each holds and, of each other, the longest start that
+its newest tokens write. A constrained beam search keeps hypotheses of every degree of progress side by side, so that a
+phrase the model finds unlikely still gets a place in the beam (dynamic beam allocation: Post and Vilar, 2018),
+tracking every hypothesis' progress at once, as arrays (the vectorised form of Hu et al., 2019).
 
-Notation: P phrases, t tokens of a hypothesis.
+Notation: R hypotheses (rows), C candidate tokens of each, Q phrases (padded: a phrase of no token is held from the
+start), L tokens of the longest.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ class Progress:
     partial: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Tables:
+    """Phrases as arrays: ``ids (..., Q, L)`` (padded with -1), ``sizes (..., Q)`` and ``fail (..., Q, L)``: for a
+    start of ``s`` tokens, the longest shorter start that it ends with (where a hypothesis falls back to when its
+    next token does not continue the phrase)."""
+
+    ids: np.ndarray
+    sizes: np.ndarray
+    fail: np.ndarray
+
+
 class Constraints:
     """The phrases ``phrases`` (each a non-empty sequence of token ids) that a translation must hold."""
 
@@ -37,64 +50,57 @@ class Constraints:
                 raise ValueError(f"constraint {index} must hold token ids (ints >= 0), received {list(phrase)!r}")
             checked.append(tuple(int(token) for token in phrase))
         self.phrases: tuple[tuple[int, ...], ...] = tuple(checked)
-        self.total = sum(map(len, self.phrases))
-        """The tokens of every phrase: a hypothesis that holds them all has made this much progress."""
-        self.tokens = frozenset(token for phrase in self.phrases for token in phrase)
-        """Every id of every phrase: another token only ends a phrase's start."""
+        self.longest = max(map(len, self.phrases), default=0)
 
     def __len__(self) -> int:
         return len(self.phrases)
 
+    def tables(self, count: int, length: int) -> Tables:
+        """The phrases as :class:`Tables` of ``count`` phrases (at least this many) of ``length`` tokens (at least
+        the longest)."""
+        ids = np.full((count, length), -1, dtype=np.int64)
+        sizes = np.zeros(count, dtype=np.int64)
+        fail = np.zeros((count, length), dtype=np.int64)
+        for q, phrase in enumerate(self.phrases):
+            ids[q, : len(phrase)], sizes[q] = phrase, len(phrase)
+            for s in range(2, len(phrase)):  # fail[s]: the longest start, shorter than s, that phrase[:s] ends with
+                back = fail[q, s - 1]
+                while back and phrase[back] != phrase[s - 1]:
+                    back = fail[q, back]
+                fail[q, s] = back + (phrase[back] == phrase[s - 1])
+        return Tables(ids, sizes, fail)
+
     def of(self, tokens: Sequence[int] | np.ndarray) -> Progress:
         """The progress of a hypothesis of ``tokens``."""
-        written = [int(token) for token in tokens]
-        met, partial = [], []
-        for phrase in self.phrases:
-            size = len(phrase)
-            whole = any(tuple(written[i : i + size]) == phrase for i in range(len(written) - size + 1))
-            met.append(whole)
-            started = 0 if whole else next(
-                (length for length in range(min(size - 1, len(written)), 0, -1)
-                 if tuple(written[len(written) - length :]) == phrase[:length]),
-                0,
-            )  # fmt: skip
-            partial.append(started)
-        return Progress(tuple(met), tuple(partial))
+        tables = self.tables(len(self), self.longest)
+        met, partial = np.zeros((1, len(self)), dtype=bool), np.zeros((1, len(self)), dtype=np.int64)
+        for token in tokens:
+            met, partial = (a[:, 0] for a in advanced(tables, met, partial, np.array([[int(token)]])))
+        return Progress(tuple(met[0].tolist()), tuple(partial[0].tolist()))
 
-    def after(self, progress: Progress, tokens: np.ndarray | Sequence[int], token: int) -> Progress:
-        """The progress of a hypothesis of ``tokens`` (at ``progress``) once it writes ``token``: what :meth:`of`
-        gives of them all, from their last few."""
-        if token not in self.tokens and not any(progress.partial):
-            return progress  # nothing started, nothing begun
-        tail = [int(t) for t in tokens[len(tokens) - max(map(len, self.phrases)) + 1 :]] if len(tokens) else []
-        tail.append(int(token))
-        met, partial = [], []
-        for phrase, was, started in zip(self.phrases, progress.met, progress.partial, strict=True):
-            size = len(phrase)
-            whole = was or (started == size - 1 and phrase[-1] == token)
-            met.append(whole)
-            partial.append(0 if whole else next(
-                (length for length in range(min(size - 1, len(tail)), 0, -1)
-                 if tuple(tail[len(tail) - length :]) == phrase[:length]),
-                0,
-            ))  # fmt: skip
-        return Progress(tuple(met), tuple(partial))
 
-    def done(self, progress: Progress) -> bool:
-        """Whether a hypothesis of this progress holds every phrase."""
-        return all(progress.met)
+def advanced(tables: Tables, met: np.ndarray, partial: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The progress of hypotheses ``(R,)`` at ``met`` and ``partial`` ``(R, Q)`` on the phrases ``tables`` (``(R, Q,
+    L)``, or one table for all) once each writes each of its candidates ``tokens (R, C)``: ``met`` and ``partial``,
+    ``(R, C, Q)`` each."""
+    ids, fail = np.broadcast_to(tables.ids, (*met.shape, tables.ids.shape[-1])), tables.fail
+    fail = np.broadcast_to(fail, ids.shape)
+    r, q = np.arange(len(met))[:, None, None], np.arange(met.shape[1])[None, None, :]  # (R, 1, 1), (1, 1, Q)
+    x = tokens[:, :, None]  # (R, C, 1)
+    s = np.broadcast_to(partial[:, None, :], (*tokens.shape, met.shape[1]))  # (R, C, Q) the start written so far
+    if ids.shape[-1]:
+        for _ in range(ids.shape[-1]):  # fall back until the token continues the start, or none is left
+            back = (s > 0) & (ids[r, q, s] != x)
+            if not back.any():
+                break
+            s = np.where(back, fail[r, q, s], s)
+        s = s + (ids[r, q, s] == x)
+    whole = met[:, None, :] | (s == np.broadcast_to(tables.sizes, met.shape)[:, None, :])
+    return whole, np.where(whole, 0, s)
 
-    def made(self, progress: Progress) -> int:
-        """How many phrase tokens a hypothesis of this progress has written: those of the phrases it holds, and the
-        most of any it has started (the bank a constrained beam search keeps it in, ``0..total``)."""
-        whole = sum(len(phrase) for phrase, met in zip(self.phrases, progress.met, strict=True) if met)
-        return whole + max(progress.partial, default=0)
 
-    def next_tokens(self, progress: Progress) -> set[int]:
-        """The tokens that take a hypothesis of this progress further: each phrase's next after what it has
-        written of it."""
-        return {
-            phrase[started]
-            for phrase, met, started in zip(self.phrases, progress.met, progress.partial, strict=True)
-            if not met
-        }
+def made(sizes: np.ndarray, met: np.ndarray, partial: np.ndarray) -> np.ndarray:
+    """How many phrase tokens hypotheses at ``met`` and ``partial`` ``(..., Q)`` have written, of phrases of ``sizes``
+    (broadcast to them): those of the phrases they hold, and the most of any they have started (the bank a constrained
+    beam search keeps them in)."""
+    return np.where(met, sizes, 0).sum(-1) + (partial.max(-1) if partial.shape[-1] else 0)

@@ -40,7 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
-from multihead.constraints import Constraints, Progress
+from multihead.constraints import Constraints, Tables, advanced, made
 from multihead.decoding import (
     Choices,
     Chooser,
@@ -123,6 +123,10 @@ class _Sentence:
             self.rank[place] = rank
             self.kept.insert(place, tokens)
             del self.kept[len(self.rank) :]
+
+    def finished(self) -> Finished:
+        """It, ended: its finished hypotheses, best first, with their ranks."""
+        return Finished(self.owner, [(float(r), x) for r, x in zip(self.rank, self.kept, strict=False)])
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,11 @@ class Engine(Generic[Owner]):
         self.floor = np.zeros(count, dtype=np.int64)  # (N,) its sentence's min_length
         self.forcing = np.zeros(count, dtype=bool)  # (N,) its sentence forces tokens of its own
         self.constrained = np.zeros(count, dtype=bool)  # (N,) its sentence's translation must hold phrases
+        self.phrase_ids = np.zeros((count, 0, 0), dtype=np.int64)  # (N, Q, L) its sentence's phrases (Tables)
+        self.phrase_sizes = np.zeros((count, 0), dtype=np.int64)  # (N, Q)
+        self.phrase_fail = np.zeros((count, 0, 0), dtype=np.int64)  # (N, Q, L)
+        self.met = np.zeros((count, 0), dtype=bool)  # (N, Q) the phrases it holds
+        self.partial = np.zeros((count, 0), dtype=np.int64)  # (N, Q) the start of each other that it ends with
         self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
         self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
         self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
@@ -323,10 +332,37 @@ class Engine(Generic[Owner]):
         self.constrained = np.concatenate([self.constrained, [s.constraints is not None for s in sentences]]).astype(
             bool
         )
+        self._append_phrases(sentences)
         self.sid = np.concatenate([self.sid, self.counted + np.arange(count)])
         self.counted += count
         self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
         self.history = np.concatenate([self.history, np.zeros((count, self.history.shape[1]), dtype=np.int64)])
+
+    def _append_phrases(self, sentences: list[_Sentence]) -> None:
+        """The phrase tables and progress of ``sentences``' rows (:mod:`multihead.constraints`), after those held,
+        every table padded to the most phrases and the longest phrase of any."""
+        if not sentences:
+            return
+        bounds = [s.constraints or Constraints(()) for s in sentences]
+        count = max([self.met.shape[1], *map(len, bounds)])
+        length = max([self.phrase_ids.shape[2], *(bound.longest for bound in bounds)])
+        grow_q, grow_l = count - self.met.shape[1], length - self.phrase_ids.shape[2]
+        if grow_q or grow_l:  # a phrase of no token is held from the start
+            self.phrase_ids = np.pad(self.phrase_ids, ((0, 0), (0, grow_q), (0, grow_l)), constant_values=-1)
+            self.phrase_fail = np.pad(self.phrase_fail, ((0, 0), (0, grow_q), (0, grow_l)))
+            self.phrase_sizes = np.pad(self.phrase_sizes, ((0, 0), (0, grow_q)))
+            self.met = np.pad(self.met, ((0, 0), (0, grow_q)), constant_values=True)
+            self.partial = np.pad(self.partial, ((0, 0), (0, grow_q)))
+        tables = [bound.tables(count, length) for bound in bounds]
+        self.phrase_ids = np.concatenate([self.phrase_ids, np.stack([t.ids for t in tables])])
+        self.phrase_fail = np.concatenate([self.phrase_fail, np.stack([t.fail for t in tables])])
+        self.phrase_sizes = np.concatenate([self.phrase_sizes, np.stack([t.sizes for t in tables])])
+        self.met = np.concatenate([self.met, np.stack([t.sizes == 0 for t in tables])])
+        self.partial = np.concatenate([self.partial, np.zeros((len(tables), count), dtype=np.int64)])
+
+    def _tables(self, rows: np.ndarray) -> Tables:
+        """The phrase tables of ``rows``' sentences, ``(R, Q, L)``."""
+        return Tables(self.phrase_ids[rows], self.phrase_sizes[rows], self.phrase_fail[rows])
 
     def _taken(self) -> int:
         """The rows the sentences decoding take, or will once their beams open."""
@@ -405,10 +441,11 @@ class Engine(Generic[Owner]):
         """The rows ``order`` of the state, in that order, in the rows and here; ``same_sources``: each row keeps its
         sentence, whose values stay as they are."""
         self.rows.keep(order, same_sources=same_sources)
-        names = ["made", "last", "score", "ended", "history"]  # each row's own
+        names = ["made", "last", "score", "ended", "history", "met", "partial"]  # each row's own
         if not same_sources:
             self.of_row = [self.of_row[row] for row in order]
             names += ["limit", "width", "group", "beams", "floor", "forcing", "constrained", "sid"]  # its sentence's
+            names += ["phrase_ids", "phrase_sizes", "phrase_fail"]
         for name in names:
             setattr(self, name, getattr(self, name)[order])
 
@@ -492,6 +529,10 @@ class Engine(Generic[Owner]):
         if not (same_sources and (parent == np.arange(len(parent))).all()):
             self._keep(parent, same_sources=same_sources)
         rows = np.flatnonzero(self.beams)
+        bound = rows[self.constrained[rows]]
+        if len(bound):  # their progress along their phrases
+            met, partial = advanced(self._tables(bound), self.met[bound], self.partial[bound], token[bound, None])
+            self.met[bound], self.partial[bound] = met[:, 0], partial[:, 0]
         self.history[rows, self.made[rows]] = token[rows]
         self.made[rows] += 1
         self.last, self.score = token, score.astype(np.float32)
@@ -546,98 +587,115 @@ class Engine(Generic[Owner]):
             places[:, 0] = firsts
             places[g, 1:] = next_rows.fresh(len(g) * (k - 1)).reshape(len(g), k - 1)
         next_rows.add(parent[g].reshape(-1), token[g].reshape(-1), scores[g].reshape(-1), places[g].reshape(-1))
-        nan_free = [sentence for s, sentence in enumerate(sentences) if not going[s]]
-        return [Finished(s.owner, [(float(r), x) for r, x in zip(s.rank, s.kept, strict=False)]) for s in nan_free]
+        return [sentence.finished() for s, sentence in enumerate(sentences) if not going[s]]
 
     def _constrained(self, logits: Tensor, rows: np.ndarray, next_rows: _Next) -> list[Finished]:
         """The next beams of the constrained sentences at ``rows`` (dynamic beam allocation, Post and Vilar 2018): a
         sentence's candidates are each of its rows' ``2k`` best tokens and the tokens that take the row further along
-        its phrases (:class:`~multihead.constraints.Constraints`); they are banked by the phrase tokens they have
-        written, and the ``k`` beams taken from the banks in turn, fullest bank first, each bank's best first. A
+        its phrases (:mod:`multihead.constraints`); they are banked by the phrase tokens they have written, and the
+        ``k`` beams taken from the banks in turn, fullest bank first, each bank's best first (:func:`_allocated`). A
         hypothesis ends (EOS) only once it holds every phrase; at the limit, if none does, the best beam ends as it
-        is. The candidates' log-probabilities reach the host in two calls for every constrained row."""
-        count = min(2 * int(self.beams[rows].max()), int(logits.shape[-1]))
+        is. Every row's candidates are weighed at once; their log-probabilities reach the host in two calls."""
+        rows = rows[np.argsort(self.sid[rows], kind="stable")]  # each sentence's rows together
+        eos, vocab = self.generation.specials.eos, int(logits.shape[-1])
+        count = min(2 * int(self.beams[rows].max()), vocab)
         best, token = self.rows.top_k(logits, np.zeros(len(rows), np.float32), 1, count, rows)  # (R, count)
-        progress = {}
-        for row in rows:
-            bound = cast(Constraints, self.of_row[row].constraints)
-            progress[row] = bound.of(self.history[row, : self.made[row]])
-        wanted = {self.generation.specials.eos}.union(*(
-            cast(Constraints, self.of_row[row].constraints).next_tokens(progress[row]) for row in rows))  # fmt: skip
-        columns = np.array(sorted(wanted), dtype=np.int64)
+        tables, met, partial = self._tables(rows), self.met[rows], self.partial[rows]
+        further = np.take_along_axis(tables.ids, partial[..., None], axis=-1)[..., 0]  # (R, Q) each phrase's next
+        further = np.concatenate([np.where(met, -1, further), np.full((len(rows), 1), eos)], axis=1)  # (R, Q + 1)
+        columns = np.unique(further[further >= 0])
         at = self.rows.log_probs_at(logits, rows, columns)  # (R, T)
-        listed = columns.tolist()
+        extra = np.take_along_axis(at, np.searchsorted(columns, np.maximum(further, 0)), axis=1)
+        q = np.arange(further.shape[1])
+        twice = ((further[:, :, None] == further[:, None, :]) & (q[None, None, :] < q[None, :, None])).any(-1)
+        listed = (further[:, :, None] == token[:, None, :]).any(-1)  # among the row's best already
+        extra[(further < 0) | twice | listed] = -np.inf
+        tokens = np.concatenate([token, further], axis=1)  # (R, C)
+        scores = self.score[rows, None] + np.concatenate([best, extra], axis=1)
+        done = met.all(axis=1)
+        for r, c in zip(*np.nonzero((tokens == eos) & np.isfinite(scores) & done[:, None]), strict=True):
+            t = int(self.made[rows[r]]) + 1  # a hypothesis that holds every phrase ends
+            sentence = self.of_row[rows[r]]
+            sentence.offer(float(scores[r, c]) / t**sentence.search.length_penalty,
+                           np.append(self.history[rows[r], : t - 1], eos))  # fmt: skip
+        met, partial = advanced(tables, met, partial, tokens)  # (R, C, Q) each candidate's progress
+        candidates = _Candidates(tokens, scores, made(tables.sizes[:, None, :], met, partial), np.all(met, axis=-1))
         finished = []
-        for sid in np.unique(self.sid[rows]):  # each sentence's rows, in order
-            mine = np.flatnonzero(self.sid[rows] == sid)
-            candidates: dict[tuple[int, int], float] = {}
-            for i, r in enumerate(mine):
-                score, bound = float(self.score[rows[r]]), cast(Constraints, self.of_row[rows[r]].constraints)
-                for j in range(count):
-                    candidates[(i, int(token[r, j]))] = score + float(best[r, j])
-                further = bound.next_tokens(progress[rows[r]]) | {self.generation.specials.eos}
-                for column, id_ in enumerate(listed):
-                    if id_ in further:
-                        candidates[(i, id_)] = score + float(at[r, column])
-            finished += self._allocate(rows[mine], [progress[row] for row in rows[mine]], candidates, next_rows)
+        widths, beams = self.width[rows], self.beams[rows]
+        for width, k in {(int(w), int(b)) for w, b in zip(widths, beams, strict=True)}:
+            at_rows = np.flatnonzero((widths == width) & (beams == k)).reshape(-1, width)  # (S, width)
+            finished += self._allocate(rows[at_rows], candidates.of(at_rows), k, next_rows)
         return finished
 
-    def _allocate(
-        self, rows: np.ndarray, progress: list[Progress], candidates: dict[tuple[int, int], float], next_rows: _Next
-    ) -> list[Finished]:
-        """One constrained sentence's next beams from its ``candidates`` ((its row, token) -> score), its ``rows``
-        being at ``progress`` (:meth:`_constrained`); it, if it has ended."""
-        sentence = self.of_row[rows[0]]
-        bound, search = cast(Constraints, sentence.constraints), sentence.search
-        k, eos, penalty = search.beam_size, self.generation.specials.eos, search.length_penalty
-        t, limit = int(self.made[rows[0]]) + 1, int(self.limit[rows[0]])
-        histories = [self.history[row, : self.made[row]] for row in rows]
-        banks: dict[int, list[tuple[float, int, int]]] = {}
-        after = {}
-        made = [bound.made(p) for p in progress]
-        for (i, id_), score in candidates.items():
-            if not np.isfinite(score):
-                continue
-            if id_ == eos:
-                if bound.done(progress[i]):
-                    sentence.offer(score / t**penalty, np.append(histories[i], eos))
-                continue
-            after[(i, id_)] = now = bound.after(progress[i], histories[i], id_)
-            banks.setdefault(made[i] if now is progress[i] else bound.made(now), []).append((score, i, id_))
-        chosen = _allocated(banks, k)  # [(score, row i, token)], best bank first
-        if t == limit:  # the beams end here, unfinished: those that hold every phrase, else (none kept) the best
-            ends = [c for c in chosen if bound.done(after[(c[1], c[2])])]
-            if not ends and not np.isfinite(sentence.rank[0]):
-                ends = sorted(chosen, reverse=True)[:1]
-            for score, i, id_ in ends:
-                sentence.offer(score / t**penalty, np.append(histories[i], id_))
-        top = max((score for score, _, _ in chosen), default=-np.inf)
-        bound_rank = max(top / (t + 1) ** penalty, top / limit**penalty)
-        if not (np.isfinite(top) and limit > t and not sentence.rank[-1] >= bound_rank):
-            return [
-                Finished(sentence.owner, [(float(r), x) for r, x in zip(sentence.rank, sentence.kept, strict=False)])
-            ]
-        chosen += [(-np.inf, 0, eos)] * (k - len(chosen))  # dead beams fill a beam the candidates cannot
-        if len(rows) == k:  # the beams in their parents' places where they can
-            order = _stay(np.array([[i for _, i, _ in chosen]]))[0]
-            chosen, places = [chosen[j] for j in order], rows
+    def _allocate(self, held: np.ndarray, candidates: _Candidates, k: int, next_rows: _Next) -> list[Finished]:
+        """The next ``k`` beams of the constrained sentences of rows ``held (S, width)`` from their ``candidates``
+        (``(S, width * C)``, :meth:`_constrained`); those that ended."""
+        eos, firsts = self.generation.specials.eos, held[:, 0]
+        sentences = [self.of_row[row] for row in firsts]
+        penalty = sentences[0].search.length_penalty
+        valid = np.isfinite(candidates.scores) & (candidates.tokens != eos)
+        chosen = _allocated(candidates.banks, candidates.scores, valid, k)  # (S, k), or fewer: as many as there are
+        fewer = k - chosen.shape[1]
+        live = np.pad(np.take_along_axis(valid, chosen, axis=1), ((0, 0), (0, fewer)))  # dead beams fill the rest
+        chosen = np.pad(chosen, ((0, 0), (0, fewer)))
+        scores = np.where(live, np.take_along_axis(candidates.scores, chosen, axis=1), -np.inf)
+        tokens = np.where(live, np.take_along_axis(candidates.tokens, chosen, axis=1), eos)
+        local = np.where(live, chosen // (candidates.scores.shape[1] // held.shape[1]), 0)  # (S, k) their rows
+        parent = np.take_along_axis(held, local, axis=1)
+        t, limit = self.made[firsts] + 1, self.limit[firsts]  # (S,)
+        for s in np.flatnonzero(limit == t):  # the beams end here: those that hold every phrase, else the best
+            ends = np.flatnonzero(live[s] & np.take_along_axis(candidates.done, chosen, axis=1)[s])
+            if not len(ends) and not np.isfinite(sentences[s].rank[0]) and live[s].any():
+                ends = np.array([np.argmax(scores[s])])
+            for j in ends:
+                sentences[s].offer(float(scores[s, j] / t[s] ** penalty),
+                                   np.append(self.history[parent[s, j], : t[s] - 1], tokens[s, j]))  # fmt: skip
+        top = scores.max(axis=1)
+        bound = np.maximum(top / (t + 1) ** penalty, top / limit**penalty)
+        worst = np.array([sentence.rank[-1] for sentence in sentences])
+        g = np.flatnonzero(np.isfinite(top) & (limit > t) & ~(worst >= bound))
+        if held.shape[1] == k:  # the beams in their parents' places where they can
+            order = _stay(local)  # (S, k): the beam each place takes
+            parent, tokens = np.take_along_axis(parent, order, axis=1), np.take_along_axis(tokens, order, axis=1)
+            scores, places = np.take_along_axis(scores, order, axis=1), held
         else:  # a beam opening: its first beam in the sentence's row, the others in new rows
-            places = np.concatenate([rows[:1], next_rows.fresh(k - 1)])
-        next_rows.add(rows[[i for _, i, _ in chosen]], np.array([id_ for _, _, id_ in chosen], dtype=np.int64),
-                      np.array([score for score, _, _ in chosen], dtype=np.float32), places)  # fmt: skip
-        return []
+            places = np.zeros((len(held), k), dtype=np.int64)
+            places[:, 0] = firsts
+            places[g, 1:] = next_rows.fresh(len(g) * (k - 1)).reshape(len(g), k - 1)
+        next_rows.add(parent[g].reshape(-1), tokens[g].reshape(-1), scores[g].reshape(-1).astype(np.float32),
+                      places[g].reshape(-1))  # fmt: skip
+        ended = np.setdiff1d(np.arange(len(held)), g)
+        return [sentences[s].finished() for s in ended]
 
 
-def _allocated(banks: dict[int, list[tuple[float, int, int]]], k: int) -> list[tuple[float, int, int]]:
-    """``k`` of the banks' candidates ``(score, row, token)``: each bank's best in turn, fullest bank first (a bank
-    that runs out leaves its turns to the others)."""
-    queues = [sorted(banks[bank], reverse=True) for bank in sorted(banks, reverse=True)]
-    chosen: list[tuple[float, int, int]] = []
-    while len(chosen) < k and any(queues):
-        for queue in queues:
-            if queue and len(chosen) < k:
-                chosen.append(queue.pop(0))
-    return chosen
+@dataclass(frozen=True)
+class _Candidates:
+    """A constrained step's candidates, ``(R, C)`` each: their ``tokens``, ``scores``, ``banks`` (the phrase tokens
+    they will have written) and whether they will hold every phrase (``done``)."""
+
+    tokens: np.ndarray
+    scores: np.ndarray
+    banks: np.ndarray
+    done: np.ndarray
+
+    def of(self, rows: np.ndarray) -> _Candidates:
+        """Those of ``rows (S, width)`` (indices into R), each sentence's in one row: ``(S, width * C)`` each."""
+        return _Candidates(*(getattr(self, name)[rows].reshape(len(rows), -1) for name in ("tokens", "scores", "banks",
+                                                                                            "done")))  # fmt: skip
+
+
+def _allocated(banks: np.ndarray, scores: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` candidates each sentence takes, of ``banks``, ``scores`` and ``valid`` ``(S, n)``: each bank's best
+    in turn, fullest bank first (a bank that runs out leaves its turns to the others; invalid candidates come last),
+    as indices ``(S, k)``."""
+    first = np.lexsort((-scores, -banks, ~valid), axis=-1)  # (S, n) valid, fullest bank, best first
+    bank = np.take_along_axis(banks, first, axis=1)
+    index = np.arange(banks.shape[1])
+    starts = np.ones(bank.shape, dtype=bool)
+    starts[:, 1:] = bank[:, 1:] != bank[:, :-1]
+    turn = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)  # its place in its bank
+    second = np.lexsort((-bank, turn, ~np.take_along_axis(valid, first, axis=1)), axis=-1)
+    return np.take_along_axis(first, second[:, :k], axis=1)
 
 
 class Ensemble(Chooser):
