@@ -64,10 +64,11 @@ def test_greedy_and_narrow_beams_hold_every_phrase(phrases: list[tuple[int, ...]
         assert (both[1, alone.shape[1] :] == PAD).all()
 
 
-def test_a_phrase_the_limit_leaves_no_room_for_ends_with_the_best_beam() -> None:
-    """Four phrase tokens and a limit of three: no hypothesis holds them all, so the best beam ends unfinished."""
+def test_phrases_the_limit_leaves_no_room_for_together_end_with_the_best_beam() -> None:
+    """Two phrases of two tokens that share none, and a limit of three: no hypothesis holds both, so the best beam
+    ends unfinished."""
     step = two_token_model(0)
-    out = generate(ArraySession(step), 1, spec(SearchOptions(beam_size=2)), max_len=3, constraints=[[(A, B, C, A)]])
+    out = generate(ArraySession(step), 1, spec(SearchOptions(beam_size=2)), max_len=3, constraints=[[(A, B), (C, C)]])
     assert len(out[0]) == 3
     assert EOS not in out[0].tolist()
 
@@ -91,6 +92,11 @@ def test_bad_constraints_are_refused_in_one_line() -> None:
         engine.hold([0], np.array([4]), np.array([0]), [[(A, C)]])
     with pytest.raises(ValueError, match=r"constraint \[1\] holds \[1\], which no translation may hold"):
         engine.hold([0], np.array([4]), np.array([0]), [[(EOS,)]])
+    with pytest.raises(
+        ValueError, match=r"constraint \[3, 4, 5\] is 3 tokens, more than the 2 this sentence's limit of 2"
+    ):
+        Engine(ArraySession(step), spec(SearchOptions()), vocab=6).hold([0], np.array([2]), np.array([0]),
+                                                                     [[(A,), (A, B, C)]])  # fmt: skip
 
 
 def test_progress_is_what_the_hypothesis_holds_and_the_longest_start_it_ends_with() -> None:

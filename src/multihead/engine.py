@@ -277,6 +277,11 @@ class Engine(Generic[Owner]):
             generator = sentence_generators(self.seed if search.seed is None else search.seed, [key])[0]
         ranked = search.beam_size > 1 or self.ranked
         limited = int(search.limit(limit, 1)[0])
+        room = limited - len(self.generation.forced if own is None else own)  # the tokens it chooses
+        if bound is not None and bound.longest > room:
+            phrase = next(phrase for phrase in bound.phrases if len(phrase) == bound.longest)
+            raise ValueError(f"constraint {list(phrase)} is {len(phrase)} tokens, more than the {room} this "
+                             f"sentence's limit of {limited} leaves")  # fmt: skip
         sentence = _Sentence(owner, search, limited, own, generator, self.searches.index(search), ranked, bound)
         if ranked:
             sentence.rank = np.full(search.n_best, -np.inf)
