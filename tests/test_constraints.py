@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from multihead.constraints import Constraints
+from multihead.constraints import Constraints, Preferred
 from multihead.decoding import SearchOptions
 from multihead.engine import Engine, generate, n_best_search
 from test_decoding import (
@@ -48,6 +48,50 @@ def test_a_beam_as_wide_as_every_hypothesis_finds_the_exhaustive_constrained_bes
     np.testing.assert_allclose([rank for rank, _ in found], [rank for rank, _ in ranking[:3]], rtol=1e-5)
 
 
+def earned(tokens: list[int], phrase: tuple[int, ...]) -> int:
+    """The tokens of ``phrase`` that ``tokens`` have written: all of it where they hold it, else the longest start of
+    it they end with."""
+    if holds(tokens, phrase):
+        return len(phrase)
+    return max((n for n in range(1, len(phrase)) if n <= len(tokens) and tuple(tokens[-n:]) == phrase[:n]), default=0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize(("held", "preferred"), [([], [(A, B)]), ([], [(C,), (B, A)]), ([(B,)], [(A, C)])], ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_preferred_phrases_rank_as_the_exhaustive_search_with_their_bonus(
+    seed: int, held: list[tuple[int, ...]], preferred: list[tuple[int, ...]], alpha: float
+) -> None:
+    """A preferred phrase's bonus (1.5 a token written of it, whole or ending the hypothesis before its EOS) joins
+    each hypothesis' log-probability; the beam as wide as every hypothesis finds the exhaustive search's best three
+    among those that hold the phrases to hold, greedy requests included (one row, ranked)."""
+    step = two_token_model(seed)
+    ranking = []
+    for rank, tokens in exhaustive_ranking(step, 4, alpha):
+        body = tokens[:-1] if tokens[-1] == EOS else tokens
+        if all(holds(tokens, phrase) for phrase in held):
+            bonus = sum(1.5 * earned(body, phrase) for phrase in preferred)
+            ranking.append((rank + bonus / len(tokens) ** alpha, tokens))
+    ranking.sort(key=lambda hypothesis: -hypothesis[0])
+    phrases = [*held, *(Preferred(phrase, bonus=1.5) for phrase in preferred)]
+    generation = spec(SearchOptions(beam_size=128, length_penalty=alpha, n_best=3))
+    (found,) = n_best_search(ArraySession(step), 1, generation, max_len=4, constraints=[phrases])
+    assert [tokens.tolist() for _, tokens in found] == [tokens for _, tokens in ranking[:3]]
+    np.testing.assert_allclose([rank for rank, _ in found], [rank for rank, _ in ranking[:3]], rtol=1e-5)
+
+
+def test_a_preferred_phrase_changes_only_what_its_bonus_outweighs() -> None:
+    """A bonus of almost nothing leaves greedy search's translation as it was; a large one writes the phrase."""
+    for seed in range(6):
+        step = two_token_model(seed)
+        generation = spec(SearchOptions())
+        alone = generate(ArraySession(step), 1, generation, max_len=6)[0].tolist()
+        slight = generate(ArraySession(step), 1, generation, max_len=6, constraints=[[Preferred((C, A), bonus=1e-6)]])
+        strong = generate(ArraySession(step), 1, generation, max_len=6, constraints=[[Preferred((C, A), bonus=50.0)]])
+        assert slight[0, : len(alone)].tolist() == alone
+        assert holds(strong[0].tolist(), (C, A)), (seed, strong[0].tolist())
+
+
 @pytest.mark.parametrize("phrases", PHRASES, ids=str)
 def test_greedy_and_narrow_beams_hold_every_phrase(phrases: list[tuple[int, ...]]) -> None:
     """A greedy request runs the constrained beam at one beam more than its phrases; beside unconstrained sentences
@@ -79,6 +123,8 @@ def test_bad_constraints_are_refused_in_one_line() -> None:
         Constraints([()])
     with pytest.raises(ValueError, match=r"constraint 1 must hold token ids \(ints >= 0\), received \[-1\]"):
         Constraints([(A,), (-1,)])
+    with pytest.raises(ValueError, match=r"constraint 1's bonus must be a number > 0, received -1.0"):
+        Constraints([(A,), Preferred((B,), bonus=-1.0)])
     with pytest.raises(TypeError, match="`constraints` must be a sequence of token id sequences, received 'ab'"):
         Constraints("ab")  # type: ignore[arg-type]
     engine: Engine[int] = Engine(ArraySession(step), spec(SearchOptions(sampling_topk=3)), vocab=6)

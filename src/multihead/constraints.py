@@ -1,8 +1,9 @@
 """Lexical constraints: target phrases, as token ids, that a translation must hold (each whole, anywhere, once or
-more), and how far hypotheses have come with them: the phrases each holds and, of each other, the longest start that
-its newest tokens write. A constrained beam search keeps hypotheses of every degree of progress side by side, so that a
-phrase the model finds unlikely still gets a place in the beam (dynamic beam allocation: Post and Vilar, 2018),
-tracking every hypothesis' progress at once, as arrays (the vectorised form of Hu et al., 2019).
+more) or that it is to prefer (:class:`Preferred`: a bonus on its tokens), and how far hypotheses have come with them:
+the phrases each holds and, of each other, the longest start that its newest tokens write. A constrained beam search
+keeps hypotheses of every degree of progress side by side, so that a phrase the model finds unlikely still gets a
+place in the beam (dynamic beam allocation: Post and Vilar, 2018), tracking every hypothesis' progress at once, as
+arrays (the vectorised form of Hu et al., 2019).
 
 Notation: R hypotheses (rows), C candidate tokens of each, Q phrases (padded: a phrase of no token is held from the
 start), L tokens of the longest.
@@ -26,31 +27,53 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Preferred:
+    """A phrase (token ids) a translation is to prefer, not to hold at all costs: each of its tokens a hypothesis
+    writes adds ``bonus`` to its score (the phrase whole, or the start of it that the hypothesis ends with: a start
+    it leaves loses its bonus). For terms a language may inflect, whose form the model knows better."""
+
+    phrase: Sequence[int]
+    bonus: float = 1.0
+
+
+@dataclass(frozen=True)
 class Tables:
-    """Phrases as arrays: ``ids (..., Q, L)`` (padded with -1), ``sizes (..., Q)`` and ``fail (..., Q, L)``: for a
+    """Phrases as arrays: ``ids (..., Q, L)`` (padded with -1), ``sizes (..., Q)``, ``fail (..., Q, L)``: for a
     start of ``s`` tokens, the longest shorter start that it ends with (where a hypothesis falls back to when its
-    next token does not continue the phrase)."""
+    next token does not continue the phrase), and ``bonus (..., Q)``: a preferred phrase's bonus a token (0: a
+    phrase that must be held)."""
 
     ids: np.ndarray
     sizes: np.ndarray
     fail: np.ndarray
+    bonus: np.ndarray
 
 
 class Constraints:
-    """The phrases ``phrases`` (each a non-empty sequence of token ids) that a translation must hold."""
+    """The phrases ``phrases`` (each a non-empty sequence of token ids) that a translation must hold, and those it is
+    to prefer (each a :class:`Preferred`)."""
 
-    def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
+    def __init__(self, phrases: Sequence[Sequence[int] | Preferred]) -> None:
         if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence):
             raise TypeError(f"`constraints` must be a sequence of token id sequences, received {phrases!r}")
-        checked = []
-        for index, phrase in enumerate(phrases):
+        checked, bonuses = [], []
+        for index, given in enumerate(phrases):
+            phrase, bonus = (given.phrase, given.bonus) if isinstance(given, Preferred) else (given, 0.0)
+            if isinstance(given, Preferred) and not (isinstance(bonus, (int, float)) and 0 < bonus < float("inf")):
+                raise ValueError(f"constraint {index}'s bonus must be a number > 0, received {bonus!r}")
             if isinstance(phrase, (str, bytes)) or not isinstance(phrase, Sequence) or not phrase:
                 raise ValueError(f"constraint {index} must be a non-empty sequence of token ids, received {phrase!r}")
             if not all(isinstance(token, (int, np.integer)) and int(token) >= 0 for token in phrase):
                 raise ValueError(f"constraint {index} must hold token ids (ints >= 0), received {list(phrase)!r}")
             checked.append(tuple(int(token) for token in phrase))
+            bonuses.append(float(bonus))
         self.phrases: tuple[tuple[int, ...], ...] = tuple(checked)
+        """Every phrase, those to hold and those to prefer, in order."""
+        self.bonuses = tuple(bonuses)
+        """Each phrase's bonus a token (0: one to hold)."""
         self.longest = max(map(len, self.phrases), default=0)
+        self.held = tuple(phrase for phrase, bonus in zip(self.phrases, bonuses, strict=True) if not bonus)
+        """The phrases a translation must hold."""
 
     def __len__(self) -> int:
         return len(self.phrases)
@@ -61,6 +84,8 @@ class Constraints:
         ids = np.full((count, length), -1, dtype=np.int64)
         sizes = np.zeros(count, dtype=np.int64)
         fail = np.zeros((count, length), dtype=np.int64)
+        bonus = np.zeros(count)
+        bonus[: len(self)] = self.bonuses
         for q, phrase in enumerate(self.phrases):
             ids[q, : len(phrase)], sizes[q] = phrase, len(phrase)
             for s in range(2, len(phrase)):  # fail[s]: the longest start, shorter than s, that phrase[:s] ends with
@@ -68,7 +93,7 @@ class Constraints:
                 while back and phrase[back] != phrase[s - 1]:
                     back = fail[q, back]
                 fail[q, s] = back + (phrase[back] == phrase[s - 1])
-        return Tables(ids, sizes, fail)
+        return Tables(ids, sizes, fail, bonus)
 
     def of(self, tokens: Sequence[int] | np.ndarray) -> Progress:
         """The progress of a hypothesis of ``tokens``."""
@@ -104,3 +129,11 @@ def made(sizes: np.ndarray, met: np.ndarray, partial: np.ndarray) -> np.ndarray:
     (broadcast to them): those of the phrases they hold, and the most of any they have started (the bank a constrained
     beam search keeps them in)."""
     return np.where(met, sizes, 0).sum(-1) + (partial.max(-1) if partial.shape[-1] else 0)
+
+
+def written(tables: Tables, met: np.ndarray, partial: np.ndarray) -> np.ndarray:
+    """The bonus hypotheses at ``met`` and ``partial`` ``(R, ..., Q)`` have earned from the preferred phrases of
+    ``tables`` (``(R, Q)``): each phrase's bonus for each token of it they have written, whole or ending them."""
+    shape = (len(met),) + (1,) * (met.ndim - 2) + (met.shape[-1],)
+    sizes, bonus = tables.sizes.reshape(shape), tables.bonus.reshape(shape)
+    return (np.where(met, sizes, partial) * bonus).sum(-1)

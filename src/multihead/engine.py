@@ -40,7 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
-from multihead.constraints import Constraints, Tables, advanced, made
+from multihead.constraints import Constraints, Preferred, Tables, advanced, made, written
 from multihead.decoding import (
     Choices,
     Chooser,
@@ -220,6 +220,7 @@ class Engine(Generic[Owner]):
         self.phrase_ids = np.zeros((count, 0, 0), dtype=np.int64)  # (N, Q, L) its sentence's phrases (Tables)
         self.phrase_sizes = np.zeros((count, 0), dtype=np.int64)  # (N, Q)
         self.phrase_fail = np.zeros((count, 0, 0), dtype=np.int64)  # (N, Q, L)
+        self.phrase_bonus = np.zeros((count, 0))  # (N, Q)
         self.met = np.zeros((count, 0), dtype=bool)  # (N, Q) the phrases it holds
         self.partial = np.zeros((count, 0), dtype=np.int64)  # (N, Q) the start of each other that it ends with
         self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
@@ -245,7 +246,7 @@ class Engine(Generic[Owner]):
         key: int,
         forced: Sequence[int] | None,
         search: SearchOptions | None,
-        constraints: Sequence[Sequence[int]] = (),
+        constraints: Sequence[Sequence[int] | Preferred] = (),
     ) -> _Sentence:
         search = self.generation.search if search is None else search
         if not isinstance(search, SearchOptions):
@@ -262,8 +263,8 @@ class Engine(Generic[Owner]):
                 if never & set(phrase):
                     raise ValueError(f"constraint {list(phrase)} holds {sorted(never & set(phrase))}, which no "
                                      "translation may hold (banned, or BOS, EOS or PAD)")  # fmt: skip
-            # A beam wide enough that every phrase has a place beside the best hypothesis.
-            search = dataclasses.replace(search, beam_size=max(search.beam_size, len(bound) + 1))
+            if bound.held:  # a beam wide enough that every phrase to hold has a place beside the best hypothesis
+                search = dataclasses.replace(search, beam_size=max(search.beam_size, len(bound.held) + 1))
         if search not in self.searches:
             self.searches.append(search)
         own = None
@@ -275,11 +276,11 @@ class Engine(Generic[Owner]):
         generator = None
         if search.strategy.draws:
             generator = sentence_generators(self.seed if search.seed is None else search.seed, [key])[0]
-        ranked = search.beam_size > 1 or self.ranked
+        ranked = search.beam_size > 1 or self.ranked or bound is not None
         limited = int(search.limit(limit, 1)[0])
         room = limited - len(self.generation.forced if own is None else own)  # the tokens it chooses
-        if bound is not None and bound.longest > room:
-            phrase = next(phrase for phrase in bound.phrases if len(phrase) == bound.longest)
+        phrase = max(bound.held if bound is not None else (), key=len, default=())
+        if len(phrase) > room:
             raise ValueError(f"constraint {list(phrase)} is {len(phrase)} tokens, more than the {room} this "
                              f"sentence's limit of {limited} leaves")  # fmt: skip
         sentence = _Sentence(owner, search, limited, own, generator, self.searches.index(search), ranked, bound)
@@ -296,7 +297,7 @@ class Engine(Generic[Owner]):
         key: int = 0,
         forced: Sequence[int] | None = None,
         search: SearchOptions | None = None,
-        constraints: Sequence[Sequence[int]] = (),
+        constraints: Sequence[Sequence[int] | Preferred] = (),
     ) -> None:
         """Queue source ``ids`` (not empty, at most what the model reads), translated into at most ``limit`` tokens
         (and its search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
@@ -312,7 +313,7 @@ class Engine(Generic[Owner]):
         owners: Sequence[Owner],
         limits: np.ndarray,
         keys: np.ndarray,
-        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+        constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
     ) -> None:
         """Name the sentences the rows already hold, row ``i`` sentence ``owners[i]``, limited to ``limits[i]`` tokens,
         drawing by ``keys[i]`` and holding the phrases ``constraints[i]`` (the engine's first call)."""
@@ -356,18 +357,20 @@ class Engine(Generic[Owner]):
             self.phrase_ids = np.pad(self.phrase_ids, ((0, 0), (0, grow_q), (0, grow_l)), constant_values=-1)
             self.phrase_fail = np.pad(self.phrase_fail, ((0, 0), (0, grow_q), (0, grow_l)))
             self.phrase_sizes = np.pad(self.phrase_sizes, ((0, 0), (0, grow_q)))
+            self.phrase_bonus = np.pad(self.phrase_bonus, ((0, 0), (0, grow_q)))
             self.met = np.pad(self.met, ((0, 0), (0, grow_q)), constant_values=True)
             self.partial = np.pad(self.partial, ((0, 0), (0, grow_q)))
         tables = [bound.tables(count, length) for bound in bounds]
         self.phrase_ids = np.concatenate([self.phrase_ids, np.stack([t.ids for t in tables])])
         self.phrase_fail = np.concatenate([self.phrase_fail, np.stack([t.fail for t in tables])])
         self.phrase_sizes = np.concatenate([self.phrase_sizes, np.stack([t.sizes for t in tables])])
+        self.phrase_bonus = np.concatenate([self.phrase_bonus, np.stack([t.bonus for t in tables])])
         self.met = np.concatenate([self.met, np.stack([t.sizes == 0 for t in tables])])
         self.partial = np.concatenate([self.partial, np.zeros((len(tables), count), dtype=np.int64)])
 
     def _tables(self, rows: np.ndarray) -> Tables:
         """The phrase tables of ``rows``' sentences, ``(R, Q, L)``."""
-        return Tables(self.phrase_ids[rows], self.phrase_sizes[rows], self.phrase_fail[rows])
+        return Tables(self.phrase_ids[rows], self.phrase_sizes[rows], self.phrase_fail[rows], self.phrase_bonus[rows])
 
     def _taken(self) -> int:
         """The rows the sentences decoding take, or will once their beams open."""
@@ -450,7 +453,7 @@ class Engine(Generic[Owner]):
         if not same_sources:
             self.of_row = [self.of_row[row] for row in order]
             names += ["limit", "width", "group", "beams", "floor", "forcing", "constrained", "sid"]  # its sentence's
-            names += ["phrase_ids", "phrase_sizes", "phrase_fail"]
+            names += ["phrase_ids", "phrase_sizes", "phrase_fail", "phrase_bonus"]
         for name in names:
             setattr(self, name, getattr(self, name)[order])
 
@@ -617,14 +620,20 @@ class Engine(Generic[Owner]):
         extra[(further < 0) | twice | listed] = -np.inf
         tokens = np.concatenate([token, further], axis=1)  # (R, C)
         scores = self.score[rows, None] + np.concatenate([best, extra], axis=1)
-        done = met.all(axis=1)
+        soft = tables.bonus > 0  # (R, Q) the phrases to prefer
+        done = (met | soft).all(axis=1)
         for r, c in zip(*np.nonzero((tokens == eos) & np.isfinite(scores) & done[:, None]), strict=True):
             t = int(self.made[rows[r]]) + 1  # a hypothesis that holds every phrase ends
             sentence = self.of_row[rows[r]]
             sentence.offer(float(scores[r, c]) / t**sentence.search.length_penalty,
                            np.append(self.history[rows[r], : t - 1], eos))  # fmt: skip
+        earned = written(tables, met, partial)  # (R,) the bonus of the phrases to prefer
         met, partial = advanced(tables, met, partial, tokens)  # (R, C, Q) each candidate's progress
-        candidates = _Candidates(tokens, scores, made(tables.sizes[:, None, :], met, partial), np.all(met, axis=-1))
+        now = written(tables, met, partial)  # (R, C)
+        scores = scores + (now - earned[:, None])
+        banks = made(np.where(soft, 0, tables.sizes)[:, None, :], met, np.where(soft[:, None, :], 0, partial))
+        reach = (tables.sizes * tables.bonus).sum(-1)[:, None] - now  # the bonus each can still earn
+        candidates = _Candidates(tokens, scores, banks, np.all(met | soft[:, None, :], axis=-1), reach)
         finished = []
         widths, beams = self.width[rows], self.beams[rows]
         for width, k in {(int(w), int(b)) for w, b in zip(widths, beams, strict=True)}:
@@ -656,7 +665,8 @@ class Engine(Generic[Owner]):
                 sentences[s].offer(float(scores[s, j] / t[s] ** penalty),
                                    np.append(self.history[parent[s, j], : t[s] - 1], tokens[s, j]))  # fmt: skip
         top = scores.max(axis=1)
-        bound = np.maximum(top / (t + 1) ** penalty, top / limit**penalty)
+        rising = (scores + np.take_along_axis(candidates.reach, chosen, axis=1)).max(axis=1)  # the most any can reach
+        bound = np.maximum(rising / (t + 1) ** penalty, rising / limit**penalty)
         worst = np.array([sentence.rank[-1] for sentence in sentences])
         g = np.flatnonzero(np.isfinite(top) & (limit > t) & ~(worst >= bound))
         if held.shape[1] == k:  # the beams in their parents' places where they can
@@ -676,17 +686,19 @@ class Engine(Generic[Owner]):
 @dataclass(frozen=True)
 class _Candidates:
     """A constrained step's candidates, ``(R, C)`` each: their ``tokens``, ``scores``, ``banks`` (the phrase tokens
-    they will have written) and whether they will hold every phrase (``done``)."""
+    they will have written), whether they will hold every phrase (``done``) and how much their scores can still rise
+    (``reach``: the bonus of the phrases to prefer they have yet to write)."""
 
     tokens: np.ndarray
     scores: np.ndarray
     banks: np.ndarray
     done: np.ndarray
+    reach: np.ndarray
 
     def of(self, rows: np.ndarray) -> _Candidates:
         """Those of ``rows (S, width)`` (indices into R), each sentence's in one row: ``(S, width * C)`` each."""
-        return _Candidates(*(getattr(self, name)[rows].reshape(len(rows), -1) for name in ("tokens", "scores", "banks",
-                                                                                            "done")))  # fmt: skip
+        names = ("tokens", "scores", "banks", "done", "reach")
+        return _Candidates(*(getattr(self, name)[rows].reshape(len(rows), -1) for name in names))
 
 
 def _allocated(banks: np.ndarray, scores: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
@@ -752,7 +764,7 @@ def generate(
     *,
     max_len: Limit,
     keys: Sequence[int] | np.ndarray | None = None,
-    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
 ) -> np.ndarray:
     """The tokens of ``batch`` sources that ``rows`` hold (row ``i`` source ``i``), generated as ``generation`` says,
     ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``), each starting from
@@ -778,7 +790,7 @@ def n_best_search(
     generation: Generation,
     *,
     max_len: Limit,
-    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
 ) -> list[list[tuple[float, np.ndarray]]]:
     """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``generation`` says: (rank,
     int64 tokens after BOS, ending with EOS unless the limit cut them). A sentence stops when no continuation can
@@ -798,7 +810,7 @@ def _run(
     max_len: Limit,
     keys: Sequence[int] | np.ndarray | None,
     ranked: bool = False,
-    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
 ) -> dict[int, Finished[int]]:
     """Every sentence of a batch that ``rows`` hold, stepped until each has ended."""
     engine: Engine[int] = Engine(rows, generation, ranked=ranked)
