@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from multihead.constraints import Constraints, Preferred
+from multihead.constraints import Constraints, Phrase
 from multihead.decoding import SearchOptions
 from multihead.engine import Engine, generate, n_best_search
 from test_decoding import (
@@ -73,11 +73,34 @@ def test_preferred_phrases_rank_as_the_exhaustive_search_with_their_bonus(
             bonus = sum(1.5 * earned(body, phrase) for phrase in preferred)
             ranking.append((rank + bonus / len(tokens) ** alpha, tokens))
     ranking.sort(key=lambda hypothesis: -hypothesis[0])
-    phrases = [*held, *(Preferred(phrase, bonus=1.5) for phrase in preferred)]
+    phrases = [*held, *(Phrase(phrase, bonus=1.5) for phrase in preferred)]
     generation = spec(SearchOptions(beam_size=128, length_penalty=alpha, n_best=3))
     (found,) = n_best_search(ArraySession(step), 1, generation, max_len=4, constraints=[phrases])
     assert [tokens.tolist() for _, tokens in found] == [tokens for _, tokens in ranking[:3]]
     np.testing.assert_allclose([rank for rank, _ in found], [rank for rank, _ in ranking[:3]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("phrases", [[(A,)], [(B, C)], [(A,), (C, C)]], ids=str)
+@pytest.mark.parametrize("seed", range(4))
+def test_what_may_follow_a_phrase_is_what_the_exhaustive_search_lets_follow_it(
+    seed: int, phrases: list[tuple[int, ...]]
+) -> None:
+    """Each phrase followed, where a hypothesis first holds it whole, only by B or by the end (EOS, or none): the
+    wide beam's three best are the exhaustive search's among the hypotheses that hold every phrase so."""
+    step = two_token_model(seed)
+    follows = np.zeros(6, dtype=bool)
+    follows[B] = True
+
+    def followed(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+        first = next(i for i in range(len(tokens)) if tuple(tokens[i : i + len(phrase)]) == phrase) + len(phrase)
+        return first == len(tokens) or tokens[first] in (B, EOS)
+
+    ranking = [(rank, tokens) for rank, tokens in exhaustive_ranking(step, 4, 0.6)
+               if all(holds(tokens, phrase) and followed(tokens, phrase) for phrase in phrases)]  # fmt: skip
+    generation = spec(SearchOptions(beam_size=128, length_penalty=0.6, n_best=3))
+    given = [[Phrase(phrase, followed_by=follows) for phrase in phrases]]
+    (found,) = n_best_search(ArraySession(step), 1, generation, max_len=4, constraints=given)
+    assert [tokens.tolist() for _, tokens in found] == [tokens for _, tokens in ranking[:3]]
 
 
 def test_a_preferred_phrase_changes_only_what_its_bonus_outweighs() -> None:
@@ -86,8 +109,8 @@ def test_a_preferred_phrase_changes_only_what_its_bonus_outweighs() -> None:
         step = two_token_model(seed)
         generation = spec(SearchOptions())
         alone = generate(ArraySession(step), 1, generation, max_len=6)[0].tolist()
-        slight = generate(ArraySession(step), 1, generation, max_len=6, constraints=[[Preferred((C, A), bonus=1e-6)]])
-        strong = generate(ArraySession(step), 1, generation, max_len=6, constraints=[[Preferred((C, A), bonus=50.0)]])
+        slight = generate(ArraySession(step), 1, generation, max_len=6, constraints=[[Phrase((C, A), bonus=1e-6)]])
+        strong = generate(ArraySession(step), 1, generation, max_len=6, constraints=[[Phrase((C, A), bonus=50.0)]])
         assert slight[0, : len(alone)].tolist() == alone
         assert holds(strong[0].tolist(), (C, A)), (seed, strong[0].tolist())
 
@@ -124,7 +147,11 @@ def test_bad_constraints_are_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"constraint 1 must hold token ids \(ints >= 0\), received \[-1\]"):
         Constraints([(A,), (-1,)])
     with pytest.raises(ValueError, match=r"constraint 1's bonus must be a number > 0, received -1.0"):
-        Constraints([(A,), Preferred((B,), bonus=-1.0)])
+        Constraints([(A,), Phrase((B,), bonus=-1.0)])
+    with pytest.raises(ValueError, match=r"constraint 0: followed_by applies to a phrase to hold, not to one with a"):
+        Constraints([Phrase((B,), bonus=1.0, followed_by=np.ones(6, dtype=bool))])
+    with pytest.raises(ValueError, match=r"constraint 0's followed_by must be a 1-D bool array \(one a token\), rec"):
+        Constraints([Phrase((B,), followed_by=np.ones(6))])
     with pytest.raises(TypeError, match="`constraints` must be a sequence of token id sequences, received 'ab'"):
         Constraints("ab")  # type: ignore[arg-type]
     engine: Engine[int] = Engine(ArraySession(step), spec(SearchOptions(sampling_topk=3)), vocab=6)
@@ -133,6 +160,8 @@ def test_bad_constraints_are_refused_in_one_line() -> None:
     engine = Engine(ArraySession(step), spec(SearchOptions()), vocab=6)
     with pytest.raises(ValueError, match=r"constraint \[3, 9\] holds an id past the vocabulary \(6 ids\)"):
         engine.hold([0], np.array([4]), np.array([0]), [[(A, 9)]])
+    with pytest.raises(ValueError, match=r"constraint \[3\]'s followed_by has 5 entries, not one for each of the 6"):
+        engine.hold([0], np.array([4]), np.array([0]), [[Phrase((A,), followed_by=np.ones(5, dtype=bool))]])
     engine = Engine(ArraySession(step), spec(SearchOptions(), banned=(C,)), vocab=6)
     with pytest.raises(ValueError, match=r"constraint \[3, 5\] holds \[5\], which no translation may hold \(banned"):
         engine.hold([0], np.array([4]), np.array([0]), [[(A, C)]])

@@ -1,5 +1,6 @@
 """Lexical constraints: target phrases, as token ids, that a translation must hold (each whole, anywhere, once or
-more) or that it is to prefer (:class:`Preferred`: a bonus on its tokens), and how far hypotheses have come with them:
+more) or that it is to prefer (a :class:`Phrase` with a bonus on its tokens), and how far hypotheses have come with
+them:
 the phrases each holds and, of each other, the longest start that its newest tokens write. A constrained beam search
 keeps hypotheses of every degree of progress side by side, so that a phrase the model finds unlikely still gets a
 place in the beam (dynamic beam allocation: Post and Vilar, 2018), tracking every hypothesis' progress at once, as
@@ -27,13 +28,17 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class Preferred:
-    """A phrase (token ids) a translation is to prefer, not to hold at all costs: each of its tokens a hypothesis
-    writes adds ``bonus`` to its score (the phrase whole, or the start of it that the hypothesis ends with: a start
-    it leaves loses its bonus). For terms a language may inflect, whose form the model knows better."""
+class Phrase:
+    """A phrase (token ids) with how a translation takes it. ``bonus``: ``None``, the translation must hold it;
+    else it is to prefer it, each of its tokens a hypothesis writes adding ``bonus`` (> 0) to its score (the phrase
+    whole, or the start of it the hypothesis ends with: a start it leaves loses its bonus), for terms a language may
+    inflect. ``followed_by``: bools ``(V,)``, the tokens that may come right after a phrase to hold where a hypothesis
+    first writes it whole (the translation's end always may): a term that must stay a whole word is followed by a
+    token that begins one, or by punctuation. A plain sequence of ids is a phrase to hold, followed by anything."""
 
-    phrase: Sequence[int]
-    bonus: float = 1.0
+    tokens: Sequence[int]
+    bonus: float | None = None
+    followed_by: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Tables:
     """Phrases as arrays: ``ids (..., Q, L)`` (padded with -1), ``sizes (..., Q)``, ``fail (..., Q, L)``: for a
     start of ``s`` tokens, the longest shorter start that it ends with (where a hypothesis falls back to when its
     next token does not continue the phrase), and ``bonus (..., Q)``: a preferred phrase's bonus a token (0: a
-    phrase that must be held)."""
+    phrase to hold)."""
 
     ids: np.ndarray
     sizes: np.ndarray
@@ -50,29 +55,23 @@ class Tables:
 
 
 class Constraints:
-    """The phrases ``phrases`` (each a non-empty sequence of token ids) that a translation must hold, and those it is
-    to prefer (each a :class:`Preferred`)."""
+    """The phrases ``phrases`` of a translation: each a :class:`Phrase`, or a non-empty sequence of token ids that
+    it must hold."""
 
-    def __init__(self, phrases: Sequence[Sequence[int] | Preferred]) -> None:
+    def __init__(self, phrases: Sequence[Sequence[int] | Phrase]) -> None:
         if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence):
             raise TypeError(f"`constraints` must be a sequence of token id sequences, received {phrases!r}")
-        checked, bonuses = [], []
-        for index, given in enumerate(phrases):
-            phrase, bonus = (given.phrase, given.bonus) if isinstance(given, Preferred) else (given, 0.0)
-            if isinstance(given, Preferred) and not (isinstance(bonus, (int, float)) and 0 < bonus < float("inf")):
-                raise ValueError(f"constraint {index}'s bonus must be a number > 0, received {bonus!r}")
-            if isinstance(phrase, (str, bytes)) or not isinstance(phrase, Sequence) or not phrase:
-                raise ValueError(f"constraint {index} must be a non-empty sequence of token ids, received {phrase!r}")
-            if not all(isinstance(token, (int, np.integer)) and int(token) >= 0 for token in phrase):
-                raise ValueError(f"constraint {index} must hold token ids (ints >= 0), received {list(phrase)!r}")
-            checked.append(tuple(int(token) for token in phrase))
-            bonuses.append(float(bonus))
-        self.phrases: tuple[tuple[int, ...], ...] = tuple(checked)
+        given = [phrase if isinstance(phrase, Phrase) else Phrase(phrase) for phrase in phrases]
+        for index, phrase in enumerate(given):
+            _check(index, phrase)
+        self.phrases: tuple[tuple[int, ...], ...] = tuple(tuple(int(t) for t in phrase.tokens) for phrase in given)
         """Every phrase, those to hold and those to prefer, in order."""
-        self.bonuses = tuple(bonuses)
+        self.bonuses = tuple(phrase.bonus or 0.0 for phrase in given)
         """Each phrase's bonus a token (0: one to hold)."""
+        self.followers = tuple(phrase.followed_by for phrase in given)
+        """What may follow each phrase (``None``: anything)."""
         self.longest = max(map(len, self.phrases), default=0)
-        self.held = tuple(phrase for phrase, bonus in zip(self.phrases, bonuses, strict=True) if not bonus)
+        self.held = tuple(phrase for phrase, bonus in zip(self.phrases, self.bonuses, strict=True) if not bonus)
         """The phrases a translation must hold."""
 
     def __len__(self) -> int:
@@ -137,3 +136,20 @@ def written(tables: Tables, met: np.ndarray, partial: np.ndarray) -> np.ndarray:
     shape = (len(met),) + (1,) * (met.ndim - 2) + (met.shape[-1],)
     sizes, bonus = tables.sizes.reshape(shape), tables.bonus.reshape(shape)
     return (np.where(met, sizes, partial) * bonus).sum(-1)
+
+
+def _check(index: int, phrase: Phrase) -> None:
+    """Refuse constraint ``index`` in one line unless it is a phrase of ids, its bonus a number > 0 and what may follow
+    it bools."""
+    tokens, bonus, after = phrase.tokens, phrase.bonus, phrase.followed_by
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or not tokens:
+        raise ValueError(f"constraint {index} must be a non-empty sequence of token ids, received {tokens!r}")
+    if not all(isinstance(token, (int, np.integer)) and int(token) >= 0 for token in tokens):
+        raise ValueError(f"constraint {index} must hold token ids (ints >= 0), received {list(tokens)!r}")
+    if bonus is not None and not (isinstance(bonus, (int, float)) and 0 < bonus < float("inf")):
+        raise ValueError(f"constraint {index}'s bonus must be a number > 0, received {bonus!r}")
+    if after is not None and not (isinstance(after, np.ndarray) and after.dtype == bool and after.ndim == 1):
+        raise ValueError(f"constraint {index}'s followed_by must be a 1-D bool array (one a token), received "
+                         f"{type(after).__name__} {getattr(after, 'dtype', '')}")  # fmt: skip
+    if after is not None and bonus is not None:
+        raise ValueError(f"constraint {index}: followed_by applies to a phrase to hold, not to one with a bonus")

@@ -40,7 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
-from multihead.constraints import Constraints, Preferred, Tables, advanced, made, written
+from multihead.constraints import Constraints, Phrase, Tables, advanced, made, written
 from multihead.decoding import (
     Choices,
     Chooser,
@@ -203,6 +203,7 @@ class Engine(Generic[Owner]):
         self.waited = 0  # steps since sentences began waiting to join
         self.opened = False  # room said sentences may join at the next step
         self.counted = 0  # sentences that have joined
+        self.followers: list[np.ndarray] = []  # (V,) bools each: the tokens that may follow phrases (Phrase)
         self._reset_rows(0)
 
     def _reset_rows(self, count: int) -> None:
@@ -221,6 +222,8 @@ class Engine(Generic[Owner]):
         self.phrase_sizes = np.zeros((count, 0), dtype=np.int64)  # (N, Q)
         self.phrase_fail = np.zeros((count, 0, 0), dtype=np.int64)  # (N, Q, L)
         self.phrase_bonus = np.zeros((count, 0))  # (N, Q)
+        self.phrase_follow = np.zeros((count, 0), dtype=np.int64)  # (N, Q) what may follow it: a followers index, or -1
+        self.pending = np.full(count, -1, dtype=np.int64)  # (N,) the followers its next token must be one of, or -1
         self.met = np.zeros((count, 0), dtype=bool)  # (N, Q) the phrases it holds
         self.partial = np.zeros((count, 0), dtype=np.int64)  # (N, Q) the start of each other that it ends with
         self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
@@ -246,7 +249,7 @@ class Engine(Generic[Owner]):
         key: int,
         forced: Sequence[int] | None,
         search: SearchOptions | None,
-        constraints: Sequence[Sequence[int] | Preferred] = (),
+        constraints: Sequence[Sequence[int] | Phrase] = (),
     ) -> _Sentence:
         search = self.generation.search if search is None else search
         if not isinstance(search, SearchOptions):
@@ -257,9 +260,12 @@ class Engine(Generic[Owner]):
                 raise ValueError("constraints need greedy or beam search, not sampling")
             specials = self.generation.specials
             never = {*self.generation.banned, specials.bos, specials.eos, specials.pad}
-            for phrase in bound.phrases:
+            for phrase, after in zip(bound.phrases, bound.followers, strict=True):
                 if self.vocab is not None and max(phrase) >= self.vocab:
                     raise ValueError(f"constraint {list(phrase)} holds an id past the vocabulary ({self.vocab} ids)")
+                if self.vocab is not None and after is not None and len(after) != self.vocab:
+                    raise ValueError(f"constraint {list(phrase)}'s followed_by has {len(after)} entries, not one for "
+                                     f"each of the {self.vocab} ids")  # fmt: skip
                 if never & set(phrase):
                     raise ValueError(f"constraint {list(phrase)} holds {sorted(never & set(phrase))}, which no "
                                      "translation may hold (banned, or BOS, EOS or PAD)")  # fmt: skip
@@ -297,7 +303,7 @@ class Engine(Generic[Owner]):
         key: int = 0,
         forced: Sequence[int] | None = None,
         search: SearchOptions | None = None,
-        constraints: Sequence[Sequence[int] | Preferred] = (),
+        constraints: Sequence[Sequence[int] | Phrase] = (),
     ) -> None:
         """Queue source ``ids`` (not empty, at most what the model reads), translated into at most ``limit`` tokens
         (and its search's ``max_length``); ``key`` names it to its random generator when sampling (as its index in a
@@ -313,7 +319,7 @@ class Engine(Generic[Owner]):
         owners: Sequence[Owner],
         limits: np.ndarray,
         keys: np.ndarray,
-        constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
+        constraints: Sequence[Sequence[Sequence[int] | Phrase]] | None = None,
     ) -> None:
         """Name the sentences the rows already hold, row ``i`` sentence ``owners[i]``, limited to ``limits[i]`` tokens,
         drawing by ``keys[i]`` and holding the phrases ``constraints[i]`` (the engine's first call)."""
@@ -358,6 +364,7 @@ class Engine(Generic[Owner]):
             self.phrase_fail = np.pad(self.phrase_fail, ((0, 0), (0, grow_q), (0, grow_l)))
             self.phrase_sizes = np.pad(self.phrase_sizes, ((0, 0), (0, grow_q)))
             self.phrase_bonus = np.pad(self.phrase_bonus, ((0, 0), (0, grow_q)))
+            self.phrase_follow = np.pad(self.phrase_follow, ((0, 0), (0, grow_q)), constant_values=-1)
             self.met = np.pad(self.met, ((0, 0), (0, grow_q)), constant_values=True)
             self.partial = np.pad(self.partial, ((0, 0), (0, grow_q)))
         tables = [bound.tables(count, length) for bound in bounds]
@@ -365,8 +372,20 @@ class Engine(Generic[Owner]):
         self.phrase_fail = np.concatenate([self.phrase_fail, np.stack([t.fail for t in tables])])
         self.phrase_sizes = np.concatenate([self.phrase_sizes, np.stack([t.sizes for t in tables])])
         self.phrase_bonus = np.concatenate([self.phrase_bonus, np.stack([t.bonus for t in tables])])
+        follow = np.full((len(bounds), count), -1, dtype=np.int64)
+        for i, bound in enumerate(bounds):
+            follow[i, : len(bound)] = [-1 if mask is None else self._follower(mask) for mask in bound.followers]
+        self.phrase_follow = np.concatenate([self.phrase_follow, follow])
+        self.pending = np.concatenate([self.pending, np.full(len(bounds), -1, dtype=np.int64)])
         self.met = np.concatenate([self.met, np.stack([t.sizes == 0 for t in tables])])
         self.partial = np.concatenate([self.partial, np.zeros((len(tables), count), dtype=np.int64)])
+
+    def _follower(self, mask: np.ndarray) -> int:
+        """The index of ``mask`` among the followers, added if it is not there."""
+        known = next((index for index, follower in enumerate(self.followers) if follower is mask), None)
+        if known is None:
+            self.followers.append(mask)
+        return len(self.followers) - 1 if known is None else known
 
     def _tables(self, rows: np.ndarray) -> Tables:
         """The phrase tables of ``rows``' sentences, ``(R, Q, L)``."""
@@ -449,11 +468,11 @@ class Engine(Generic[Owner]):
         """The rows ``order`` of the state, in that order, in the rows and here; ``same_sources``: each row keeps its
         sentence, whose values stay as they are."""
         self.rows.keep(order, same_sources=same_sources)
-        names = ["made", "last", "score", "ended", "history", "met", "partial"]  # each row's own
+        names = ["made", "last", "score", "ended", "history", "met", "partial", "pending"]  # each row's own
         if not same_sources:
             self.of_row = [self.of_row[row] for row in order]
             names += ["limit", "width", "group", "beams", "floor", "forcing", "constrained", "sid"]  # its sentence's
-            names += ["phrase_ids", "phrase_sizes", "phrase_fail", "phrase_bonus"]
+            names += ["phrase_ids", "phrase_sizes", "phrase_fail", "phrase_bonus", "phrase_follow"]
         for name in names:
             setattr(self, name, getattr(self, name)[order])
 
@@ -538,8 +557,10 @@ class Engine(Generic[Owner]):
             self._keep(parent, same_sources=same_sources)
         rows = np.flatnonzero(self.beams)
         bound = rows[self.constrained[rows]]
-        if len(bound):  # their progress along their phrases
+        if len(bound):  # their progress along their phrases, and what must follow a phrase just written whole
             met, partial = advanced(self._tables(bound), self.met[bound], self.partial[bound], token[bound, None])
+            follow = np.where(met[:, 0] & ~self.met[bound], self.phrase_follow[bound], -1)  # (R, Q)
+            self.pending[bound] = follow.max(axis=1, initial=-1)
             self.met[bound], self.partial[bound] = met[:, 0], partial[:, 0]
         self.history[rows, self.made[rows]] = token[rows]
         self.made[rows] += 1
@@ -620,6 +641,11 @@ class Engine(Generic[Owner]):
         extra[(further < 0) | twice | listed] = -np.inf
         tokens = np.concatenate([token, further], axis=1)  # (R, C)
         scores = self.score[rows, None] + np.concatenate([best, extra], axis=1)
+        pending = self.pending[rows]
+        for follower in np.unique(pending[pending >= 0]):  # rows that just wrote a phrase whole: what may follow
+            at = np.flatnonzero(pending == follower)
+            allowed = self.followers[follower][np.maximum(tokens[at], 0)] | (tokens[at] == eos)
+            scores[at] = np.where(allowed, scores[at], -np.inf)
         soft = tables.bonus > 0  # (R, Q) the phrases to prefer
         done = (met | soft).all(axis=1)
         for r, c in zip(*np.nonzero((tokens == eos) & np.isfinite(scores) & done[:, None]), strict=True):
@@ -764,7 +790,7 @@ def generate(
     *,
     max_len: Limit,
     keys: Sequence[int] | np.ndarray | None = None,
-    constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int] | Phrase]] | None = None,
 ) -> np.ndarray:
     """The tokens of ``batch`` sources that ``rows`` hold (row ``i`` source ``i``), generated as ``generation`` says,
     ``max_len`` tokens at most (one limit, or one per source, and at most ``search.max_length``), each starting from
@@ -790,7 +816,7 @@ def n_best_search(
     generation: Generation,
     *,
     max_len: Limit,
-    constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int] | Phrase]] | None = None,
 ) -> list[list[tuple[float, np.ndarray]]]:
     """Each sentence's ``search.n_best`` best hypotheses, best first, from a beam search as ``generation`` says: (rank,
     int64 tokens after BOS, ending with EOS unless the limit cut them). A sentence stops when no continuation can
@@ -810,7 +836,7 @@ def _run(
     max_len: Limit,
     keys: Sequence[int] | np.ndarray | None,
     ranked: bool = False,
-    constraints: Sequence[Sequence[Sequence[int] | Preferred]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int] | Phrase]] | None = None,
 ) -> dict[int, Finished[int]]:
     """Every sentence of a batch that ``rows`` hold, stepped until each has ended."""
     engine: Engine[int] = Engine(rows, generation, ranked=ranked)
