@@ -314,3 +314,25 @@ def test_constrained_sentences_hold_their_phrases_in_batch_and_stream(search: Se
             width = max(len(tokens), 1)
             assert free[index, :width].tolist() == tokens, index
     assert any(not all(holds(row.tolist(), phrase) for phrase in own) for row, own in zip(free, phrases, strict=True))
+
+
+def test_an_ensemble_holds_its_phrases_and_of_one_model_twice_is_that_model() -> None:
+    """Constrained beam search over an ensemble: of a model and itself it gives the model's own n-best lists (the
+    mean of equal log-probabilities is each), ranks included; of two models every hypothesis holds its phrases."""
+    first, second, texts, phrases = model(), model(seed=1), sources(6), phrases_of(6)
+    generation, limit = spec(SearchOptions(beam_size=3, n_best=2), banned=(5,)), 10
+    mean = first.decoder_steps().mean_log_probs
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in texts], batch_first=True, padding_value=PAD)
+
+    def search(*members: torch.nn.Module) -> list[list[tuple[float, np.ndarray]]]:
+        sessions = [each.decoding_session(src, max_len=limit) for each in members]
+        rows = Ensemble(sessions, mean) if len(sessions) > 1 else sessions[0]
+        return engine.n_best_search(rows, len(texts), generation, max_len=limit, constraints=phrases)
+
+    with torch.inference_mode():
+        alone, twice, pair = search(first), search(first, first), search(first, second)
+    for index, own in enumerate(phrases):
+        assert [t.tolist() for _, t in twice[index]] == [t.tolist() for _, t in alone[index]], index
+        np.testing.assert_allclose([r for r, _ in twice[index]], [r for r, _ in alone[index]], rtol=1e-5)
+        assert pair[index], index
+        assert all(holds(t.tolist(), phrase) for _, t in pair[index] for phrase in own), index
