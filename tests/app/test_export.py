@@ -57,6 +57,21 @@ def test_the_readme_inside_translates(corpus_run: CorpusRun, tmp_path: Path, cli
     assert printed.getvalue().splitlines() == expected
 
 
+def test_the_readme_says_glossaries_need_multiheads_own_decoding(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable
+) -> None:
+    """CTranslate2's ``translate_batch`` takes no option for terms a translation must hold (its options read from
+    the signature it documents), and the README of an export says so."""
+    (signature,) = [line for line in ctranslate2.Translator.translate_batch.__doc__.splitlines() if "(" in line][:1]
+    options = re.findall(r"(\w+):", signature)
+    assert {"source", "target_prefix", "beam_size", "suppress_sequences"} <= set(options)
+    assert not [name for name in options if re.search("constrain|glossar|terminolog|lexic", name)]
+    assert cli("export", corpus_run.path, tmp_path / "ct2").status == 0
+    readme = " ".join((tmp_path / "ct2" / "README.md").read_text().split())
+    assert "Glossaries (`multihead translate --glossary FILE`) need multihead's own decoding" in readme
+    assert "CTranslate2 has no lexically constrained decoding" in readme
+
+
 def test_a_character_task_run_exports_too(task_run: Path, tmp_path: Path, cli: Callable) -> None:
     assert cli("export", task_run, tmp_path / "ct2", "--checkpoint", "latest").status == 0
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")

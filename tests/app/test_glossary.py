@@ -10,7 +10,7 @@ import pytest
 
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, write_lines
 from multihead.app.console import UserError
-from multihead.app.glossary import Glossary, Term, read_glossary
+from multihead.app.glossary import Glossary, Term, read_glossary, read_glossary_file
 from multihead.app.translate import Translator
 
 
@@ -118,3 +118,229 @@ def test_serve_takes_a_requests_own_glossary_as_translate_takes_a_file(corpus_ru
         for bad, message in refused:
             status, answer = request(url, "/translate", {**body, "glossary": bad})
             assert (status, answer["error"].startswith(f"Invalid request: {message}")) == (400, True), answer
+
+
+# --- TBX termbases ---------------------------------------------------------------------------------------------
+
+# TBX-Basic as terminology tools export it (a martif root, a DOCTYPE naming its DTD): a concept of several German
+# terms, one deprecated, and of English ones in en-US, the preferred one in an ntig and not the first; a concept
+# without English; a concept with an English term that is deprecated only.
+BASIC = """<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE martif SYSTEM "TBXBasiccoreStructV02.dtd">
+<martif type="TBX-Basic" xml:lang="en-US">
+  <martifHeader><fileDesc><sourceDesc><p>exported</p></sourceDesc></fileDesc></martifHeader>
+  <text><body>
+    <termEntry id="dog">
+      <langSet xml:lang="DE">
+        <tig><term>Hund</term></tig>
+        <tig><term>Köter</term><termNote type="administrativeStatus">deprecatedTerm-admn-sts</termNote></tig>
+      </langSet>
+      <langSet xml:lang="en-US">
+        <tig><term>dog</term><termNote type="administrativeStatus">admittedTerm-admn-sts</termNote></tig>
+        <ntig><termGrp><term>hound</term>
+          <termNote type="administrativeStatus">preferredTerm-admn-sts</termNote></termGrp></ntig>
+      </langSet>
+    </termEntry>
+    <termEntry id="bike">
+      <langSet xml:lang="de"><tig><term>Fahrrad</term></tig></langSet>
+      <langSet xml:lang="fr"><tig><term>vélo</term></tig></langSet>
+    </termEntry>
+    <termEntry>
+      <langSet xml:lang="de"><tig><term>Katze</term></tig></langSet>
+      <langSet xml:lang="en-GB"><tig><term>moggy</term>
+        <termNote type="administrativeStatus">supersededTerm-admn-sts</termNote></tig></langSet>
+    </termEntry>
+  </body></text>
+</martif>
+"""
+
+# TBX v3 (a tbx root in its namespace): conceptEntry, langSec, termSec; a term with inline markup and a line break.
+V3 = """<?xml version="1.0" encoding="UTF-8"?>
+<tbx style="dca" type="TBX-Core" xml:lang="en" xmlns="urn:iso:std:iso:30042:ed-2">
+  <tbxHeader><fileDesc><sourceDesc><p>exported</p></sourceDesc></fileDesc></tbxHeader>
+  <text><body>
+    <conceptEntry id="c1">
+      <langSec xml:lang="en"><termSec><term>red <hi>hat</hi></term></termSec></langSec>
+      <langSec xml:lang="de"><termSec><term>roter
+          Hut</term></termSec><termSec><term>rote Mütze</term></termSec></langSec>
+    </conceptEntry>
+  </body></text>
+</tbx>
+"""
+
+
+def test_a_tbx_file_gives_each_concepts_source_terms_its_preferred_target(tmp_path: Path) -> None:
+    basic, v3 = tmp_path / "basic.tbx", tmp_path / "v3.TBX"
+    basic.write_text(BASIC, encoding="utf-8")
+    v3.write_text(V3, encoding="utf-8")
+    assert read_glossary(basic, ("de", "en")).terms == [Term("Hund", "hound"), Term("Köter", "hound")]
+    assert read_glossary(basic, ("en", "de")).terms == [Term("dog", "Hund"), Term("hound", "Hund"),
+                                                        Term("moggy", "Katze")]  # fmt: skip
+    assert read_glossary(basic, ("de", "fr")).terms == [Term("Fahrrad", "vélo")]
+    assert read_glossary(v3, ("de", "en")).terms == [Term("roter Hut", "red hat"), Term("rote Mütze", "red hat")]
+    assert read_glossary(v3, ("en", "de")).terms == [Term("red hat", "roter Hut")]
+
+
+def test_languages_match_in_any_case_and_a_region_or_script_reads_as_its_language(tmp_path: Path) -> None:
+    """A column named exactly as the run's language first, then its variants in the file's order; never the other
+    way (``zh`` is not read for ``zh-Hant``), and a built-in task's ``reverse-out`` is not a variant of ``reverse``."""
+    variants = write_lines(tmp_path / "variants.tsv", ["DE\ten-GB\ten_US\tzh-Hant", "Hund\thound\tdog\t狗",
+                                                       "Katze\t\tcat\t貓"])  # fmt: skip
+    assert read_glossary(variants, ("de", "en")).terms == [Term("Hund", "hound"), Term("Katze", "cat")]
+    assert read_glossary(variants, ("en", "de")).terms == [Term("hound", "Hund"), Term("dog", "Hund"),
+                                                           Term("cat", "Katze")]  # fmt: skip
+    assert read_glossary(variants, ("zh", "de")).terms == [Term("狗", "Hund"), Term("貓", "Katze")]
+    exact = write_lines(tmp_path / "exact.tsv", ["en-US\tde\ten", "dog\tHund\thound"])
+    assert read_glossary(exact, ("de", "en")).terms == [Term("Hund", "hound")]
+    file = read_glossary_file(write_lines(tmp_path / "many.tsv", ["zh\tzh-hant\treverse\treverse-out", "a\tb\tc\td"]))
+    assert (file.codes("ZH"), file.codes("zh-Hant"), file.codes("reverse")) == (["zh", "zh-hant"], ["zh-hant"],
+                                                                                ["reverse"])  # fmt: skip
+
+
+TBX = '<martif><text><body><termEntry id="e">{}</termEntry></body></text></martif>'
+DE_EN = ('<langSet xml:lang="de"><tig><term>Hund</term></tig></langSet>'
+         '<langSet xml:lang="en"><tig><term>dog</term></tig></langSet>')  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "langs", "message"),
+    [
+        ("<martif><text>", ("de", "en"), "is not well-formed XML: no element found: line 1, column 14"),
+        (
+            '<!DOCTYPE martif [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+            + TBX.format('<langSet xml:lang="de"><tig><term>&b;</term></tig></langSet>'),
+            ("de", "en"),
+            "declares an XML entity, refused (an entity may expand without bound or read another file)",
+        ),
+        (
+            '<!DOCTYPE martif [<!ENTITY secret SYSTEM "file:///etc/passwd">]>'
+            + TBX.format('<langSet xml:lang="de"><tig><term>&secret;</term></tig></langSet>'),
+            ("de", "en"),
+            "declares an XML entity, refused",
+        ),
+        ("<glossary><term>Hund</term></glossary>", ("de", "en"), "is not a TBX file: its root is <glossary>"),
+        ("<martif><text><body/></text></martif>", ("de", "en"), "holds no entries: no termEntry or conceptEntry"),
+        (TBX.format(DE_EN), ("de", "fr"), "its terms are in de, en, none in fr (the run translates de to fr)"),
+        (
+            TBX.format('<langSet xml:lang="de"><tig><term>Hund</term></tig></langSet>'),
+            ("de", "en"),
+            "its terms are in de, none in en",
+        ),
+        (
+            TBX.format('<langSet xml:lang="de"><tig><term>Hund</term></tig></langSet>')
+            + TBX.format('<langSet xml:lang="en"><tig><term>dog</term></tig></langSet>'),
+            ("de", "en"),
+            "is not well-formed XML: junk after document element",
+        ),
+        (
+            "<martif><text><body>" + '<termEntry id="a"><langSet xml:lang="de"><tig><term>Hund</term></tig></langSet>'
+            '</termEntry><termEntry id="b"><langSet xml:lang="en"><tig><term>dog</term></tig></langSet></termEntry>'
+            "</body></text></martif>",
+            ("de", "en"),
+            "holds no entry with terms in both de and en",
+        ),
+        (
+            "<martif><text><body><termEntry>" + DE_EN + "</termEntry><termEntry>"
+            + DE_EN.replace("Hund", "HUND").replace("dog", "hound") + "</termEntry></body></text></martif>",
+            ("de", "en"),
+            "termEntry 2: 'HUND' is given two targets, 'dog' and 'hound'",
+        ),
+        (TBX.format("<langSet><tig><term>Hund</term></tig></langSet>"), ("de", "en"),
+         "termEntry 1 (id 'e'): a langSet without xml:lang"),
+        (TBX.format(DE_EN), None, "this run records no languages, so its glossary has two columns (source, target), "
+         "received a TBX file"),
+    ],
+)  # fmt: skip
+def test_a_bad_tbx_file_is_refused_in_one_line(tmp_path: Path, text: str, langs: tuple[str, str] | None,
+                                               message: str) -> None:  # fmt: skip
+    path = tmp_path / "terms.tbx"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as refused:
+        read_glossary(path, langs)
+    assert str(refused.value).startswith(f"--glossary {str(path)!r}")
+    assert "\n" not in str(refused.value)
+    assert message in str(refused.value)
+
+
+def test_one_file_gives_each_pair_the_entries_of_its_two_languages(tmp_path: Path) -> None:
+    """A table of three languages for four pairs served: each pair of its languages gets its entries, a pair of a
+    language it lacks none; a file that gives no pair served any entry is refused in one line."""
+    file = read_glossary_file(write_lines(tmp_path / "g.tsv", ["de\ten\tfr", "Hund\thound\tchien",
+                                                              "Fahrrad\tbike\tvélo"]))  # fmt: skip
+    found = file.glossaries([("de", "en"), ("en", "de"), ("fr", "en"), ("de", "sv")])
+    assert {pair: glossary.terms for pair, glossary in found.items()} == {
+        ("de", "en"): [Term("Hund", "hound"), Term("Fahrrad", "bike")],
+        ("en", "de"): [Term("hound", "Hund"), Term("bike", "Fahrrad")],
+        ("fr", "en"): [Term("chien", "hound"), Term("vélo", "bike")],
+    }
+    with pytest.raises(UserError) as refused:
+        file.glossaries([("de", "sv"), ("sv", "de")])
+    assert str(refused.value) == (f"--glossary {str(tmp_path / 'g.tsv')!r} gives no pair served any entry: its "
+                                  "languages are ['de', 'en', 'fr'], the pairs served de-sv, sv-de")  # fmt: skip
+
+
+def test_a_requests_own_terms_join_the_servers_and_win_for_the_same_source() -> None:
+    served = Glossary([Term("Hund", "hound"), Term("Katze", "cat")])
+    joined = served.joined([Term("hund", "puppy"), Term("schnell", "fast")])
+    assert joined.terms == [Term("hund", "puppy"), Term("Katze", "cat"), Term("schnell", "fast")]
+    assert joined.found("Der HUND ist schnell.") == [Term("hund", "puppy"), Term("schnell", "fast")]
+    assert served.joined([]) is served
+
+
+def test_serve_glossary_gives_every_request_of_a_pair_its_terms_and_a_requests_own_win(
+    corpus_run: CorpusRun, tmp_path: Path
+) -> None:
+    """A server's glossary (a file of three languages, for a run serving de -> en): every request translates as
+    ``translate --glossary`` does and is told the entries each text holds; a request's own entries join the server's,
+    its target winning for the same source term."""
+    from app.served import request, serving
+    from multihead.app.serve import Limits, Service, create_app
+
+    translator = Translator(corpus_run.path)
+    served = write_lines(tmp_path / "served.tsv", ["fr\tde\ten", "chien\tHund\tcat"])
+    service = Service(translator, translator.langs, glossary=read_glossary_file(served))
+    assert {pair: glossary.terms for pair, glossary in service.glossaries.items()} == {
+        ("de", "en"): [Term("Hund", "cat")]
+    }
+    joined = write_lines(tmp_path / "joined.tsv", ["de\ten", "hund\tmouse", "schnell\tslowly"])
+    with serving(create_app(service, Limits())) as url:
+        status, answer = request(url, "/translate", {"q": SAMPLES, "source": "de", "target": "en"})
+        assert status == 200, answer
+        assert answer == {"translatedText": Translator(corpus_run.path, glossary=served).translate(SAMPLES),
+                          "glossary": [[["Hund", "cat"]]] * 4 + [[]] * 2}  # fmt: skip
+        own = [["hund", "mouse"], ["schnell", "slowly"]]
+        status, answer = request(url, "/translate", {"q": SAMPLES, "source": "de", "target": "en", "glossary": own})
+        assert status == 200, answer
+        assert answer["translatedText"] == Translator(corpus_run.path, glossary=joined).translate(SAMPLES)
+        assert answer["glossary"] == [[["hund", "mouse"]], [["hund", "mouse"], ["schnell", "slowly"]],
+                                      [["hund", "mouse"]], [["hund", "mouse"]], [], []]  # fmt: skip
+        status, answer = request(url, "/translate", {"q": SAMPLES[1], "source": "de", "target": "en"})
+        assert (status, answer["glossary"]) == (200, [["Hund", "cat"]])
+
+
+def test_serve_glossary_names_its_pairs_at_start_and_a_file_for_no_pair_served_is_refused(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    from app.served import request, start
+
+    tbx = tmp_path / "terms.tbx"
+    tbx.write_text(BASIC, encoding="utf-8")
+    process, url, _ = start(corpus_run.path, "--glossary", tbx)
+    try:
+        assert process.stderr is not None
+        assert process.stderr.readline() == "  glossary terms for 1 of 1 pair served directly: de → en (2 entries)\n"
+        status, answer = request(url, "/translate", {"q": "der Hund läuft hier.", "source": "de", "target": "en"})
+        assert status == 200, answer
+        assert "hound" in answer["translatedText"]
+        assert answer["glossary"] == [["Hund", "hound"]]
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    french = write_lines(tmp_path / "fr.tsv", ["fr\ten", "chien\tdog"])
+    assert_refused(cli("serve", corpus_run.path, "--port", "0", "--glossary", french),
+                   f"--glossary {str(french)!r} gives no pair served any entry: its languages are ['fr', 'en'], the "
+                   "pairs served de-en")  # fmt: skip
+    broken = tmp_path / "broken.tbx"
+    broken.write_text("<martif><text>", encoding="utf-8")
+    assert_refused(cli("serve", corpus_run.path, "--port", "0", "--glossary", broken), "is not well-formed XML")
+    assert_refused(cli("translate", corpus_run.path, "--glossary", broken, "Hallo"), "is not well-formed XML")

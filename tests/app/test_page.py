@@ -21,7 +21,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from app.browser import browser
 from app.served import serving
-from app.support import SAMPLES, CorpusRun
+from app.support import SAMPLES, CorpusRun, write_lines
 from multihead.app import view
 from multihead.app.detect import LanguageIdentifier
 from multihead.app.serve import Limits, Service, create_app
@@ -364,6 +364,39 @@ def test_the_served_page_detects_the_language(driver: Chrome, corpus_run: Corpus
         assert driver.execute_script("return window.fetched") == ["/translate"]
         assert not driver.find_element(By.ID, "view").is_displayed()
         assert not driver.find_element(By.ID, "error").is_displayed()
+
+
+def test_the_served_page_sends_its_glossary_box_and_lists_the_terms_used(driver: Chrome, corpus_run: CorpusRun,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """The glossary box's lines (``source = target``, or tab-separated as pasted from a table) go as the request's
+    glossary: the translation is the one ``translate --glossary`` gives, and the entries the text holds are listed
+    under it; a line that is neither is refused on the page, nothing sent."""
+    file = write_lines(tmp_path / "g.tsv", ["de\ten", "Hund\tcat", "schnell\tslowly"])
+    text = SAMPLES[1]  # holds Hund and schnell, not Katze
+    expected = Translator(corpus_run.path, glossary=file).translate([text])[0]
+    translator = Translator(corpus_run.path)
+    with serving(create_app(Service(translator, translator.langs), Limits())) as url:
+        driver.get(f"{url}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda _: driver.find_element(By.ID, "title").text == "German → English")
+        box = driver.find_element(By.ID, "glossary")
+        box.send_keys("Hund = cat\n\nKatze=mouse\n")
+        driver.execute_script("arguments[0].value += 'schnell\\tslowly'", box)
+        translate_on_the_page(driver, text)
+        wait.until(lambda _: driver.find_element(By.ID, "view").is_displayed())
+        assert driver.find_element(By.ID, "translation").text == expected
+        assert driver.find_element(By.ID, "applied").text == (
+            "Glossary terms used: Hund → cat, schnell → slowly. The attention below is of the model's translation "
+            "without them."
+        )
+        assert driver.execute_script("return window.fetched") == ["/translate", "/attention"]
+        box.clear()
+        box.send_keys("Hund = cat\nHund cat")
+        translate_on_the_page(driver, text)
+        wait.until(lambda _: driver.find_element(By.ID, "error").is_displayed())
+        assert driver.find_element(By.ID, "error").text == 'Glossary line 2 is not "source = target": "Hund cat"'
+        assert driver.execute_script("return window.fetched") == []
+        assert not driver.find_element(By.ID, "applied").is_displayed()
 
 
 def test_the_served_page_translates_a_pivot_pair_with_a_note_for_its_attention(driver: Chrome,

@@ -39,6 +39,7 @@ from multihead.app.languages import BLEU_TOKENIZERS, bleu_tokenize_choice, bleu_
 from multihead.app.segment import not_text
 
 if TYPE_CHECKING:
+    from multihead.app.keep import Keep
     from multihead.app.training import Result
     from multihead.app.translate import Translator
 
@@ -239,7 +240,7 @@ def _translate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=others, split_sentences=not args.no_split,
-        guard=not args.no_guard, framework=args.framework, glossary=args.glossary,
+        guard=not args.no_guard, framework=args.framework, glossary=args.glossary, keep=_keep(args),
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -331,7 +332,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.options import check_min_length, search_options, search_text
     from multihead.app.translate import Translator, speed_text
 
-    search = search_options(args)
+    search, keep = search_options(args), _keep(args)
     _check_targets({"SRC": args.src, "REF": args.ref}, output=args.output)
     sources, references = (
         _without_final_blanks(read_lines(args.src, "SRC")),
@@ -348,6 +349,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         args.run[0], args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=args.run[1:],
         split_sentences=not args.no_split, guard=not args.no_guard, framework=args.framework, glossary=args.glossary,
+        keep=keep,
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -536,7 +538,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
         normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard, ensemble=args.ensemble,
-        framework=args.framework,
+        framework=args.framework, glossary=args.glossary,
     )  # fmt: skip
 
 
@@ -622,14 +624,46 @@ def _add_language_options(command: argparse.ArgumentParser) -> None:
         )  # fmt: skip
 
 
-def _add_glossary_option(command: argparse.ArgumentParser) -> None:
-    """What ``translate`` and ``evaluate`` take to make translations use a glossary's terms."""
+def _add_glossary_option(command: argparse.ArgumentParser, *, serving: bool = False) -> None:
+    """What ``translate``, ``evaluate`` and (``serving``) ``serve`` take to make translations use a glossary's
+    terms."""
+    which = (
+        "; read for every pair served directly (a pair the file has no terms of takes none, one through a pivot "
+        "language neither), a request's own glossary field joining it" if serving else ""
+    )  # fmt: skip
     command.add_argument(
         "--glossary", metavar="FILE",
         help="terms translations must use: a table whose header names the languages (de<TAB>en; .csv: commas), a "
-        "row an entry; each source term found in a sentence (a whole word, any case, the longest first) puts its "
-        "target term, as written, in the translation (a constrained beam search, one beam more than its terms)",
+        "row an entry, or a TBX termbase (.tbx), a concept an entry; each source term found in a sentence (a whole "
+        "word, any case, the longest first) puts its target term, as written, in the translation (a constrained beam "
+        f"search, one beam more than its terms){which}",
     )  # fmt: skip
+
+
+def _add_keep_options(command: argparse.ArgumentParser) -> None:
+    """What ``translate`` and ``evaluate`` take to keep spans of the sources as they are in translations."""
+    command.add_argument(
+        "--keep", action="append", metavar="REGEX",
+        help="keep what this regular expression matches as it is, exactly once in the translation (repeatable); "
+        "placeholders are kept without it: {name}, {{name}}, %%s, %%1$s, %%(name)s, ${name}, <x id=\"..\"/>, URLs "
+        "and e-mail addresses",
+    )  # fmt: skip
+    command.add_argument(
+        "--no-keep-placeholders", action="store_true",
+        help="translate placeholders, URLs and e-mail addresses as text (only --keep's matches are kept)",
+    )  # fmt: skip
+
+
+def _keep(args: argparse.Namespace) -> Keep | None:
+    """The spans ``--keep`` and ``--no-keep-placeholders`` ask to keep (``None``: none), each regular expression
+    refused in one line where it is not one, or matches an empty text."""
+    from multihead.app.keep import Keep, keep_pattern
+
+    try:
+        keep = Keep(tuple(keep_pattern(regex) for regex in args.keep or ()), placeholders=not args.no_keep_placeholders)
+    except ValueError as error:
+        raise UserError(f"--keep {error}") from None
+    return keep or None
 
 
 def _add_decoding_options(command: argparse.ArgumentParser) -> None:
@@ -694,6 +728,7 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     _add_decoding_options(translate)
     _add_glossary_option(translate)
+    _add_keep_options(translate)
     _add_language_options(translate)
 
 
@@ -716,6 +751,7 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     _add_decoding_options(evaluate)
     _add_glossary_option(evaluate)
+    _add_keep_options(evaluate)
     _add_language_options(evaluate)
 
 
@@ -879,6 +915,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="answer a request that takes longer with an error (503) and drop its work (-1: no limit; the work of a "
         "client that disconnects is dropped either way)",
     )  # fmt: skip
+    _add_glossary_option(serve, serving=True)
     _add_decoding_options(serve)
 
 

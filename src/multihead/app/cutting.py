@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from multihead.app.batched import Ids, Phrases, Ranked
 from multihead.app.console import UserError, warn
 from multihead.app.glossary import Glossary
+from multihead.app.keep import Keep, Kept, held, restored
 from multihead.app.languages import Direction
 from multihead.app.segment import join, readable, shorter, split, whole
 from multihead.app.tokenizers import Tokenizer, encode_opened
@@ -25,11 +26,13 @@ from multihead.app.tokenizers import Tokenizer, encode_opened
 class Cut:
     """One text as the model reads it (:meth:`Cutter.pieces`): its pieces' token ids (a sentence each; a sentence
     longer than the model reads, several), each piece's source text, and the whitespace around the pieces (one more
-    than they; see :mod:`multihead.app.segment`). A blank text has no piece."""
+    than they; see :mod:`multihead.app.segment`). A blank text has no piece. ``kept``: the stand-ins its pieces' sources
+    hold in place of the spans kept as they are, and those spans (:mod:`multihead.app.keep`)."""
 
     ids: list[Ids]
     sources: list[str]
     gaps: list[str]
+    kept: dict[str, str] = field(default_factory=dict)
 
 
 def moses_normalizer() -> Callable[[str], Any]:
@@ -57,7 +60,8 @@ class Cutter:
     translations that look as if they lost or invented text are searched again
     (:meth:`multihead.app.translate.Translator.joined`). ``normalizer``: what the sources' punctuation goes through
     first (Moses', per language), if anything. ``glossary``: the terms whose targets translations must use
-    (:meth:`constraints`). The languages are a direction's, which each method is given."""
+    (:meth:`constraints`). ``keep``: the spans (placeholders...) kept as they are in translations
+    (:mod:`multihead.app.keep`). The languages are a direction's, which each method is given."""
 
     source: Tokenizer
     target: Tokenizer
@@ -66,17 +70,31 @@ class Cutter:
     guard: bool = True
     normalizer: Callable[[str], Any] | None = None
     glossary: Glossary | None = None
+    keep: Keep | None = None
 
-    def constraints(self, sources: Sequence[str]) -> list[Phrases] | None:
+    def constraints(
+        self, sources: Sequence[str], kept: Sequence[Kept] | None = None, *, sampled: bool = False
+    ) -> list[Phrases] | None:
         """Each source piece's constraints: the target terms of the glossary's entries it holds, as the target
-        tokenizer writes them (:mod:`multihead.app.glossary`); ``None`` without a glossary."""
-        if self.glossary is None:
+        tokenizer writes them (:mod:`multihead.app.glossary`), then the stand-ins of kept spans it holds (``kept[i]``:
+        those of piece ``i``'s text, :attr:`Cut.kept`) that the target tokenizer writes as they are, unless the
+        search is ``sampled``; ``None`` when no piece can have any."""
+        stand_ins = (
+            [] if kept is None or sampled else [held(source, own) for source, own in zip(sources, kept, strict=True)]
+        )
+        if self.glossary is None and not any(stand_ins):
             return None
-        encoded: dict[str, Ids] = {}
-        for term in {term for source in sources for term in self.glossary.found(source)}:
-            encoded[term.target] = self.target.encode(term.target)[0]
-        return [[encoded[term.target] for term in self.glossary.found(source) if encoded[term.target]]
-                for source in sources]  # fmt: skip
+        found = [[] if self.glossary is None else [term.target for term in self.glossary.found(source)]
+                 for source in sources]  # fmt: skip
+        for index, own in enumerate(stand_ins):
+            found[index] += [stand_in for stand_in in own if self._spells(stand_in)]
+        encoded = {text: self.target.encode(text)[0] for text in {text for texts in found for text in texts}}
+        return [[encoded[text] for text in texts if encoded[text]] for texts in found]
+
+    def _spells(self, stand_in: str) -> bool:
+        """Whether the target tokenizer writes ``stand_in`` as it is."""
+        ids, unknown = self.target.encode(stand_in)
+        return not unknown and self.target.decode(ids) == stand_in
 
     @property
     def unit(self) -> str:
@@ -102,13 +120,14 @@ class Cutter:
         it."""
         if not readable(text):  # blank, or marks alone: kept as they are (:meth:`joined`)
             return Cut([], [], [text])
+        text, kept = self.keep.masked(text) if self.keep else (text, {})
         text, max_len = self.normalized(text, direction), self.max_len
         found = split(text, direction.source_lang) if self.split else whole(text)
 
         def fits(part: str) -> bool:
             return len(self.encode(part, direction)[0]) <= max_len
 
-        cut, unknown = Cut([], [], [found.gaps[0]]), list[str]()
+        cut, unknown = Cut([], [], [found.gaps[0]], kept), list[str]()
         longest, parted, count, cut_words = 0, 0, 0, False
         for sentence, gap in zip(found.sentences, found.gaps[1:], strict=True):
             ids, missing = self.encode(sentence, direction)
@@ -149,8 +168,9 @@ class Cutter:
         texts, at = [], 0
         for cut in cuts:
             count = len(cut.ids)
-            texts.append(join(cut.gaps, translated[at : at + count], direction.target_lang) if count
-                         else cut.gaps[0].strip())  # fmt: skip
+            pieces = [restored(source, piece, cut.kept)
+                      for source, piece in zip(cut.sources, translated[at : at + count], strict=True)]  # fmt: skip
+            texts.append(join(cut.gaps, pieces, direction.target_lang) if count else cut.gaps[0].strip())
             at += count
         return texts
 
@@ -169,8 +189,9 @@ class Cutter:
             pieces = [next(outputs) for _ in cut.ids]  # per piece, its best
             best = [[ranked[min(i, len(ranked) - 1)] for ranked in pieces] for i in range(count)]
             results.append([
-                (sum(rank for rank, _ in chosen), join(cut.gaps, [self.target.decode(ids) for _, ids in chosen],
-                                                       direction.target_lang))
+                (sum(rank for rank, _ in chosen),
+                 join(cut.gaps, [restored(source, self.target.decode(ids), cut.kept)
+                                 for source, (_, ids) in zip(cut.sources, chosen, strict=True)], direction.target_lang))
                 for chosen in best
             ])  # fmt: skip
         return results

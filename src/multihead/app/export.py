@@ -39,6 +39,13 @@ README = "README.md"
 MAX_POSITIONS = 1024
 BANNED = -1e4
 """The output bias of a token that is never generated: its probability is 0 in float32 and float16 alike."""
+GLOSSARY_NOTE = (
+    "Glossaries (`multihead translate --glossary FILE`) need multihead's own decoding: CTranslate2 has no lexically "
+    "constrained decoding (`translate_batch` takes no terms a translation must hold; `target_prefix` only fixes how "
+    "it begins), so this model translates as if there were no glossary. Where terms must be held, translate with "
+    "`multihead translate` or `multihead serve`.\n\n"
+)
+"""What the README says of glossaries, which CTranslate2 cannot express."""
 
 
 def _ctranslate2() -> Any:
@@ -228,6 +235,7 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
         + "\n```\n\n"
         + _forced_note(checkpoint)
         + _unexported_note(checkpoint)
+        + GLOSSARY_NOTE
         + "`translate_batch` takes `beam_size` (CTranslate2's default is 2, `multihead translate`'s 1), "
         "`length_penalty` (CTranslate2's default is 1, `multihead translate`'s 0.6), `max_decoding_length` and "
         "`min_decoding_length` (`multihead translate`'s `--max-length` and `--min-length`); the "

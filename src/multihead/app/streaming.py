@@ -98,6 +98,7 @@ class _Job(Generic[C]):
     doubted: set[int] = field(default_factory=set)
     pieces: list[Cut] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # each piece's source text
+    kept: list[dict[str, str]] = field(default_factory=list)  # each piece's text's kept spans, by their stand-ins
     pending: deque[tuple[int, Ids]] = field(default_factory=deque)
     outputs: list[Ranked] = field(default_factory=list)
     running: int = 0
@@ -153,6 +154,7 @@ class Requests(Generic[C]):
                 job.outputs += [[] for _ in cut.ids]
                 job.pieces.append(cut)
                 job.sources += cut.sources
+                job.kept += [cut.kept] * len(cut.sources)
         except Exception as error:
             settle(job.future, error=error)
             return
@@ -289,7 +291,9 @@ class StreamingTranslator:
             search = self._search(job, index)  # they join at this step
             forced = job.translator.generation.forced
             limit = job.translator.limits(search)(len(ids))
-            phrases = job.translator.constraints([job.sources[index]])  # its glossary's terms it holds
+            # its glossary's terms it holds, and the stand-ins of its kept spans
+            phrases = job.translator.constraints([job.sources[index]], [job.kept[index]],
+                                                 sampled=search.strategy.draws)  # fmt: skip
             self.stream.add(ids, (job, index), limit=limit, key=index, forced=forced, search=search,
                             constraints=phrases[0] if phrases else ())  # fmt: skip
         for finished in self.stream.step():

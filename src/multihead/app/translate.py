@@ -18,6 +18,7 @@ Notation: B batch, Ls source length, T generated length.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,7 +43,8 @@ from multihead.app.batched import (
 )
 from multihead.app.console import warn
 from multihead.app.cutting import Cut, Cutter, moses_normalizer
-from multihead.app.glossary import Glossary, Term, read_glossary
+from multihead.app.glossary import Glossary, read_glossary
+from multihead.app.keep import Keep, Kept, miscounted
 from multihead.app.languages import Direction, LanguageTokens, choose_direction
 from multihead.app.loaded import LoadedRun, load_run, run_direction
 from multihead.app.runs import Checkpoint
@@ -145,7 +147,9 @@ class Translator:
     ``split_sentences``: translate each text sentence by sentence (the default), else as one sentence (sources already
     split into sentences). ``guard``: search again the translations that look as if they lost or invented text, and name
     those that still do (the default; :meth:`joined`), else take them as the search finds them. ``glossary``: a
-    glossary file (:mod:`multihead.app.glossary`) whose terms found in a sentence its translation must use.
+    glossary file (:mod:`multihead.app.glossary`) whose terms found in a sentence its translation must use. ``keep``:
+    the spans kept as they are in translations, exactly once (:mod:`multihead.app.keep`; default: the usual
+    placeholders; ``None``: none).
 
     Its parts: :attr:`loaded` (:class:`~multihead.app.loaded.LoadedRun`), :attr:`direction`
     (:class:`~multihead.app.languages.Direction`) and :attr:`cutter` (:class:`~multihead.app.cutting.Cutter`);
@@ -166,12 +170,14 @@ class Translator:
         guard: bool = True,
         framework: str = "torch",
         glossary: str | Path | None = None,
+        keep: Keep | None = Keep(),  # noqa: B008 (immutable)
     ) -> None:
         loaded = load_run(run, checkpoint, device=device, quantize=quantize, ensemble=ensemble,
                           framework=framework)  # fmt: skip
         found, normalizer = loaded.checkpoint, moses_normalizer() if normalize == "moses" else None
         split = split_sentences and found.options.get("task") is None  # a task's inputs: no sentences
-        cutter = Cutter(found.source, found.target, loaded.max_len, split=split, guard=guard, normalizer=normalizer)
+        cutter = Cutter(found.source, found.target, loaded.max_len, split=split, guard=guard, normalizer=normalizer,
+                        keep=keep or None)  # fmt: skip
         direction = run_direction(found)
         if source_lang is not None or target_lang is not None:
             direction = choose_direction(loaded.language_tokens, direction, source_lang, target_lang,
@@ -270,18 +276,27 @@ class Translator:
             return self
         return type(self).of(self.loaded, self.direction, replace(self.cutter, split=split))
 
-    def glossing(self, terms: Sequence[Term]) -> Translator:
-        """This translator, its glossary's terms and ``terms`` (which win where both give a source term) making
-        translations use their targets, sharing its loaded run: a ``serve`` request's own glossary."""
-        if not terms:
+    def glossing(self, glossary: Glossary | None) -> Translator:
+        """This translator, ``glossary``'s terms in place of its own making translations use their targets
+        (``None``: as it is), sharing its loaded run: what a ``serve`` request's pair uses, the server's glossary
+        joined by the request's own (:meth:`Glossary.joined <multihead.app.glossary.Glossary.joined>`)."""
+        if glossary is None:
             return self
-        own = {term.source.casefold(): term for term in (self.cutter.glossary.terms if self.cutter.glossary else [])}
-        own.update({term.source.casefold(): term for term in terms})
-        return type(self).of(self.loaded, self.direction, replace(self.cutter, glossary=Glossary(list(own.values()))))
+        return type(self).of(self.loaded, self.direction, replace(self.cutter, glossary=glossary))
 
-    def constraints(self, sources: Sequence[str]) -> list[Phrases] | None:
+    def keeping(self, patterns: Sequence[re.Pattern[str]]) -> Translator:
+        """This translator, keeping the matches of ``patterns`` as they are too (:meth:`Keep.joined
+        <multihead.app.keep.Keep.joined>`), sharing its loaded run: a ``serve`` request's own spans to keep."""
+        if not patterns:
+            return self
+        keep = (self.cutter.keep or Keep(placeholders=False)).joined(patterns)
+        return type(self).of(self.loaded, self.direction, replace(self.cutter, keep=keep))
+
+    def constraints(
+        self, sources: Sequence[str], kept: Sequence[Kept] | None = None, *, sampled: bool = False
+    ) -> list[Phrases] | None:
         """Each source piece's constraints (:meth:`Cutter.constraints <multihead.app.cutting.Cutter.constraints>`)."""
-        return self.cutter.constraints(sources)
+        return self.cutter.constraints(sources, kept, sampled=sampled)
 
     def pieces(self, texts: Sequence[str], names: Sequence[str] | None = None) -> tuple[list[Cut], list[Ids]]:
         """Each text cut into the pieces the model reads (:meth:`Cutter.pieces <multihead.app.cutting.Cutter.pieces>`;
@@ -316,13 +331,19 @@ class Translator:
         return self.direction.spec(search)
 
     def generate(
-        self, search: SearchOptions = TRANSLATION, *, sources: Sequence[str] | None = None, first_key: int = 0
+        self,
+        search: SearchOptions = TRANSLATION,
+        *,
+        sources: Sequence[str] | None = None,
+        kept: Sequence[Kept] | None = None,
+        first_key: int = 0,
     ) -> Generate:
         """What translates a batch as ``search`` says (one translation a sentence): ``src (B, Ls)``, each row's length
         limit and index ``i`` in the input (which seeds its sampling, as ``first_key + i``) -> tokens ``(B, T)`` as
         generated; with a glossary, input ``i`` of source text ``sources[i]`` holds its terms
-        (:meth:`Cutter.constraints <multihead.app.cutting.Cutter.constraints>`)."""
-        constraints = None if sources is None else self.cutter.constraints(sources)
+        (:meth:`Cutter.constraints <multihead.app.cutting.Cutter.constraints>`), and the stand-ins of its spans kept as
+        they are (``kept[i]``: those of its text)."""
+        constraints = None if sources is None else self.constraints(sources, kept, sampled=search.strategy.draws)
         return self.loaded.generator(self.spec(search), constraints=constraints, first_key=first_key)
 
     def translate(
@@ -353,7 +374,8 @@ class Translator:
         a time. A sentence whose translation the guard still doubts (:meth:`joined`) is named in a warning."""
         names = names or [f"text {i + 1}" for i in range(len(texts))]
         cuts, flat = self.pieces(texts, names)
-        run = self.generate(search, sources=[source for cut in cuts for source in cut.sources], first_key=first_key)
+        run = self.generate(search, sources=[source for cut in cuts for source in cut.sources], kept=_kept(cuts),
+                            first_key=first_key)  # fmt: skip
         outputs = translate_ids(run, flat, limit=self.limits(search), generation=self.generation,
                                 batch_tokens=self.batch_size(search), progress=progress)  # fmt: skip
         self.tokens += sum(map(len, outputs))
@@ -373,18 +395,19 @@ class Translator:
     ) -> Translated:
         """Each text's translation from the translations ``outputs`` of all pieces, in order (searched with
         ``search``): the guard (unless the cutter's ``guard`` is off) first searches again those that look as if they
-        lost or invented text (:func:`doubt`): with a beam of at least :data:`GUARD_BEAM`, then, where that does not
+        lost or invented text (:func:`doubt`), or that do not hold each of their kept spans once
+        (:func:`~multihead.app.keep.miscounted`): with a beam of at least :data:`GUARD_BEAM`, then, where that does not
         settle it, their source split at its clauses (or in two halves) translated part by part; what still looks
         wrong is kept (the first translation) and named in the result. Then the pieces' translations are joined with
-        their source's spacing (:meth:`Cutter.joined <multihead.app.cutting.Cutter.joined>`). ``again``: the
-        translations of the doubted pieces (:meth:`doubts`) with the wider search (:meth:`wider`), where the caller
-        searched them (a stream), instead of a batch here."""
+        their source's spacing, their kept spans put back (:meth:`Cutter.joined
+        <multihead.app.cutting.Cutter.joined>`). ``again``: the translations of the doubted pieces (:meth:`doubts`)
+        with the wider search (:meth:`wider`), where the caller searched them (a stream), instead of a batch here."""
         translated = [self.target.decode(ids) for ids in outputs]
         sources = [source for cut in cuts for source in cut.sources]
         flat = [ids for cut in cuts for ids in cut.ids]
         doubts = self.doubts(cuts, outputs, search)
         if doubts:
-            doubts = self._search_again(doubts, flat, sources, translated, search, again)
+            doubts = self._search_again(doubts, (flat, sources, _kept(cuts)), translated, search, again)
         doubtful, at = [], 0
         for cut in cuts:
             doubtful.append([(sources[i], doubts[i]) for i in range(at, at + len(cut.ids)) if i in doubts])
@@ -396,9 +419,13 @@ class Translator:
         the guard doubts, and why; none when the guard is off."""
         if not self.cutter.guard:
             return {}
-        flat = [ids for cut in cuts for ids in cut.ids]
+        flat, sources, kept = (
+            [ids for cut in cuts for ids in cut.ids],
+            [s for cut in cuts for s in cut.sources],
+            _kept(cuts),
+        )
         return {index: why for index, (ids, out) in enumerate(zip(flat, outputs, strict=True))
-                if (why := self._doubt(ids, out, search)) is not None}  # fmt: skip
+                if (why := self._why(ids, out, search, sources[index], kept[index])) is not None}  # fmt: skip
 
     @staticmethod
     def wider(search: SearchOptions) -> SearchOptions:
@@ -411,21 +438,26 @@ class Translator:
         room = self.limits(search)(len(source)) - len(self.direction.forced)
         return doubt(source, translated, self.specials.eos, room)
 
+    def _why(self, ids: Ids, translated: Ids, search: SearchOptions, source: str, kept: Kept) -> str | None:
+        """:meth:`_doubt` of piece ``ids`` (of text ``source``, whose stand-ins ``kept`` stand for spans), else why its
+        translation does not hold each of its kept spans once (:func:`~multihead.app.keep.miscounted`)."""
+        why = self._doubt(ids, translated, search)
+        return why if why is not None or not kept else miscounted(source, self.target.decode(translated), kept)
+
     def _search_again(
         self,
         doubts: dict[int, str],
-        flat: list[Ids],
-        sources: list[str],
+        pieces: tuple[list[Ids], list[str], list[Kept]],
         translated: list[str],
         search: SearchOptions,
         searched: Mapping[int, Ids] | None,
     ) -> dict[int, str]:
-        """The guard's second and third tries of the pieces ``doubts`` names (index among ``flat`` -> why): their
-        translations in ``translated`` replaced where a try settles the doubt; the doubts left. ``searched``: the
-        second tries, made by the caller."""
-        wider, indices = self.wider(search), list(doubts)
+        """The guard's second and third tries of the pieces ``doubts`` names (index among the ``pieces``' ids, source
+        texts and kept spans -> why): their translations in ``translated`` replaced where a try settles the doubt; the
+        doubts left. ``searched``: the second tries, made by the caller."""
+        (flat, sources, kept), wider, indices = pieces, self.wider(search), list(doubts)
         if searched is None:
-            run = self.generate(wider, sources=[sources[i] for i in indices])
+            run = self.generate(wider, sources=[sources[i] for i in indices], kept=[kept[i] for i in indices])
             again = translate_ids(run, [flat[i] for i in indices], limit=self.limits(wider), generation=self.generation,
                                   batch_tokens=self.batch_size(wider))  # fmt: skip
             self.tokens += sum(map(len, again))
@@ -433,13 +465,13 @@ class Translator:
             again = [searched[index] for index in indices]
         left = {}
         for index, out in zip(indices, again, strict=True):
-            if self._doubt(flat[index], out, wider) is None:
+            if self._why(flat[index], out, wider, sources[index], kept[index]) is None:
                 translated[index] = self.target.decode(out)
             else:
                 left[index] = doubts[index]
         texts = [(index, part) for index in left for part in halved(sources[index])]
         parts = [(index, self.cutter.encode(part, self.direction)[0][: self.max_len]) for index, part in texts]
-        run = self.generate(search, sources=[part for _, part in texts])
+        run = self.generate(search, sources=[part for _, part in texts], kept=[kept[index] for index, _ in texts])
         outputs = translate_ids(run, [ids for _, ids in parts], limit=self.limits(search), generation=self.generation,
                                 batch_tokens=self.batch_size(search))  # fmt: skip
         self.tokens += sum(map(len, outputs))
@@ -476,7 +508,7 @@ class Translator:
         sum of theirs."""
         spec = self.spec(search)
         cuts, flat = self.pieces(texts, names)
-        constraints = self.cutter.constraints([source for cut in cuts for source in cut.sources])
+        constraints = self.constraints([source for cut in cuts for source in cut.sources], _kept(cuts))
 
         def run(src: np.ndarray, limits: np.ndarray, indices: np.ndarray) -> list[list[tuple[float, Ids]]]:
             phrases = None if constraints is None else [constraints[index] for index in indices]
@@ -526,3 +558,8 @@ class Translator:
         """One sentence's translation with every decoder layer's cross-attention
         (:func:`multihead.app.scoring.attention`)."""
         return scoring.attention(self.loaded, self.direction, self.cutter, text, search=search)
+
+
+def _kept(cuts: Sequence[Cut]) -> list[Kept]:
+    """Each piece's kept spans: its text's (:attr:`Cut.kept <multihead.app.cutting.Cut.kept>`)."""
+    return [cut.kept for cut in cuts for _ in cut.sources]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from multihead.app.console import UserError, plural, say
+from multihead.app.glossary import GlossaryFile, read_glossary_file
 from multihead.app.languages import asked_direction, pair_text
 from multihead.app.runs import has_checkpoints
 from multihead.app.serve.http import create_app
@@ -65,11 +66,14 @@ def _load_run(
 
 
 def _service(
-    loaders: Sequence[Loading], search: Callable[[Translator], SearchOptions], max_loaded: int | None
+    loaders: Sequence[Loading],
+    search: Callable[[Translator], SearchOptions],
+    max_loaded: int | None,
+    glossary: GlossaryFile | None,
 ) -> Service:
     """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``
     released at once (only their descriptions kept; loaded again when asked), searching as ``search`` says of the
-    first run."""
+    first run, each pair it serves directly taking ``glossary``'s entries of its languages."""
     translator, langs = loaders[0]()
     more: list[tuple[Translator | Described, Sequence[str]]] = []
     for index, load in enumerate(loaders[1:], start=1):
@@ -78,7 +82,7 @@ def _service(
         del run  # a run released: its model goes before the next loads
     reload = [functools.partial(_translator_only, load) for load in loaders]
     return Service(translator, langs, more=more, search=search(translator), thread=False, loaders=reload,
-                   max_loaded=max_loaded)  # fmt: skip
+                   max_loaded=max_loaded, glossary=glossary)  # fmt: skip
 
 
 def _loaders(
@@ -146,6 +150,18 @@ def _say_serving(service: Service, runs: Sequence[str], sock: socket.socket) -> 
         count = sum(owner == index for owner in routes.direct.values())
         said = plural(count, "pair") if count else "no pair: the runs named before it serve all of its"
         say(f"  {routes.names[index]}: {pair_text(service.runs[index][1])}; {said}", sys.stderr)
+    if service.glossaries:
+        _say_glossaries(service)
+
+
+def _say_glossaries(service: Service) -> None:
+    """Which pairs served directly take the server's glossary, and how many entries each (the first 12 named)."""
+    found = service.glossaries
+    named = [f"{source} → {target} ({len(terms)} {'entry' if len(terms) == 1 else 'entries'})"
+             for (source, target), terms in list(found.items())[:12]]  # fmt: skip
+    more = f" and {len(found) - 12} more" if len(found) > 12 else ""
+    say(f"  glossary terms for {len(found)} of {plural(len(service.routes.direct), 'pair')} served directly: "
+        f"{', '.join(named)}{more}", sys.stderr)  # fmt: skip
 
 
 def serve(
@@ -165,6 +181,7 @@ def serve(
     guard: bool = True,
     ensemble: bool = False,
     framework: str = "torch",
+    glossary: str | None = None,
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`; with ``ensemble``, as one ensemble of the first run's pairs, every step's
     log-probabilities averaged over their models) until SIGINT or SIGTERM: then new requests are refused, those in
@@ -173,16 +190,19 @@ def serve(
     pair; ``max_loaded``: the most runs whose models are held at once (:class:`~multihead.app.serve.engines.Engines`);
     ``normalize``: the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by
     sentence unless a request says otherwise, ``guard``: whether doubted translations are searched again, ``framework``:
-    what decodes (:class:`Translator`). A run of a built-in task serves its inputs as the language ``TASK`` and its
-    outputs as ``TASK-out`` unless ``langs`` says otherwise."""
+    what decodes (:class:`Translator`), ``glossary``: the server's glossary file (read before any run loads; each pair
+    served directly takes the entries of its two languages, refused in one line where no pair takes any). A run of a
+    built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
+    otherwise."""
     import uvicorn
 
     load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
                              split_sentences=split_sentences, guard=guard, framework=framework)  # fmt: skip
     loaders = _loaders(load, runs, langs, ensemble=ensemble)
+    terms = read_glossary_file(glossary) if glossary is not None else None
     sock = listening_socket(host, port)
     try:
-        service = _service(loaders, search, max_loaded)
+        service = _service(loaders, search, max_loaded, terms)
     except UserError:
         sock.close()
         raise

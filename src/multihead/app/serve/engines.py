@@ -118,7 +118,7 @@ class Engines:
         translation, or its ``count`` best."""
         engine = self.runs[job.leg.run].engine
         assert engine is not None  # its translator is loaded
-        translator = translator.glossing(job.glossary)
+        translator = translator.glossing(job.glossary).keeping(job.keep)
         if isinstance(job, Hypotheses):
             engine.add(job.texts, job.answer, translator, best=job.count)
         else:

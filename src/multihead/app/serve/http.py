@@ -25,7 +25,7 @@ from starlette.routing import Route as Endpoint
 
 from multihead.app.console import UserError
 from multihead.app.detect import Detected
-from multihead.app.glossary import Glossary, Term
+from multihead.app.glossary import Glossary
 from multihead.app.languages import language_name
 from multihead.app.markup import translate_html, visible_text
 from multihead.app.serve.jobs import Attend, Hypotheses, Translate, Work
@@ -69,6 +69,7 @@ class Handlers:
             pair = pivoted[0].legs[0].pair[0], pivoted[-1].legs[-1].pair[1]
             raise ApiError(400, f"Invalid request: a glossary needs a pair a run serves directly, and {pair[0]} -> "
                                 f"{pair[1]} goes through {pivoted[0].pivot}")  # fmt: skip
+        glossaries = {code: self._glossary(route, asked) for code, route in routes.items()}
         # A text already in the target language (source "auto") is kept as it is; the others go by their sources.
         kept = [found.language == target for found in detected] if detected else [False] * len(texts)
         groups: dict[str, list[int]] = {}
@@ -82,37 +83,52 @@ class Handlers:
             for code, indices in groups.items():
                 for index in indices:
                     if asked.html:
-                        through = self._through(routes[code], request, asked, doubtful, [index])
+                        through = self._through(routes[code], request, asked, doubtful, [index], glossaries[code])
                         translated[index] = await translate_html(texts[index], through)
                     else:
-                        found = await self._best(routes[code], texts[index], asked, request)
+                        found = await self._best(routes[code], texts[index], asked, request, glossaries[code])
                         translated[index] = found[0]
                         others[index] = [other for other in dict.fromkeys(found[1:]) if other != found[0]]
         else:
             done = await asyncio.gather(*(
-                self._through(routes[code], request, asked, doubtful, indices)([texts[i] for i in indices])
+                self._through(routes[code], request, asked, doubtful, indices, glossaries[code])(
+                    [texts[i] for i in indices]
+                )
                 for code, indices in groups.items()
             ))  # fmt: skip
             for indices, outputs in zip(groups.values(), done, strict=True):
                 for index, output in zip(indices, outputs, strict=True):
                     translated[index] = output
-        applied = _applied(asked.glossary, shown)
+        used = [None if keep else glossaries[code] for code, keep in zip(sources, kept, strict=True)]
+        applied = _applied(used, shown)
         answer = _answer(translated, detected=detected, alternatives=asked.alternatives and others, doubtful=doubtful,
                          glossary=applied)  # fmt: skip
         return JSONResponse(answer if asked.many else {name: value[0] for name, value in answer.items()})
 
+    def _glossary(self, route: Route, asked: TranslateRequest) -> Glossary | None:
+        """What the texts ``asked`` sends along ``route`` use: the server's glossary of its pair joined by the
+        request's own (:meth:`Service.glossary <multihead.app.serve.service.Service.glossary>`); none through a pivot
+        language (the handler refuses a request's own glossary there)."""
+        return None if route.pivot is not None else self.service.glossary(route.legs[0].pair, asked.glossary)
+
     def _through(
-        self, route: Route, request: Request, asked: TranslateRequest, doubtful: list[list[str]], into: Sequence[int]
+        self,
+        route: Route,
+        request: Request,
+        asked: TranslateRequest,
+        doubtful: list[list[str]],
+        into: Sequence[int],
+        glossary: Glossary | None,
     ) -> Callable[[list[str]], Awaitable[list[str]]]:
         """What translates a request's texts along ``route``, line by line, split into sentences as ``asked`` says and
-        using its glossary, adding the source sentences the guard doubts in its ``i``-th text to
+        using ``glossary`` (:meth:`_glossary`), adding the source sentences the guard doubts in its ``i``-th text to
         ``doubtful[into[i]]`` (an HTML text's pieces, all of them to ``doubtful[into[0]]``)."""
 
         async def translate(texts: list[str]) -> list[str]:
             lines = Lines.of(texts)
 
             async def leg(on: Leg, flat: list[str]) -> list[str]:
-                done = await self._ask(Translate(on, flat, asked.split, asked.glossary), request)
+                done = await self._ask(Translate(on, flat, asked.split, glossary, asked.keep), request)
                 for index, found in enumerate(lines.doubts(done)):
                     doubtful[into[min(index, len(into) - 1)]] += found
                 return done.texts
@@ -121,19 +137,21 @@ class Handlers:
 
         return translate
 
-    async def _best(self, route: Route, text: str, asked: TranslateRequest, request: Request) -> list[str]:
-        """The best translations of ``text`` along ``route`` (one more than ``asked``'s alternatives, using its
-        glossary), line by line (the ``i``-th best of each line,
-        joined; a blank line: itself): each line's beam search is a job of its own on the worker, so that the
-        requests being streamed take their steps between them."""
+    async def _best(
+        self, route: Route, text: str, asked: TranslateRequest, request: Request, glossary: Glossary | None
+    ) -> list[str]:
+        """The best translations of ``text`` along ``route`` (one more than ``asked``'s alternatives, using
+        ``glossary``: :meth:`_glossary`), line by line (the ``i``-th best of each line, joined; a blank line: itself):
+        each line's beam search is a job of its own on the worker, so that the requests being streamed take their
+        steps between them."""
 
         async def leg(on: Leg, texts: list[str]) -> list[str]:
-            return (await self._ask(Translate(on, texts), request)).texts
+            return (await self._ask(Translate(on, texts, keep=asked.keep), request)).texts
 
         count = asked.alternatives + 1
 
         async def best(on: Leg, texts: list[str]) -> list[list[str]]:
-            return await self._ask(Hypotheses(on, texts, count, asked.glossary), request)
+            return await self._ask(Hypotheses(on, texts, count, glossary, asked.keep), request)
 
         found = []
         for line in Lines.of([text]).lines[0]:
@@ -234,12 +252,13 @@ async def _client_left(request: Request) -> None:
         pass
 
 
-def _applied(glossary: Sequence[Term], texts: list[str]) -> list[list[list[str]]] | None:
-    """The entries of a request's ``glossary`` each text holds, ``[source, target]`` each (``None``: no glossary)."""
-    if not glossary:
+def _applied(glossaries: Sequence[Glossary | None], texts: list[str]) -> list[list[list[str]]] | None:
+    """The entries of its glossary (``glossaries[i]``: the server's and the request's, :meth:`Handlers._glossary`)
+    each text holds, ``[source, target]`` each (``None``: no text has a glossary)."""
+    if all(glossary is None for glossary in glossaries):
         return None
-    found = Glossary(list(glossary)).found
-    return [[[term.source, term.target] for term in found(text)] for text in texts]
+    return [[[term.source, term.target] for term in glossary.found(text)] if glossary else []
+            for glossary, text in zip(glossaries, texts, strict=True)]  # fmt: skip
 
 
 def _answer(
@@ -253,7 +272,7 @@ def _answer(
     """``/translate``'s answer, each field a list of each text's: ``translatedText``, and where there are any
     ``detectedLanguage``, ``alternatives`` (each text's list), ``doubtful`` (each text's sentences the guard
     doubts, each once: an HTML text's pieces may translate one more than once) and ``glossary`` (the entries of the
-    request's glossary each text holds, ``[source, target]`` each)."""
+    server's and the request's glossaries each text holds, ``[source, target]`` each)."""
     fields: dict[str, list[Any]] = {"translatedText": translated}
     if glossary is not None:
         fields["glossary"] = glossary

@@ -4,12 +4,13 @@ loader thread sends the worker when a run it loaded is ready."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from multihead.app.glossary import Term
+from multihead.app.glossary import Glossary
 from multihead.app.serve.routing import Leg
 from multihead.app.translate import Translated, Translation, Translator
 
@@ -28,22 +29,27 @@ class Job(Generic[T]):
 
 @dataclass(frozen=True, eq=False)
 class Translate(Job[Translated]):
-    """Texts to translate, split into sentences as ``split`` says (``None``: as the server does), using the terms of
-    the request's ``glossary`` beside the server's: they join the run's engine between its steps."""
+    """Texts to translate, split into sentences as ``split`` says (``None``: as the server does), using ``glossary``
+    (the server's for the leg's pair joined by the request's own; ``None``: none): they join the run's engine between
+    its steps. ``keep``: what the request asks to keep as it is too, beside the server's placeholders
+    (:mod:`multihead.app.keep`)."""
 
     texts: list[str]
     split: bool | None = None
-    glossary: tuple[Term, ...] = ()
+    glossary: Glossary | None = None
+    keep: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
 class Hypotheses(Job[list[list[str]]]):
     """Each text's ``count`` best translations, from a beam search whose sentences step in the run's engine with the
-    others (texts that hold text: the handlers keep a blank line as it is)."""
+    others (texts that hold text: the handlers keep a blank line as it is), using ``glossary`` and ``keep`` as
+    :class:`Translate` does."""
 
     texts: list[str]
     count: int
-    glossary: tuple[Term, ...] = ()
+    glossary: Glossary | None = None
+    keep: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

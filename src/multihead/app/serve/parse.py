@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 
 from multihead.app.glossary import Term
+from multihead.app.keep import keep_pattern
 from multihead.app.segment import not_text
 from multihead.app.serve.limits import ApiError, Limits
 from multihead.app.translate import Translated
@@ -27,7 +29,8 @@ BODY_LIMIT = 1 << 20
 class TranslateRequest:
     """``/translate``'s: its texts (``many``: ``q`` was a list), ``source`` (``"auto"``: each text's detected) and
     ``target`` as sent, whether the texts are HTML, how many alternatives, whether they are split into sentences
-    (``None``: as the server does), and its own glossary's terms (beyond LibreTranslate's fields)."""
+    (``None``: as the server does), its own glossary's terms and the regular expressions whose matches it keeps as
+    they are (beyond LibreTranslate's fields)."""
 
     texts: list[str]
     many: bool
@@ -37,6 +40,7 @@ class TranslateRequest:
     alternatives: int
     split: bool | None
     glossary: tuple[Term, ...] = ()
+    keep: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,9 @@ def translate_request(arguments: dict[str, Any], limits: Limits) -> TranslateReq
     if text_format not in ("text", "html"):
         raise ApiError(400, f"{text_format} format is not supported")
     split = _flag_argument(arguments, "split")
-    glossary = _glossary_argument(arguments)
+    glossary, keep = _glossary_argument(arguments), _keep_argument(arguments)
     return TranslateRequest(texts, isinstance(q, list), source, target, text_format == "html", alternatives, split,
-                            glossary)  # fmt: skip
+                            glossary, keep)  # fmt: skip
 
 
 def attention_request(arguments: dict[str, Any], limits: Limits) -> AttentionRequest:
@@ -144,6 +148,33 @@ def _glossary_argument(arguments: dict[str, Any]) -> tuple[Term, ...]:
                 raise ApiError(400, f"Invalid request: glossary entry {index}'s {side} holds {problem}")
         terms.append(Term(entry[0].strip(), entry[1].strip()))
     return tuple(terms)
+
+
+def _keep_argument(arguments: dict[str, Any]) -> tuple[re.Pattern[str], ...]:
+    """The regular expressions whose matches a request keeps as they are: a list of strings (in a form, that list as
+    JSON), each refused where it is not one or matches an empty text."""
+    value = arguments.get("keep")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, list):
+        raise ApiError(400, "Invalid request: keep must be a list of regular expressions")
+    patterns = []
+    for index, entry in enumerate(value):
+        if not isinstance(entry, str):
+            raise ApiError(400, f"Invalid request: keep entry {index} must be a regular expression, received "
+                                f"{json.dumps(entry, ensure_ascii=False)[:80]}")  # fmt: skip
+        if (problem := not_text(entry)) is not None:
+            raise ApiError(400, f"Invalid request: keep entry {index} holds {problem}")
+        try:
+            patterns.append(keep_pattern(entry))
+        except ValueError as error:
+            raise ApiError(400, f"Invalid request: keep entry {index}: {error}") from None
+    return tuple(patterns)
 
 
 def _alternatives(arguments: dict[str, Any], limits: Limits) -> int:

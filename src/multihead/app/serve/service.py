@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from multihead.app.glossary import Glossary, GlossaryFile, Term
 from multihead.app.serve.engines import Engines, described
 from multihead.app.serve.jobs import Load
-from multihead.app.serve.routing import Routes
+from multihead.app.serve.routing import Pair, Routes
 from multihead.app.serve.worker import Worker
 from multihead.app.streaming import StreamingTranslator
 from multihead.app.translate import TRANSLATION, Described, Translator
@@ -24,7 +25,9 @@ class Service:
     :class:`~multihead.app.serve.routing.Routes`, and the worker that translates with them as ``search`` says, on a
     thread of its own unless ``thread`` is false (then :meth:`Worker.work` is the caller's to run). With
     ``max_loaded``, at most that many runs hold their models, ``loaders`` loading each again
-    (:class:`~multihead.app.serve.engines.Engines`, which alone holds the translators)."""
+    (:class:`~multihead.app.serve.engines.Engines`, which alone holds the translators). ``glossary``: the server's
+    glossary file, whose entries each pair a run serves directly takes (:attr:`glossaries`; refused in one line where
+    it gives none any)."""
 
     def __init__(
         self,
@@ -36,10 +39,21 @@ class Service:
         thread: bool = True,
         loaders: Sequence[Load] | None = None,
         max_loaded: int | None = None,
+        glossary: GlossaryFile | None = None,
     ) -> None:
         runs = [(translator, langs), *more]
         self.runs = [(described(run), pair) for run, pair in runs]
         self.routes = Routes(self.runs)
+        self.glossaries: dict[Pair, Glossary] = glossary.glossaries(self.routes.direct) if glossary else {}
+        """The server's glossary of each pair served directly that its file gives entries."""
         make = functools.partial(StreamingTranslator, rows=GATHER, search=search)
         self.engines = Engines(runs, make, loaders=loaders, max_loaded=max_loaded)
         self.worker = Worker(self.engines, search=search, thread=thread)
+
+    def glossary(self, pair: Pair, terms: Sequence[Term]) -> Glossary | None:
+        """What a request's texts of the pair ``pair`` (one a run serves directly) use: the server's glossary of the
+        pair joined by the request's own ``terms``, whose targets win (``None``: neither has any)."""
+        served = self.glossaries.get(pair)
+        if served is None:
+            return Glossary(terms) if terms else None
+        return served.joined(terms)
