@@ -3,7 +3,9 @@ translations that use the target terms (a constrained beam search in the engine)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,9 @@ import pytest
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, write_lines
 from multihead.app.console import UserError
 from multihead.app.glossary import Glossary, Term, read_glossary, read_glossary_file
+from multihead.app.tokenizers import word_ends
 from multihead.app.translate import Translator
+from multihead.decoding import SearchOptions
 
 
 def test_terms_are_found_as_whole_words_in_any_case_the_longest_first() -> None:
@@ -344,3 +348,45 @@ def test_serve_glossary_names_its_pairs_at_start_and_a_file_for_no_pair_served_i
     broken.write_text("<martif><text>", encoding="utf-8")
     assert_refused(cli("serve", corpus_run.path, "--port", "0", "--glossary", broken), "is not well-formed XML")
     assert_refused(cli("translate", corpus_run.path, "--glossary", broken, "Hallo"), "is not well-formed XML")
+
+
+def test_a_term_is_held_as_a_whole_word_unless_the_glossary_prefers_it(corpus_run: CorpusRun, tmp_path: Path) -> None:
+    """A term ending in a letter or digit is followed by what may follow a whole word (the target tokenizer's word
+    starts and marks: :func:`word_ends`), so that "ca" is never written as the start of "cat"; a term ending in a mark
+    or written without spaces is followed by anything; with a bonus, terms are preferred, not held."""
+    translator = Translator(corpus_run.path, glossary=write_lines(tmp_path / "g.tsv", ["de\ten", "Hund\tca"]))
+    cutter, vocab = translator.cutter, translator.checkpoint.config.tgt_vocab
+    ends = word_ends(cutter.target, vocab)
+    ids = cutter.target.encode("cat sat.")[0]
+    pieces = cutter.target.pieces(ids)
+    assert [bool(ends[i]) for i in ids] == [p.startswith("▁") or not p[:1].isalnum() for p in pieces]
+    assert ends[ids[0]]  # a word's start may follow
+    assert not all(ends[i] for i in ids)  # a continuation may not
+    (own,) = replace(cutter, glossary=Glossary([Term("Hund", "ca"), Term("Firma", "Inc."), Term("Katze", "猫")])
+                     ).constraints(["Hund Firma Katze"]) or [[]]  # fmt: skip
+    assert [phrase.followed_by is ends for phrase in own] == [True, False, False]
+    (preferred,) = replace(cutter, bonus=2.5).constraints(["der Hund"]) or [[]]
+    assert [(phrase.bonus, phrase.followed_by) for phrase in preferred] == [(2.5, None)]
+    out = translator.translate([source for source in SAMPLES if "Hund" in source], search=SearchOptions(beam_size=3))
+    assert out
+    assert all(re.search(r"(?<!\w)ca(?!\w)", text) for text in out), out
+
+
+def test_glossary_bonus_prefers_terms_and_needs_a_glossary(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``--glossary-bonus``: a bonus of almost nothing translates as without the glossary, a large one writes the
+    term; without ``--glossary`` it is refused in one line."""
+    glossary = write_lines(tmp_path / "g.tsv", ["de\ten", "Hund\tslowly"])
+    texts = [source for source in SAMPLES if "Hund" in source]
+    plain = cli("translate", corpus_run.path, *texts)
+    slight = cli("translate", corpus_run.path, "--glossary", glossary, "--glossary-bonus", "1e-9", *texts)
+    strong = cli("translate", corpus_run.path, "--glossary", glossary, "--glossary-bonus", "50", *texts)
+    assert (plain.status, slight.status, strong.status) == (0, 0, 0), (slight.err, strong.err)
+    assert slight.out_lines == plain.out_lines
+    assert all("slowly" in line for line in strong.out_lines), strong.out_lines
+    assert not all("slowly" in line for line in plain.out_lines)
+    assert_refused(cli("translate", corpus_run.path, "--glossary-bonus", "2", "Hallo"),
+                   "--glossary-bonus 2 needs --glossary FILE")  # fmt: skip
+    assert_refused(cli("translate", corpus_run.path, "--glossary", glossary, "--glossary-bonus", "0", "Hallo"),
+                   "must be a finite number above 0")  # fmt: skip

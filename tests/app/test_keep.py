@@ -151,3 +151,25 @@ def test_serve_keeps_placeholders_and_a_requests_own_spans(copying_run: Path) ->
         for bad, message in refused:
             status, answer = request(url, "/translate", {**body, "keep": bad})
             assert (status, answer["error"].startswith(f"Invalid request: {message}")) == (400, True), answer
+
+
+def test_serve_takes_the_keep_and_glossary_options_as_translate_does(copying_run: Path) -> None:
+    """``serve --keep REGEX --no-keep-placeholders --glossary-bonus B``: the translators it loads keep what those
+    say (a bonus without a server glossary is for requests' own); a bad regex is refused in one line (exit 2)."""
+    from multihead.app.cli import _terminology, build_parser
+    from multihead.app.serve.command import _load_run
+
+    args = build_parser().parse_args(["serve", str(copying_run), "--keep", r"ACME-\d+", "--no-keep-placeholders",
+                                      "--glossary-bonus", "2"])  # fmt: skip
+    options = _terminology(args, serving=True)
+    translator, _ = _load_run(str(copying_run), checkpoint=None, device=None, quantize=None, normalize=None,
+                              langs=None, glossary_bonus=options["glossary_bonus"], keep=options["keep"])  # fmt: skip
+    keep = translator.cutter.keep
+    assert keep is not None
+    assert (keep.placeholders, [p.pattern for p in keep.patterns], translator.cutter.bonus) == (
+        False,
+        [r"ACME-\d+"],
+        2.0,
+    )
+    assert keep.spans("call ACME-7 at {name}") == [(5, 11)]
+    assert main(["serve", str(copying_run), "--keep", "("]) == 2

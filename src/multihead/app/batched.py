@@ -12,10 +12,11 @@ from typing import TypeVar
 import numpy as np
 
 from multihead.app.console import progress_bar
+from multihead.constraints import Phrase
 from multihead.decoding import Generation, SearchOptions
 
 Ids = list[int]
-Phrases = list[Ids]
+Phrases = list[Phrase]
 """The phrases, as target token ids, one translation must hold (its constraints)."""
 Ranked = list[tuple[float, Ids]]
 """A sentence's hypotheses, best first, each with its rank."""

@@ -240,7 +240,7 @@ def _translate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=others, split_sentences=not args.no_split,
-        guard=not args.no_guard, framework=args.framework, glossary=args.glossary, keep=_keep(args),
+        guard=not args.no_guard, framework=args.framework, **_terminology(args),
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -332,7 +332,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from multihead.app.options import check_min_length, search_options, search_text
     from multihead.app.translate import Translator, speed_text
 
-    search, keep = search_options(args), _keep(args)
+    search, terminology = search_options(args), _terminology(args)
     _check_targets({"SRC": args.src, "REF": args.ref}, output=args.output)
     sources, references = (
         _without_final_blanks(read_lines(args.src, "SRC")),
@@ -348,8 +348,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     translator = Translator(
         args.run[0], args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
         target_lang=args.target_lang, normalize=args.normalize, ensemble=args.run[1:],
-        split_sentences=not args.no_split, guard=not args.no_guard, framework=args.framework, glossary=args.glossary,
-        keep=keep,
+        split_sentences=not args.no_split, guard=not args.no_guard, framework=args.framework, **terminology,
     )  # fmt: skip
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
@@ -538,7 +537,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
         normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard, ensemble=args.ensemble,
-        framework=args.framework, glossary=args.glossary,
+        framework=args.framework, **_terminology(args, serving=True),
     )  # fmt: skip
 
 
@@ -627,6 +626,8 @@ def _add_language_options(command: argparse.ArgumentParser) -> None:
 def _add_glossary_option(command: argparse.ArgumentParser, *, serving: bool = False) -> None:
     """What ``translate``, ``evaluate`` and (``serving``) ``serve`` take to make translations use a glossary's
     terms."""
+    from multihead.app.options import positive_number
+
     which = (
         "; read for every pair served directly (a pair the file has no terms of takes none, one through a pivot "
         "language neither), a request's own glossary field joining it" if serving else ""
@@ -636,12 +637,18 @@ def _add_glossary_option(command: argparse.ArgumentParser, *, serving: bool = Fa
         help="terms translations must use: a table whose header names the languages (de<TAB>en; .csv: commas), a "
         "row an entry, or a TBX termbase (.tbx), a concept an entry; each source term found in a sentence (a whole "
         "word, any case, the longest first) puts its target term, as written, in the translation (a constrained beam "
-        f"search, one beam more than its terms){which}",
+        f"search, one beam more than its terms; a term ending in a letter or digit stays a whole word){which}",
+    )  # fmt: skip
+    command.add_argument(
+        "--glossary-bonus", type=positive_number, metavar="BONUS",
+        help="prefer the glossary's terms instead of requiring them: each token of a term a translation writes adds "
+        "BONUS to its log-probability (for languages that inflect terms; 1 to 3 is a start)",
     )  # fmt: skip
 
 
 def _add_keep_options(command: argparse.ArgumentParser) -> None:
-    """What ``translate`` and ``evaluate`` take to keep spans of the sources as they are in translations."""
+    """What ``translate``, ``evaluate`` and ``serve`` take to keep spans of the sources as they are in translations
+    (``serve``: a request's own ``keep`` field joining them)."""
     command.add_argument(
         "--keep", action="append", metavar="REGEX",
         help="keep what this regular expression matches as it is, exactly once in the translation (repeatable); "
@@ -652,6 +659,14 @@ def _add_keep_options(command: argparse.ArgumentParser) -> None:
         "--no-keep-placeholders", action="store_true",
         help="translate placeholders, URLs and e-mail addresses as text (only --keep's matches are kept)",
     )  # fmt: skip
+
+
+def _terminology(args: argparse.Namespace, *, serving: bool = False) -> dict[str, Any]:
+    """What the glossary and keep options ask of a translator (its ``glossary``, ``glossary_bonus`` and ``keep``),
+    checked before any work: ``--glossary-bonus`` needs a glossary (``serving``: the server's, or a request's own)."""
+    if args.glossary_bonus is not None and args.glossary is None and not serving:
+        raise UserError(f"--glossary-bonus {args.glossary_bonus:g} needs --glossary FILE: terms to prefer")
+    return {"glossary": args.glossary, "glossary_bonus": args.glossary_bonus, "keep": _keep(args)}
 
 
 def _keep(args: argparse.Namespace) -> Keep | None:
@@ -916,6 +931,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "client that disconnects is dropped either way)",
     )  # fmt: skip
     _add_glossary_option(serve, serving=True)
+    _add_keep_options(serve)
     _add_decoding_options(serve)
 
 

@@ -15,11 +15,12 @@ from typing import Any
 
 from multihead.app.batched import Ids, Phrases, Ranked
 from multihead.app.console import UserError, warn
-from multihead.app.glossary import Glossary
+from multihead.app.glossary import NO_SPACES, Glossary
 from multihead.app.keep import Keep, Kept, held, restored
 from multihead.app.languages import Direction
 from multihead.app.segment import join, readable, shorter, split, whole
-from multihead.app.tokenizers import Tokenizer, encode_opened
+from multihead.app.tokenizers import Tokenizer, encode_opened, word_ends
+from multihead.constraints import Phrase
 
 
 @dataclass
@@ -60,8 +61,10 @@ class Cutter:
     translations that look as if they lost or invented text are searched again
     (:meth:`multihead.app.translate.Translator.joined`). ``normalizer``: what the sources' punctuation goes through
     first (Moses', per language), if anything. ``glossary``: the terms whose targets translations must use
-    (:meth:`constraints`). ``keep``: the spans (placeholders...) kept as they are in translations
-    (:mod:`multihead.app.keep`). The languages are a direction's, which each method is given."""
+    (:meth:`constraints`), unless ``bonus`` says to prefer them (a :class:`~multihead.constraints.Phrase`'s bonus a
+    token). ``keep``: the spans (placeholders...) kept as they are in translations (:mod:`multihead.app.keep`).
+    ``vocab``: the model's target vocabulary (what may follow a term: :func:`~multihead.app.tokenizers.word_ends`;
+    0: anything). The languages are a direction's, which each method is given."""
 
     source: Tokenizer
     target: Tokenizer
@@ -71,6 +74,8 @@ class Cutter:
     normalizer: Callable[[str], Any] | None = None
     glossary: Glossary | None = None
     keep: Keep | None = None
+    bonus: float | None = None
+    vocab: int = 0
 
     def constraints(
         self, sources: Sequence[str], kept: Sequence[Kept] | None = None, *, sampled: bool = False
@@ -78,7 +83,10 @@ class Cutter:
         """Each source piece's constraints: the target terms of the glossary's entries it holds, as the target
         tokenizer writes them (:mod:`multihead.app.glossary`), then the stand-ins of kept spans it holds (``kept[i]``:
         those of piece ``i``'s text, :attr:`Cut.kept`) that the target tokenizer writes as they are, unless the
-        search is ``sampled``; ``None`` when no piece can have any."""
+        search is ``sampled``; ``None`` when no piece can have any. Each is a phrase to hold, followed by what may
+        follow a whole word where it ends in a letter or digit (of a script written with spaces), or, a term when
+        :attr:`bonus` says so, a phrase to prefer. Refused in one line where a piece's phrases to hold take more
+        tokens than the model writes."""
         stand_ins = (
             [] if kept is None or sampled else [held(source, own) for source, own in zip(sources, kept, strict=True)]
         )
@@ -86,10 +94,27 @@ class Cutter:
             return None
         found = [[] if self.glossary is None else [term.target for term in self.glossary.found(source)]
                  for source in sources]  # fmt: skip
+        terms = [len(texts) for texts in found]
         for index, own in enumerate(stand_ins):
             found[index] += [stand_in for stand_in in own if self._spells(stand_in)]
         encoded = {text: self.target.encode(text)[0] for text in {text for texts in found for text in texts}}
-        return [[encoded[text] for text in texts if encoded[text]] for texts in found]
+        phrases = [[self._phrase(text, encoded[text], term=at < count)
+                    for at, text in enumerate(texts) if encoded[text]]
+                   for texts, count in zip(found, terms, strict=True)]  # fmt: skip
+        for source, its in zip(sources, phrases, strict=True):
+            held_tokens = sum(len(phrase.tokens) for phrase in its if phrase.bonus is None)
+            if held_tokens > self.max_len - 1:
+                raise UserError(f"the terms and kept spans of {source!r} take {held_tokens} tokens, more than the "
+                                f"{self.max_len - 1} this model writes")  # fmt: skip
+        return phrases
+
+    def _phrase(self, text: str, ids: Ids, *, term: bool) -> Phrase:
+        """The constraint of ``text`` (a glossary's target term, or a stand-in), written as ``ids``."""
+        if term and self.bonus is not None:
+            return Phrase(ids, bonus=self.bonus)
+        whole = self.vocab > 0 and text[-1].isalnum() and not NO_SPACES.match(text[-1])
+        ends = word_ends(self.target, self.vocab) if whole else None  # type: ignore[arg-type]
+        return Phrase(ids, followed_by=ends)
 
     def _spells(self, stand_in: str) -> bool:
         """Whether the target tokenizer writes ``stand_in`` as it is."""

@@ -168,7 +168,8 @@ def _top_p(text: str) -> float:
     return value
 
 
-def _temperature(text: str) -> float:
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0."""
     value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, received {text}")
@@ -191,7 +192,7 @@ SEARCH_OPTIONS = (
      "1: take the most probable, no sampling)"),
     ("sampling_topp", "--sampling-topp", _top_p, "P", "sample only from the fewest most probable tokens whose "
      "probability reaches P, in (0, 1] (nucleus sampling)"),
-    ("sampling_temperature", "--sampling-temperature", _temperature, "T", "divide the log-probabilities by T before "
+    ("sampling_temperature", "--sampling-temperature", positive_number, "T", "divide the log-probabilities by T before "
      "sampling (above 0; below 1 sharper, above flatter)"),
     ("seed", "--seed", limit(0), "S", "seed of the sampling: the same seed and input give the same translations "
      "(default: a fresh seed each run)"),

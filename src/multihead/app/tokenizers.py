@@ -19,6 +19,7 @@ and each subword vocabulary, SentencePiece model and vocabulary of its pieces is
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -535,6 +536,18 @@ class SentencePieceTokenizer:
             piece.startswith(self.MARK) or index in self.skipped or (piece.startswith(">>") and piece.endswith("<<"))
             for index, piece in zip(ids, self.pieces(ids), strict=True)
         ]
+
+
+@functools.cache
+def word_ends(tokenizer: Tokenizer, size: int) -> np.ndarray:
+    """The ids of a target vocabulary of ``size`` that may follow a word written whole without joining it, bools
+    ``(size,)``: those that begin a word, and those that begin with neither a letter nor a digit (punctuation, ``'s``,
+    specials); none past the tokenizer's own. Kept for each tokenizer (hashed by identity) and size."""
+    ids = list(range(min(size, len(tokenizer))))
+    ends = np.zeros(size, dtype=bool)
+    starts, pieces = tokenizer.word_starts(ids), tokenizer.pieces(ids)
+    ends[: len(ids)] = [start or not piece[:1].isalnum() for start, piece in zip(starts, pieces, strict=True)]
+    return ends
 
 
 def forcing(target: Tokenizer, forced: Sequence[int]) -> Tokenizer:

@@ -147,9 +147,10 @@ class Translator:
     ``split_sentences``: translate each text sentence by sentence (the default), else as one sentence (sources already
     split into sentences). ``guard``: search again the translations that look as if they lost or invented text, and name
     those that still do (the default; :meth:`joined`), else take them as the search finds them. ``glossary``: a
-    glossary file (:mod:`multihead.app.glossary`) whose terms found in a sentence its translation must use. ``keep``:
-    the spans kept as they are in translations, exactly once (:mod:`multihead.app.keep`; default: the usual
-    placeholders; ``None``: none).
+    glossary file (:mod:`multihead.app.glossary`) whose terms found in a sentence its translation must use, each as a
+    whole word where it ends in a letter or digit, or, with ``glossary_bonus``, is to prefer (that bonus to a
+    hypothesis' log-probability for each token of a term it writes). ``keep``: the spans kept as they are in
+    translations, exactly once (:mod:`multihead.app.keep`; default: the usual placeholders; ``None``: none).
 
     Its parts: :attr:`loaded` (:class:`~multihead.app.loaded.LoadedRun`), :attr:`direction`
     (:class:`~multihead.app.languages.Direction`) and :attr:`cutter` (:class:`~multihead.app.cutting.Cutter`);
@@ -171,13 +172,14 @@ class Translator:
         framework: str = "torch",
         glossary: str | Path | None = None,
         keep: Keep | None = Keep(),  # noqa: B008 (immutable)
+        glossary_bonus: float | None = None,
     ) -> None:
         loaded = load_run(run, checkpoint, device=device, quantize=quantize, ensemble=ensemble,
                           framework=framework)  # fmt: skip
         found, normalizer = loaded.checkpoint, moses_normalizer() if normalize == "moses" else None
         split = split_sentences and found.options.get("task") is None  # a task's inputs: no sentences
         cutter = Cutter(found.source, found.target, loaded.max_len, split=split, guard=guard, normalizer=normalizer,
-                        keep=keep or None)  # fmt: skip
+                        keep=keep or None, bonus=glossary_bonus, vocab=found.config.tgt_vocab)  # fmt: skip
         direction = run_direction(found)
         if source_lang is not None or target_lang is not None:
             direction = choose_direction(loaded.language_tokens, direction, source_lang, target_lang,

@@ -15,6 +15,7 @@ from typing import Any
 
 from multihead.app.console import UserError, plural, say
 from multihead.app.glossary import GlossaryFile, read_glossary_file
+from multihead.app.keep import Keep
 from multihead.app.languages import asked_direction, pair_text
 from multihead.app.runs import has_checkpoints
 from multihead.app.serve.http import create_app
@@ -56,12 +57,14 @@ def _load_run(
     guard: bool = True,
     ensemble: Sequence[str] = (),
     framework: str = "torch",
+    glossary_bonus: float | None = None,
+    keep: Keep | None = Keep(),  # noqa: B008 (immutable)
 ) -> tuple[Translator, Sequence[str]]:
     """A run's translator (with ``ensemble``: of it and those runs together) in the direction it serves by default,
     and that pair (:func:`_served`)."""
     translator = Translator(run, checkpoint, device=device, quantize=quantize, normalize=normalize,
-                            split_sentences=split_sentences, guard=guard, ensemble=ensemble,
-                            framework=framework)  # fmt: skip
+                            split_sentences=split_sentences, guard=guard, ensemble=ensemble, framework=framework,
+                            glossary_bonus=glossary_bonus, keep=keep)  # fmt: skip
     return _served(translator, langs, run)
 
 
@@ -182,22 +185,23 @@ def serve(
     ensemble: bool = False,
     framework: str = "torch",
     glossary: str | None = None,
+    glossary_bonus: float | None = None,
+    keep: Keep | None = Keep(),  # noqa: B008 (immutable)
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`; with ``ensemble``, as one ensemble of the first run's pairs, every step's
     log-probabilities averaged over their models) until SIGINT or SIGTERM: then new requests are refused, those in
     flight answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``search``:
     how every run searches, given the first run's translator (its defaults under the flags); ``langs``: the first run's
     pair; ``max_loaded``: the most runs whose models are held at once (:class:`~multihead.app.serve.engines.Engines`);
-    ``normalize``: the sources' punctuation normalizer, ``split_sentences``: whether texts are translated sentence by
-    sentence unless a request says otherwise, ``guard``: whether doubted translations are searched again, ``framework``:
-    what decodes (:class:`Translator`), ``glossary``: the server's glossary file (read before any run loads; each pair
-    served directly takes the entries of its two languages, refused in one line where no pair takes any). A run of a
-    built-in task serves its inputs as the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says
-    otherwise."""
+    ``glossary``: the server's glossary file (read before any run loads; each pair served directly takes the entries
+    of its two languages, refused in one line where no pair takes any); the others as :class:`Translator` takes them
+    (``split_sentences`` and ``keep``: unless a request says otherwise). A run of a built-in task serves its inputs as
+    the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
     import uvicorn
 
     load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
-                             split_sentences=split_sentences, guard=guard, framework=framework)  # fmt: skip
+                             split_sentences=split_sentences, guard=guard, framework=framework,
+                             glossary_bonus=glossary_bonus, keep=keep)  # fmt: skip
     loaders = _loaders(load, runs, langs, ensemble=ensemble)
     terms = read_glossary_file(glossary) if glossary is not None else None
     sock = listening_socket(host, port)
@@ -210,17 +214,7 @@ def serve(
                             timeout_graceful_shutdown=int(DRAIN))  # fmt: skip
     server = uvicorn.Server(config)
     _say_serving(service, runs, sock)
-
-    def stop(sig: int, frame: Any) -> None:
-        """The first signal drains; a second stops without waiting for the requests in flight, quietly: uvicorn's
-        reports of the tasks it then cancels (the requests', the application's lifespan) are not errors."""
-        if server.should_exit:
-            logging.getLogger("uvicorn.error").disabled = True
-            server.force_exit = True
-        server.should_exit = True
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
+    _stop_on_signals(server)
 
     def run_server() -> None:
         try:
@@ -235,3 +229,18 @@ def serve(
     thread.join()
     say("stopped", sys.stderr)
     return 0
+
+
+def _stop_on_signals(server: Any) -> None:
+    """SIGINT and SIGTERM stop ``server`` (a ``uvicorn.Server``): the first signal drains; a second stops without
+    waiting for the requests in flight, quietly: uvicorn's reports of the tasks it then cancels (the requests', the
+    application's lifespan) are not errors."""
+
+    def stop(sig: int, frame: Any) -> None:
+        if server.should_exit:
+            logging.getLogger("uvicorn.error").disabled = True
+            server.force_exit = True
+        server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
