@@ -390,3 +390,23 @@ def test_glossary_bonus_prefers_terms_and_needs_a_glossary(
                    "--glossary-bonus 2 needs --glossary FILE")  # fmt: skip
     assert_refused(cli("translate", corpus_run.path, "--glossary", glossary, "--glossary-bonus", "0", "Hallo"),
                    "must be a finite number above 0")  # fmt: skip
+
+
+def test_terms_the_model_cannot_write_are_refused_before_any_work(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """A target term longer than the model writes (or of no token) is refused when the glossary is read, naming the
+    entry; a sentence whose terms together take more is refused naming them (``serve``: a 400)."""
+    plain = Translator(corpus_run.path)
+    max_len, target = plain.max_len, plain.cutter.target
+    long = " ".join(["dog"] * max_len)
+    glossary = write_lines(tmp_path / "g.tsv", ["de\ten", "Katze\tcat", f"Hund\t{long}"])
+    assert_refused(cli("translate", corpus_run.path, "--glossary", glossary, "Hallo"),
+                   f"the target term {long!r} (for 'Hund') is {len(target.encode(long)[0])} tokens, and this model "
+                   f"writes 1 to {max_len - 1}")  # fmt: skip
+    half = " ".join(["dog"] * (max_len // 2 // len(target.encode("dog")[0]) + 1))  # each fits, not both
+    assert len(target.encode(half)[0]) < max_len - 1 < 2 * len(target.encode(half)[0])
+    many = write_lines(tmp_path / "many.tsv", ["de\ten", f"Hund\t{half}", f"Katze\t{half} cat"])
+    translator = Translator(corpus_run.path, glossary=many)
+    with pytest.raises(UserError, match=r"the terms and kept spans of 'Hund und Katze' \('"):
+        translator.translate(["Hund und Katze"])

@@ -101,12 +101,21 @@ class Cutter:
         phrases = [[self._phrase(text, encoded[text], term=at < count)
                     for at, text in enumerate(texts) if encoded[text]]
                    for texts, count in zip(found, terms, strict=True)]  # fmt: skip
-        for source, its in zip(sources, phrases, strict=True):
+        for source, texts, its in zip(sources, found, phrases, strict=True):
             held_tokens = sum(len(phrase.tokens) for phrase in its if phrase.bonus is None)
             if held_tokens > self.max_len - 1:
-                raise UserError(f"the terms and kept spans of {source!r} take {held_tokens} tokens, more than the "
-                                f"{self.max_len - 1} this model writes")  # fmt: skip
+                raise UserError(f"the terms and kept spans of {source!r} ({', '.join(map(repr, texts))}) take "
+                                f"{held_tokens} tokens, more than the {self.max_len - 1} the model writes")  # fmt: skip
         return phrases
+
+    def check_glossary(self, glossary: Glossary, named: str) -> None:
+        """Refuse ``glossary`` (which messages call ``named``) in one line where the model cannot write one of its
+        target terms: more tokens than it writes, or none at all."""
+        for term in glossary.terms:
+            ids = self.target.encode(term.target)[0]
+            if not ids or len(ids) > self.max_len - 1:
+                raise UserError(f"{named}: the target term {term.target!r} (for {term.source!r}) is {len(ids)} "
+                                f"tokens, and this model writes 1 to {self.max_len - 1}")  # fmt: skip
 
     def _phrase(self, text: str, ids: Ids, *, term: bool) -> Phrase:
         """The constraint of ``text`` (a glossary's target term, or a stand-in), written as ``ids``."""

@@ -185,7 +185,9 @@ class Translator:
             direction = choose_direction(loaded.language_tokens, direction, source_lang, target_lang,
                                          task=found.options.get("task"))  # fmt: skip
         if glossary is not None:
-            cutter = replace(cutter, glossary=read_glossary(glossary, direction.langs))
+            terms = read_glossary(glossary, direction.langs)
+            cutter.check_glossary(terms, f"--glossary {str(glossary)!r}")
+            cutter = replace(cutter, glossary=terms)
         self._hold(loaded, direction, cutter)
 
     @classmethod
