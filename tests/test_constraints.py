@@ -190,3 +190,18 @@ def test_progress_is_what_the_hypothesis_holds_and_the_longest_start_it_ends_wit
         )
         progress = Constraints(phrases).of(tokens)
         assert (progress.met, progress.partial) == (met, partial), (phrases, tokens)
+
+
+def test_the_terminology_guides_library_example_holds_its_phrases() -> None:
+    """docs/terminology.md's library example runs as printed, and its translations hold what they must: each
+    sentence's phrases, (17, 18) followed by an id of 20 or more or by the end."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "terminology.md").read_text(encoding="utf-8")
+    (block,) = [part.split("```", 1)[0] for part in text.split("```python\n")[1:]]
+    space: dict = {}
+    exec(compile(block, "docs/terminology.md", "exec"), space)
+    first, _, third = (row.tolist() for row in space["tokens"])
+    at = next(i for i in range(len(first) - 1) if first[i : i + 2] == [17, 18]) + 2
+    assert at == len(first) or first[at] >= 20 or first[at] == 2, first
+    assert holds(third, (9,)), third
