@@ -12,10 +12,10 @@ to ``--glossary-out`` (a TSV file with the run's languages as its header) and re
 reader, which finds its entries in the sources (whole words, any case) as ``translate --glossary`` does.
 
 Then, ``--rounds`` times, plain and constrained beam search (``multihead.engine.generate`` with ``constraints=``)
-translate the sentences that hold at least one entry, in turn, timed. Reported: the time of each (best round) and
-their ratio, how many constraints the sentences get, the share of the terms found whose target the translations use
-(a whole word, any case), and sacreBLEU of the whole test set with its signature (sentences without an entry are
-translated alike both ways).
+translate the sentences that hold at least one entry, in turn, timed, and then those that hold one or two. Reported:
+the time of each (best round) and their ratio, how many constraints the sentences get, the share of the terms found
+whose target the translations use (a whole word, any case), and sacreBLEU of the whole test set with its signature
+(sentences without an entry are translated alike both ways).
 """
 
 from __future__ import annotations
@@ -135,14 +135,18 @@ def main() -> int:
     found = [glossed.cutter.glossary.found(source) for source in sources]  # type: ignore[union-attr]
     every = glossed.cutter.constraints(sources) or [[] for _ in sources]
     chosen = [i for i in everyone if every[i]]
-    phrases = [every[i] for i in chosen]
-    times: dict[str, list[float]] = {"plain": [], "constrained": []}
+    few = [i for i in chosen if len(every[i]) <= 2]
+    times: dict[str, list[float]] = {}
     outs: dict[str, list[list[int]]] = {}
-    for _ in range(args.rounds):
-        for name, own in (("plain", None), ("constrained", phrases)):
-            outs[name], seconds = translate(chosen, own)
-            times[name].append(seconds)
+    for _ in range(args.rounds):  # interleaved: each group plain, then constrained
+        for group, indices in (("", chosen), (" (1-2 terms)", few)):
+            for name, own in (("plain", None), ("constrained", [every[i] for i in indices])):
+                outs[name + group], seconds = translate(indices, own)
+                times.setdefault(name + group, []).append(seconds)
     report(args, translator, sources, references, plain, found, chosen, outs, times, len(entries))
+    print(f"sentences of 1-2 terms ({len(few)}): plain {min(times['plain (1-2 terms)']):.2f} s, constrained "
+          f"{min(times['constrained (1-2 terms)']):.2f} s, ratio "
+          f"{min(times['constrained (1-2 terms)']) / min(times['plain (1-2 terms)']):.2f}")  # fmt: skip
     return 0
 
 

@@ -63,15 +63,15 @@ def test_preferred_phrases_rank_as_the_exhaustive_search_with_their_bonus(
     seed: int, held: list[tuple[int, ...]], preferred: list[tuple[int, ...]], alpha: float
 ) -> None:
     """A preferred phrase's bonus (1.5 a token written of it, whole or ending the hypothesis before its EOS) joins
-    each hypothesis' log-probability; the beam as wide as every hypothesis finds the exhaustive search's best three
-    among those that hold the phrases to hold, greedy requests included (one row, ranked)."""
+    each hypothesis' rank, beside its log-probability over its length to the penalty; the beam as wide as every
+    hypothesis finds the exhaustive search's best three among those that hold the phrases to hold."""
     step = two_token_model(seed)
     ranking = []
     for rank, tokens in exhaustive_ranking(step, 4, alpha):
         body = tokens[:-1] if tokens[-1] == EOS else tokens
         if all(holds(tokens, phrase) for phrase in held):
             bonus = sum(1.5 * earned(body, phrase) for phrase in preferred)
-            ranking.append((rank + bonus / len(tokens) ** alpha, tokens))
+            ranking.append((rank + bonus, tokens))  # the bonus beside the log-probability, not divided by length
     ranking.sort(key=lambda hypothesis: -hypothesis[0])
     phrases = [*held, *(Phrase(phrase, bonus=1.5) for phrase in preferred)]
     generation = spec(SearchOptions(beam_size=128, length_penalty=alpha, n_best=3))

@@ -31,10 +31,12 @@ class Progress:
 class Phrase:
     """A phrase (token ids) with how a translation takes it. ``bonus``: ``None``, the translation must hold it;
     else it is to prefer it, each of its tokens a hypothesis writes adding ``bonus`` (> 0) to its score (the phrase
-    whole, or the start of it the hypothesis ends with: a start it leaves loses its bonus), for terms a language may
-    inflect. ``followed_by``: bools ``(V,)``, the tokens that may come right after a phrase to hold where a hypothesis
-    first writes it whole (the translation's end always may): a term that must stay a whole word is followed by a
-    token that begins one, or by punctuation. A plain sequence of ids is a phrase to hold, followed by anything."""
+    whole, or the start of it the hypothesis ends with: a start it leaves loses its bonus), and to its rank once it
+    ends, beside its log-probability (which the length penalty divides; the bonus it is not), for terms a language
+    may inflect. ``followed_by``: bools ``(V,)``, the tokens that may come right after a phrase to hold where a
+    hypothesis first writes it whole (the translation's end always may): a term that must stay a whole word is
+    followed by a token that begins one, or by punctuation. A plain sequence of ids is a phrase to hold, followed by
+    anything."""
 
     tokens: Sequence[int]
     bonus: float | None = None

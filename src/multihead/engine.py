@@ -648,18 +648,17 @@ class Engine(Generic[Owner]):
             scores[at] = np.where(allowed, scores[at], -np.inf)
         soft = tables.bonus > 0  # (R, Q) the phrases to prefer
         done = (met | soft).all(axis=1)
+        earned = written(tables, met, partial)  # (R,) the bonus of the phrases to prefer, in the scores
         for r, c in zip(*np.nonzero((tokens == eos) & np.isfinite(scores) & done[:, None]), strict=True):
             t = int(self.made[rows[r]]) + 1  # a hypothesis that holds every phrase ends
             sentence = self.of_row[rows[r]]
-            sentence.offer(float(scores[r, c]) / t**sentence.search.length_penalty,
+            sentence.offer(_rank(float(scores[r, c]), float(earned[r]), t, sentence.search.length_penalty),
                            np.append(self.history[rows[r], : t - 1], eos))  # fmt: skip
-        earned = written(tables, met, partial)  # (R,) the bonus of the phrases to prefer
         met, partial = advanced(tables, met, partial, tokens)  # (R, C, Q) each candidate's progress
         now = written(tables, met, partial)  # (R, C)
         scores = scores + (now - earned[:, None])
         banks = made(np.where(soft, 0, tables.sizes)[:, None, :], met, np.where(soft[:, None, :], 0, partial))
-        reach = (tables.sizes * tables.bonus).sum(-1)[:, None] - now  # the bonus each can still earn
-        candidates = _Candidates(tokens, scores, banks, np.all(met | soft[:, None, :], axis=-1), reach)
+        candidates = _Candidates(tokens, scores, banks, np.all(met | soft[:, None, :], axis=-1), now)
         finished = []
         widths, beams = self.width[rows], self.beams[rows]
         for width, k in {(int(w), int(b)) for w, b in zip(widths, beams, strict=True)}:
@@ -679,6 +678,7 @@ class Engine(Generic[Owner]):
         live = np.pad(np.take_along_axis(valid, chosen, axis=1), ((0, 0), (0, fewer)))  # dead beams fill the rest
         chosen = np.pad(chosen, ((0, 0), (0, fewer)))
         scores = np.where(live, np.take_along_axis(candidates.scores, chosen, axis=1), -np.inf)
+        earned = np.take_along_axis(candidates.earned, chosen, axis=1)  # (S, k) of their scores, the bonuses
         tokens = np.where(live, np.take_along_axis(candidates.tokens, chosen, axis=1), eos)
         local = np.where(live, chosen // (candidates.scores.shape[1] // held.shape[1]), 0)  # (S, k) their rows
         parent = np.take_along_axis(held, local, axis=1)
@@ -688,11 +688,13 @@ class Engine(Generic[Owner]):
             if not len(ends) and not np.isfinite(sentences[s].rank[0]) and live[s].any():
                 ends = np.array([np.argmax(scores[s])])
             for j in ends:
-                sentences[s].offer(float(scores[s, j] / t[s] ** penalty),
+                sentences[s].offer(_rank(float(scores[s, j]), float(earned[s, j]), int(t[s]), penalty),
                                    np.append(self.history[parent[s, j], : t[s] - 1], tokens[s, j]))  # fmt: skip
         top = scores.max(axis=1)
-        rising = (scores + np.take_along_axis(candidates.reach, chosen, axis=1)).max(axis=1)  # the most any can reach
-        bound = np.maximum(rising / (t + 1) ** penalty, rising / limit**penalty)
+        # A continuation's log-probability only falls, and its bonus is at most every preferred phrase's whole.
+        most = (self.phrase_bonus[firsts] * self.phrase_sizes[firsts]).sum(axis=1)  # (S,)
+        falling = (scores - earned).max(axis=1)
+        bound = np.maximum(falling / (t + 1) ** penalty, falling / limit**penalty) + most
         worst = np.array([sentence.rank[-1] for sentence in sentences])
         g = np.flatnonzero(np.isfinite(top) & (limit > t) & ~(worst >= bound))
         if held.shape[1] == k:  # the beams in their parents' places where they can
@@ -712,19 +714,25 @@ class Engine(Generic[Owner]):
 @dataclass(frozen=True)
 class _Candidates:
     """A constrained step's candidates, ``(R, C)`` each: their ``tokens``, ``scores``, ``banks`` (the phrase tokens
-    they will have written), whether they will hold every phrase (``done``) and how much their scores can still rise
-    (``reach``: the bonus of the phrases to prefer they have yet to write)."""
+    they will have written), whether they will hold every phrase (``done``) and how much of their scores is the bonus
+    of the phrases to prefer they will have written (``earned``)."""
 
     tokens: np.ndarray
     scores: np.ndarray
     banks: np.ndarray
     done: np.ndarray
-    reach: np.ndarray
+    earned: np.ndarray
 
     def of(self, rows: np.ndarray) -> _Candidates:
         """Those of ``rows (S, width)`` (indices into R), each sentence's in one row: ``(S, width * C)`` each."""
-        names = ("tokens", "scores", "banks", "done", "reach")
+        names = ("tokens", "scores", "banks", "done", "earned")
         return _Candidates(*(getattr(self, name)[rows].reshape(len(rows), -1) for name in names))
+
+
+def _rank(score: float, earned: float, length: int, penalty: float) -> float:
+    """A finished hypothesis' rank: its log-probability (its ``score`` without the bonus ``earned`` of the phrases to
+    prefer it holds) over its ``length`` to the ``penalty``, and that bonus, which no length divides."""
+    return (score - earned) / length**penalty + earned
 
 
 def _allocated(banks: np.ndarray, scores: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
