@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -410,3 +411,21 @@ def test_terms_the_model_cannot_write_are_refused_before_any_work(
     translator = Translator(corpus_run.path, glossary=many)
     with pytest.raises(UserError, match=r"the terms and kept spans of 'Hund und Katze' \('"):
         translator.translate(["Hund und Katze"])
+
+
+def test_an_imported_marian_run_uses_the_glossarys_terms(marian_de_en: Any, tmp_path: Path) -> None:
+    """A glossary on an imported OPUS-MT-style run (SentencePiece, separate vocabularies): each sentence holding the
+    source term holds its target term (a word the target vocabulary spells) as a whole word, greedy and with beams;
+    the others translate as without the glossary."""
+    translator = Translator(marian_de_en.run)
+    target = translator.cutter.target
+    words = [piece[1:] for piece in target.pieces(range(len(target))) if piece[:1] == "▁" and piece[1:].isalpha()]
+    term = next(word for word in words if len(word) >= 3 and not target.encode(word)[1])
+    glossary = write_lines(tmp_path / "g.tsv", ["de\ten", f"Hund\t{term}"])
+    texts = ["Der Hund schläft.", "Die Katze schläft.", "Ein Hund und eine Katze."]
+    plain = translator.translate(texts)
+    for search in (SearchOptions(), SearchOptions(beam_size=3)):
+        out = Translator(marian_de_en.run, glossary=glossary).translate(texts, search=search)
+        assert [bool(re.search(rf"(?<!\w){term}(?!\w)", text)) for text in out[::2]] == [True, True], out
+        if search.beam_size == 1:
+            assert out[1] == plain[1]
