@@ -126,18 +126,25 @@ def _flag_argument(arguments: dict[str, Any], name: str) -> bool | None:
     raise ApiError(400, f"Invalid request: {name} parameter must be true or false, received {value!r}")
 
 
-def _glossary_argument(arguments: dict[str, Any]) -> tuple[Term, ...]:
-    """A request's own glossary: a list of ``[source, target]`` pairs of terms (in a form, that list as JSON)."""
-    value = arguments.get("glossary")
+def _listed(arguments: dict[str, Any], name: str, wanted: str) -> list[Any]:
+    """The list a request gives as ``name`` (in a form, that list as JSON; none: empty), refused where it is not
+    one as ``wanted`` (what the message says it must be)."""
+    value = arguments.get(name)
     if value is None:
-        return ()
+        return []
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
             value = None
     if not isinstance(value, list):
-        raise ApiError(400, "Invalid request: glossary must be a list of [source, target] pairs of terms")
+        raise ApiError(400, f"Invalid request: {name} must be {wanted}")
+    return value
+
+
+def _glossary_argument(arguments: dict[str, Any]) -> tuple[Term, ...]:
+    """A request's own glossary: a list of ``[source, target]`` pairs of terms (in a form, that list as JSON)."""
+    value = _listed(arguments, "glossary", "a list of [source, target] pairs of terms")
     terms = []
     for index, entry in enumerate(value):
         if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t.strip() for t in entry)):
@@ -153,16 +160,7 @@ def _glossary_argument(arguments: dict[str, Any]) -> tuple[Term, ...]:
 def _keep_argument(arguments: dict[str, Any]) -> tuple[re.Pattern[str], ...]:
     """The regular expressions whose matches a request keeps as they are: a list of strings (in a form, that list as
     JSON), each refused where it is not one or matches an empty text."""
-    value = arguments.get("keep")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            value = None
-    if not isinstance(value, list):
-        raise ApiError(400, "Invalid request: keep must be a list of regular expressions")
+    value = _listed(arguments, "keep", "a list of regular expressions")
     patterns = []
     for index, entry in enumerate(value):
         if not isinstance(entry, str):
