@@ -39,6 +39,7 @@ from multihead.app.languages import BLEU_TOKENIZERS, bleu_tokenize_choice, bleu_
 from multihead.app.segment import not_text
 
 if TYPE_CHECKING:
+    from multihead.app.documents import Format
     from multihead.app.keep import Keep
     from multihead.app.training import Result
     from multihead.app.translate import Translator
@@ -179,7 +180,7 @@ def _typed(args: argparse.Namespace) -> bool:
     return True
 
 
-def _translate_typed(translator: Translator, search: Any, n_best: int | None) -> None:
+def _translate_typed(translator: Translator, search: Any, n_best: int | None) -> int:
     """Translate each line typed at the terminal as soon as it is entered, its lines printed at once (as
     fairseq-interactive and marian do), until the end of the input (Ctrl-D)."""
     say("type a text and press Enter to translate it; Ctrl-D ends", sys.stderr)
@@ -194,6 +195,48 @@ def _translate_typed(translator: Translator, search: Any, n_best: int | None) ->
         lines = _translated(translator, [line], [f"line {number}"], search, n_best, first=number, progress=False)
         sys.stdout.write("".join(out + "\n" for out in lines))
         sys.stdout.flush()
+    return 0
+
+
+def _document(args: argparse.Namespace) -> Format | None:
+    """The document format of ``translate``'s ``--input`` (``--format``, else its extension; ``None``: a text file,
+    a text a line), with the options that cannot go with a document refused before any work."""
+    from multihead.app.documents import document_format
+
+    if args.input is None:
+        if args.format is not None:
+            raise UserError(f"--format {args.format} names the format of --input FILE: give the file")
+        return None
+    found = document_format(args.input, args.format)
+    if found is None:
+        return None
+    if args.text:
+        raise UserError("give the texts to translate or --input FILE, not both")
+    if args.output is None:
+        raise UserError(f"--input {args.input!r} is a {found.name} document: give --output FILE, where its "
+                        "translation is written (in the same format)")  # fmt: skip
+    for flag, value in (("--resume", args.resume), ("--n-best", args.n_best), ("--plot", args.plot),
+                        ("--html", args.html)):  # fmt: skip
+        if value:
+            raise UserError(f"{flag} is for texts, not for a {found.name} document (--input {args.input!r})")
+    if not Path(args.input).is_file():
+        raise UserError(f"--input {args.input!r} is not a file")
+    if Path(args.output).resolve() == Path(args.input).resolve():
+        raise UserError(f"--output {args.output!r} is --input: a document's translation never overwrites it")
+    return found
+
+
+def _translate_document(args: argparse.Namespace, found: Format, translator: Translator, search: Any) -> int:
+    """``--input``, a document of the format ``found``, translated into ``--output`` (written once whole)."""
+    from multihead.app.documents import translate_document
+    from multihead.app.translate import speed_text
+
+    begin, progress = time.perf_counter(), sys.stderr.isatty()
+    count = translate_document(args.input, args.output, found,
+                               lambda texts: translator.translate(texts, search=search, progress=progress))  # fmt: skip
+    done = speed_text(count, "part", translator.tokens, time.perf_counter() - begin)
+    say(f"translated {found.name} document {args.input} into {args.output}: {done}", sys.stderr)
+    return 0
 
 
 def _translated(
@@ -218,19 +261,24 @@ def _translated(
     ]
 
 
-def _translate(args: argparse.Namespace) -> int:
-    from multihead.app.options import check_min_length, search_options, search_text
-
-    wide = {"beam_size": args.n_best} if args.n_best and args.beam_size is None else None  # the run's beams may be
-    search = search_options(args, wide)  # the flags checked before any work; --n-best against the run's beams below
+def _check_resume(args: argparse.Namespace, search: Any) -> None:
+    """``translate --resume`` refused in one line where it cannot continue: no ``--output``, ``--n-best``, sampling."""
     if args.resume and (args.output is None or args.n_best is not None):
         raise UserError("--resume continues a translation into --output FILE (one line a text, no --n-best)")
     if args.resume and search.strategy.draws:
         raise UserError("--resume continues greedy or beam search: a sampled text draws as the ones before it did, "
                         "so translate the whole input again")  # fmt: skip
+
+
+def _translate(args: argparse.Namespace) -> int:
+    from multihead.app.options import check_min_length, search_options, search_text
+
+    wide = {"beam_size": args.n_best} if args.n_best and args.beam_size is None else None  # the run's beams may be
+    search = search_options(args, wide)  # the flags checked before any work; --n-best against the run's beams below
+    _check_resume(args, search)
     others = _ensembled(args)
-    typed = _typed(args)
-    texts, names = ([], []) if typed else _translation_input(args)
+    typed, document = _typed(args), _document(args)
+    texts, names = ([], []) if typed or document else _translation_input(args)
     _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value and not any(text.strip() for text in texts):
@@ -246,9 +294,10 @@ def _translate(args: argparse.Namespace) -> int:
     check_min_length(search, translator.max_len)
     if sys.stderr.isatty():
         say(f"{_languages(translator)}, {_checkpoints(translator)}", sys.stderr)
+    if document:
+        return _translate_document(args, document, translator, search)
     if typed:
-        _translate_typed(translator, search, args.n_best)
-        return 0
+        return _translate_typed(translator, search, args.n_best)
     begin, count = time.perf_counter(), len(texts)
     if args.n_best is None and args.output is not None:  # a batch job: its lines written as they are done
         count = _translate_into(args.output, texts, names, translator, search, resume=args.resume)
@@ -719,7 +768,16 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         help="texts to translate (those right after RUN that name directories are the ensemble's other runs: give a "
         "text that names a directory through --input or standard input)",
     )  # fmt: skip
-    translate.add_argument("--input", metavar="FILE", help="translate each line of FILE (plain or .gz; - for stdin)")
+    translate.add_argument(
+        "--input", metavar="FILE",
+        help="translate each line of FILE (plain or .gz; - for stdin), or, for a document (see --format), the "
+        "document, written whole to --output in its format",
+    )  # fmt: skip
+    translate.add_argument(
+        "--format", metavar="NAME",
+        help="the format of --input's document when its extension does not say it (.html, .docx, .srt...: "
+        "see docs/documents.md)",
+    )  # fmt: skip
     translate.add_argument(
         "--output", metavar="FILE",
         help="write the translations here, a part at a time as they are done (default: stdout)",

@@ -1,0 +1,76 @@
+"""What every document format gives (:class:`Document`, :class:`Format`) and how a document's units are translated
+(:func:`translate_units`): see :mod:`multihead.app.documents`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from multihead.app.markup import translate_html
+
+Translate = Callable[[list[str]], list[str]]
+"""What translates texts, in order (a :class:`~multihead.app.translate.Translator`'s ``translate``)."""
+
+
+class Document(Protocol):
+    """A file read for translation: its :attr:`units` and how it is written with their translations."""
+
+    units: list[str]
+    """The texts to translate, in the document's order (HTML where :attr:`markup` says so)."""
+    markup: bool
+    """Whether the units are HTML fragments: text escaped, inline formatting as elements."""
+
+    def write(self, translations: Sequence[str], path: Path) -> None:
+        """The document, each unit replaced by its translation (as the units are: HTML where they are), into the
+        file ``path`` (a temporary one that is moved into place once whole)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Format:
+    """A document format: its ``name`` (``--format``), the extensions it is chosen by, and what reads a file of it
+    (refused in one line, a :class:`~multihead.app.console.UserError`, where it cannot)."""
+
+    name: str
+    extensions: tuple[str, ...]
+    read: Callable[[Path], Document]
+
+
+def translate_units(document: Document, translate: Translate) -> list[str]:
+    """Each unit of ``document`` translated by ``translate``: plain units in one call; HTML units with their inline
+    formatting placed (:func:`multihead.app.markup.translate_html`), every unit's texts of a round in one call."""
+    if not document.markup:
+        return translate(list(document.units))
+    return asyncio.run(_translated_markup(document.units, translate))
+
+
+async def _translated_markup(units: Sequence[str], translate: Translate) -> list[str]:
+    """``units`` (HTML) translated together: each round, the texts every unit waits for go in one call."""
+    waiting: list[tuple[list[str], asyncio.Future[list[str]]]] = []
+
+    async def ask(texts: list[str]) -> list[str]:
+        answer: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        waiting.append((texts, answer))
+        return await answer
+
+    tasks = [asyncio.ensure_future(translate_html(unit, ask)) for unit in units]
+    while not all(task.done() for task in tasks):
+        await _settled(tasks, waiting)
+        if waiting:
+            asked, waiting[:] = list(waiting), []
+            done = iter(translate([text for texts, _ in asked for text in texts]))
+            for texts, answer in asked:
+                answer.set_result([next(done) for _ in texts])
+    return [task.result() for task in tasks]
+
+
+async def _settled(tasks: Sequence[asyncio.Future[str]], waiting: Sequence[object]) -> None:
+    """Return once every task has ended or waits for its texts (as many waiting as there are tasks going)."""
+    while sum(not task.done() for task in tasks) > len(waiting):
+        await asyncio.sleep(0)
+    for task in tasks:
+        if task.done() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]

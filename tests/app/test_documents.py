@@ -1,0 +1,115 @@
+"""Documents (``translate --input FILE --output FILE``): the format chosen, every unit of a document translated in
+shared batches, the file written once whole, the input never changed, and what cannot be done refused in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.support import Cli, CorpusRun, assert_refused
+from multihead.app.console import UserError
+from multihead.app.documents import document_format, translate_document
+
+WORDS = {"Der": "The", "Hund": "dog", "schläft.": "sleeps.", "Die": "The", "Katze": "cat", "läuft.": "runs.",
+         "Ein": "A", "Haus": "house", "Zwei": "Two", "Häuser": "houses", "rote": "red"}  # fmt: skip
+PAGE = (
+    '<!doctype html>\n<html lang="de"><head><title>Der Hund</title><style>p { color: red }</style></head>\n'
+    '<body><p>Der <b>Hund</b> schläft. Die Katze läuft.</p>\n<ul><li>Ein Haus</li><li>Zwei <a href="h.html">Häuser'
+    '</a></li></ul>\n<p translate="no">Der Hund</p><!-- Der Hund --></body></html>\n'
+)
+
+
+class Dictionary:
+    """A translator of words (through :data:`WORDS`), recording each call's texts."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts: list[str]) -> list[str]:
+        self.calls.append(list(texts))
+        return [" ".join(WORDS.get(word, word) for word in text.split()) for text in texts]
+
+
+def test_an_html_document_is_translated_whole_its_tags_and_kept_elements_as_they_were(tmp_path: Path) -> None:
+    """Every text a page shows translated (its title too), inline elements around their words, scripts, styles,
+    comments and ``translate="no"`` elements byte for byte, every text of a round in one call; the input unchanged."""
+    source, target = tmp_path / "page.html", tmp_path / "page.en.html"
+    source.write_text(PAGE, encoding="utf-8")
+    found = document_format(source)
+    assert found is not None
+    assert found.name == "html"
+    translate = Dictionary()
+    assert translate_document(source, target, found, translate) == 1
+    assert target.read_text(encoding="utf-8") == (
+        '<!doctype html>\n<html lang="de"><head><title>The dog</title><style>p { color: red }</style></head>\n'
+        '<body><p>The <b>dog</b> sleeps. The cat runs.</p>\n<ul><li>A house</li><li>Two <a href="h.html">houses'
+        '</a></li></ul>\n<p translate="no">Der Hund</p><!-- Der Hund --></body></html>\n'
+    )
+    assert len(translate.calls) == 1
+    assert source.read_text(encoding="utf-8") == PAGE
+
+
+def test_a_document_interrupted_leaves_no_output(tmp_path: Path) -> None:
+    """A translation that fails writes nothing: the file appears only once whole, and an earlier one stays."""
+    source, target = tmp_path / "page.html", tmp_path / "page.en.html"
+    source.write_text(PAGE, encoding="utf-8")
+    target.write_text("earlier", encoding="utf-8")
+
+    def failing(texts: list[str]) -> list[str]:
+        raise KeyboardInterrupt
+
+    html = document_format(source)
+    assert html is not None
+    with pytest.raises(KeyboardInterrupt):
+        translate_document(source, target, html, failing)
+    assert target.read_text(encoding="utf-8") == "earlier"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["page.en.html", "page.html"]
+
+
+def test_translate_writes_a_document_to_its_output(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``translate RUN --input page.html --output page.en.html`` with a real run: the page's structure kept, its
+    text translated, nothing on stdout, one line saying what was done; ``--format`` names a format an extension does
+    not."""
+    source = tmp_path / "page.html"
+    source.write_text(PAGE, encoding="utf-8")
+    result = cli("translate", corpus_run.path, "--input", source, "--output", tmp_path / "page.en.html")
+    assert result.status == 0, result.err
+    assert result.out == ""
+    assert "translated html document" in result.err
+    out = (tmp_path / "page.en.html").read_text(encoding="utf-8")
+    assert out.count("<li>") == 2
+    assert '<p translate="no">Der Hund</p><!-- Der Hund -->' in out
+    assert "Die Katze läuft" not in out
+    named = tmp_path / "page.txt"
+    named.write_text(PAGE, encoding="utf-8")
+    result = cli("translate", corpus_run.path, "--input", named, "--output", tmp_path / "out.txt", "--format", "html")
+    assert result.status == 0, result.err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == out
+
+
+def test_what_a_document_cannot_take_is_refused_before_any_work(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    source = tmp_path / "page.html"
+    source.write_text(PAGE, encoding="utf-8")
+    run = corpus_run.path
+    assert_refused(cli("translate", run, "--input", source), "is a html document: give --output FILE")
+    assert_refused(cli("translate", run, "--input", source, "--output", source), "never overwrites it")
+    for flag in (["--resume"], ["--n-best", "2"], ["--html", str(tmp_path / "a.html")]):
+        assert_refused(cli("translate", run, "--input", source, "--output", tmp_path / "o.html", *flag),
+                       f"{flag[0]} is for texts, not for a html document")  # fmt: skip
+    assert_refused(cli("translate", run, "--input", tmp_path / "none.html", "--output", tmp_path / "o.html"),
+                   "is not a file")  # fmt: skip
+    assert_refused(cli("translate", run, "--input", source, "--output", tmp_path / "o", "--format", "pdf"),
+                   "--format 'pdf' is not a document format: one of")  # fmt: skip
+    assert_refused(cli("translate", run, "--format", "html", "Hallo"), "--format html names the format of --input")
+    (tmp_path / "bad.html").write_bytes(b"\xff\xfe\x00bad")
+    html = document_format("x.html")
+    assert html is not None
+    with pytest.raises(UserError, match="cannot be read as an HTML file"):
+        translate_document(tmp_path / "bad.html", tmp_path / "o.html", html, Dictionary())
+    assert not (tmp_path / "o.html").exists()
