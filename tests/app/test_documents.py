@@ -113,3 +113,17 @@ def test_what_a_document_cannot_take_is_refused_before_any_work(
     with pytest.raises(UserError, match="cannot be read as an HTML file"):
         translate_document(tmp_path / "bad.html", tmp_path / "o.html", html, Dictionary())
     assert not (tmp_path / "o.html").exists()
+
+
+def test_a_text_document_keeps_its_blank_lines_and_line_endings(tmp_path: Path) -> None:
+    """``--format text``: a line a unit, translated together; blank lines, lines of marks and line endings (CRLF
+    too) kept as they were."""
+    source, target = tmp_path / "notes.txt", tmp_path / "notes.en.txt"
+    source.write_bytes("Der Hund schläft.\r\n\r\n* * *\nEin Haus\n".encode())
+    found = document_format(source, "text")
+    assert found is not None
+    translate = Dictionary()
+    assert translate_document(source, target, found, translate) == 2
+    assert target.read_bytes() == b"The dog sleeps.\r\n\r\n* * *\nA house\n"
+    assert translate.calls == [["Der Hund schläft.", "Ein Haus"]]
+    assert document_format(source) is None  # a .txt file is a text a line, unless --format says otherwise

@@ -12,16 +12,26 @@ document's units in the same batches (:func:`translate_units`), and the file is 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from multihead.app.console import UserError
-from multihead.app.documents import html_files
-from multihead.app.documents.base import Document, Format, Translate, translate_units
+from multihead.app.documents import html_files, office, text_files
+from multihead.app.documents.base import AsyncTranslate, Document, Format, Translate, translate_units
 from multihead.files import atomic_write
 
-__all__ = ["Document", "Format", "Translate", "document_format", "formats", "translate_document", "translate_units"]
+__all__ = [
+    "AsyncTranslate",
+    "Document",
+    "Format",
+    "Translate",
+    "document_format",
+    "formats",
+    "translate_document",
+    "translate_units",
+]
 
-FORMATS: tuple[Format, ...] = (*html_files.FORMATS,)
+FORMATS: tuple[Format, ...] = (*text_files.FORMATS, *html_files.FORMATS, *office.FORMATS)
 """Every document format."""
 
 
@@ -46,6 +56,10 @@ def translate_document(source: str | Path, target: str | Path, found: Format, tr
     """The document ``source`` (of the format ``found``) translated by ``translate`` into the file ``target``, written
     in one step once whole; how many units it translated. ``source`` is read, never written."""
     document = found.read(Path(source))
-    translations = translate_units(document, translate)
+
+    async def translated(texts: list[str]) -> list[str]:
+        return translate(texts)
+
+    translations = asyncio.run(translate_units(document, translated))
     atomic_write(target, lambda path: document.write(translations, Path(path)))
     return len(document.units)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,16 +39,15 @@ class Format:
     read: Callable[[Path], Document]
 
 
-def translate_units(document: Document, translate: Translate) -> list[str]:
+AsyncTranslate = Callable[[list[str]], Awaitable[list[str]]]
+"""What translates texts, in order, awaited (``serve``'s translation of a request's texts)."""
+
+
+async def translate_units(document: Document, translate: AsyncTranslate) -> list[str]:
     """Each unit of ``document`` translated by ``translate``: plain units in one call; HTML units with their inline
     formatting placed (:func:`multihead.app.markup.translate_html`), every unit's texts of a round in one call."""
     if not document.markup:
-        return translate(list(document.units))
-    return asyncio.run(_translated_markup(document.units, translate))
-
-
-async def _translated_markup(units: Sequence[str], translate: Translate) -> list[str]:
-    """``units`` (HTML) translated together: each round, the texts every unit waits for go in one call."""
+        return await translate(list(document.units))
     waiting: list[tuple[list[str], asyncio.Future[list[str]]]] = []
 
     async def ask(texts: list[str]) -> list[str]:
@@ -56,14 +55,18 @@ async def _translated_markup(units: Sequence[str], translate: Translate) -> list
         waiting.append((texts, answer))
         return await answer
 
-    tasks = [asyncio.ensure_future(translate_html(unit, ask)) for unit in units]
-    while not all(task.done() for task in tasks):
-        await _settled(tasks, waiting)
-        if waiting:
-            asked, waiting[:] = list(waiting), []
-            done = iter(translate([text for texts, _ in asked for text in texts]))
-            for texts, answer in asked:
-                answer.set_result([next(done) for _ in texts])
+    tasks = [asyncio.ensure_future(translate_html(unit, ask)) for unit in document.units]
+    try:
+        while not all(task.done() for task in tasks):
+            await _settled(tasks, waiting)
+            if waiting:
+                asked, waiting[:] = list(waiting), []
+                done = iter(await translate([text for texts, _ in asked for text in texts]))
+                for texts, answer in asked:
+                    answer.set_result([next(done) for _ in texts])
+    finally:
+        for task in tasks:
+            task.cancel()
     return [task.result() for task in tasks]
 
 
