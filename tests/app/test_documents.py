@@ -127,3 +127,62 @@ def test_a_text_document_keeps_its_blank_lines_and_line_endings(tmp_path: Path) 
     assert target.read_bytes() == b"The dog sleeps.\r\n\r\n* * *\nA house\n"
     assert translate.calls == [["Der Hund schläft.", "Ein Haus"]]
     assert document_format(source) is None  # a .txt file is a text a line, unless --format says otherwise
+
+
+def multipart(name: str, data: bytes, **fields: str) -> tuple[bytes, str]:
+    """A multipart form of ``fields`` and a ``file`` named ``name`` holding ``data``: its body and content type."""
+    boundary = "multihead-test-boundary"
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode()
+             for key, value in fields.items()]  # fmt: skip
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                 "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")  # fmt: skip
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def test_serve_translates_a_file_as_libretranslate_does(corpus_run: CorpusRun, tmp_path: Path) -> None:
+    """``POST /translate_file`` (``file``, ``source``, ``target``) answers ``translatedFileUrl``, where ``GET
+    /download_file/<name>`` gives the document translated as ``translate --input --output`` translates it; the
+    settings name the formats; what cannot be translated is a 400 naming it, a name never served a 404."""
+    import urllib.request
+
+    from app.served import request, serving
+    from multihead.app.serve import Limits, Service, create_app
+    from multihead.app.translate import Translator
+
+    translator = Translator(corpus_run.path)
+    source = tmp_path / "seite.html"
+    source.write_text(PAGE, encoding="utf-8")
+    translate_document(source, tmp_path / "cli.html", document_format(source), translator.translate)  # type: ignore[arg-type]
+    with serving(create_app(Service(translator, translator.langs), Limits(char_limit=5000))) as url:
+        body, kind = multipart("seite.html", PAGE.encode(), source="de", target="en")
+        status, answer = request(url, "/translate_file", body, kind=kind)
+        assert status == 200, answer
+        link = answer["translatedFileUrl"]
+        assert link.startswith(f"{url}/download_file/"), link
+        assert link.endswith("-seite.html"), link
+        with urllib.request.urlopen(link, timeout=30) as response:
+            assert response.read().decode("utf-8") == (tmp_path / "cli.html").read_text(encoding="utf-8")
+            assert 'filename="seite.html"' in response.headers["content-disposition"]
+        body, kind = multipart(
+            "notes.txt", "Der Hund schläft.\n\nDie Katze läuft.\n".encode(), source="de", target="en"
+        )
+        status, answer = request(url, "/translate_file", body, kind=kind)
+        assert status == 200, answer
+        status, settings = request(url, "/frontend/settings")
+        assert settings["filesTranslation"] is True
+        assert {".txt", ".html"} <= set(settings["supportedFilesFormat"])
+        refused = [
+            (multipart("a.pdf", b"%PDF-1.4", source="de", target="en"), "file format not supported ('a.pdf'; one of"),
+            (multipart("a.html", b"", source="de", target="en"), "Invalid request: empty file"),
+            (multipart("a.html", b"\xff\xfe\x00", source="de", target="en"), "'a.html' cannot be read as an HTML"),
+            (multipart("a.html", b"<p>" + b"Hund " * 2000, source="de", target="en"), "exceeds text limit (5000)"),
+            (multipart("a.html", PAGE.encode(), source="de"), "Invalid request: missing target parameter"),
+        ]
+        for (body, kind), message in refused:
+            status, answer = request(url, "/translate_file", body, kind=kind)
+            assert status == 400, answer
+            assert message in answer["error"], answer
+        status, answer = request(url, "/translate_file", {"q": "x"})
+        assert (status, answer["error"]) == (400, "Invalid request: missing file parameter")
+        status, answer = request(url, "/download_file/0000-nothing.html")
+        assert status == 404, answer

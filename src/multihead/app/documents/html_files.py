@@ -27,7 +27,7 @@ def read_html(path: Path) -> HtmlDocument:
     try:
         return HtmlDocument([path.read_text(encoding="utf-8-sig")])
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"--input {str(path)!r} cannot be read as an HTML file (UTF-8): {error}") from None
+        raise UserError(f"{str(path)!r} cannot be read as an HTML file (UTF-8): {error}") from None
 
 
 FORMATS = (Format("html", (".html", ".htm", ".xhtml"), read_html),)

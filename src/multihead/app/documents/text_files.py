@@ -36,7 +36,7 @@ def read_text(path: Path) -> TextDocument:
         with path.open(encoding="utf-8-sig", newline="") as lines:
             return TextDocument(lines.readlines())
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"--input {str(path)!r} cannot be read as a text file (UTF-8): {error}") from None
+        raise UserError(f"{str(path)!r} cannot be read as a text file (UTF-8): {error}") from None
 
 
 FORMATS = (Format("text", (), read_text),)

@@ -1,5 +1,6 @@
 """The HTTP side, on the event loop: LibreTranslate's endpoints, field for field and error for error (its clients
-work unchanged): ``POST /translate``, ``GET /languages``, ``POST /detect``, ``GET /health``, ``GET /frontend/settings``;
+work unchanged): ``POST /translate``, ``POST /translate_file`` and ``GET /download_file/<name>``, ``GET /languages``,
+``POST /detect``, ``GET /health``, ``GET /frontend/settings``;
 ours: ``GET /`` (the page, self-contained) and ``POST /attention`` (one sentence's cross-attention, as the page draws
 it).
 
@@ -13,35 +14,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, overload
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route as Endpoint
 
 from multihead.app.console import UserError
 from multihead.app.detect import Detected
+from multihead.app.documents import Document, document_format, formats, translate_units
 from multihead.app.glossary import Glossary
 from multihead.app.languages import language_name
 from multihead.app.markup import translate_html, visible_text
 from multihead.app.serve.jobs import Attend, Hypotheses, Translate, Work
 from multihead.app.serve.limits import Access, ApiError, Limits
 from multihead.app.serve.parse import (
+    FileRequest,
     Lines,
     TranslateRequest,
     arguments,
     attention_request,
     checked_texts,
+    file_request,
     translate_request,
 )
 from multihead.app.serve.routing import Leg, Route, Unserved
 from multihead.app.serve.service import Service
 from multihead.app.translate import Translated, Translation
 from multihead.app.view import attention_view, page
+from multihead.files import atomic_write
 
 
 class Handlers:
@@ -51,6 +61,7 @@ class Handlers:
         self.service, self.routes, self.limits = service, service.routes, limits
         self.access = Access(limits)
         self.page = page()
+        self.files: Path | None = None  # where translated files wait for their download (made at the first)
 
     async def _arguments(self, request: Request) -> dict[str, Any]:
         """The request's parameters, its access checked."""
@@ -219,13 +230,66 @@ class Handlers:
         return JSONResponse(
             {
                 "charLimit": self.limits.char_limit, "frontendTimeout": 500, "apiKeys": keys, "keyRequired": keys,
-                "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                "suggestions": False, "filesTranslation": True, "supportedFilesFormat": file_extensions(),
                 "language": {
                     "source": {"code": routes.source, "name": language_name(routes.source)},
                     "target": {"code": routes.target, "name": language_name(routes.target)},
                 },
             }
         )  # fmt: skip
+
+    async def translate_file(self, request: Request) -> JSONResponse:
+        """LibreTranslate's ``/translate_file``: a document uploaded (``file``, its format from its name's extension),
+        translated whole through the same engine as ``/translate`` (:mod:`multihead.app.documents`), and where to
+        download the translation (``translatedFileUrl``, a file of the same name and format)."""
+        asked = await file_request(request)
+        self.access.check(asked.fields.get("api_key"), request.client.host if request.client else "")
+        document = await self._document(asked)
+        shown = "\n".join(visible_text(unit) if document.markup else unit for unit in document.units)
+        if not shown.strip():
+            raise ApiError(400, f"Invalid request: {asked.name!r} holds no text to translate")
+        checked_texts(shown, self.limits)
+        target, _, sources = self.routes.sources([shown], asked.source, asked.target)
+        route = self.routes.route(sources[0], target)
+        wanted = TranslateRequest([], False, sources[0], target, document.markup, 0, None)
+        through = self._through(route, request, wanted, [[]], [0], self._glossary(route, wanted))
+        translations = await translate_units(document, through)
+        name = f"{secrets.token_hex(8)}-{_safe_name(asked.name)}"
+        folder = self._folder()
+        await asyncio.to_thread(atomic_write, folder / name, lambda path: document.write(translations, Path(path)))
+        return JSONResponse({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{name}"})
+
+    async def _document(self, asked: FileRequest) -> Document:
+        """The document ``asked`` uploads, read in the format its name says (refused: one it has none of, or a file
+        its format cannot read, a 400 naming it)."""
+        found = document_format(asked.name) or (formats()["text"] if asked.name.lower().endswith(".txt") else None)
+        if found is None:
+            raise ApiError(400, f"Invalid request: file format not supported ({asked.name!r}; one of "
+                                f"{', '.join(file_extensions())})")  # fmt: skip
+        folder = self._folder()
+        upload = folder / f".{secrets.token_hex(8)}{Path(asked.name).suffix.lower()}"
+        upload.write_bytes(asked.data)
+        try:
+            return await asyncio.to_thread(found.read, upload)
+        except UserError as error:
+            said = str(error).replace(repr(str(upload)), repr(asked.name)).removeprefix("--input ")
+            raise ApiError(400, f"Invalid request: {said}") from None
+        finally:
+            upload.unlink(missing_ok=True)
+
+    def _folder(self) -> Path:
+        """Where translated files wait for their download: a directory of this server's, removed when it stops."""
+        if self.files is None:
+            self.files = Path(tempfile.mkdtemp(prefix="multihead-files-"))
+        return self.files
+
+    async def download_file(self, request: Request) -> Response:
+        """LibreTranslate's ``/download_file/<name>``: a translated file, under the name it was uploaded with."""
+        name = request.path_params["name"]
+        path = None if self.files is None or name.startswith(".") else self.files / name
+        if path is None or not path.is_file():
+            raise ApiError(404, "Invalid request: file not found (translated files last until the server stops)")
+        return FileResponse(path, filename=name.split("-", 1)[-1])
 
     async def favicon(self, request: Request) -> Response:
         """No icon (204): a browser's request for one is answered without an error in the log."""
@@ -244,6 +308,17 @@ async def refused(request: Request, error: Exception) -> JSONResponse:
     if isinstance(error, (Unserved, UserError)):  # a pair no route serves; the translator's own refusal
         return JSONResponse({"error": str(error)}, status_code=400)
     return JSONResponse({"error": f"Internal error: {type(error).__name__}"}, status_code=500)
+
+
+def file_extensions() -> list[str]:
+    """The extensions of the files ``/translate_file`` takes (LibreTranslate's ``supportedFilesFormat``)."""
+    return [".txt", *(extension for found in formats().values() for extension in found.extensions)]
+
+
+def _safe_name(name: str) -> str:
+    """An uploaded file's name as the translation's: its last part, letters, digits, ``.-_`` and spaces kept."""
+    kept = re.sub(r"[^\w. -]", "_", name.replace("\\", "/").rsplit("/", 1)[-1]).strip(" .")
+    return kept or "document"
 
 
 async def _client_left(request: Request) -> None:
@@ -293,6 +368,8 @@ def create_app(service: Service, limits: Limits) -> Starlette:
         Endpoint("/translate", handlers.translate, methods=["POST"]),
         Endpoint("/attention", handlers.attention, methods=["POST"]),
         Endpoint("/detect", handlers.detect, methods=["POST"]),
+        Endpoint("/translate_file", handlers.translate_file, methods=["POST"]),
+        Endpoint("/download_file/{name}", handlers.download_file, methods=["GET"]),
         Endpoint("/favicon.ico", handlers.favicon, methods=["GET"]),
         Endpoint("/languages", handlers.languages, methods=["GET", "POST"]),
         Endpoint("/health", handlers.health, methods=["GET"]),
@@ -304,5 +381,7 @@ def create_app(service: Service, limits: Limits) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await asyncio.to_thread(service.worker.close)  # after the last request: what was queued is answered
+        if handlers.files is not None:
+            shutil.rmtree(handlers.files, ignore_errors=True)
 
     return Starlette(routes=endpoints, exception_handlers=errors, lifespan=lifespan)

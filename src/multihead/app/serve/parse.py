@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from multihead.app.glossary import Term
@@ -226,6 +227,49 @@ async def _body_arguments(request: Request) -> dict[str, Any]:
         form = await Request(request.scope, replay).form()
         return {key: value for key, value in form.items() if isinstance(value, str)}
     return _fields(body, "form")
+
+
+FILE_LIMIT = 20 << 20
+"""The most bytes a ``/translate_file`` request's body may hold (its file and fields)."""
+
+
+@dataclass(frozen=True)
+class FileRequest:
+    """``/translate_file``'s: the uploaded file's ``name`` and ``data``, its ``source`` and ``target`` languages as
+    sent, and the request's other fields (``api_key``)."""
+
+    name: str
+    data: bytes
+    source: str
+    target: str
+    fields: dict[str, str]
+
+
+async def file_request(request: Request) -> FileRequest:
+    """``/translate_file``'s multipart form (``file``, ``source``, ``target``, ``api_key``) checked, as LibreTranslate
+    refuses it: a file missing or empty, a body over :data:`FILE_LIMIT` bytes, a language missing."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > FILE_LIMIT:
+        raise ApiError(413, f"Request body too large: {length} bytes, at most {FILE_LIMIT}")
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
+        raise ApiError(400, "Invalid request: missing file parameter")
+    try:
+        form = await request.form(max_files=1)
+    except (ValueError, HTTPException) as error:  # a malformed body, or more than one file
+        raise ApiError(400, f"Invalid request: {getattr(error, 'detail', error)}") from None
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise ApiError(400, "Invalid request: missing file parameter")
+    data = await upload.read(FILE_LIMIT + 1)
+    if len(data) > FILE_LIMIT:
+        raise ApiError(413, f"Request body too large: more than {FILE_LIMIT} bytes")
+    if not upload.filename or not data:
+        raise ApiError(400, "Invalid request: empty file")
+    fields = {key: value for key, value in form.items() if isinstance(value, str)}
+    source, target = fields.get("source"), fields.get("target")
+    if not source or not target:
+        raise ApiError(400, f"Invalid request: missing {'source' if not source else 'target'} parameter")
+    return FileRequest(upload.filename, data, source, target, fields)
 
 
 @dataclass(frozen=True)
