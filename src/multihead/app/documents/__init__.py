@@ -16,7 +16,7 @@ import asyncio
 from pathlib import Path
 
 from multihead.app.console import UserError
-from multihead.app.documents import html_files, office, text_files
+from multihead.app.documents import catalogues, html_files, office, subtitles, text_files
 from multihead.app.documents.base import AsyncTranslate, Document, Format, Translate, translate_units
 from multihead.files import atomic_write
 
@@ -31,7 +31,13 @@ __all__ = [
     "translate_units",
 ]
 
-FORMATS: tuple[Format, ...] = (*text_files.FORMATS, *html_files.FORMATS, *office.FORMATS)
+FORMATS: tuple[Format, ...] = (
+    *text_files.FORMATS,
+    *html_files.FORMATS,
+    *office.FORMATS,
+    *subtitles.FORMATS,
+    *catalogues.FORMATS,
+)
 """Every document format."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from multihead.app.console import UserError
 from multihead.app.markup import translate_html
 
 Translate = Callable[[list[str]], list[str]]
@@ -77,3 +78,18 @@ async def _settled(tasks: Sequence[asyncio.Future[str]], waiting: Sequence[objec
     for task in tasks:
         if task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+def read_utf8(path: Path, kind: str) -> str:
+    """The text of the file ``path`` (UTF-8, a byte order mark dropped), refused in one line, naming ``kind`` (what
+    the file was read as), where it cannot be read or is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"--input {str(path)!r} cannot be read: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"--input {str(path)!r} is not UTF-8 text, as {kind} must be here ({error.reason} at byte {error.start})"
+        ) from None
