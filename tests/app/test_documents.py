@@ -99,7 +99,7 @@ def test_what_a_document_cannot_take_is_refused_before_any_work(
     run = corpus_run.path
     assert_refused(cli("translate", run, "--input", source), "is a html document: give --output FILE")
     assert_refused(cli("translate", run, "--input", source, "--output", source), "never overwrites it")
-    for flag in (["--resume"], ["--n-best", "2"], ["--html", str(tmp_path / "a.html")]):
+    for flag in (["--n-best", "2"], ["--html", str(tmp_path / "a.html")]):
         assert_refused(cli("translate", run, "--input", source, "--output", tmp_path / "o.html", *flag),
                        f"{flag[0]} is for texts, not for a html document")  # fmt: skip
     assert_refused(cli("translate", run, "--input", tmp_path / "none.html", "--output", tmp_path / "o.html"),
@@ -186,3 +186,43 @@ def test_serve_translates_a_file_as_libretranslate_does(corpus_run: CorpusRun, t
         assert (status, answer["error"]) == (400, "Invalid request: missing file parameter")
         status, answer = request(url, "/download_file/0000-nothing.html")
         assert status == 404, answer
+
+
+def test_an_interrupted_document_goes_on_with_resume(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C half-way: no output, the parts done kept beside it; ``--resume`` translates only the others and writes
+    what an uninterrupted translation writes, then the partial file goes; a changed input is refused."""
+    from multihead.app.documents import partial
+    from multihead.app.translate import Translator
+
+    lines = [f"{word} Nummer {number}." for number in range(30) for word in ("Hund", "Katze")]
+    source = tmp_path / "lines.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run, flags = corpus_run.path, ["--format", "text", "--input", str(source)]
+    assert cli("translate", run, *flags, "--output", tmp_path / "whole.txt").status == 0
+    monkeypatch.setattr(partial, "PART", 20)
+    original, asked = Translator.translate, []
+
+    def counted(self: Translator, texts: list[str], **options: object) -> list[str]:
+        asked.append(len(texts))
+        if len(asked) == 3 and interrupt:
+            raise KeyboardInterrupt
+        return original(self, texts, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Translator, "translate", counted)
+    interrupt, out = True, tmp_path / "out.txt"
+    assert cli("translate", run, *flags, "--output", out).status == 130
+    assert not out.exists()
+    assert (tmp_path / ".out.txt.partial").exists()
+    interrupt, asked[:] = False, []
+    result = cli("translate", run, *flags, "--output", out, "--resume")
+    assert result.status == 0, result.err
+    assert asked == [20]  # the third part only
+    assert out.read_text(encoding="utf-8") == (tmp_path / "whole.txt").read_text(encoding="utf-8")
+    assert not (tmp_path / ".out.txt.partial").exists()
+    interrupt, asked[:] = True, []
+    assert cli("translate", run, *flags, "--output", out).status == 130
+    source.write_text("Ein Haus.\n", encoding="utf-8")
+    assert_refused(cli("translate", run, *flags, "--output", out, "--resume"),
+                   "is the partial translation of another input or by another run or search")  # fmt: skip

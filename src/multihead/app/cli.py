@@ -215,8 +215,7 @@ def _document(args: argparse.Namespace) -> Format | None:
     if args.output is None:
         raise UserError(f"--input {args.input!r} is a {found.name} document: give --output FILE, where its "
                         "translation is written (in the same format)")  # fmt: skip
-    for flag, value in (("--resume", args.resume), ("--n-best", args.n_best), ("--plot", args.plot),
-                        ("--html", args.html)):  # fmt: skip
+    for flag, value in (("--n-best", args.n_best), ("--plot", args.plot), ("--html", args.html)):
         if value:
             raise UserError(f"{flag} is for texts, not for a {found.name} document (--input {args.input!r})")
     if not Path(args.input).is_file():
@@ -227,16 +226,33 @@ def _document(args: argparse.Namespace) -> Format | None:
 
 
 def _translate_document(args: argparse.Namespace, found: Format, translator: Translator, search: Any) -> int:
-    """``--input``, a document of the format ``found``, translated into ``--output`` (written once whole)."""
+    """``--input``, a document of the format ``found``, translated into ``--output`` (written once whole), its texts
+    made durable a part at a time beside it, so that ``--resume`` goes on after an interruption
+    (:class:`~multihead.app.documents.partial.Partial`)."""
+    from multihead.app.console import progress_bar
     from multihead.app.documents import translate_document
+    from multihead.app.documents.partial import Partial
+    from multihead.app.options import search_text
     from multihead.app.translate import speed_text
 
-    begin, progress = time.perf_counter(), sys.stderr.isatty()
-    count = translate_document(args.input, args.output, found,
-                               lambda texts: translator.translate(texts, search=search, progress=progress))  # fmt: skip
+    made_by = {name: getattr(args, name) for name in TERMINOLOGY_OPTIONS}
+    made_by.update(runs=[str(run.path) for run in translator.runs], langs=translator.langs, search=search_text(search))
+    partial = Partial(Path(args.input), Path(args.output), made_by, resume=args.resume)
+    begin, bar = time.perf_counter(), progress_bar(None, unit="text")
+
+    def translate(texts: list[str]) -> list[str]:
+        return partial.translated(texts, lambda part: translator.translate(part, search=search), bar)
+
+    count = translate_document(args.input, args.output, found, translate)
+    bar.close()
+    partial.remove()
     done = speed_text(count, "part", translator.tokens, time.perf_counter() - begin)
     say(f"translated {found.name} document {args.input} into {args.output}: {done}", sys.stderr)
     return 0
+
+
+TERMINOLOGY_OPTIONS = ("glossary", "glossary_bonus", "keep", "no_keep_placeholders")
+"""The options that change a document's translation beside the run and the search (what a resumed one must share)."""
 
 
 def _translated(
