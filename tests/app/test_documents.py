@@ -107,6 +107,10 @@ def test_what_a_document_cannot_take_is_refused_before_any_work(
     assert_refused(cli("translate", run, "--input", source, "--output", tmp_path / "o", "--format", "pdf"),
                    "--format 'pdf' is not a document format: one of")  # fmt: skip
     assert_refused(cli("translate", run, "--format", "html", "Hallo"), "--format html names the format of --input")
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(b"%PDF-1.4\n")
+    assert_refused(cli("translate", run, "--input", pdf, "--output", tmp_path / "o.pdf"),
+                   "is a PDF, whose text cannot be translated in place", "Convert it to .docx or .odt")  # fmt: skip
     (tmp_path / "bad.html").write_bytes(b"\xff\xfe\x00bad")
     html = document_format("x.html")
     assert html is not None
@@ -172,7 +176,8 @@ def test_serve_translates_a_file_as_libretranslate_does(corpus_run: CorpusRun, t
         assert settings["filesTranslation"] is True
         assert {".txt", ".html"} <= set(settings["supportedFilesFormat"])
         refused = [
-            (multipart("a.pdf", b"%PDF-1.4", source="de", target="en"), "file format not supported ('a.pdf'; one of"),
+            (multipart("a.pdf", b"%PDF-1.4", source="de", target="en"), "'a.pdf' is a PDF, whose text cannot be"),
+            (multipart("a.odg", b"x", source="de", target="en"), "file format not supported ('a.odg'; one of"),
             (multipart("a.html", b"", source="de", target="en"), "Invalid request: empty file"),
             (multipart("a.html", b"\xff\xfe\x00", source="de", target="en"), "'a.html' cannot be read as an HTML"),
             (multipart("a.html", b"<p>" + b"Hund " * 2000, source="de", target="en"), "exceeds text limit (5000)"),

@@ -55,6 +55,10 @@ def document_format(path: str | Path, name: str | None = None) -> Format | None:
             raise UserError(f"--format {name!r} is not a document format: one of {', '.join(sorted(known))}")
         return known[name]
     suffix = Path(path).suffix.lower()
+    if suffix == ".pdf":
+        raise UserError(f"{str(path)!r} is a PDF, whose text cannot be translated in place: no library of a licence "
+                        "like ours rewrites a PDF's text faithfully. Convert it to .docx or .odt (LibreOffice: soffice "
+                        "--convert-to docx FILE.pdf) and translate that")  # fmt: skip
     return next((found for found in known.values() if suffix in found.extensions), None)
 
 
