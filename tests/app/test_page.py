@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from app.browser import browser
@@ -67,6 +68,14 @@ MARKUP = {  # 2 target words × 3 source words, markup in them
 RECORD_FETCHES = (
     "window.fetched = []; const f = window.fetch; window.fetch = (u, o) => (fetched.push(String(u)), f(u, o));"
 )
+
+
+# What the file tab's progress line says, each text in turn, into window.progress (window.fetched emptied).
+RECORD_PROGRESS = """
+window.fetched = []; window.progress = [];
+const line = document.getElementById("file-progress");
+new MutationObserver(() => progress.push(line.textContent)).observe(line, { childList: true, characterData: true });
+"""
 
 
 def page_html() -> str:
@@ -440,3 +449,65 @@ def test_the_served_page_translates_a_pivot_pair_with_a_note_for_its_attention(d
         wait.until(lambda _: texts(driver, "#attention th.target-word") == expected["target_words"])
         assert driver.find_element(By.ID, "translation").text == first.translate([text])[0]
         assert not driver.find_element(By.ID, "note").is_displayed()
+
+
+def test_the_served_page_translates_a_file_into_a_download_link(driver: Chrome, corpus_run: CorpusRun,
+                                                                tmp_path: Path) -> None:  # fmt: skip
+    """The "Files" tab takes a document of the formats the settings list: the page posts it to ``/translate_file``,
+    says it is translating, then links the translation, named as the file uploaded, which downloads the document
+    ``translate --input --output`` writes (its tags kept); a format the server does not take shows its error."""
+    import urllib.request
+
+    from app.test_documents import PAGE
+    from multihead.app.documents import document_format, translate_document
+
+    translator = Translator(corpus_run.path)
+    source = tmp_path / "seite.html"
+    source.write_text(PAGE, encoding="utf-8")
+    html = document_format(source)
+    assert html is not None
+    translate_document(source, tmp_path / "cli.html", html, translator.translate)
+    (tmp_path / "notes.bin").write_bytes(b"\x00\x01 binary")
+    with serving(create_app(Service(translator, translator.langs), Limits())) as url:
+        driver.get(f"{url}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda _: driver.find_element(By.ID, "file-tab").is_displayed())
+        assert not driver.find_element(By.ID, "file").is_displayed()
+        tab = driver.find_element(By.ID, "file-tab")
+        tab.click()
+        assert tab.get_attribute("aria-selected") == "true"
+        assert not driver.find_element(By.ID, "text").is_displayed()
+        assert not driver.find_element(By.ID, "glossary").is_displayed()
+        upload = driver.find_element(By.ID, "file")
+        assert {".txt", ".html", ".docx", ".srt"} <= set((upload.get_attribute("accept") or "").split(","))
+        assert driver.find_element(By.CSS_SELECTOR, "label[for='file']").text == "Document"
+        driver.execute_script(RECORD_PROGRESS)
+        upload.send_keys(str(source))
+        driver.find_element(By.ID, "translate").click()
+        link = wait.until(lambda _: (found := driver.find_element(By.ID, "download")).is_displayed() and found)
+        assert (link.text, link.get_attribute("download")) == ("seite.html", "seite.html")
+        assert driver.find_element(By.ID, "file-result").text == "Translated: seite.html"
+        assert driver.execute_script("return window.fetched") == ["/translate_file"]
+        assert driver.execute_script("return window.progress") == ["Translating seite.html…", "Translated: "]
+        href = link.get_attribute("href") or ""
+        assert href.startswith(f"{url}/download_file/"), href
+        assert href.endswith("-seite.html"), href
+        with urllib.request.urlopen(href, timeout=30) as response:
+            translated = response.read().decode("utf-8")
+        assert translated == (tmp_path / "cli.html").read_text(encoding="utf-8")
+        assert translated.count("<li>") == 2
+        assert '<p translate="no">Der Hund</p><!-- Der Hund -->' in translated
+        assert "Die Katze läuft" not in translated
+        assert not driver.find_element(By.ID, "error").is_displayed()
+        upload.clear()
+        upload.send_keys(str(tmp_path / "notes.bin"))
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda _: driver.find_element(By.ID, "error").is_displayed())
+        error = driver.find_element(By.ID, "error").text
+        assert error.startswith("Invalid request: file format not supported ('notes.bin'; one of .txt"), error
+        assert not driver.find_element(By.ID, "file-result").is_displayed()
+        tab.send_keys(Keys.ARROW_LEFT)  # the arrow keys move between the tabs
+        assert driver.switch_to.active_element.get_attribute("id") == "text-tab"
+        assert driver.find_element(By.ID, "text").is_displayed()
+        assert not driver.find_element(By.ID, "file").is_displayed()
+        assert not driver.find_element(By.ID, "error").is_displayed()
