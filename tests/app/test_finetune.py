@@ -127,6 +127,7 @@ def test_init_refuses_a_model_too_short_for_the_task(task_run: Path, tmp_path: P
 def _rank(rank: int, world: int, port: int, options: dict[str, Any]) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     train(TrainOptions(**options))
+    torch.distributed.barrier()  # both ranks done before either tears the group down (gloo aborts a rank left behind)
     torch.distributed.destroy_process_group()
 
 

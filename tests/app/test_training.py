@@ -495,6 +495,7 @@ def _rank(rank: int, world: int, port: int, out: str, weights: list[str], accumu
     options = dict(task="reverse", steps=4, checkpoint_every=4, accumulate=accumulate, **TINY)
     result = train(TrainOptions(out=out, **options))
     save_weights(result.model, weights[rank])
+    torch.distributed.barrier()  # both ranks done before either tears the group down (gloo aborts a rank left behind)
     torch.distributed.destroy_process_group()
 
 
@@ -524,6 +525,7 @@ def test_two_processes_accumulating_equal_one_accumulating_twice_as_many(tmp_pat
 def _corpus_rank(rank: int, world: int, port: int, options: dict[str, Any]) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     train(TrainOptions(**options))
+    torch.distributed.barrier()  # both ranks done before either tears the group down (gloo aborts a rank left behind)
     torch.distributed.destroy_process_group()
 
 
