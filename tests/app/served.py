@@ -65,9 +65,11 @@ def start(run: Path, *flags: str) -> tuple[subprocess.Popen, str, str]:
         [sys.executable, "-m", "multihead", "serve", str(run), "--port", "0", *flags],
         stderr=subprocess.PIPE, text=True, env=subprocess_env(),
     )  # fmt: skip
-    ready, _, _ = select.select([process.stderr], [], [], 120)
-    line = process.stderr.readline() if ready else ""
-    found = re.search(r"http://127\.0\.0\.1:\d+", line)
+    line, found, before = "", None, 0
+    while found is None and before < 3:  # the line naming it, after any warning (a lock taken over)
+        ready, _, _ = select.select([process.stderr], [], [], 120)
+        line = process.stderr.readline() if ready else ""
+        found, before = re.search(r"http://127\.0\.0\.1:\d+", line), before + 1 if line.startswith("warning") else 3
     if found is None:
         process.kill()
         raise AssertionError(f"no URL in {line!r}: {process.communicate(timeout=30)[1]}")

@@ -602,7 +602,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
         normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard, ensemble=args.ensemble,
-        framework=args.framework, **_terminology(args, serving=True),
+        framework=args.framework, jobs=args.jobs, **_terminology(args, serving=True),
     )  # fmt: skip
 
 
@@ -999,6 +999,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="alternative translations a request may ask for (-1: no limit; each widens the beam to one more)",
     )  # fmt: skip
     serve.add_argument("--api-keys", metavar="FILE", help="require one of the keys in FILE (one a line)")
+    serve.add_argument("--jobs", metavar="DIR", help="keep the document jobs (POST /documents) in DIR, one server's: "
+                       "started again on it, serve resumes them (default: a temporary one, gone at exit)")  # fmt: skip
     serve.add_argument(
         "--timeout", type=seconds_limit, default=-1, metavar="SECONDS",
         help="answer a request that takes longer with an error (503) and drop its work (-1: no limit; the work of a "

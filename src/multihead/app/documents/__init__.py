@@ -16,7 +16,7 @@ import asyncio
 from pathlib import Path
 
 from multihead.app.console import UserError
-from multihead.app.documents import catalogues, html_files, office, subtitles, text_files
+from multihead.app.documents import catalogues, epub, html_files, markdown, odf, office, subtitles, text_files
 from multihead.app.documents.base import AsyncTranslate, Document, Format, Translate, translate_units
 from multihead.files import atomic_write
 
@@ -35,6 +35,9 @@ FORMATS: tuple[Format, ...] = (
     *text_files.FORMATS,
     *html_files.FORMATS,
     *office.FORMATS,
+    *odf.FORMATS,
+    *epub.FORMATS,
+    *markdown.FORMATS,
     *subtitles.FORMATS,
     *catalogues.FORMATS,
 )

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import zipfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from lxml import etree
 
 from multihead.app.console import UserError
 from multihead.app.markup import translate_html
@@ -93,3 +97,26 @@ def read_utf8(path: Path, kind: str) -> str:
         raise UserError(
             f"--input {str(path)!r} is not UTF-8 text, as {kind} must be here ({error.reason} at byte {error.start})"
         ) from None
+
+
+XML = etree.XMLParser(resolve_entities=False, no_network=True, remove_blank_text=False)
+"""How a document's XML is parsed: no entity resolved, nothing fetched (a file may come from anyone)."""
+
+
+def zip_package(path: Path, kind: str, media: str, manifest: str) -> tuple[bytes, zipfile.ZipFile, Any]:
+    """The bytes of the zip package ``path`` (an OpenDocument file, an EPUB book), the zip, and its entry ``manifest``
+    parsed (:data:`XML`), refused in one line where it cannot be read or is not ``kind``: a zip whose ``mimetype``
+    entry says ``media``."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{str(path)!r} cannot be read: {error.strerror or error}") from None
+    try:
+        package = zipfile.ZipFile(io.BytesIO(data))
+        found = package.read("mimetype").decode("ascii", "replace").strip()
+        root = etree.fromstring(package.read(manifest), XML)
+    except (zipfile.BadZipFile, KeyError, etree.XMLSyntaxError, OSError) as error:
+        raise UserError(f"{str(path)!r} is not {kind}: {error}") from None
+    if found != media:
+        raise UserError(f"{str(path)!r} is not {kind}: it is {found or 'another kind of zip file'}")
+    return data, package, root

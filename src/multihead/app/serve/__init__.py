@@ -7,6 +7,8 @@ Its modules are its threads and its concerns; each line of code runs on the thre
   routed (:mod:`~multihead.app.serve.routing`: a pair no run serves goes through a pivot language, one
   :class:`~multihead.app.serve.routing.Route` of two legs), and given to the worker as typed jobs
   (:mod:`~multihead.app.serve.jobs`); every error mapped to its HTTP answer there.
+- :mod:`~multihead.app.serve.document_jobs` (the event loop): the document jobs (``POST /documents``), translated in
+  the background a chunk at a time through the endpoints' path, their state kept in ``serve --jobs DIR``.
 - :mod:`~multihead.app.serve.worker` (the worker, ``serve``'s main thread): the one thread that translates, stepping
   each run's engine (:mod:`~multihead.app.serve.engines`, over :mod:`multihead.app.streaming`) and running the jobs
   that take it alone in turn with the steps.

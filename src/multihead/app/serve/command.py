@@ -18,6 +18,7 @@ from multihead.app.glossary import GlossaryFile, read_glossary_file
 from multihead.app.keep import Keep
 from multihead.app.languages import asked_direction, pair_text
 from multihead.app.runs import has_checkpoints
+from multihead.app.serve.document_jobs import DocumentJobs
 from multihead.app.serve.http import create_app
 from multihead.app.serve.limits import Limits
 from multihead.app.serve.service import Service
@@ -187,6 +188,7 @@ def serve(
     glossary: str | None = None,
     glossary_bonus: float | None = None,
     keep: Keep | None = Keep(),  # noqa: B008 (immutable)
+    jobs: str | None = None,
 ) -> int:
     """Serve ``runs`` (:func:`run_paths`; with ``ensemble``, as one ensemble of the first run's pairs, every step's
     log-probabilities averaged over their models) until SIGINT or SIGTERM: then new requests are refused, those in
@@ -196,7 +198,9 @@ def serve(
     ``glossary``: the server's glossary file (read before any run loads; each pair served directly takes the entries
     of its two languages, refused in one line where no pair takes any); the others as :class:`Translator` takes them
     (``split_sentences`` and ``keep``: unless a request says otherwise). A run of a built-in task serves its inputs as
-    the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise."""
+    the language ``TASK`` and its outputs as ``TASK-out`` unless ``langs`` says otherwise. ``jobs``: the directory
+    that keeps the document jobs (``None``: a temporary one), locked before any run loads, its unfinished jobs
+    resumed once the server listens."""
     import uvicorn
 
     load = functools.partial(_load_run, checkpoint=checkpoint, device=device, quantize=quantize, normalize=normalize,
@@ -204,14 +208,17 @@ def serve(
                              glossary_bonus=glossary_bonus, keep=keep)  # fmt: skip
     loaders = _loaders(load, runs, langs, ensemble=ensemble)
     terms = read_glossary_file(glossary) if glossary is not None else None
+    store = DocumentJobs(Path(jobs) if jobs is not None else None)
+    store.lock()
     sock = listening_socket(host, port)
     try:
         service = _service(loaders, search, max_loaded, terms)
     except UserError:
         sock.close()
+        store.release()
         raise
-    config = uvicorn.Config(create_app(service, limits), log_level="warning", lifespan="on", timeout_keep_alive=5,
-                            timeout_graceful_shutdown=int(DRAIN))  # fmt: skip
+    config = uvicorn.Config(create_app(service, limits, store), log_level="warning", lifespan="on",
+                            timeout_keep_alive=5, timeout_graceful_shutdown=int(DRAIN))  # fmt: skip
     server = uvicorn.Server(config)
     _say_serving(service, runs, sock)
     _stop_on_signals(server)
@@ -221,6 +228,7 @@ def serve(
             server.run(sockets=[sock])
         finally:
             service.worker.close()  # stops the worker below, if the server's shutdown has not
+            store.release()
 
     # The event loop on a thread, the translation on this (main) one.
     thread = threading.Thread(target=run_server, name="event loop")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import secrets
 import shutil
 import tempfile
@@ -30,17 +29,19 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route as Endpoint
 
 from multihead.app.console import UserError
-from multihead.app.detect import Detected
-from multihead.app.documents import Document, document_format, formats, translate_units
+from multihead.app.documents import AsyncTranslate, Document, Format, document_format, formats, translate_units
 from multihead.app.glossary import Glossary
 from multihead.app.languages import language_name
 from multihead.app.markup import translate_html, visible_text
+from multihead.app.serve.document_jobs import DocumentJob, DocumentJobs, file_extensions, safe_name
 from multihead.app.serve.jobs import Attend, Hypotheses, Translate, Work
 from multihead.app.serve.limits import Access, ApiError, Limits
 from multihead.app.serve.parse import (
     FileRequest,
     Lines,
     TranslateRequest,
+    answer,
+    applied,
     arguments,
     attention_request,
     checked_texts,
@@ -57,11 +58,12 @@ from multihead.files import atomic_write
 class Handlers:
     """The HTTP endpoints of ``service`` under ``limits``: each a Starlette handler."""
 
-    def __init__(self, service: Service, limits: Limits) -> None:
+    def __init__(self, service: Service, limits: Limits, jobs: DocumentJobs | None = None) -> None:
         self.service, self.routes, self.limits = service, service.routes, limits
         self.access = Access(limits)
         self.page = page()
         self.files: Path | None = None  # where translated files wait for their download (made at the first)
+        self.jobs = jobs or DocumentJobs()
 
     async def _arguments(self, request: Request) -> dict[str, Any]:
         """The request's parameters, its access checked."""
@@ -111,10 +113,10 @@ class Handlers:
                 for index, output in zip(indices, outputs, strict=True):
                     translated[index] = output
         used = [None if keep else glossaries[code] for code, keep in zip(sources, kept, strict=True)]
-        applied = _applied(used, shown)
-        answer = _answer(translated, detected=detected, alternatives=asked.alternatives and others, doubtful=doubtful,
-                         glossary=applied)  # fmt: skip
-        return JSONResponse(answer if asked.many else {name: value[0] for name, value in answer.items()})
+        found_terms = applied(used, shown)
+        fields = answer(translated, detected=detected, alternatives=asked.alternatives and others, doubtful=doubtful,
+                        glossary=found_terms)  # fmt: skip
+        return JSONResponse(fields if asked.many else {name: value[0] for name, value in fields.items()})
 
     def _glossary(self, route: Route, asked: TranslateRequest) -> Glossary | None:
         """What the texts ``asked`` sends along ``route`` use: the server's glossary of its pair joined by the
@@ -125,7 +127,7 @@ class Handlers:
     def _through(
         self,
         route: Route,
-        request: Request,
+        request: Request | None,
         asked: TranslateRequest,
         doubtful: list[list[str]],
         into: Sequence[int],
@@ -170,19 +172,20 @@ class Handlers:
         return ["\n".join(line[min(i, len(line) - 1)] for line in found) for i in range(count)]
 
     @overload
-    async def _ask(self, job: Translate, request: Request) -> Translated: ...
+    async def _ask(self, job: Translate, request: Request | None) -> Translated: ...
     @overload
     async def _ask(self, job: Hypotheses, request: Request) -> list[list[str]]: ...
     @overload
     async def _ask(self, job: Attend, request: Request) -> Translation: ...
 
-    async def _ask(self, job: Work, request: Request) -> object:
+    async def _ask(self, job: Work, request: Request | None) -> object:
         """``job``'s answer from the worker; an :class:`ApiError` when ``request``'s client leaves first (499) or the
-        time limit passes first (503), and then the worker drops the job."""
+        time limit passes first (503), and then the worker drops the job (``request`` ``None``: a document job's, no
+        client and no limit: it goes on until done or deleted)."""
         self.service.worker.submit(job)
         future: Future[Any] = job.answer
-        answer, timeout = asyncio.wrap_future(future), self.limits.timeout
-        left = asyncio.ensure_future(_client_left(request))
+        answer, timeout = asyncio.wrap_future(future), self.limits.timeout if request else -1
+        left = asyncio.ensure_future(_client_left(request) if request else asyncio.Event().wait())
         try:
             done, _ = await asyncio.wait(
                 [answer, left], timeout=None if timeout < 0 else timeout, return_when=asyncio.FIRST_COMPLETED
@@ -242,26 +245,65 @@ class Handlers:
         """LibreTranslate's ``/translate_file``: a document uploaded (``file``, its format from its name's extension),
         translated whole through the same engine as ``/translate`` (:mod:`multihead.app.documents`), and where to
         download the translation (``translatedFileUrl``, a file of the same name and format)."""
+        asked, document, _, route = await self._upload(request)
+        translations = await translate_units(document, self._document_path(route, request))
+        name = f"{secrets.token_hex(8)}-{safe_name(asked.name)}"
+        folder = self._folder()
+        await asyncio.to_thread(atomic_write, folder / name, lambda path: document.write(translations, Path(path)))
+        return JSONResponse({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{name}"})
+
+    async def _upload(self, request: Request) -> tuple[FileRequest, Document, Format, Route]:
+        """The document a ``/translate_file`` or ``/documents`` request uploads, read in its format, and its route
+        (refused as LibreTranslate refuses a file: its size, its text past ``--char-limit``, the API key)."""
         asked = await file_request(request)
         self.access.check(asked.fields.get("api_key"), request.client.host if request.client else "")
-        document = await self._document(asked)
+        document, found = await self._document(asked)
         shown = "\n".join(visible_text(unit) if document.markup else unit for unit in document.units)
         if not shown.strip():
             raise ApiError(400, f"Invalid request: {asked.name!r} holds no text to translate")
         checked_texts(shown, self.limits)
         target, _, sources = self.routes.sources([shown], asked.source, asked.target)
-        route = self.routes.route(sources[0], target)
-        wanted = TranslateRequest([], False, sources[0], target, document.markup, 0, None)
-        through = self._through(route, request, wanted, [[]], [0], self._glossary(route, wanted))
-        translations = await translate_units(document, through)
-        name = f"{secrets.token_hex(8)}-{_safe_name(asked.name)}"
-        folder = self._folder()
-        await asyncio.to_thread(atomic_write, folder / name, lambda path: document.write(translations, Path(path)))
-        return JSONResponse({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{name}"})
+        return asked, document, found, self.routes.route(sources[0], target)
 
-    async def _document(self, asked: FileRequest) -> Document:
-        """The document ``asked`` uploads, read in the format its name says (refused: one it has none of, or a file
-        its format cannot read, a 400 naming it)."""
+    def _document_path(self, route: Route, request: Request | None) -> AsyncTranslate:
+        """What translates a document's texts along ``route``, as ``/translate`` translates a request's, with the
+        server's glossary and kept spans (``request``: ``None`` for a job, which no client waits for)."""
+        wanted = TranslateRequest([], False, "", "", False, 0, None)
+        return self._through(route, request, wanted, [[]], [0], self._glossary(route, wanted))
+
+    async def create_document(self, request: Request) -> JSONResponse:
+        """``POST /documents``: a document uploaded as for ``/translate_file``, queued as a job (202)."""
+        asked, document, found, route = await self._upload(request)
+        source, target = route.legs[0].pair[0], route.legs[-1].pair[1]
+        job = await self.jobs.create(asked.name, asked.data, found, source, target, len(document.units))
+        return JSONResponse({"id": job.id, "status": job.status}, status_code=202)
+
+    def _job(self, request: Request) -> DocumentJob:
+        job = self.jobs.jobs.get(request.path_params["id"])
+        if job is None:
+            raise ApiError(404, "Invalid request: no such document job (jobs last until deleted)")
+        return job
+
+    async def document(self, request: Request) -> JSONResponse:
+        """``GET /documents/<id>``: the job's status and progress."""
+        return JSONResponse(self._job(request).shown())
+
+    async def document_result(self, request: Request) -> Response:
+        """``GET /documents/<id>/result``: the translated file once the job is done (409 before)."""
+        job = self._job(request)
+        if job.status != "done":
+            raise ApiError(409, f"Invalid request: the document is not translated ({job.status})")
+        return FileResponse(self.jobs.result(job), filename=job.file)
+
+    async def cancel_document(self, request: Request) -> JSONResponse:
+        """``DELETE /documents/<id>``: the job cancelled, its files removed."""
+        job = await self.jobs.cancel(self._job(request).id)
+        assert job is not None
+        return JSONResponse({"id": job.id, "status": job.status})
+
+    async def _document(self, asked: FileRequest) -> tuple[Document, Format]:
+        """The document ``asked`` uploads, read in the format its name says, and that format (refused: one it has none
+        of, or a file its format cannot read, a 400 naming it)."""
         found = document_format(asked.name) or (formats()["text"] if asked.name.lower().endswith(".txt") else None)
         if found is None:
             raise ApiError(400, f"Invalid request: file format not supported ({asked.name!r}; one of "
@@ -270,7 +312,7 @@ class Handlers:
         upload = folder / f".{secrets.token_hex(8)}{Path(asked.name).suffix.lower()}"
         upload.write_bytes(asked.data)
         try:
-            return await asyncio.to_thread(found.read, upload)
+            return await asyncio.to_thread(found.read, upload), found
         except UserError as error:
             said = str(error).replace(repr(str(upload)), repr(asked.name)).removeprefix("--input ")
             raise ApiError(400, f"Invalid request: {said}") from None
@@ -310,59 +352,16 @@ async def refused(request: Request, error: Exception) -> JSONResponse:
     return JSONResponse({"error": f"Internal error: {type(error).__name__}"}, status_code=500)
 
 
-def file_extensions() -> list[str]:
-    """The extensions of the files ``/translate_file`` takes (LibreTranslate's ``supportedFilesFormat``)."""
-    return [".txt", *(extension for found in formats().values() for extension in found.extensions)]
-
-
-def _safe_name(name: str) -> str:
-    """An uploaded file's name as the translation's: its last part, letters, digits, ``.-_`` and spaces kept."""
-    kept = re.sub(r"[^\w. -]", "_", name.replace("\\", "/").rsplit("/", 1)[-1]).strip(" .")
-    return kept or "document"
-
-
 async def _client_left(request: Request) -> None:
     """Returns when ``request``'s client disconnects (its body already read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-def _applied(glossaries: Sequence[Glossary | None], texts: list[str]) -> list[list[list[str]]] | None:
-    """The entries of its glossary (``glossaries[i]``: the server's and the request's, :meth:`Handlers._glossary`)
-    each text holds, ``[source, target]`` each (``None``: no text has a glossary)."""
-    if all(glossary is None for glossary in glossaries):
-        return None
-    return [[[term.source, term.target] for term in glossary.found(text)] if glossary else []
-            for glossary, text in zip(glossaries, texts, strict=True)]  # fmt: skip
-
-
-def _answer(
-    translated: list[str],
-    *,
-    detected: list[Detected] | None,
-    alternatives: Any,
-    doubtful: list[list[str]],
-    glossary: list[list[list[str]]] | None = None,
-) -> dict[str, list[Any]]:
-    """``/translate``'s answer, each field a list of each text's: ``translatedText``, and where there are any
-    ``detectedLanguage``, ``alternatives`` (each text's list), ``doubtful`` (each text's sentences the guard
-    doubts, each once: an HTML text's pieces may translate one more than once) and ``glossary`` (the entries of the
-    server's and the request's glossaries each text holds, ``[source, target]`` each)."""
-    fields: dict[str, list[Any]] = {"translatedText": translated}
-    if glossary is not None:
-        fields["glossary"] = glossary
-    if detected:
-        fields["detectedLanguage"] = [found.as_json() for found in detected]
-    if alternatives:
-        fields["alternatives"] = alternatives
-    if any(doubtful):
-        fields["doubtful"] = [list(dict.fromkeys(sentences)) for sentences in doubtful]
-    return fields
-
-
-def create_app(service: Service, limits: Limits) -> Starlette:
-    """The Starlette application of ``service`` under ``limits``."""
-    handlers = Handlers(service, limits)
+def create_app(service: Service, limits: Limits, jobs: DocumentJobs | None = None) -> Starlette:
+    """The Starlette application of ``service`` under ``limits``, its document jobs kept by ``jobs`` (``None``: in a
+    temporary directory, removed when it stops)."""
+    handlers = Handlers(service, limits, jobs)
     endpoints = [
         Endpoint("/", handlers.index, methods=["GET"]),
         Endpoint("/translate", handlers.translate, methods=["POST"]),
@@ -370,6 +369,10 @@ def create_app(service: Service, limits: Limits) -> Starlette:
         Endpoint("/detect", handlers.detect, methods=["POST"]),
         Endpoint("/translate_file", handlers.translate_file, methods=["POST"]),
         Endpoint("/download_file/{name}", handlers.download_file, methods=["GET"]),
+        Endpoint("/documents", handlers.create_document, methods=["POST"]),
+        Endpoint("/documents/{id}", handlers.document, methods=["GET"]),
+        Endpoint("/documents/{id}", handlers.cancel_document, methods=["DELETE"]),
+        Endpoint("/documents/{id}/result", handlers.document_result, methods=["GET"]),
         Endpoint("/favicon.ico", handlers.favicon, methods=["GET"]),
         Endpoint("/languages", handlers.languages, methods=["GET", "POST"]),
         Endpoint("/health", handlers.health, methods=["GET"]),
@@ -379,7 +382,9 @@ def create_app(service: Service, limits: Limits) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        handlers.jobs.start(lambda source, target: handlers._document_path(handlers.routes.route(source, target), None))
         yield
+        await handlers.jobs.stop()  # the jobs' state kept: a server on the same --jobs resumes them
         await asyncio.to_thread(service.worker.close)  # after the last request: what was queued is answered
         if handlers.files is not None:
             shutil.rmtree(handlers.files, ignore_errors=True)

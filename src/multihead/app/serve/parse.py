@@ -16,7 +16,8 @@ from urllib.parse import parse_qs
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from multihead.app.glossary import Term
+from multihead.app.detect import Detected
+from multihead.app.glossary import Glossary, Term
 from multihead.app.keep import keep_pattern
 from multihead.app.segment import not_text
 from multihead.app.serve.limits import ApiError, Limits
@@ -298,3 +299,36 @@ class Lines:
         """Each text's sentences whose translation the guard doubts, from its lines' ``translated``."""
         each = iter(translated.doubtful)
         return [[sentence for _ in text_lines for sentence, _ in next(each)] for text_lines in self.lines]
+
+
+def applied(glossaries: Sequence[Glossary | None], texts: list[str]) -> list[list[list[str]]] | None:
+    """``/translate``'s entries of its glossary each text holds (``glossaries[i]``: the server's and the request's,
+    :meth:`~multihead.app.serve.http.Handlers._glossary`), ``[source, target]`` each (``None``: no text has one)."""
+    if all(glossary is None for glossary in glossaries):
+        return None
+    return [[[term.source, term.target] for term in glossary.found(text)] if glossary else []
+            for glossary, text in zip(glossaries, texts, strict=True)]  # fmt: skip
+
+
+def answer(
+    translated: list[str],
+    *,
+    detected: list[Detected] | None,
+    alternatives: Any,
+    doubtful: list[list[str]],
+    glossary: list[list[list[str]]] | None = None,
+) -> dict[str, list[Any]]:
+    """``/translate``'s answer, each field a list of each text's: ``translatedText``, and where there are any
+    ``detectedLanguage``, ``alternatives`` (each text's list), ``doubtful`` (each text's sentences the guard
+    doubts, each once: an HTML text's pieces may translate one more than once) and ``glossary`` (the entries of the
+    server's and the request's glossaries each text holds, ``[source, target]`` each)."""
+    fields: dict[str, list[Any]] = {"translatedText": translated}
+    if glossary is not None:
+        fields["glossary"] = glossary
+    if detected:
+        fields["detectedLanguage"] = [found.as_json() for found in detected]
+    if alternatives:
+        fields["alternatives"] = alternatives
+    if any(doubtful):
+        fields["doubtful"] = [list(dict.fromkeys(sentences)) for sentences in doubtful]
+    return fields
