@@ -33,9 +33,9 @@ from multihead.app.runs import LOCK, RunError, RunLock
 from multihead.files import atomic_write, atomic_write_text
 
 T = TypeVar("T")
-CHUNK_UNITS = 8
+CHUNK_UNITS = 4
 """The most units a chunk holds: modest, so that progress rises often and a job never holds the engine long."""
-CHUNK_CHARS = 2000
+CHUNK_CHARS = 1000
 """The most characters a chunk of more than one unit holds."""
 LIVE = ("queued", "running")
 """The statuses of a job whose work is left: resumed when the server starts again."""
