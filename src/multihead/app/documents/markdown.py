@@ -25,7 +25,7 @@ from markdown_it import MarkdownIt
 
 from multihead.app.console import UserError
 from multihead.app.documents.base import Format
-from multihead.app.documents.office import GROUP, _lettered
+from multihead.app.documents.office import GROUP, lettered
 
 FRONT_MATTER = re.compile(r"\A(---|\+\+\+)\n.*?^(\1|\.\.\.)[ \t]*$", re.DOTALL | re.MULTILINE)
 SPECIAL = re.compile(r"([\\`*_\[\]<|~])")
@@ -194,7 +194,7 @@ def read_markdown(path: Path) -> MarkdownDocument:
     units: list[str] = []
     columns: dict[int, int] = {}
     for token in parser.parse(parsed):
-        if token.type != "inline" or token.map is None or not _lettered(token.content):
+        if token.type != "inline" or token.map is None or not lettered(token.content):
             continue
         block = _block(bare, token, columns.get(token.map[0], 0))
         if block is None:

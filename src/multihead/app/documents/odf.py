@@ -34,8 +34,8 @@ from multihead.app.documents.office import (
     UNTRANSLATED_STYLE,
     OfficeDocument,
     Runs,
-    _document,
-    _runs,
+    office_document,
+    runs_of,
 )
 
 
@@ -192,7 +192,7 @@ def _paragraph_runs(paragraph: Any, styles: _Styles) -> Runs:
                 else:
                     yield child, "span", f"{style}"
 
-    return _runs(items(), _text, _set_text)
+    return runs_of(items(), _text, _set_text)
 
 
 def _translated(paragraph: Any) -> bool:
@@ -226,7 +226,7 @@ def _read(path: Path, kind: str, media: str) -> OfficeDocument:
     stories = [*roots["content.xml"].iter(_name(OFFICENS, "body"))]
     stories += [found for found in roots["styles.xml"].iter(*HEADERS)]
     found = [paragraph for story in stories for paragraph in story.iter(*PARAGRAPHS) if _translated(paragraph)]
-    return _document((_paragraph_runs(paragraph, styles) for paragraph in found), _saver(data, roots))
+    return office_document((_paragraph_runs(paragraph, styles) for paragraph in found), _saver(data, roots))
 
 
 def _saver(data: bytes, roots: dict[str, Any]) -> Callable[[str], None]:

@@ -46,7 +46,7 @@ UNFORMATTING = {"lang", "altLang", "dirty", "err", "noProof", "smtClean", "rsidR
 GROUP = re.compile(r"g(\d+)")
 
 
-def _lettered(text: str) -> bool:
+def lettered(text: str) -> bool:
     return any(character.isalpha() for character in text)
 
 
@@ -169,7 +169,9 @@ def _formatting(properties: Any) -> str:
     return etree.tostring(shown, encoding="unicode")
 
 
-def _runs(items: Iterable[tuple[Any, str, str]], get_text: Callable[[Any], str], set_text: Callable[..., None]) -> Runs:
+def runs_of(
+    items: Iterable[tuple[Any, str, str]], get_text: Callable[[Any], str], set_text: Callable[..., None]
+) -> Runs:
     """A paragraph's runs, from ``(run, tag, formatting)`` for each run with text: runs in a row of one formatting
     and tag gathered; those of the first run's formatting (``span``) plain."""
     groups: list[list[Any]] = []
@@ -200,12 +202,12 @@ class OfficeDocument:
         self.save(str(path))
 
 
-def _document(paragraphs: Iterable[Runs], save: Callable[[str], None]) -> OfficeDocument:
+def office_document(paragraphs: Iterable[Runs], save: Callable[[str], None]) -> OfficeDocument:
     """The document of the paragraphs ``paragraphs`` with a letter in them."""
     units: list[str] = []
     writers: list[Callable[[str], None]] = []
     for paragraph in paragraphs:
-        if _lettered("".join(paragraph.get_text(run) for group in paragraph.groups for run in group)):
+        if lettered("".join(paragraph.get_text(run) for group in paragraph.groups for run in group)):
             units.append(paragraph.html())
             writers.append(paragraph.write)
     return OfficeDocument(units, writers, save)
@@ -245,7 +247,7 @@ def _word_runs(paragraph: Any, styles: dict[str, str]) -> Runs:
                 code = bool(UNTRANSLATED_STYLE.search(style) or MONOSPACE.search(font))
                 yield child, "code" if code else "span", _word_formatting(child)
 
-    return _runs(items(), _word_text, _set_word_text)
+    return runs_of(items(), _word_text, _set_word_text)
 
 
 def _word_formatting(run: Any) -> str:
@@ -272,7 +274,7 @@ def read_docx(path: Path) -> OfficeDocument:
         if relationship.reltype in (WORD_RELATIONSHIP.HEADER, WORD_RELATIONSHIP.FOOTER):
             stories.append(relationship.target_part.element)
     paragraphs = (_word_runs(paragraph, styles) for story in stories for paragraph in story.iter(word_name("w:p")))
-    return _document(paragraphs, document.save)
+    return office_document(paragraphs, document.save)
 
 
 def _slide_runs(paragraph: Any) -> Runs:
@@ -286,7 +288,7 @@ def _slide_runs(paragraph: Any) -> Runs:
                 code = font is not None and bool(MONOSPACE.search(font.get("typeface") or ""))
                 yield run, "code" if code else "a" if link else "span", _formatting(run.rPr)
 
-    return _runs(items(), lambda run: run.text, lambda run, text: setattr(run, "text", text))
+    return runs_of(items(), lambda run: run.text, lambda run, text: setattr(run, "text", text))
 
 
 def read_pptx(path: Path) -> OfficeDocument:
@@ -298,7 +300,7 @@ def read_pptx(path: Path) -> OfficeDocument:
         if slide.has_notes_slide:
             stories.append(slide.notes_slide.element)
     paragraphs = (_slide_runs(paragraph) for story in stories for paragraph in story.iter(slide_name("a:p")))
-    return _document(paragraphs, presentation.save)
+    return office_document(paragraphs, presentation.save)
 
 
 def _set_cell(cell: Any, text: str) -> None:
@@ -316,7 +318,7 @@ def read_xlsx(path: Path) -> OfficeDocument:
         for sheet in book.worksheets
         for row in sheet.iter_rows()
         for cell in row
-        if cell.data_type == "s" and isinstance(cell.value, str) and _lettered(cell.value)
+        if cell.data_type == "s" and isinstance(cell.value, str) and lettered(cell.value)
     ]
     writers: list[Callable[[str], None]] = [partial(_set_cell, cell) for cell in cells]
     return OfficeDocument([cell.value for cell in cells], writers, book.save, markup=False)
