@@ -32,11 +32,41 @@ def expected(corpus_run: CorpusRun, written: str, folder: Path) -> str:
     return (folder / "cli.txt").read_text(encoding="utf-8")
 
 
-def create(url: str, written: str) -> str:
-    """A job of the text ``written`` created: its id."""
+def word(written: str) -> bytes:
+    """A Word document of the lines of ``written``, a paragraph each (every third with a word in bold)."""
+    import io
+
+    import docx
+
+    made = docx.Document()
+    for number, line in enumerate(filter(None, written.splitlines())):
+        first, _, rest = line.partition(" ")
+        paragraph = made.add_paragraph()
+        paragraph.add_run(first).bold = number % 3 == 0
+        paragraph.add_run(" " + rest)
+    out = io.BytesIO()
+    made.save(out)
+    return out.getvalue()
+
+
+def paragraphs(data: bytes) -> list[list[tuple[str, bool]]]:
+    """A Word document's paragraphs, each its runs' texts and whether they are bold."""
+    import io
+
+    import docx
+
+    return [
+        [(run.text, bool(run.bold)) for run in paragraph.runs]
+        for paragraph in docx.Document(io.BytesIO(data)).paragraphs
+    ]
+
+
+def create(url: str, written: str | bytes, name: str = "seite.txt") -> str:
+    """A job of the text ``written`` (or the file ``name`` of those bytes) created: its id."""
     from app.served import request
 
-    body, kind = multipart("seite.txt", written.encode(), source="de", target="en")
+    data = written.encode() if isinstance(written, str) else written
+    body, kind = multipart(name, data, source="de", target="en")
     status, answer = request(url, "/documents", body, kind=kind)
     assert (status, answer["status"]) == (202, "queued"), answer
     return str(answer["id"])
@@ -55,10 +85,10 @@ def finished(url: str, id: str, seen: list[dict[str, Any]], until: float = 60) -
         time.sleep(0.02)
 
 
-def result(url: str, id: str) -> str:
+def result(url: str, id: str, name: str = "seite.txt") -> bytes:
     with urllib.request.urlopen(f"{url}/documents/{id}/result", timeout=30) as response:
-        assert 'filename="seite.txt"' in response.headers["content-disposition"]
-        return str(response.read().decode("utf-8"))
+        assert f'filename="{name}"' in response.headers["content-disposition"]
+        return bytes(response.read())
 
 
 def test_a_document_job_is_translated_as_translate_does_its_progress_rising(
@@ -89,7 +119,7 @@ def test_a_document_job_is_translated_as_translate_does_its_progress_rising(
         assert progress == sorted(progress), progress
         assert any(0 < found < 1 for found in progress), progress
         assert any(answer["seconds_left"] is not None for answer in seen), seen
-        assert result(url, id) == want
+        assert result(url, id).decode("utf-8") == want
         assert (tmp_path / "jobs" / id / "job.json").is_file()
 
         other = create(url, written)
@@ -110,10 +140,14 @@ def test_a_document_job_is_translated_as_translate_does_its_progress_rising(
     assert not (tmp_path / "jobs" / ".lock").exists()
 
 
-def test_a_server_killed_and_started_again_on_its_jobs_finishes_them(corpus_run: CorpusRun, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["seite.txt", "seite.docx"])
+def test_a_server_killed_and_started_again_on_its_jobs_finishes_them(
+    corpus_run: CorpusRun, tmp_path: Path, name: str
+) -> None:
     """``serve --jobs DIR`` killed (SIGKILL) while a job runs, then started again on DIR: the job resumes where it
-    stopped (the chunks done are not translated again) and its result is an uninterrupted run's; a second server is
-    refused DIR while the first holds it."""
+    stopped (the chunks done are not translated again) and its result is an uninterrupted run's (a Word document's
+    paragraphs, runs and bold as ``translate --input --output`` writes them); a second server is refused DIR while
+    the first holds it."""
     import json
     import subprocess
     import sys
@@ -121,12 +155,21 @@ def test_a_server_killed_and_started_again_on_its_jobs_finishes_them(corpus_run:
     from app.served import start
     from app.support import subprocess_env
 
-    written = text(1500)
-    want = expected(corpus_run, written, tmp_path)
+    written: str | bytes = text(1500)
+    want: object = expected(corpus_run, str(written), tmp_path)
+    if name.endswith(".docx"):
+        from multihead.app.translate import Translator
+
+        written = word(str(written))
+        (tmp_path / name).write_bytes(written)
+        translate_document(
+            tmp_path / name, tmp_path / "cli.docx", formats()["docx"], Translator(corpus_run.path).translate
+        )
+        want = paragraphs((tmp_path / "cli.docx").read_bytes())
     jobs = tmp_path / "jobs"
     process, url, _ = start(corpus_run.path, "--jobs", str(jobs))
     try:
-        id = create(url, written)
+        id = create(url, written, name)
         seen: list[dict[str, Any]] = []
         finished_early = _until_progress(url, id, seen)
         refused = subprocess.run([sys.executable, "-m", "multihead", "serve", str(corpus_run.path), "--port", "0",
@@ -148,12 +191,13 @@ def test_a_server_killed_and_started_again_on_its_jobs_finishes_them(corpus_run:
         finished(url, id, again)
         assert again[-1]["status"] == "done", again[-1]
         assert again[0]["progress"] >= round(done / saved["units"], 4) or again[0]["status"] == "queued"
-        assert result(url, id) == want
+        got = result(url, id, name)
+        assert (paragraphs(got) if name.endswith(".docx") else got.decode("utf-8")) == want
     finally:
         process.terminate()
         process.communicate(timeout=60)
     assert process.returncode == 0
-    assert (jobs / id / "result.txt").is_file()
+    assert (jobs / id / f"result{Path(name).suffix}").is_file()
 
 
 def _until_progress(url: str, id: str, seen: list[dict[str, Any]]) -> bool:
