@@ -260,3 +260,47 @@ def test_a_paragraph_all_link_or_all_bold_stays_one_element(tmp_path: Path) -> N
         ("See manual", "https://example.org/handbuch")
     ]
     assert [(run.text, run.bold) for run in bold.runs] == [("The dog runs", True), ("", True)]
+
+
+FOOTNOTES = (
+    '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<w:footnotes xmlns:w="http://schemas.openxmlformats.org/'
+    'wordprocessingml/2006/main"><w:footnote w:id="1"><w:p><w:r><w:t>Siehe Handbuch</w:t></w:r></w:p></w:footnote>'
+    "</w:footnotes>"
+)
+NOTES_TYPE = (
+    b'<Override PartName="/word/footnotes.xml" ContentType="application/vnd.openxmlformats-officedocument.'
+    b'wordprocessingml.footnotes+xml"/></Types>'
+)
+NOTES_RELATIONSHIP = (
+    b'<Relationship Id="rIdNotes" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/footnotes"'
+    b' Target="footnotes.xml"/></Relationships>'
+)
+
+
+def test_a_word_documents_footnotes_and_comments_are_translated(tmp_path: Path) -> None:
+    """A comment (made with python-docx) and a footnote (its part added to the package by hand, as Word writes it)
+    are translated with the body; the package keeps every other part."""
+    made = docx.Document()
+    paragraph = made.add_paragraph("Der Hund schläft")
+    made.add_comment(paragraph.runs, text="der Hund läuft", author="A")
+    plain = tmp_path / "plain.docx"
+    made.save(str(plain))
+    source = tmp_path / "bericht.docx"
+    with zipfile.ZipFile(plain) as old, zipfile.ZipFile(source, "w") as new:
+        for item in old.infolist():
+            data = old.read(item.filename)
+            if item.filename == "[Content_Types].xml":
+                data = data.replace(b"</Types>", NOTES_TYPE)
+            if item.filename == "word/_rels/document.xml.rels":
+                data = data.replace(b"</Relationships>", NOTES_RELATIONSHIP)
+            new.writestr(item, data)
+        new.writestr("word/footnotes.xml", FOOTNOTES)
+    before = source.read_bytes()
+    translate_document(source, tmp_path / "report.docx", formats()["docx"], translate)
+    out = docx.Document(str(tmp_path / "report.docx"))
+    assert [p.text for p in out.paragraphs] == ["The dog sleeps"]
+    assert [p.text for comment in out.comments for p in comment.paragraphs] == ["the dog runs"]
+    with zipfile.ZipFile(tmp_path / "report.docx") as package:
+        assert "<w:t>See manual</w:t>" in package.read("word/footnotes.xml").decode("utf-8")
+        assert set(package.namelist()) >= set(zipfile.ZipFile(source).namelist())
+    assert source.read_bytes() == before

@@ -26,7 +26,9 @@ from typing import Any
 import docx
 import openpyxl
 import pptx
+from docx.opc.constants import CONTENT_TYPE as WORD_CONTENT
 from docx.opc.constants import RELATIONSHIP_TYPE as WORD_RELATIONSHIP
+from docx.opc.part import PartFactory, XmlPart
 from docx.oxml.ns import qn as word_name
 from lxml import etree
 from pptx.oxml.ns import qn as slide_name
@@ -265,13 +267,21 @@ def _set_word_text(element: Any, text: str) -> None:
         run.text = "" if index else text
 
 
+for _notes in (WORD_CONTENT.WML_FOOTNOTES, WORD_CONTENT.WML_ENDNOTES):  # python-docx keeps them as bytes otherwise
+    PartFactory.part_type_for.setdefault(_notes, XmlPart)
+WORD_STORIES = (WORD_RELATIONSHIP.HEADER, WORD_RELATIONSHIP.FOOTER, WORD_RELATIONSHIP.FOOTNOTES,
+                WORD_RELATIONSHIP.ENDNOTES, WORD_RELATIONSHIP.COMMENTS)  # fmt: skip
+"""The parts of a Word document whose paragraphs are translated beside its body's."""
+
+
 def read_docx(path: Path) -> OfficeDocument:
-    """The Word document ``path``: the paragraphs of its body (tables and text boxes too), headers and footers."""
+    """The Word document ``path``: the paragraphs of its body (tables and text boxes too), headers and footers,
+    footnotes, endnotes and comments."""
     document = _opened(path, "a Word document (.docx)", docx.Document)
     styles = {style.style_id: style.name or "" for style in document.styles}
     stories = [document.part.element]
     for relationship in document.part.rels.values():
-        if relationship.reltype in (WORD_RELATIONSHIP.HEADER, WORD_RELATIONSHIP.FOOTER):
+        if relationship.reltype in WORD_STORIES and not relationship.is_external:
             stories.append(relationship.target_part.element)
     paragraphs = (_word_runs(paragraph, styles) for story in stories for paragraph in story.iter(word_name("w:p")))
     return office_document(paragraphs, document.save)
