@@ -274,3 +274,50 @@ def test_a_replaced_linear_runs_itself_in_training_inference_and_steps() -> None
     torch.testing.assert_close(apply_form(model, "output", torch.ones(2, 32)), model.output_proj(torch.ones(2, 32)))
     x = torch.randn(3, 4, plain.in_features, requires_grad=True)
     torch.testing.assert_close(apply_form(layer.feed_forward, "linear2", x), adapted(x))
+
+
+def test_a_plain_generate_keeps_its_layouts_until_the_weights_change() -> None:
+    """``generate()`` without ``layouts=`` lays the weights out once and keeps them while they stay: the same
+    layouts call after call; after an optimizer's step, ``load_state_dict``, ``to()`` or :func:`quantize`, new ones,
+    and the tokens a model made afresh from the same weights generates."""
+    from multihead.torch.layouts import KeptLayouts
+
+    def fresh(model: Transformer) -> Transformer:
+        made = Transformer(23, 29, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=2, d_ff=48).eval()
+        made.load_state_dict(model.state_dict())
+        return made
+
+    torch.manual_seed(0)
+    model = Transformer(23, 29, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=2, d_ff=48).eval()
+    src, tgt = torch.randint(3, 23, (3, 5)), torch.randint(3, 29, (3, 6))
+    kept = KeptLayouts()
+    first = kept.of(model)
+    assert kept.of(model) is first
+    model.generate(src, max_len=7, bos_id=1, eos_id=2)
+    assert kept.of(model) is first  # generating changes no weight
+
+    def same_as_fresh() -> None:
+        out = model.generate(src, max_len=7, bos_id=1, eos_id=2)
+        assert torch.equal(out, fresh(model).generate(src, max_len=7, bos_id=1, eos_id=2))
+
+    same_as_fresh()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.train()
+    model(src, tgt).logsumexp(-1).sum().backward()
+    optimizer.step()
+    model.eval()
+    assert kept.of(model) is not first
+    same_as_fresh()
+    torch.manual_seed(1)
+    other = Transformer(23, 29, d_model=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=2, d_ff=48).eval()
+    second = kept.of(model)
+    model.load_state_dict(other.state_dict())
+    assert kept.of(model) is not second
+    same_as_fresh()
+    third = kept.of(model)
+    model.to(torch.float64).to(torch.float32)
+    assert kept.of(model) is not third
+    same_as_fresh()
+    quantize(model, "bf16")
+    out = model.generate(src, max_len=7, bos_id=1, eos_id=2)
+    assert torch.equal(out, quantize(fresh(model), "bf16").generate(src, max_len=7, bos_id=1, eos_id=2))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -387,6 +388,32 @@ class Layouts:
             quantized = _quantized(module)
             built = self._built[key] = _form(module, name, None) if quantized is None else quantized.forms[name]
         return built
+
+
+class KeptLayouts:
+    """:class:`Layouts` kept for a model between the calls that lay out its weights (its plain ``generate()``), made
+    anew once the weights change: a tensor in another's place (``load_state_dict(assign=True)``, ``model.to(...)``,
+    :func:`quantize`) or one written in place (``load_state_dict``, an optimizer's step, anything under
+    ``torch.no_grad()``: PyTorch counts each such write in the tensor's version). A write through ``tensor.data``
+    escapes that count: write under ``torch.no_grad()`` instead, or pass ``layouts=`` of your own."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._layouts = Layouts()
+
+    def of(self, model: nn.Module) -> Layouts:
+        """The layouts of ``model``'s weights as they are now."""
+        tensors = itertools.chain(model.parameters(), model.buffers())
+        key = (*map(id, model.modules()), *((t.data_ptr(), _version(t), t.dtype, t.device) for t in tensors))
+        if key != self._key:
+            self._key, self._layouts = key, Layouts()
+        return self._layouts
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """How many times ``tensor`` has been written in place (-1 for a tensor made in inference mode, which PyTorch
+    does not count: such a tensor is made anew, not written, when weights change)."""
+    return -1 if tensor.is_inference() else tensor._version
 
 
 def quantize(model: nn.Module, dtype: str = "int8") -> nn.Module:

@@ -27,7 +27,7 @@ from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, con
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
-from multihead.torch.layouts import Layouts, apply_form
+from multihead.torch.layouts import KeptLayouts, Layouts, apply_form
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -380,6 +380,7 @@ class Transformer(nn.Module):
             first_position,
         )  # fmt: skip
         self.config = config
+        self._kept_layouts = KeptLayouts()  # generate()'s, while the weights stay as they were laid out from
         self.src_embed = nn.Embedding(src_vocab, d_model)
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
         self.positional = PositionalEncoding(d_model, max_len, dropout, positions, first_position)
@@ -537,8 +538,9 @@ class Transformer(nn.Module):
         stops at its first EOS or its ``max_len`` and is padded after it with the pad (``pad_id`` default: the
         config's ``pad_id``, else ``eos_id``). ``use_cache`` decodes one token per step over a KV cache instead of
         recomputing the whole prefix; both give the same tokens. A step is the model's forward pass with the cache,
-        one token per row; its projections are laid out for such rows once per call, from the weights as they are,
-        or by ``layouts`` (a :class:`~multihead.torch.layouts.Layouts` kept by a caller whose weights stay fixed).
+        one token per row; its projections are laid out for such rows from the weights, and the layouts kept for the
+        next calls until the weights change (:class:`~multihead.torch.layouts.KeptLayouts`), or by ``layouts`` (a
+        :class:`~multihead.torch.layouts.Layouts` of the caller's).
         """
         generation, longest = checks.check_generate_call(
             self.config, generation, max_len=max_len, src=src, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
@@ -546,8 +548,9 @@ class Transformer(nn.Module):
         )  # fmt: skip
         check_flag("use_cache", use_cache)
         with torch.inference_mode():
+            kept = self._kept_layouts.of(self) if layouts is None else layouts
             session = self.decoding_session(
-                src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, layouts=layouts
+                src, max_len=longest, src_key_mask=src_key_mask, use_cache=use_cache, layouts=kept
             )
             tokens = engine.generate(session, src.shape[0], generation, max_len=max_len)
         return torch.from_numpy(tokens).to(src.device)  # made outside inference mode: usable for training
