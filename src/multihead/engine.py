@@ -158,6 +158,26 @@ class _Next:
         self.score.append(score)
         self.place.append(place)
 
+    def add_beams(
+        self, held: np.ndarray, going: np.ndarray, local: np.ndarray, parent: np.ndarray, token: np.ndarray,
+        score: np.ndarray,
+    ) -> None:  # fmt: skip
+        """The next beams of the sentences ``going`` (indices) of rows ``held (S, width)``: ``k`` each, their
+        ``parent`` rows, ``token``s and ``score``s ``(S, k)`` (``local``: each parent's place among its sentence's
+        rows). Where the sentences hold ``k`` rows, each beam in its parent's place where it can (those rows' states
+        need not move); else a beam opening: its first beam in the sentence's row, the others in new rows."""
+        k = parent.shape[1]
+        if held.shape[1] == k:
+            order = _stay(local)  # (S, k): the beam each place takes
+            parent, token, score = (np.take_along_axis(a, order, axis=1) for a in (parent, token, score))
+            places = held
+        else:
+            places = np.zeros((len(held), k), dtype=np.int64)
+            places[:, 0] = held[:, 0]
+            places[going, 1:] = self.fresh(len(going) * (k - 1)).reshape(len(going), k - 1)
+        self.add(parent[going].reshape(-1), token[going].reshape(-1), score[going].reshape(-1).astype(np.float32),
+                 places[going].reshape(-1))  # fmt: skip
+
     def joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The new rows' parents, tokens and scores, in the order they take: a row whose place is among the first as
         many as there are new rows stays there, the others (by place) fill the places left."""
@@ -606,16 +626,7 @@ class Engine(Generic[Owner]):
         bound = np.maximum(scores[:, 0] / (t + 1) ** penalty, scores[:, 0] / limit**penalty)
         worst = np.array([sentence.rank[-1] for sentence in sentences])
         going = ~(worst >= bound) & np.isfinite(scores[:, 0]) & (limit > t)
-        g = np.flatnonzero(going)
-        if width == k:  # the beams in their parents' places where they can: those rows' states need not move
-            order = _stay(local)  # (S, k): the beam each place takes
-            parent, token = np.take_along_axis(parent, order, axis=1), np.take_along_axis(token, order, axis=1)
-            scores, places = np.take_along_axis(scores, order, axis=1), held
-        else:  # a beam opening: its first beam in the sentence's row, the others in new rows
-            places = np.zeros((len(held), k), dtype=np.int64)
-            places[:, 0] = firsts
-            places[g, 1:] = next_rows.fresh(len(g) * (k - 1)).reshape(len(g), k - 1)
-        next_rows.add(parent[g].reshape(-1), token[g].reshape(-1), scores[g].reshape(-1), places[g].reshape(-1))
+        next_rows.add_beams(held, np.flatnonzero(going), local, parent, token, scores)
         return [sentence.finished() for s, sentence in enumerate(sentences) if not going[s]]
 
     def _constrained(self, logits: Tensor, rows: np.ndarray, next_rows: _Next) -> list[Finished]:
@@ -697,16 +708,7 @@ class Engine(Generic[Owner]):
         bound = np.maximum(falling / (t + 1) ** penalty, falling / limit**penalty) + most
         worst = np.array([sentence.rank[-1] for sentence in sentences])
         g = np.flatnonzero(np.isfinite(top) & (limit > t) & ~(worst >= bound))
-        if held.shape[1] == k:  # the beams in their parents' places where they can
-            order = _stay(local)  # (S, k): the beam each place takes
-            parent, tokens = np.take_along_axis(parent, order, axis=1), np.take_along_axis(tokens, order, axis=1)
-            scores, places = np.take_along_axis(scores, order, axis=1), held
-        else:  # a beam opening: its first beam in the sentence's row, the others in new rows
-            places = np.zeros((len(held), k), dtype=np.int64)
-            places[:, 0] = firsts
-            places[g, 1:] = next_rows.fresh(len(g) * (k - 1)).reshape(len(g), k - 1)
-        next_rows.add(parent[g].reshape(-1), tokens[g].reshape(-1), scores[g].reshape(-1).astype(np.float32),
-                      places[g].reshape(-1))  # fmt: skip
+        next_rows.add_beams(held, g, local, parent, tokens, scores)
         ended = np.setdiff1d(np.arange(len(held)), g)
         return [sentences[s].finished() for s in ended]
 

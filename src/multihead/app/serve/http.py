@@ -246,7 +246,7 @@ class Handlers:
         translated whole through the same engine as ``/translate`` (:mod:`multihead.app.documents`), and where to
         download the translation (``translatedFileUrl``, a file of the same name and format)."""
         asked, document, _, route = await self._upload(request)
-        translations = await translate_units(document, self._document_path(route, request))
+        translations = await translate_units(document, self.document_path(route, request))
         name = f"{secrets.token_hex(8)}-{safe_name(asked.name)}"
         folder = self._folder()
         await asyncio.to_thread(atomic_write, folder / name, lambda path: document.write(translations, Path(path)))
@@ -265,7 +265,7 @@ class Handlers:
         target, _, sources = self.routes.sources([shown], asked.source, asked.target)
         return asked, document, found, self.routes.route(sources[0], target)
 
-    def _document_path(self, route: Route, request: Request | None) -> AsyncTranslate:
+    def document_path(self, route: Route, request: Request | None) -> AsyncTranslate:
         """What translates a document's texts along ``route``, as ``/translate`` translates a request's, with the
         server's glossary and kept spans (``request``: ``None`` for a job, which no client waits for)."""
         wanted = TranslateRequest([], False, "", "", False, 0, None)
@@ -382,7 +382,7 @@ def create_app(service: Service, limits: Limits, jobs: DocumentJobs | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        handlers.jobs.start(lambda source, target: handlers._document_path(handlers.routes.route(source, target), None))
+        handlers.jobs.start(lambda source, target: handlers.document_path(handlers.routes.route(source, target), None))
         yield
         await handlers.jobs.stop()  # the jobs' state kept: a server on the same --jobs resumes them
         await asyncio.to_thread(service.worker.close)  # after the last request: what was queued is answered
