@@ -4,6 +4,8 @@ one line; without it, the cores other processes leave free."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import torch
 
 from app.support import SMALL_FLAGS, Cli, assert_refused, write_lines
 from multihead.app import devices
+from multihead.app.loaded import LoadedRun
 
 DEFAULT = devices.default_threads  # the tests' package patches it away: these tests put it back
 
@@ -20,9 +23,11 @@ COMMANDS = ["train", "translate", "evaluate", "score", "serve"]
 
 @pytest.fixture
 def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The threads as the tests have them (one) before and after; TensorFlow's settings left as they were."""
+    """The threads as the tests have them (one) before and after, none following the free cores after; TensorFlow's
+    settings left as they were."""
     for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(devices, "_following", None)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -80,7 +85,8 @@ def busy(monkeypatch: pytest.MonkeyPatch, cores_taken: float) -> None:
     """A 2-core machine whose other processes take ``cores_taken`` cores while the default watches."""
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    times = iter([(1000, 5000), (1000 + round(100 * cores_taken), 5200)])  # (busy, all) ticks of both cores
+    last = (1000 + round(100 * cores_taken), 5200)
+    times = itertools.chain([(1000, 5000)], itertools.repeat(last))  # (busy, all) ticks of both cores
     monkeypatch.setattr(devices, "_cpu_times", lambda: next(times))
 
 
@@ -165,3 +171,111 @@ def test_a_run_records_its_threads_and_resumes_with_them(tmp_path: Path, cli: Ca
     other = cli("train", "--resume", "--out", out, "--steps", "4", "--threads", "2")
     assert other.status == 0, other.err
     assert "this run trained with 1 CPU thread; with 2, its sums round otherwise" in other.err
+
+
+class Machine:
+    """A 2-core machine as the threads' follower sees it: its clock, the cores' CPU time and this process's.
+    ``run(seconds, ours, others)``: time passes while this process computes on ``ours`` cores, others on ``others``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now, self.own, self.busy, self.total = 100.0, 0.0, 0, 0
+        monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+        monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        monkeypatch.setattr(devices, "_cpu_times", lambda: (self.busy, self.total))
+        monkeypatch.setattr(devices.time, "process_time", lambda: self.own)
+        monkeypatch.setattr(devices.time, "monotonic", lambda: self.now)
+
+    def run(self, seconds: float, ours: float, others: float) -> None:
+        ticks = os.sysconf("SC_CLK_TCK")
+        self.now += seconds
+        self.own += seconds * ours
+        self.busy += round(seconds * (ours + others) * ticks)
+        self.total += round(seconds * 2 * ticks)
+
+
+@pytest.mark.usefixtures("threads")
+def test_the_threads_follow_the_cores_a_neighbour_leaves_free_while_a_command_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine = Machine(monkeypatch)
+    torch.set_num_threads(2)
+    follower = devices.FreeCores()
+    seen = []
+    for seconds, ours, others in [
+        (0.5, 2.0, 0.0),  # quiet: no look before FOLLOW_EVERY, none needed after
+        (0.6, 2.0, 0.0),
+        (1.0, 1.85, 0.15),  # a light neighbour (0.3 of a core it would take alone): still a core each
+        (1.0, 1.5, 0.5),  # a busy one arrives: it gets half the core it shares with one of our threads
+        (1.0, 1.0, 1.0),  # with a thread fewer, its whole core
+        (1.0, 1.0, 0.4),  # it rests for more than half its core
+        (1.0, 2.0, 0.0),
+    ]:
+        machine.run(seconds, ours, others)
+        follower.fit()
+        seen.append(torch.get_num_threads())
+    assert seen == [2, 2, 2, 1, 1, 2, 2]
+
+
+@pytest.mark.usefixtures("threads")
+def test_only_the_default_follows_the_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--threads N`` keeps N whatever the neighbours do; the default follows them; so does a resumed run's
+    threads, but not a rank of several (they share the cores out among themselves)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(devices, "default_threads", lambda: 2)
+    machine = Machine(monkeypatch)
+    for given, world, after in [(2, "1", 2), (None, "2", 2), (None, "1", 1)]:
+        monkeypatch.setenv("WORLD_SIZE", world)
+        devices.choose_threads(given)
+        assert torch.get_num_threads() == 2
+        machine.run(1.0, 1.0, 1.0)
+        devices.fit_threads()
+        assert torch.get_num_threads() == after, (given, world)
+
+
+@pytest.mark.usefixtures("threads")
+@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "score"])
+def test_a_command_that_follows_the_free_cores_looks_between_its_batches_or_steps(
+    command: str, task_run: Path, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(devices, "default_threads", lambda: 2)
+    looks: list[int] = []
+    monkeypatch.setattr(devices.FreeCores, "fit", lambda self: looks.append(torch.get_num_threads()))
+    lines = write_lines(tmp_path / "many.txt", [f"abc{'d' * (index % 7)}" for index in range(40)])
+    monkeypatch.setattr(LoadedRun, "batch_tokens", property(lambda self: 16))  # batches of two or three lines
+    argv = {"translate": ["translate", task_run, "--input", lines],
+            "evaluate": ["evaluate", task_run, lines, lines],
+            "score": ["score", task_run, lines, lines]}  # fmt: skip
+    result = cli(*argv.get(command, arguments(command, task_run, tmp_path)))
+    assert result.status in (0, None), result.err
+    assert len(looks) >= (1 if command == "train" else 10)
+    assert set(looks) == {2}  # each in the computing thread
+
+
+def test_the_service_looks_at_the_free_cores_before_each_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multihead.app.serve import worker
+    from multihead.app.serve.jobs import Stop
+
+    log: list[str] = []
+
+    class Steps:
+        count = 3
+
+        def __len__(self) -> int:
+            return self.count
+
+        def step(self) -> None:
+            self.count -= 1
+            log.append("step")
+
+        def waiting(self) -> bool:
+            return False
+
+        def to_load(self, pinned: object) -> list[object]:
+            return []
+
+    monkeypatch.setattr(worker, "fit_threads", lambda: log.append("fit"))
+    working = worker.Worker(Steps(), thread=False)  # type: ignore[arg-type]
+    working.jobs.put(Stop())
+    working.work()
+    assert log == ["fit", "step"] * 3

@@ -12,6 +12,7 @@ from typing import TypeVar
 import numpy as np
 
 from multihead.app.console import progress_bar
+from multihead.app.devices import fit_threads
 from multihead.constraints import Phrase
 from multihead.decoding import Generation, SearchOptions
 
@@ -69,6 +70,7 @@ def in_batches(
         for row, index in enumerate(rows):
             src[row, : len(sources[index])] = sources[index]
         limits = np.array([limit(len(sources[index])) for index in rows], dtype=np.int64)  # (B,)
+        fit_threads()
         for row, result in zip(rows, run(src, limits, np.array(rows, dtype=np.int64)), strict=True):
             results[row] = result
         bar.update(len(rows))

@@ -1060,11 +1060,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         if hasattr(args, "threads"):  # every command that runs a model has --threads
-            from multihead.app.devices import default_threads, use_threads
+            from multihead.app.devices import choose_threads
 
-            threads = args.threads or default_threads()
-            if threads is not None:
-                use_threads(threads)
+            choose_threads(args.threads)
         status = args.handler(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
         return status

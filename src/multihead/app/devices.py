@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import os
 import re
 import time
@@ -95,7 +96,9 @@ def resolve_precision(name: str, device: str, d_model: int) -> Precision:
 
 
 BUSY_SAMPLE = 0.1
-"""Seconds over which ``--threads``' default watches how busy the machine's cores are."""
+"""Seconds over which ``--threads``' default watches how busy the machine's cores are when a command starts."""
+FOLLOW_EVERY = 1.0
+"""Seconds between the looks a command without ``--threads`` takes at how busy the cores are while it runs."""
 
 
 def _cpu_times() -> tuple[int, int] | None:
@@ -110,17 +113,46 @@ def _cpu_times() -> tuple[int, int] | None:
     return sum(ticks) - idle, sum(ticks)
 
 
+@dataclass(frozen=True)
+class _Look:
+    """The machine's CPU time (:func:`_cpu_times`) and this process's own (seconds, every thread) at one moment."""
+
+    busy: int
+    total: int
+    own: float
+    at: float  # time.monotonic()
+
+
+def _look() -> _Look | None:
+    times = _cpu_times()
+    return None if times is None else _Look(*times, own=time.process_time(), at=time.monotonic())
+
+
+def _usable() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _free(before: _Look, after: _Look, *, crowded: bool) -> int | None:
+    """The cores other processes left free between two looks (a core counts as taken from half its time up);
+    ``crowded``: this process had a thread on every core meanwhile, so a neighbour got about half of the core it
+    wanted (the scheduler shares a core evenly between two busy threads), and its time counts double."""
+    if after.total <= before.total:
+        return None
+    ticks_per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    others = max(0.0, (after.busy - before.busy) - (after.own - before.own) * ticks_per_second)
+    taken = others / (after.total - before.total) * (os.cpu_count() or 1) * (2 if crowded else 1)
+    usable = _usable()
+    return max(1, min(usable, usable - math.floor(taken + 0.5)))
+
+
 def free_cores(sample: float = BUSY_SAMPLE) -> int | None:
     """How many of this process's cores the other processes leave free, watched for ``sample`` seconds (a core
     counts as taken from half its time up); ``None`` where the machine cannot say."""
-    before = _cpu_times()
+    before = _look()
     time.sleep(sample)
-    after = _cpu_times()
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    taken = (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(usable, round(usable - taken)))
+    after = _look()
+    return None if before is None or after is None else _free(before, after, crowded=False)
 
 
 def default_threads() -> int | None:
@@ -131,6 +163,52 @@ def default_threads() -> int | None:
     return free_cores()
 
 
+class FreeCores:
+    """CPU threads that follow the cores other processes leave free while a command runs: :meth:`fit`, called
+    between units of work (a batch, a decoding step, a training step), looks at the machine every
+    :data:`FOLLOW_EVERY` seconds and computes with one thread a free core. PyTorch's threads meet at the end of
+    every operation, so one that shares its core with a busy neighbour holds up the others at each of them, and a
+    thread fewer runs faster (docs/performance.md). Threads are set in the thread that calls :meth:`fit`, the one
+    that computes."""
+
+    def __init__(self) -> None:
+        self.last = _look()
+
+    def fit(self) -> None:
+        import torch
+
+        last = self.last
+        if last is None or time.monotonic() - last.at < FOLLOW_EVERY:
+            return
+        self.last = now = _look()
+        threads = torch.get_num_threads()
+        free = None if now is None else _free(last, now, crowded=threads >= _usable())
+        if free is not None and free != threads:
+            torch.set_num_threads(free)
+
+
+_following: FreeCores | None = None
+
+
+def choose_threads(given: int | None) -> None:
+    """The threads a command that runs a model computes with: ``--threads`` when ``given``, else the free cores
+    (:func:`default_threads`), followed while it runs (:class:`FreeCores`; not in a rank of several, which share
+    the machine's cores out among themselves)."""
+    global _following
+    threads = given or default_threads()
+    if threads is not None:
+        use_threads(threads)
+    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
+    _following = FreeCores() if given is None and threads is not None and single else None
+
+
+def fit_threads() -> None:
+    """Between units of work: the threads fitted to the free cores where the command follows them
+    (:func:`choose_threads`); nothing otherwise."""
+    if _following is not None:
+        _following.fit()
+
+
 def use_threads(count: int) -> None:
     """Compute with ``count`` CPU threads (``--threads``): PyTorch's intra-op threads, which run the work of each
     operation (its inter-op pool only runs ``torch.jit`` forks, which nothing here makes, and can be set only once a
@@ -138,7 +216,7 @@ def use_threads(count: int) -> None:
     has not been imported yet (it reads them once). JAX's threads cannot be set."""
     import torch
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    usable = _usable()
     if count > usable:
         warn(f"--threads {count}: this process may use {usable} cores; more threads than cores take turns on them "
              "(slower, not faster)")  # fmt: skip

@@ -286,7 +286,8 @@ few seconds for a built-in task, every few minutes for the corpus recipe (twice 
 THREADS_HELP = (
     "CPU threads the process computes with (PyTorch's torch.set_num_threads; for --framework keras TensorFlow's "
     "pools too, JAX's cannot be set); fewer than the cores leaves them to other work (default: the cores other "
-    "processes leave free when the command starts, at least 1; with OMP_NUM_THREADS set, PyTorch's choice)"
+    "processes leave free when the command starts, at least 1, looked at again every second while it runs; with "
+    "OMP_NUM_THREADS set, PyTorch's choice)"
 )
 """What ``--threads`` does for ``train`` (see :func:`multihead.app.devices.use_threads`)."""
 RUN_THREADS_HELP = THREADS_HELP.replace("; for --framework keras TensorFlow's pools too, JAX's cannot be set", "")

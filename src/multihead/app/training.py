@@ -47,7 +47,7 @@ from multihead.app.data import (
     load_task,
     vocabulary_from,
 )
-from multihead.app.devices import check_device, resolve_device, use_threads
+from multihead.app.devices import check_device, fit_threads, resolve_device, use_threads
 from multihead.app.languages import LanguageTokens, from_file_names
 from multihead.app.loaded import run_direction
 from multihead.app.memory import release_freed_memory
@@ -775,6 +775,7 @@ class Training:
                     if early and not interrupt.requested:
                         say(f"stopping early: no better validation {self.metric} in {self._stale} evaluations")
                     break
+                fit_threads()
                 tick = time.monotonic()
                 self.step()
                 self._step_seconds = time.monotonic() - tick

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from multihead.app.devices import fit_threads
 from multihead.app.serve.engines import Engines
 from multihead.app.serve.jobs import Alone, Loaded, Message, Stop, Streamed, Work
 from multihead.app.serve.loader import start_loading
@@ -78,6 +79,7 @@ class Worker:
                 self._run_alone(self.alone.popleft())
                 self.credit -= time.monotonic() - started
             if len(engines):
+                fit_threads()
                 started = time.monotonic()
                 self._step()
                 self.credit = min(0.0, self.credit + (time.monotonic() - started) * ALONE_SHARE / (1 - ALONE_SHARE))
