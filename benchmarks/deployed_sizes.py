@@ -7,18 +7,22 @@ weights, built by ``benchmarks/opus_sized.py`` into WORK when missing, imported 
 converted by CTranslate2's own ``TransformersConverter`` (what its users do)::
 
     .venv/bin/python benchmarks/deployed_sizes.py WORK DATA [--sizes opus] [--sentences 200] [--tokens 32]
+        [--threads 2] [--neighbours 0]
 
 DATA holds Multi30k's files (``{train,val,test_2016_flickr}.{de,en}.gz``).
 
 Translation: the first ``--sentences`` sources of test_2016_flickr, greedy and beam 4, float32 and int8 (multihead
 ``--quantize int8``, CTranslate2 ``compute_type="int8"``), each engine batching as its users' calls do (multihead
 ``translate``'s batches, CTranslate2's ``translate_batch`` with ``max_batch_size`` in tokens, the same budget), every
-translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the lengths are
-checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before
-the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
-resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set once it has
-translated, its model still loaded. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer
-for multihead: the greedy float32 token sequences of the two are compared.
+translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the lengths are checked).
+Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before the clock
+starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak resident set (which
+counts a model file's pages while it is read, memory-mapped) and its resident set once it has translated, its model
+still loaded. ``--threads 0`` runs each engine with its own default: multihead's (the cores other processes leave free,
+followed while it translates), CTranslate2's (``intra_threads=0``). ``--neighbours N`` starts N busy processes (a Python
+loop each) before each configuration's process and stops them after it: the machine shared with a neighbour, as servers
+and batch jobs share it. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead:
+the greedy float32 token sequences of the two are compared.
 
 Fine-tuning (``--finetune-steps``; 0 skips it): ``multihead train --init`` on Multi30k (``--batch-tokens 2048``) and
 a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at 1e-4, cross-entropy with label smoothing 0.1,
@@ -77,12 +81,12 @@ def sources(data: Path, count: int) -> list[str]:
 
 
 def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
 
+    from multihead.app.devices import choose_threads
     from multihead.app.translate import BATCH_TOKENS, Translator, translate_ids
     from multihead.decoding import SearchOptions
 
-    torch.set_num_threads(args.threads)
+    choose_threads(args.threads or None)
     translator = Translator(args.work / "run", device="cpu", quantize=None if args.compute == "float32" else "int8")
     ids = translator.source.encode_all(sources(args.data, args.sentences))
     generate = translator.generate(SearchOptions(beam_size=args.beam, length_penalty=0.6))
@@ -107,6 +111,7 @@ def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
         warnings.simplefilter("ignore", UserWarning)
         tokenizer = MarianTokenizer.from_pretrained(args.work / "checkpoint")
     batch = [tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids) for text in sources(args.data, args.sentences)]
+    # intra_threads 0: its own default
     engine = ctranslate2.Translator(str(args.work / "ctranslate2"), device="cpu", compute_type=args.compute,
                                     intra_threads=args.threads, inter_threads=1)  # fmt: skip
 
@@ -200,7 +205,14 @@ def child(job: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
                str(args.finetune_steps)]  # fmt: skip
     for name, value in extra.items():
         command += [f"--{name}", str(value)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbours)]
+    try:
+        time.sleep(0.5 if busy else 0)  # the neighbours at work before the configuration starts
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
     if done.returncode != 0:
         raise SystemExit(f"{job} {extra} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -255,7 +267,10 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
             "sequences": digest(found["sequences"]),
         })  # fmt: skip
     ours, theirs = best["multihead", "float32", 1]["sequences"], best["CTranslate2", "float32", 1]["sequences"]
-    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    # A run that ends translations with EOS at the length limit (the checkpoint's forced_eos_token_id, as Transformers'
+    # generate does) writes EOS where CTranslate2 writes one more token: the tokens before it are compared.
+    eos = json.loads((args.work / "checkpoint" / "config.json").read_text()).get("forced_eos_token_id")
+    same = sum(a[:-1] == b[:-1] if a[-1:] == [eos] else a == b for a, b in zip(ours, theirs, strict=True))
     print(f"greedy float32: {same} of {len(ours)} token sequences identical", file=sys.stderr)
     rows.append({"identical_greedy_float32": same, "of": len(ours)})
     return rows
@@ -281,7 +296,10 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=200, help="sentences translated (default: 200)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens each translation takes (default: 32)")
     parser.add_argument("--repeats", type=int, default=2, help="times each configuration runs (default: 2)")
-    parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default: 2)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default: 2; 0: each "
+                        "engine's own default)")  # fmt: skip
+    parser.add_argument("--neighbours", type=int, default=0, help="busy processes beside each configuration while "
+                        "it translates (default: 0)")  # fmt: skip
     parser.add_argument("--finetune-steps", type=int, default=5, help="fine-tuning steps, the first a warm-up "
                         "(default: 5; 0: no fine-tuning)")  # fmt: skip
     parser.add_argument("--skip-translation", action="store_true", help="fine-tuning only")
@@ -298,6 +316,7 @@ def main() -> None:
     prepare(args)
     results: dict[str, Any] = {
         "sizes": args.sizes, "sentences": args.sentences, "tokens": args.tokens, "threads": args.threads,
+        "neighbours": args.neighbours,
         "cpu": cpu_name(), "command": " ".join(sys.argv),
     }  # fmt: skip
     if not args.skip_translation:
@@ -316,7 +335,9 @@ def cpu_name() -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{results['sizes']}-sized, {results['cpu']}, {results['threads']} threads: `{results['command']}`", ""]
+    threads = results["threads"] or "each engine's default"
+    beside = f", beside {results['neighbours']} busy processes" if results.get("neighbours") else ""
+    lines = [f"{results['sizes']}-sized, {results['cpu']}, {threads} threads{beside}: `{results['command']}`", ""]
     if "translation" in results:
         lines += [
             f"| {results['sentences']} sentences × {results['tokens']} tokens | seconds | tokens/s | peak MB | "
