@@ -52,7 +52,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -77,6 +76,7 @@ from serve_load import (
     get_json,
     language_pair,
     percentile,
+    run_benchmark,
 )
 
 from multihead.app.console import UserError
@@ -525,13 +525,7 @@ def main() -> int:
     args = arguments()
     if args.serve_ct2 is not None:
         return serve_ct2(args)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally that stops the servers runs
-    try:
-        with tempfile.TemporaryDirectory(prefix="serve_engines-") as directory:
-            return benchmark(args, Path(directory))
-    except (UserError, Failed) as error:
-        print(f"serve_engines: {error}", file=sys.stderr)
-        return 1
+    return run_benchmark("serve_engines", benchmark, args)
 
 
 if __name__ == "__main__":

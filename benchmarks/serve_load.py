@@ -538,15 +538,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.limit < 1 or not 0 <= args.port < 65536 or args.give_up <= 0:
         parser.error("--clients and --limit must be 1 or more, --seconds and --give-up above 0, --port 0 to 65535")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally that kills the server runs
+    return run_benchmark("serve_load", benchmark, args)
+
+
+def run_benchmark(name: str, benchmark: Callable[[argparse.Namespace, Path], int], args: argparse.Namespace) -> int:
+    """``benchmark(args, directory)`` in a temporary directory, its exit status; the ``finally`` clauses that stop its
+    servers run on SIGTERM too; a failure is one line on stderr and status 1."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        with tempfile.TemporaryDirectory(prefix="serve_load-") as directory:
+        with tempfile.TemporaryDirectory(prefix=f"{name}-") as directory:
             return benchmark(args, Path(directory))
-    except (UserError, Failed) as error:
-        print(f"serve_load: {error}", file=sys.stderr)
-        return 1
-    except subprocess.TimeoutExpired as error:
-        print(f"serve_load: {error}", file=sys.stderr)
+    except (UserError, Failed, subprocess.TimeoutExpired) as error:
+        print(f"{name}: {error}", file=sys.stderr)
         return 1
 
 
