@@ -12,17 +12,18 @@ converted by CTranslate2's own ``TransformersConverter`` (what its users do)::
 DATA holds Multi30k's files (``{train,val,test_2016_flickr}.{de,en}.gz``).
 
 Translation: the first ``--sentences`` sources of test_2016_flickr, greedy and beam 4, float32 and int8 (multihead
-``--quantize int8``, CTranslate2 ``compute_type="int8"``), each engine batching as its users' calls do (multihead
-``translate``'s batches, CTranslate2's ``translate_batch`` with ``max_batch_size`` in tokens, the same budget), every
-translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the lengths are checked).
-Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up before the clock
-starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak resident set (which
-counts a model file's pages while it is read, memory-mapped) and its resident set once it has translated, its model
-still loaded. ``--threads 0`` runs each engine with its own default: multihead's (the cores other processes leave free,
-followed while it translates), CTranslate2's (``intra_threads=0``). ``--neighbours N`` starts N busy processes (a Python
-loop each) before each configuration's process and stops them after it: the machine shared with a neighbour, as servers
-and batch jobs share it. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead:
-the greedy float32 token sequences of the two are compared.
+``--quantize int8``, CTranslate2 ``compute_type="int8"``; ``--computes`` chooses others: ``bfloat16`` against
+``--quantize bf16``, ``int8_bfloat16`` against ``--quantize int8``), each engine batching as its users' calls do
+(multihead ``translate``'s batches, CTranslate2's ``translate_batch`` with ``max_batch_size`` in tokens, the same
+budget), every translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the
+lengths are checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up
+before the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
+resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set once it has
+translated, its model still loaded. ``--threads 0`` runs each engine with its own default: multihead's (the cores other
+processes leave free, followed while it translates), CTranslate2's (``intra_threads=0``). ``--neighbours N`` starts N
+busy processes (a Python loop each) before each configuration's process and stops them after it: the machine shared with
+a neighbour, as servers and batch jobs share it. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's
+tokenizer for multihead: the greedy float32 token sequences of the two are compared.
 
 Fine-tuning (``--finetune-steps``; 0 skips it): ``multihead train --init`` on Multi30k (``--batch-tokens 2048``) and
 a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at 1e-4, cross-entropy with label smoothing 0.1,
@@ -51,6 +52,9 @@ from typing import Any
 
 ENGINES = ("multihead", "CTranslate2")
 COMPUTES = ("float32", "int8")
+QUANTIZE = {"float32": None, "int8": "int8", "bfloat16": "bf16", "int8_bfloat16": "int8"}
+"""multihead's ``--quantize`` for each of CTranslate2's compute types (``--computes``); its int8 computes the
+activations in float32, beside CTranslate2's int8_bfloat16."""
 BEAMS = (1, 4)
 
 
@@ -87,7 +91,7 @@ def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
     from multihead.decoding import SearchOptions
 
     choose_threads(args.threads or None)
-    translator = Translator(args.work / "run", device="cpu", quantize=None if args.compute == "float32" else "int8")
+    translator = Translator(args.work / "run", device="cpu", quantize=QUANTIZE[args.compute])
     ids = translator.source.encode_all(sources(args.data, args.sentences))
     generate = translator.generate(SearchOptions(beam_size=args.beam, length_penalty=0.6))
 
@@ -242,7 +246,7 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
-    configs = [(engine, compute, beam) for beam in BEAMS for compute in COMPUTES for engine in ENGINES]
+    configs = [(engine, compute, beam) for beam in BEAMS for compute in args.computes for engine in ENGINES]
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for repeat in range(args.repeats):  # interleaved: every configuration once, then again
         for engine, compute, beam in configs:
@@ -266,6 +270,8 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
             "ratio": round(found["seconds"] / theirs["seconds"], 3),
             "sequences": digest(found["sequences"]),
         })  # fmt: skip
+    if ("multihead", "float32", 1) not in best:
+        return rows
     ours, theirs = best["multihead", "float32", 1]["sequences"], best["CTranslate2", "float32", 1]["sequences"]
     # A run that ends translations with EOS at the length limit (the checkpoint's forced_eos_token_id, as Transformers'
     # generate does) writes EOS where CTranslate2 writes one more token: the tokens before it are compared.
@@ -304,7 +310,10 @@ def main() -> None:
                         "(default: 5; 0: no fine-tuning)")  # fmt: skip
     parser.add_argument("--skip-translation", action="store_true", help="fine-tuning only")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
-    parser.add_argument("--compute", choices=COMPUTES, default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--computes", nargs="+", choices=sorted(QUANTIZE), default=list(COMPUTES), metavar="TYPE",
+                        help="CTranslate2's compute types compared, each against multihead's --quantize of the same "
+                        "(bfloat16: bf16; int8_bfloat16: int8) (default: float32 int8)")  # fmt: skip
+    parser.add_argument("--compute", choices=sorted(QUANTIZE), default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
