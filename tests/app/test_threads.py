@@ -207,13 +207,14 @@ def test_the_threads_follow_the_cores_a_neighbour_leaves_free_while_a_command_ru
         (1.0, 1.85, 0.15),  # a light neighbour (0.3 of a core it would take alone): still a core each
         (1.0, 1.5, 0.5),  # a busy one arrives: it gets half the core it shares with one of our threads
         (1.0, 1.0, 1.0),  # with a thread fewer, its whole core
-        (1.0, 1.0, 0.4),  # it rests for more than half its core
+        (1.0, 1.0, 0.3),  # it rests for most of its core: not enough to take a thread back
+        (1.0, 1.0, 0.2),  # it leaves more than three quarters of its core
         (1.0, 2.0, 0.0),
     ]:
         machine.run(seconds, ours, others)
         follower.fit()
         seen.append(torch.get_num_threads())
-    assert seen == [2, 2, 2, 1, 1, 2, 2]
+    assert seen == [2, 2, 2, 1, 1, 1, 2, 2]
 
 
 @pytest.mark.usefixtures("threads")

@@ -133,9 +133,9 @@ def _usable() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _free(before: _Look, after: _Look, *, crowded: bool) -> int | None:
-    """The cores other processes left free between two looks (a core counts as taken from half its time up);
-    ``crowded``: this process had a thread on every core meanwhile, so a neighbour got about half of the core it
+def _free(before: _Look, after: _Look, *, crowded: bool, taken_from: float = 0.5) -> int | None:
+    """The cores other processes left free between two looks (a core counts as taken from ``taken_from`` of its time
+    up); ``crowded``: this process had a thread on every core meanwhile, so a neighbour got about half of the core it
     wanted (the scheduler shares a core evenly between two busy threads), and its time counts double."""
     if after.total <= before.total:
         return None
@@ -143,7 +143,7 @@ def _free(before: _Look, after: _Look, *, crowded: bool) -> int | None:
     others = max(0.0, (after.busy - before.busy) - (after.own - before.own) * ticks_per_second)
     taken = others / (after.total - before.total) * (os.cpu_count() or 1) * (2 if crowded else 1)
     usable = _usable()
-    return max(1, min(usable, usable - math.floor(taken + 0.5)))
+    return max(1, min(usable, usable - math.floor(taken + 1 - taken_from)))
 
 
 def free_cores(sample: float = BUSY_SAMPLE) -> int | None:
@@ -168,8 +168,10 @@ class FreeCores:
     between units of work (a batch, a decoding step, a training step), looks at the machine every
     :data:`FOLLOW_EVERY` seconds and computes with one thread a free core. PyTorch's threads meet at the end of
     every operation, so one that shares its core with a busy neighbour holds up the others at each of them, and a
-    thread fewer runs faster (docs/performance.md). Threads are set in the thread that calls :meth:`fit`, the one
-    that computes."""
+    thread fewer runs faster (docs/performance.md). A thread comes back once the others leave three quarters of a core
+    free (a core with fewer of our threads than cores counts as taken from a quarter of its time up), so that a
+    neighbour that takes a quarter to a half of a core does not change the threads at every look. Threads are set in
+    the thread that calls :meth:`fit`, the one that computes."""
 
     def __init__(self) -> None:
         self.last = _look()
@@ -182,7 +184,8 @@ class FreeCores:
             return
         self.last = now = _look()
         threads = torch.get_num_threads()
-        free = None if now is None else _free(last, now, crowded=threads >= _usable())
+        crowded = threads >= _usable()
+        free = None if now is None else _free(last, now, crowded=crowded, taken_from=0.5 if crowded else 0.25)
         if free is not None and free != threads:
             torch.set_num_threads(free)
 
