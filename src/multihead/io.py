@@ -1,7 +1,9 @@
 """One weight format for both front ends: safetensors files keyed like the PyTorch state dict.
 
 ``q_proj.weight`` is stored ``(out, in)`` as ``torch.nn.Linear`` keeps it (a Keras ``Dense`` kernel is its
-transpose). A file written from either front end loads into the other. Loading never unpickles anything, checks
+transpose). A tied weight (one matrix under several names: tied embeddings) is stored once, under its first name; the
+file's metadata (``aliases``) names the others, which read as it does. A file written from either front end loads into
+the other. Loading never unpickles anything, checks
 every tensor's name, shape and kind of dtype before it changes a single weight, and saving replaces the file
 atomically, so an interrupted save leaves the previous file whole. :func:`save_model` replaces the model directory as a
 whole, so an interrupted save leaves the previous model loadable.
@@ -13,12 +15,13 @@ Each front end reads and writes its own weights through an adapter (``multihead.
 from __future__ import annotations
 
 import glob
+import json
 import operator
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,10 +35,12 @@ from multihead.files import PathLike, atomic_write, atomic_write_text, fsync_dir
 
 __all__ = [
     "FRAMEWORKS", "StoredWeights", "load_model", "load_weights", "read_weights", "save_model", "save_weights",
-    "stored_weights",
+    "stored_weights", "write_weights",
 ]  # fmt: skip
 
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
+ALIASES = "aliases"
+"""The metadata entry naming a file's aliases: JSON, each alias → the name its tensor is stored under."""
 
 
 class StateAdapter(Protocol):
@@ -96,11 +101,27 @@ def _adapter(module_or_layer: object) -> StateAdapter:
 
 
 def save_weights(module_or_layer: object, path: PathLike) -> None:
-    """Write the weights of a torch module or Keras layer to a safetensors file, atomically."""
-    tensors = _adapter(module_or_layer).export()
-    atomic_write(
-        path, lambda tmp: safetensors.numpy.save_file(tensors, tmp, metadata={**METADATA, "version": __version__})
-    )
+    """Write the weights of a torch module or Keras layer to a safetensors file, atomically; a tied weight once."""
+    adapter = _adapter(module_or_layer)
+    write_weights(adapter.export(), path, tied=_aliases(adapter))
+
+
+def write_weights(tensors: Mapping[str, np.ndarray], path: PathLike, *, tied: Iterable[Sequence[str]] = ()) -> None:
+    """Write ``tensors`` (named as the model's state dict) to a safetensors file, atomically. Each group of names in
+    ``tied`` is one weight: stored once, under its first name, the others recorded as its aliases; a ``ValueError``
+    if their values differ."""
+    aliases: dict[str, str] = {}
+    for group in tied:
+        present = [name for name in group if name in tensors]
+        for name in present[1:]:
+            if not np.array_equal(tensors[present[0]], tensors[name]):
+                raise ValueError(f"tensors {present[0]!r} and {name!r} are tied but hold different values")
+            aliases[name] = present[0]
+    stored = {name: array for name, array in tensors.items() if name not in aliases}
+    metadata = {**METADATA, "version": __version__}
+    if aliases:
+        metadata[ALIASES] = json.dumps(aliases, sort_keys=True)
+    atomic_write(path, lambda tmp: safetensors.numpy.save_file(stored, tmp, metadata=metadata))
 
 
 def read_weights(path: PathLike) -> dict[str, np.ndarray]:
@@ -113,22 +134,35 @@ _SAFETENSORS_KINDS = {"F": "f", "B": "f", "I": "i", "U": "u"}  # F32, BF16, I64,
 
 
 class StoredWeights(Mapping[str, np.ndarray]):
-    """The tensors of a safetensors file (memory-mapped), each read when asked for, a fresh array every time; their
-    names, shapes and dtypes come from the file's header alone. A model loads from it one tensor at a time."""
+    """The tensors of a safetensors file (memory-mapped), each read when asked for, a fresh array every time, an alias
+    as the tensor it names; their names, shapes and dtypes come from the file's header alone. A model loads from it
+    one tensor at a time."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
             self._file = safetensors.safe_open(str(path), framework="numpy")
-            self._names = tuple(self._file.keys())
+            stored = tuple(self._file.keys())
+            aliases = json.loads((self._file.metadata() or {}).get(ALIASES, "{}"))
         except (safetensors.SafetensorError, ValueError, TypeError, OSError) as error:
             raise ValueError(f"{str(path)!r} is not a readable safetensors weights file ({error})") from None
+        if not isinstance(aliases, dict) or not all(
+            isinstance(alias, str) and target in stored for alias, target in aliases.items()
+        ):
+            raise ValueError(f"{str(path)!r}: its metadata's {ALIASES!r} must name stored tensors, received {aliases}")
+        self.aliases: dict[str, str] = aliases
+        """Each alias → the name its tensor is stored under."""
+        self._names = stored + tuple(alias for alias in aliases if alias not in stored)
+
+    def stored_name(self, name: str) -> str:
+        """The name ``name``'s tensor is stored under: its own, or the one it is an alias of."""
+        return self.aliases.get(name, name)
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:
             raise KeyError(name)
         try:
-            return self._file.get_tensor(name)
+            return self._file.get_tensor(self.stored_name(name))
         except (safetensors.SafetensorError, ValueError, TypeError, OSError) as error:
             raise ValueError(f"{str(self.path)!r}: tensor {name!r} cannot be read ({error})") from None
 
@@ -139,15 +173,18 @@ class StoredWeights(Mapping[str, np.ndarray]):
         return len(self._names)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._file.get_slice(name).get_shape())
+        return tuple(self._file.get_slice(self.stored_name(name)).get_shape())
 
     def dtype_kind(self, name: str) -> str:
         """The NumPy kind of the tensor's dtype: ``"f"`` floating (bfloat16 too), ``"i"``, ``"u"`` or ``"b"``."""
-        dtype = self._file.get_slice(name).get_dtype()
+        dtype = self._file.get_slice(self.stored_name(name)).get_dtype()
         return "b" if dtype == "BOOL" else _SAFETENSORS_KINDS.get(dtype[0], "?")
 
     def equal(self, first: str, second: str, rows: int = 4096) -> bool:
         """Whether two tensors hold the same values, compared ``rows`` rows at a time."""
+        first, second = self.stored_name(first), self.stored_name(second)
+        if first == second:
+            return True
         if self.shape(first) != self.shape(second) or self.dtype_kind(first) != self.dtype_kind(second):
             return False
         if not self.shape(first):

@@ -71,3 +71,12 @@ def weight_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     shapes[f"{OUTPUT}.{WEIGHT}"] = (config.tgt_vocab, e)
     shapes[f"{OUTPUT}.{BIAS}"] = (config.tgt_vocab,)
     return shapes
+
+
+def tied(config: TransformerConfig) -> list[tuple[str, ...]]:
+    """The groups of names that are one matrix in a Transformer built from ``config``: the three embeddings with
+    ``tie_embeddings``, the target embedding and the output projection with ``tie_output``."""
+    source, target, output = (f"{name}.{WEIGHT}" for name in (SOURCE_EMBEDDING, TARGET_EMBEDDING, OUTPUT))
+    if config.tie_embeddings:
+        return [(source, target, output)]
+    return [(target, output)] if config.tie_output else []

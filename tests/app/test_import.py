@@ -339,6 +339,10 @@ def test_import_writes_a_run_and_says_what_it_imported(
     stored = read_weights(checkpoint / "model.safetensors")
     assert all(array.dtype == np.float32 for array in stored.values())
     assert sorted(stored) == sorted(read_weights(marian["shared"].checkpoint / "model.safetensors"))
+    with safetensors.safe_open(str(checkpoint / "model.safetensors"), framework="numpy") as file:
+        names = set(file.keys())
+    assert "src_embed.weight" in names  # the shared matrix once, its other names aliases
+    assert not {"tgt_embed.weight", "output_proj.weight"} & names
 
     result = cli("import", directory, tmp_path / "chosen", "--langs", "fr", "it")
     assert result.status == 0, result.err

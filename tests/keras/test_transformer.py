@@ -390,10 +390,12 @@ def test_a_generation_spec_as_torch(tmp_path: Path, compiled: bool, options: dic
 )
 def test_both_front_ends_weights_are_the_declared_schema(options: dict) -> None:
     """Every weight of either front end's Transformer has the name and shape :func:`multihead.schema.weight_shapes`
-    declares, and no other."""
+    declares, and no other; the weights either ties into one are those :func:`multihead.schema.tied` declares."""
     from multihead.config import TransformerConfig
+    from multihead.io import _aliases
     from multihead.keras.state import KerasAdapter
-    from multihead.schema import weight_shapes
+    from multihead.schema import tied, weight_shapes
+    from multihead.torch.state import TorchAdapter
 
     vocab = 17 if "tie_embeddings" in options else 13
     config = TransformerConfig(vocab, 17, d_model=8, num_heads=2, num_encoder_layers=2, num_decoder_layers=1, d_ff=12,
@@ -405,3 +407,6 @@ def test_both_front_ends_weights_are_the_declared_schema(options: dict) -> None:
     keras_shapes = {name: tuple(array.shape) for name, array in KerasAdapter(keras_model).export().items()}
     assert torch_shapes == declared
     assert keras_shapes == declared
+    torch_model = mt.Transformer.from_config(config)
+    for adapter in (TorchAdapter(torch_model), KerasAdapter(keras_model)):
+        assert sorted(map(sorted, _aliases(adapter))) == sorted(map(sorted, tied(config)))

@@ -6,6 +6,7 @@ Notation: B batch, Ls/Lt source/target length, E d_model, V vocabulary.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from torch import nn
 
 from conftest import TorchCalls, filtered_distribution
 from multihead import checks, decoding, engine, positional
-from multihead.io import load_model, load_weights, save_model, save_weights
+from multihead.io import load_model, load_weights, read_weights, save_model, save_weights, write_weights
 from multihead.reference import sinusoidal_positions
 from multihead.torch import (
     Decoder,
@@ -410,12 +411,42 @@ def test_tied_model_round_trips_through_weights_files_and_model_directories(tmp_
     torch.testing.assert_close(untied(src, tgt), other(src, tgt))
 
 
+def test_a_tied_matrix_is_stored_once_and_an_older_file_with_every_copy_loads_the_same(tmp_path: Path) -> None:
+    """``save_weights`` writes a tied matrix under its first name only, the others as aliases in the metadata; a
+    file that stores every name (as files before aliases did) loads into the same model."""
+    model = tied_model()
+    save_weights(model, tmp_path / "tied.safetensors")
+    with safetensors.safe_open(str(tmp_path / "tied.safetensors"), framework="numpy") as stored:
+        names, metadata = set(stored.keys()), stored.metadata()
+    assert names == set(model.state_dict()) - {"tgt_embed.weight", "output_proj.weight"}
+    assert json.loads(metadata["aliases"]) == {"tgt_embed.weight": "src_embed.weight",
+                                               "output_proj.weight": "src_embed.weight"}  # fmt: skip
+    every = read_weights(tmp_path / "tied.safetensors")
+    assert set(every) == set(model.state_dict())
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(every[name], value.numpy())
+    safetensors.numpy.save_file(every, tmp_path / "every-copy.safetensors")
+    src, tgt = tokens(2, 6, vocab=VOCAB), tokens(2, 5, vocab=VOCAB, seed=1)
+    for name in ("tied.safetensors", "every-copy.safetensors"):
+        other = tied_model(seed=3)
+        load_weights(other, tmp_path / name)
+        assert other.src_embed.weight is other.tgt_embed.weight is other.output_proj.weight
+        torch.testing.assert_close(other(src, tgt), model(src, tgt))
+    untied = Transformer(VOCAB, VOCAB, **SMALL).double().eval()
+    with pytest.raises(ValueError, match=r"tensors 'src_embed.weight' and 'tgt_embed.weight' are tied but hold"):
+        write_weights(
+            {name: value.numpy() for name, value in untied.state_dict().items()}, tmp_path / "refused.safetensors",
+            tied=[("src_embed.weight", "tgt_embed.weight")],
+        )  # fmt: skip
+    assert not (tmp_path / "refused.safetensors").exists()
+
+
 @pytest.mark.parametrize("source", ["edited-copy", "untied-model"])
 def test_a_file_whose_tied_copies_differ_is_refused_by_name(tmp_path: Path, source: str) -> None:
     path = tmp_path / "weights.safetensors"
     if source == "edited-copy":
         save_weights(tied_model(), path)
-        tensors = safetensors.numpy.load_file(path)
+        tensors = read_weights(path)  # every name, as files store them with no aliases
         tensors["output_proj.weight"] = tensors["output_proj.weight"] + 1.0
         safetensors.numpy.save_file(tensors, path)
         match = r"tensors \['src_embed.weight', 'output_proj.weight'\] in .* differ, but the model ties them"

@@ -46,9 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import safetensors.numpy
 
-from multihead import __version__
 from multihead.app.console import UserError, plural, warn
 from multihead.app.encoded import EncodedCorpus, read_cache, write_cache
 from multihead.app.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
@@ -62,7 +60,8 @@ from multihead.files import (
     umask_mode,
     write_directory,
 )
-from multihead.io import FRAMEWORKS, METADATA, read_weights
+from multihead.io import FRAMEWORKS, read_weights, write_weights
+from multihead.schema import tied
 
 CHECKPOINTS, LATEST, BEST, AVERAGE = "checkpoints", "latest", "best", "average"
 CONFIG, WEIGHTS, OPTIMIZER, TRAINER = "config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"
@@ -75,7 +74,6 @@ LOCK = ".lock"
 ENCODED = "encoded"  # the encoded training corpus (multihead.app.encoded)
 FORMAT = 2  # of trainer.json
 STEP_NAME = re.compile(r"step-(\d{7,})")
-WEIGHTS_METADATA = {**METADATA, "version": __version__}  # as multihead.io.save_weights writes it
 
 Loaded = TypeVar("Loaded")
 
@@ -315,7 +313,8 @@ def _average_writers(
     writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER) if trainer is None else write_json(trainer)}
     if (kept[-1] / GENERATION).is_file():  # a checkpoint older versions wrote has none (see read_checkpoint)
         writers[GENERATION] = copied(GENERATION)
-    writers[WEIGHTS] = lambda path: safetensors.numpy.save_file(averaged, str(path))
+    tied_names = tied(read_checkpoint(kept[-1]).config)
+    writers[WEIGHTS] = lambda path: write_weights(averaged, path, tied=tied_names)
     return writers
 
 
@@ -395,7 +394,7 @@ def save_imported_run(
     )  # fmt: skip
     writers = {
         **model_writers(config, generation),
-        WEIGHTS: lambda path: safetensors.numpy.save_file(tensors, str(path), metadata=WEIGHTS_METADATA),
+        WEIGHTS: lambda path: write_weights(tensors, path, tied=tied(config)),
         TRAINER: write_json({**trainer, "imported": record}),
     }
     return _new_run(out, lambda staging: save_checkpoint(staging, checkpoint_name(0), writers, tokenizers=tokenizers))

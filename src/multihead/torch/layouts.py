@@ -48,6 +48,7 @@ from torch import nn
 
 from multihead.config import QUANTIZED
 from multihead.cpu import has_vnni
+from multihead.torch.pages import release
 
 __all__ = [
     "Affine",
@@ -239,7 +240,8 @@ def _bf16(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
 def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
     """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``."""
     weight = weight.float().cpu()
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()  # (O,)
+    largest = torch.maximum(weight.amax(dim=1), -weight.amin(dim=1))  # (O,) max |w|, without a copy of |w|
+    scales = (largest / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()  # (O,)
     zeros = torch.zeros(len(scales), dtype=torch.long)
     engine = int8_engine()
     with warnings.catch_warnings(), _quantized_engine(engine):  # PyTorch's notices that its int8 tensors are
@@ -259,8 +261,17 @@ own)."""
 
 def lay_out(*linears: nn.Linear, dtype: str | None = None) -> Affine:
     """``linears`` (all ``nn.Linear``) as one, laid out from their weights as they are; ``dtype``: computed in
-    ``"int8"`` or ``"bf16"`` (see :func:`quantize`)."""
-    weight = torch.cat(tuple(linear.weight for linear in linears))  # (O, I)
+    ``"int8"`` or ``"bf16"`` (see :func:`quantize`). Weights on a file's pages hand those back once laid out
+    (:func:`multihead.torch.pages.release`): the form holds its own copy."""
+    form = _laid_out(linears, dtype)
+    for linear in linears:
+        release(linear.weight)
+    return form
+
+
+def _laid_out(linears: tuple[nn.Linear, ...], dtype: str | None) -> Affine:
+    weights = tuple(linear.weight for linear in linears)
+    weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (O, I)
     biases = [linear.bias for linear in linears]
     bias = None
     if any(b is not None for b in biases):

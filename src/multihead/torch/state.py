@@ -3,12 +3,15 @@ adapter only converts between tensors and NumPy arrays."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from multihead.torch.layouts import remake
+from multihead.torch.pages import map_file, place
 
 
 class TorchAdapter:
@@ -28,15 +31,39 @@ class TorchAdapter:
         return {name: tuple(t.shape) for name, t in self.module.state_dict().items()}
 
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
-        """Copy each weight in from ``tensors`` (names checked by the caller), one at a time, a tied weight once; then
-        the quantized forms made from them anew (:func:`multihead.torch.quantize`)."""
+        """Each weight from ``tensors`` (names checked by the caller), one at a time, a tied weight once; then the
+        quantized forms made from them anew (:func:`multihead.torch.quantize`). From a weights file, a weight on the
+        CPU in the file's dtype takes the file's own pages (:mod:`multihead.torch.pages`); any other is copied in."""
         done: set[int] = set()
+        read, from_file = _reader(tensors)
         with torch.no_grad():
             for name, weight in self.module.state_dict(keep_vars=True).items():
                 if id(weight) not in done:
                     done.add(id(weight))
-                    weight.copy_(torch.from_numpy(np.ascontiguousarray(tensors[name])))
+                    value = read(name)
+                    if from_file and weight.device.type == "cpu" and value.dtype == weight.dtype:
+                        place(weight, value)
+                    else:
+                        weight.copy_(value)
         remake(self.module)
 
     def weight_objects(self) -> Mapping[str, object]:
         return self.module.state_dict(keep_vars=True)
+
+
+@runtime_checkable
+class _WeightsFile(Protocol):
+    """A weights file's tensors (:class:`multihead.io.StoredWeights`): its path, and each name's stored name."""
+
+    path: Path
+
+    def stored_name(self, name: str) -> str: ...
+
+
+def _reader(tensors: Mapping[str, np.ndarray]) -> tuple[Callable[[str], torch.Tensor], bool]:
+    """``tensors``' tensors by name as torch tensors, and whether they are a weights file's, mapped (else views of
+    the caller's arrays, to be copied)."""
+    if isinstance(tensors, _WeightsFile):
+        mapped = map_file(tensors.path)
+        return (lambda name: mapped(tensors.stored_name(name))), True
+    return (lambda name: torch.from_numpy(np.ascontiguousarray(tensors[name]))), False
