@@ -18,7 +18,7 @@ MODULES = {path.stem: path for path in sorted(PACKAGE.glob("*.py"))}
 NAME = "multihead.app.serve"
 MAX_LINES = 400
 ANY_QUEUE = re.compile(r"Queue\[\s*Any\s*\]")
-EDGE = {"http", "parse", "limits"}
+EDGE = {"http", "parse", "limits", "metrics"}
 """The modules that speak HTTP: the event loop's."""
 
 

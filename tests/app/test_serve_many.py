@@ -136,6 +136,37 @@ def test_max_loaded_holds_one_model_and_answers_every_pair(runs: dict[str, Trans
             assert request(url, "/health") == (200, {"status": "ok", "loaded": [service.routes.names[loaded[0]]]})
             gc.collect()
             assert (held() is None) == (turn > 0)  # the first model, released at the first French request, is gone
+        assert request(url, "/translate", {"q": texts, "source": "de", "target": "xx"})[0] == 400
+        status, text = request(url, "/metrics")
+    assert status == 200
+    scraped = scraped_metrics(text)
+    names = service.routes.names
+    assert scraped["multihead_requests_total", ("/translate", "de", "en", "200")] == 2
+    assert scraped["multihead_requests_total", ("/translate", "de", "fr", "200")] == 2
+    assert scraped["multihead_requests_total", ("/translate", "", "", "400")] == 1  # refused before its pair
+    assert scraped["multihead_request_seconds_count", ("/translate", "de", "fr")] == 2
+    assert scraped["multihead_requests_total", ("other", "", "", "200")] == 4  # /health
+    # The first run: held at the start, released at the first French request, loaded again and released again.
+    assert [scraped["multihead_run_loads_total", (name,)] for name in names] == [2, 2]
+    assert [scraped["multihead_run_releases_total", (name,)] for name in names] == [2, 1]
+    assert [scraped["multihead_run_loaded", (name,)] for name in names] == [0, 1]
+    second_size = sum(path.stat().st_size for path in Path(paths[1]).glob("checkpoints/*/model.safetensors"))
+    assert [scraped["multihead_run_weights_bytes", (name,)] for name in names] == [0, second_size]
+    assert scraped["multihead_jobs_queued", ()] == scraped["multihead_pieces_translating", ()] == 0
+    assert scraped["process_resident_memory_bytes", ()] > 0
+
+
+def scraped_metrics(text: str) -> dict[tuple[str, tuple[str, ...]], float]:
+    """``/metrics``' text read by Prometheus' own parser: each sample's value by its name and its label values, in the
+    order endpoint, source, target, status, run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    order = ("endpoint", "source", "target", "status", "run")
+    return {
+        (sample.name, tuple(sample.labels[label] for label in order if label in sample.labels)): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def test_serve_says_how_many_pairs_each_run_serves_in_words(

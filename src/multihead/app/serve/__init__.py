@@ -6,7 +6,8 @@ Its modules are its threads and its concerns; each line of code runs on the thre
   (:mod:`~multihead.app.serve.parse`), checked against the limits and keys (:mod:`~multihead.app.serve.limits`),
   routed (:mod:`~multihead.app.serve.routing`: a pair no run serves goes through a pivot language, one
   :class:`~multihead.app.serve.routing.Route` of two legs), and given to the worker as typed jobs
-  (:mod:`~multihead.app.serve.jobs`); every error mapped to its HTTP answer there.
+  (:mod:`~multihead.app.serve.jobs`); every error mapped to its HTTP answer there. Each request counted and timed,
+  and ``GET /metrics`` (:mod:`~multihead.app.serve.metrics`), which reads the runs' and the worker's state as it is.
 - :mod:`~multihead.app.serve.document_jobs` (the event loop): the document jobs (``POST /documents``), translated in
   the background a chunk at a time through the endpoints' path, their state kept in ``serve --jobs DIR``.
 - :mod:`~multihead.app.serve.worker` (the worker, ``serve``'s main thread): the one thread that translates, stepping

@@ -27,8 +27,8 @@ def described(run: Translator | Described) -> Described:
 @dataclass(eq=False)
 class _Run:
     """A run served: what describes it (its languages and the direction it serves by default, held or not), its own
-    pair, how to load it again, while loaded its translator, engine and translators of its other pairs, and the jobs
-    that wait for it to load."""
+    pair, how to load it again, while loaded its translator, engine and translators of its other pairs, the jobs
+    that wait for it to load, and how many times it was loaded and released."""
 
     about: Described
     own: Pair
@@ -39,6 +39,8 @@ class _Run:
     used: float = 0.0
     loading: bool = False
     waiting: list[Work] = field(default_factory=list)
+    loads: int = 0
+    releases: int = 0
 
     @property
     def name(self) -> str:
@@ -77,7 +79,7 @@ class Engines:
                      for index, (run, langs) in enumerate(runs)]  # fmt: skip
         for held, (run, _) in zip(self.runs, runs, strict=True):
             if isinstance(run, Translator):
-                held.translator, held.engine = run, make(run)
+                held.translator, held.engine, held.loads = run, make(run), 1
 
     def __len__(self) -> int:
         """Pieces the engines have to translate."""
@@ -159,6 +161,7 @@ class Engines:
             return False
         released = self.runs[min(idle, key=lambda index: self.runs[index].used)]
         released.translator, released.engine, released.views = None, None, {}  # its model with them
+        released.releases += 1
         say(f"released {released.name} (--max-loaded {self.max_loaded})", sys.stderr)
         return True
 
@@ -172,5 +175,6 @@ class Engines:
                 settle(job.answer, error=loaded.error)
             return []
         run.translator, run.engine = loaded.translator, self.make(loaded.translator)
+        run.loads += 1
         say(f"loaded {run.name}", sys.stderr)
         return waiting

@@ -24,6 +24,7 @@ from typing import Any, overload
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route as Endpoint
@@ -36,6 +37,7 @@ from multihead.app.markup import translate_html, visible_text
 from multihead.app.serve.document_jobs import DocumentJob, DocumentJobs, file_extensions, safe_name
 from multihead.app.serve.jobs import Attend, Hypotheses, Translate, Work
 from multihead.app.serve.limits import Access, ApiError, Limits
+from multihead.app.serve.metrics import PAIR, Metrics
 from multihead.app.serve.parse import (
     FileRequest,
     Lines,
@@ -76,6 +78,7 @@ class Handlers:
         texts = asked.texts
         shown = [visible_text(text) for text in texts] if asked.html else texts  # what detection reads
         target, detected, sources = self.routes.sources(shown, asked.source, asked.target)
+        setattr(request.state, PAIR, (asked.source, target))
         routes = {code: self.routes.route(code, target) for code in dict.fromkeys(sources)}
         pivoted = [route for route in routes.values() if route.pivot is not None]
         if asked.glossary and pivoted:
@@ -361,7 +364,7 @@ async def _client_left(request: Request) -> None:
 def create_app(service: Service, limits: Limits, jobs: DocumentJobs | None = None) -> Starlette:
     """The Starlette application of ``service`` under ``limits``, its document jobs kept by ``jobs`` (``None``: in a
     temporary directory, removed when it stops)."""
-    handlers = Handlers(service, limits, jobs)
+    handlers, metrics = Handlers(service, limits, jobs), Metrics(service)
     endpoints = [
         Endpoint("/", handlers.index, methods=["GET"]),
         Endpoint("/translate", handlers.translate, methods=["POST"]),
@@ -376,6 +379,7 @@ def create_app(service: Service, limits: Limits, jobs: DocumentJobs | None = Non
         Endpoint("/favicon.ico", handlers.favicon, methods=["GET"]),
         Endpoint("/languages", handlers.languages, methods=["GET", "POST"]),
         Endpoint("/health", handlers.health, methods=["GET"]),
+        Endpoint("/metrics", metrics.endpoint, methods=["GET"]),
         Endpoint("/frontend/settings", handlers.settings, methods=["GET"]),
     ]
     errors = {error: refused for error in (ApiError, HTTPException, Unserved, UserError, Exception)}
@@ -389,4 +393,6 @@ def create_app(service: Service, limits: Limits, jobs: DocumentJobs | None = Non
         if handlers.files is not None:
             shutil.rmtree(handlers.files, ignore_errors=True)
 
-    return Starlette(routes=endpoints, exception_handlers=errors, lifespan=lifespan)
+    return Starlette(
+        routes=endpoints, exception_handlers=errors, lifespan=lifespan, middleware=[Middleware(metrics.measured)]
+    )
