@@ -154,6 +154,16 @@ class StoredWeights(Mapping[str, np.ndarray]):
         """Each alias → the name its tensor is stored under."""
         self._names = stored + tuple(alias for alias in aliases if alias not in stored)
 
+    def tie(self, groups: Iterable[Sequence[str]]) -> None:
+        """Read each name of ``groups`` (names a model ties into one weight) that the file lacks as one of its group
+        that it holds: a file rewritten by tools that drop the metadata's aliases still loads into the tied model."""
+        for group in groups:
+            held = [name for name in group if name in self._names]
+            for name in group:
+                if held and name not in self._names:
+                    self.aliases[name] = self.stored_name(held[0])
+                    self._names += (name,)
+
     def stored_name(self, name: str) -> str:
         """The name ``name``'s tensor is stored under: its own, or the one it is an alias of."""
         return self.aliases.get(name, name)
@@ -219,6 +229,7 @@ def load_weights(module_or_layer: object, path: PathLike) -> None:
     adapter = _adapter(module_or_layer)
     tensors = stored_weights(path)  # one tensor in memory at a time: a large model loads without a second copy
     expected = adapter.shapes({name: tensors.shape(name) for name in tensors})
+    tensors.tie(_aliases(adapter))
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
