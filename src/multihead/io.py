@@ -315,9 +315,12 @@ def load_model(directory: PathLike, framework: str = "torch") -> Any:
     config = read_config(config_path)
     if framework == "torch":
         from multihead.torch import Transformer
+
+        model = Transformer.from_config(config, initialise=False)  # every weight loaded next
     else:
-        from multihead.keras import Transformer
-    model = Transformer.from_config(config)
+        from multihead.keras import Transformer as KerasTransformer
+
+        model = KerasTransformer.from_config(config)
     load_weights(model, Path(directory) / WEIGHTS_FILE)
     return model.eval() if framework == "torch" else model
 

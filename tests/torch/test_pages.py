@@ -126,3 +126,78 @@ def test_a_weight_written_since_it_was_mapped_keeps_what_was_written(tmp_path: P
     with torch.no_grad():
         quantize(model, "int8")
     torch.testing.assert_close(weight, written, rtol=0, atol=0)
+
+
+def test_a_model_made_uninitialised_loads_to_the_same_outputs(tmp_path: Path) -> None:
+    from multihead.io import load_weights
+
+    path = saved(tmp_path)
+    model = Transformer.from_config(CONFIG, initialise=False).eval()
+    load_weights(model, path / "model.safetensors")
+    src, tgt = torch.randint(1, 4000, (2, 5)), torch.randint(1, 4000, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), copied_in(path)(src, tgt), rtol=0, atol=0)
+
+
+def test_skipping_initialisation_holds_for_this_thread_and_this_block_only() -> None:
+    """Inside the block, ``torch.nn.init``'s functions leave this thread's tensors as they are; a module another
+    thread makes meanwhile is initialised as usual (the same values as the same seed gives outside); after it, the
+    functions are torch's own."""
+    import threading
+
+    from torch import nn
+
+    from multihead.torch.transformer import _uninitialised
+
+    originals = {name: getattr(nn.init, name) for name in ("normal_", "kaiming_uniform_", "zeros_", "ones_")}
+    torch.manual_seed(5)
+    expected = nn.Linear(64, 32).weight.detach().clone()
+    inside, built = threading.Event(), {}
+
+    def other() -> None:
+        assert inside.wait(30)
+        torch.manual_seed(5)
+        built["weight"] = nn.Linear(64, 32).weight.detach().clone()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with _uninitialised():
+        zeros = torch.zeros(3)
+        assert nn.init.normal_(zeros) is zeros
+        assert not zeros.any()  # left as it was
+        inside.set()
+        thread.join(30)
+    torch.testing.assert_close(built["weight"], expected, rtol=0, atol=0)
+    assert {name: getattr(nn.init, name) for name in originals} == originals
+    assert nn.init.normal_(zeros).any()
+
+
+def test_quantizing_a_mapped_weight_never_holds_all_its_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 quantizes a weight a block of rows at a time, handing back each block's pages once quantized: while the
+    output projection (4000 × 512 float32, 2000 pages) is quantized 500 rows at a time, no more than one block's pages
+    (250) and the edges the kernel maps around a read are resident; the forms compute what a model quantized whole
+    does."""
+    from multihead.torch import layouts
+
+    path = saved(tmp_path)
+    model, reference = load_model(path), copied_in(path)
+    weight = model.output_proj.weight
+    layouts.release(weight)  # whatever loading read of it handed back: each block is read while it is quantized
+    assert resident_pages(weight) <= 32
+    seen, released = [], layouts.release
+
+    def releasing(tensor: torch.Tensor, part: torch.Tensor | None = None) -> None:
+        released(tensor, part)
+        if tensor is weight and part is not None:
+            seen.append(resident_pages(weight))
+
+    monkeypatch.setattr(layouts, "QUANTIZED_ROWS", 500)
+    monkeypatch.setattr(layouts, "release", releasing)
+    with torch.no_grad():
+        quantize(model, "int8")
+    assert len(seen) == 8
+    assert max(seen) <= 250 + 32  # at most a block's pages at a time (the kernel may map the next block's ahead)
+    src, tgt = torch.randint(1, 4000, (3, 9)), torch.randint(1, 4000, (3, 7))
+    monkeypatch.setattr(layouts, "QUANTIZED_ROWS", 1 << 20)
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), quantize(reference, "int8")(src, tgt), rtol=0, atol=0)

@@ -111,7 +111,7 @@ class TorchFrontEnd:
         from multihead.io import load_weights
         from multihead.torch import Transformer, quantize
 
-        model = Transformer.from_config(checkpoint.config).eval()
+        model = Transformer.from_config(checkpoint.config, initialise=False).eval()  # every weight loaded next
         load_weights(model, checkpoint.path / WEIGHTS)
         model.to(self.device)
         if self.quantize is not None:

@@ -16,9 +16,10 @@ form; a form laid out is an :class:`Affine`, one class per way of computing it:
   multiply faster by a few rows. This cache, which lives as long as its session, is the only state kept out of the
   framework's sight.
 - quantized ones (:func:`quantize`), for every inference call, not only steps: :class:`Int8`, weights in int8 with
-  one scale per output feature, inputs quantized as they come (dynamic quantization, oneDNN's kernels where PyTorch
-  has them); :class:`BFloat16`, weights and inputs rounded to bfloat16, outputs back in the inputs' dtype (oneDNN's
-  kernel, which uses the CPU's bfloat16 instructions where it has them), on the CPU. They are a submodule of each
+  one scale per output feature, inputs quantized as they come (dynamic quantization: oneDNN's int8 kernel, which
+  keeps the packed weights alone, where PyTorch has it; else PyTorch's own, :class:`DynamicInt8`); :class:`BFloat16`,
+  weights and inputs rounded to bfloat16, outputs back in the inputs' dtype (oneDNN's kernel, which uses the CPU's
+  bfloat16 instructions where it has them), on the CPU. They are a submodule of each
   module with forms, ``quantized`` (a :class:`Quantized`), which ``print(model)`` shows. Made from the weights, they
   hold none of their own: the state dict is the weights alone (a float model's loads into a quantized one and the
   reverse), and loading weights (``load_state_dict``, :func:`multihead.io.load_weights`) or moving the model
@@ -53,6 +54,7 @@ from multihead.torch.pages import release
 __all__ = [
     "Affine",
     "BFloat16",
+    "DynamicInt8",
     "HasForms",
     "Int8",
     "Layouts",
@@ -186,8 +188,32 @@ class BFloat16:
 
 @dataclass(frozen=True, eq=False)
 class Int8:
-    """PyTorch's packed int8 weight (its bias inside): inputs quantized as a whole as they come, to 7 bits with
-    ``reduce_range``, outputs back in their dtype."""
+    """An int8 ``weight (O, I)`` packed for oneDNN's int8 kernel, the only copy kept, with one scale per output feature
+    (``scales``) and the float ``bias``: inputs quantized as a whole as they come, to uint8 with the scale and zero
+    point PyTorch's dynamic quantization chooses (7 bits with ``reduce_range``), outputs back in their dtype."""
+
+    kind: ClassVar[str] = "int8"
+    weight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    bias: torch.Tensor | None
+    reduce_range: bool
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float()  # (N, I)
+        scale, zero = torch._choose_qparams_per_tensor(flat, self.reduce_range)
+        quantized = torch.quantize_per_tensor(flat, scale, zero, torch.quint8).int_repr()  # (N, I) uint8
+        out = torch.ops.onednn.qlinear_pointwise(
+            quantized, scale, zero, self.weight, self.scales, self.zeros, self.bias, 1.0, 0, torch.float32, "none", [],
+            "",
+        )  # fmt: skip
+        return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)  # (..., O)
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicInt8:
+    """PyTorch's packed int8 weight (its bias inside), where oneDNN's int8 kernel is missing (FBGEMM, QNNPACK):
+    inputs quantized as a whole as they come, to 7 bits with ``reduce_range``, outputs back in their dtype."""
 
     kind: ClassVar[str] = "int8"
     packed: Any
@@ -237,19 +263,46 @@ def _bf16(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
     return Plain(weight.t().contiguous(), bias)
 
 
+@functools.cache
+def onednn_int8() -> bool:
+    """Whether this PyTorch build has oneDNN's int8 linear kernel on weights it packs alone (x86 builds do)."""
+    try:
+        ops = (torch.ops.onednn.qlinear_pointwise, torch.ops.onednn.qlinear_prepack)
+        return all(op.default is not None for op in ops)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+QUANTIZED_ROWS = 8192
+"""Rows of a weight quantized at a time: a weight on a file's pages hands them back block by block, so that quantizing
+the largest (an output projection's) never holds all of its float32 pages at once."""
+
+
 def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
-    """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``."""
+    """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``; packed for oneDNN's int8 kernel
+    (:class:`Int8`), else as PyTorch's quantized engine packs it (:class:`DynamicInt8`)."""
     weight = weight.float().cpu()
-    largest = torch.maximum(weight.amax(dim=1), -weight.amin(dim=1))  # (O,) max |w|, without a copy of |w|
-    scales = (largest / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()  # (O,)
-    zeros = torch.zeros(len(scales), dtype=torch.long)
+    bias = None if bias is None else bias.float().cpu()
+    scales = torch.empty(len(weight), dtype=torch.float64)  # (O,)
+    zeros = torch.zeros(len(weight), dtype=torch.long)  # (O,)
+    quantized = torch.empty(weight.shape, dtype=torch.int8)  # (O, I)
     engine = int8_engine()
     with warnings.catch_warnings(), _quantized_engine(engine):  # PyTorch's notices that its int8 tensors are
         warnings.simplefilter("ignore", UserWarning)  # deprecated (the kernels are not)
-        quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
-        packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.float().cpu())
-    # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits, as FBGEMM wants.
-    return Int8(packed, reduce_range=not (engine == "onednn" and has_vnni()))
+        for start in range(0, len(weight), QUANTIZED_ROWS):
+            rows = slice(start, start + QUANTIZED_ROWS)
+            block = weight[rows]  # (R, I)
+            largest = torch.maximum(block.amax(dim=1), -block.amin(dim=1))  # (R,) max |w|, without a copy of |w|
+            scales[rows] = (largest / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+            quantized[rows] = torch.quantize_per_channel(block, scales[rows], zeros[rows], 0, torch.qint8).int_repr()
+            release(weight, block)
+        if engine == "onednn" and onednn_int8():
+            # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits.
+            packed = torch.ops.onednn.qlinear_prepack(quantized, None)
+            return Int8(packed, scales.float(), zeros.int(), bias, reduce_range=not has_vnni())
+        per_channel = torch._make_per_channel_quantized_tensor(quantized, scales, zeros, 0)
+        packed = torch.ops.quantized.linear_prepack(per_channel, bias)
+    return DynamicInt8(packed, reduce_range=not (engine == "onednn" and has_vnni()))
 
 
 LAYOUTS: dict[str | None, Callable[[torch.Tensor, torch.Tensor | None], Affine]] = {
@@ -329,15 +382,27 @@ class Quantized(nn.Module):
         super().__init__()
         self.dtype = dtype
         self._owner = (owner,)  # the module whose forms these are: its parent, not a submodule
-        self.forms: dict[str, Affine] = self._made()
+        self._forms: dict[str, Affine] | None = self._made()
 
     def _made(self) -> dict[str, Affine]:
         owner = self._owner[0]
         return {name: _form(owner, name, self.dtype) for name in _forms_of(owner)}
 
+    @property
+    def forms(self) -> dict[str, Affine]:
+        """Each form by name (a copy's made from its weights when first asked for: see :meth:`__getstate__`)."""
+        if self._forms is None:
+            self._forms = self._made()
+        return self._forms
+
     def remake(self) -> None:
         """The forms made anew from the weights as they are now."""
-        self.forms = self._made()
+        self._forms = self._made()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy (``copy.deepcopy``, pickling) takes: no forms (oneDNN's packed weights cannot be copied), which
+        it makes from its own weights, the same values, when first used."""
+        return {**self.__dict__, "_forms": None}
 
     def extra_repr(self) -> str:
         linears = _forms_of(self._owner[0])

@@ -75,15 +75,19 @@ def _mappings_of(path: Path) -> list[tuple[int, int]]:
     return ranges
 
 
-def release(tensor: torch.Tensor) -> None:
-    """Hand back the pages of a weight mapped by :func:`map_file` that hold only its bytes and are still the file's;
-    nothing for any other tensor, nor where one of its pages was written."""
+def release(tensor: torch.Tensor, part: torch.Tensor | None = None) -> None:
+    """Hand back the pages of a weight mapped by :func:`map_file` (of ``part`` only, where given: a contiguous piece of
+    it, such as a block of its rows) that hold only its bytes and are still the file's; nothing for any other tensor,
+    nor where one of its pages was written."""
     mapped = getattr(tensor, MAPPED, None)
     libc = _libc()
     if mapped is None or libc is None or mapped != (tensor.data_ptr(), tensor.nbytes):
         return
+    start, nbytes = mapped if part is None else (part.data_ptr(), part.nbytes)
+    if part is not None and not (part.is_contiguous() and mapped[0] <= start <= start + nbytes <= sum(mapped)):
+        return
     size = mmap.PAGESIZE
-    first, end = -(-mapped[0] // size), (mapped[0] + mapped[1]) // size  # whole pages inside the tensor's bytes
+    first, end = -(-start // size), (start + nbytes) // size  # whole pages inside those bytes
     if end <= first or not _file_pages_only(first, end - first):
         return
     libc.madvise(ctypes.c_void_p(first * size), ctypes.c_size_t((end - first) * size), MADV_DONTNEED)

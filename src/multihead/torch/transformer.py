@@ -12,8 +12,11 @@ Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary s
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -329,6 +332,46 @@ class Decoder(_Stack):
         return self.finish(x), cross_weights
 
 
+_INIT_FUNCTIONS = {name: getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_") and
+                   not name.startswith("_") and callable(getattr(nn.init, name))}  # fmt: skip
+"""``torch.nn.init``'s in-place functions (``normal_``, ``kaiming_uniform_``...), which modules initialise with."""
+_SKIPPING = threading.local()
+_USERS = {"count": 0}
+_LOCK = threading.Lock()
+
+
+def _skipping(name: str) -> Callable[..., torch.Tensor]:
+    original = _INIT_FUNCTIONS[name]
+
+    @functools.wraps(original)
+    def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return tensor if getattr(_SKIPPING, "on", False) else original(tensor, *args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def _uninitialised() -> Iterator[None]:
+    """Modules made in the block by this thread are not initialised: ``torch.nn.init``'s functions leave their
+    tensors as allocated. Other threads' calls meanwhile run as usual; the functions are torch's own again once no
+    thread is in such a block."""
+    with _LOCK:
+        if _USERS["count"] == 0:
+            for name in _INIT_FUNCTIONS:
+                setattr(nn.init, name, _skipping(name))
+        _USERS["count"] += 1
+    _SKIPPING.on = True
+    try:
+        yield
+    finally:
+        _SKIPPING.on = False
+        with _LOCK:
+            _USERS["count"] -= 1
+            if _USERS["count"] == 0:
+                for name, original in _INIT_FUNCTIONS.items():
+                    setattr(nn.init, name, original)
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer for sequence-to-sequence tasks.
 
@@ -399,10 +442,15 @@ class Transformer(nn.Module):
             nn.init.zeros_(self.output_proj.bias)
 
     @classmethod
-    def from_config(cls, config: TransformerConfig | Mapping[str, Any]) -> Transformer:
-        """From a :class:`TransformerConfig` or a dict of its fields."""
+    def from_config(cls, config: TransformerConfig | Mapping[str, Any], *, initialise: bool = True) -> Transformer:
+        """From a :class:`TransformerConfig` or a dict of its fields. ``initialise=False``: for weights loaded next
+        (:func:`multihead.io.load_weights`), its parameters are allocated but never written (their values undefined
+        until then): no time spent drawing values to be replaced, and no memory touched for them."""
         values = config_fields(config)
-        return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
+        if initialise:
+            return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
+        with _uninitialised():
+            return cls(values.pop("src_vocab"), values.pop("tgt_vocab"), **values)
 
     def _key_mask(self, tokens: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         return padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
