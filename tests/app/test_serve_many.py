@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from libretranslatepy import LibreTranslateAPI
@@ -20,6 +21,7 @@ from app.served import request, serving
 from app.support import beam, sentences
 from multihead.app.pretrained import import_pretrained
 from multihead.app.serve import Limits, Service, create_app, run_paths
+from multihead.app.serve.engines import Holding
 from multihead.app.serve.routing import pivots
 from multihead.app.translate import Translator
 
@@ -119,8 +121,8 @@ def test_max_loaded_holds_one_model_and_answers_every_pair(runs: dict[str, Trans
     paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
     loaders = [lambda path=path: Translator(path) for path in paths]
     first, second = (load() for load in loaders)
-    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])], loaders=loaders,
-                      max_loaded=1)  # fmt: skip
+    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])],
+                      holding=Holding(loaders, max_loaded=1))  # fmt: skip
     texts = sentences(4, seed=22)
     expected = {("de", "en"): runs["de-en"].translate(texts), ("de", "fr"): runs["nllb"].for_languages(
         "de", "fr").translate(texts)}  # fmt: skip
@@ -204,8 +206,8 @@ def test_a_run_loading_does_not_stop_another_runs_requests(runs: dict[str, Trans
 
     first, second = Translator(paths[0]), Translator(paths[1])
     loaders = [lambda: Translator(paths[0]), lambda: slow(paths[1])]
-    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])], loaders=loaders,
-                      max_loaded=2)  # fmt: skip
+    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])],
+                      holding=Holding(loaders, max_loaded=2))  # fmt: skip
     texts = sentences(3, seed=23)
     french = runs["nllb"].for_languages("de", "fr").translate(texts)
     with serving(create_app(service, Limits(timeout=20))) as url, ThreadPoolExecutor(1) as pool:
@@ -230,8 +232,8 @@ def test_jobs_alone_wait_for_their_run_to_load(runs: dict[str, Translator]) -> N
     paths = [str(runs[name].checkpoint.path.parents[1]) for name in ("de-en", "nllb")]
     loaders = [lambda path=path: Translator(path) for path in paths]
     first, second = (load() for load in loaders)
-    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])], loaders=loaders,
-                      max_loaded=1)  # fmt: skip
+    service = Service(first, first.langs or [], more=[(second.described, second.langs or [])],
+                      holding=Holding(loaders, max_loaded=1))  # fmt: skip
     (text,) = sentences(1, seed=24)
     french = runs["nllb"].for_languages("de", "fr")
     with serving(create_app(service, Limits())) as url:
@@ -243,3 +245,116 @@ def test_jobs_alone_wait_for_their_run_to_load(runs: dict[str, Translator]) -> N
         others = list(dict.fromkeys(other for other in best[1:] if other != best[0]))  # distinct, as LibreTranslate
         assert (status, answer) == (200, {"translatedText": best[0], "alternatives": others})
         assert service.engines.loaded() == [0]
+
+
+class Ledger:
+    """A stand-in for the process's resident memory (:func:`multihead.app.memory.resident_bytes`): 100 MiB, and 10
+    MiB for each model its loaders made that is still alive."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.models: weakref.WeakSet[object] = weakref.WeakSet()
+
+    def __call__(self) -> int:
+        return (100 + 10 * len(self.models)) << 20
+
+    def loader(self, path: str, langs: list[str]) -> Callable[[], tuple[Translator, list[str]]]:
+        def load() -> tuple[Translator, list[str]]:
+            translator = Translator(path)
+            self.models.add(translator.model)
+            return translator, langs
+
+        return load
+
+
+@pytest.fixture
+def ledger(monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    from multihead.app import memory
+    from multihead.app.serve import command, engines
+
+    found = Ledger()
+    for module in (memory, engines):
+        monkeypatch.setattr(module, "resident_bytes", found)
+    monkeypatch.setattr(command, "peak_resident_bytes", lambda reset=False: found())
+    return found
+
+
+def test_memory_holds_the_runs_that_fit_and_answers_every_pair(runs: dict[str, Translator], ledger: Ledger) -> None:
+    """``--memory`` of 125 MiB where the server takes 100 and each run 10 (as :class:`Ledger` counts): each run's cost
+    measured as it first loads; at the start the first run held, the second released (holding it would leave no room
+    to measure the third), the third held; requests cycling over the three pairs each answered as its run translates,
+    never more than two models alive, the least recently used idle run released for the one asked for; ``/health``
+    and ``/metrics`` say what is held and what it costs."""
+    import gc
+    import threading
+
+    from multihead.app.serve.command import _service
+    from multihead.app.translate import TRANSLATION
+
+    names = ("de-en", "en-sv", "nllb")
+    pairs = [("de", "en"), ("en", "sv"), ("de", "fr")]
+    loaders = [ledger.loader(str(runs[name].checkpoint.path.parents[1]), runs[name].langs or []) for name in names]
+    service = _service(loaders, lambda translator: TRANSLATION, None, max_loaded=None, memory=125 << 20)
+    assert service.engines.loaded() == [0, 2]
+    assert [run.cost for run in service.engines.runs] == [10 << 20] * 3
+    texts = sentences(2, seed=25)
+    expected = {("de", "en"): runs["de-en"].translate(texts), ("en", "sv"): runs["en-sv"].translate(texts),
+                ("de", "fr"): runs["nllb"].for_languages("de", "fr").translate(texts)}  # fmt: skip
+    worker = threading.Thread(target=service.worker.work, daemon=True)  # the command's own runs on its main thread
+    worker.start()
+    with serving(create_app(service, Limits())) as url:
+        held = []
+        for pair in [*pairs, *pairs]:
+            body = {"q": texts, "source": pair[0], "target": pair[1]}
+            assert request(url, "/translate", body) == (200, {"translatedText": expected[pair]})
+            gc.collect()
+            assert len(ledger.models) <= 2
+            held.append(service.engines.loaded())
+        status, health = request(url, "/health")
+        status_metrics, text = request(url, "/metrics")
+    service.worker.close()
+    worker.join(30)
+    # Each request's run loaded where it was not, releasing the run asked for least recently.
+    assert held == [[0, 2], [0, 1], [1, 2], [0, 2], [0, 1], [1, 2]]
+    assert status == 200
+    assert health == {"status": "ok", "loaded": ["en-sv", "nllb"],
+                      "memory": {"budget": 125 << 20, "resident": 120 << 20, "runs": {"en-sv": 10 << 20,
+                                                                                      "nllb": 10 << 20}}}  # fmt: skip
+    scraped = scraped_metrics(text)
+    assert status_metrics == 200
+    assert scraped["multihead_memory_budget_bytes", ()] == 125 << 20
+    assert [scraped["multihead_run_memory_bytes", (name,)] for name in names] == [0, 10 << 20, 10 << 20]
+    assert [scraped["multihead_run_releases_total", (name,)] for name in names] == [2, 1, 2]
+
+
+def test_a_memory_budget_too_small_for_a_run_is_refused(runs: dict[str, Translator], ledger: Ledger) -> None:
+    from multihead.app.console import UserError
+    from multihead.app.serve.command import _service
+    from multihead.app.translate import TRANSLATION
+
+    loaders = [ledger.loader(str(runs["de-en"].checkpoint.path.parents[1]), ["de", "en"])]
+    with pytest.raises(UserError) as refused:
+        _service(loaders, lambda translator: TRANSLATION, None, max_loaded=None, memory=105 << 20)
+    assert str(refused.value) == (
+        "--memory 105M is too small for 'de-en': it takes 10M beside the server's own 100M (give --memory 110M or more)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("4G", 4 << 30), ("1536M", 1536 << 20), ("2.5g", 5 << 29), ("4GiB", 4 << 30), ("512kb", 1 << 19),
+                       ("1000", 1000)],
+)  # fmt: skip
+def test_memory_sizes_read_as_docker_reads_them(text: str, size: int) -> None:
+    from multihead.app.options import byte_size
+
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["0", "lots", "-1G", "4X", ""])
+def test_a_memory_that_is_no_size_is_refused_before_any_run_loads(
+    text: str, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    from app.support import assert_refused
+
+    assert_refused(cli("serve", tmp_path / "none", f"--memory={text}"), "--memory", "must be a size such as 4G")

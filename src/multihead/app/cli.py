@@ -601,8 +601,8 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(
         args.run, host=args.host, port=args.port, checkpoint=args.checkpoint, device=args.device,
         quantize=args.quantize, search=search, langs=args.langs, limits=limits, max_loaded=args.max_loaded,
-        normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard, ensemble=args.ensemble,
-        framework=args.framework, jobs=args.jobs, **_terminology(args, serving=True),
+        memory=args.memory, normalize=args.normalize, split_sentences=not args.no_split, guard=not args.no_guard,
+        ensemble=args.ensemble, framework=args.framework, jobs=args.jobs, **_terminology(args, serving=True),
     )  # fmt: skip
 
 
@@ -951,6 +951,29 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     _add_checkpoint_option(export)
 
 
+def _add_holding_options(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s options of which runs hold their models, and of ensembles."""
+    from multihead.app.options import byte_size, limit
+
+    serve.add_argument(
+        "--max-loaded", type=limit(1), metavar="N",
+        help="hold the models of at most N runs at once: the least recently used idle one is released, and loaded "
+        "again when a request needs it (default: every run's)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--memory", type=byte_size, metavar="SIZE",
+        help="keep the server's resident memory within SIZE (4G, 1536M; powers of 1024): runs are held while they "
+        "fit, the least recently used idle ones released to make room for a run a request needs; each run's cost is "
+        "measured as it first loads, and a run that does not fit alone is refused at the start (Linux; default: no "
+        "budget)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--ensemble", action="store_true",
+        help="serve the runs as one ensemble (runs of the same vocabularies, as translate takes them): every step's "
+        "log-probabilities averaged over their models, with the first run's pairs, tokenizers and search defaults",
+    )  # fmt: skip
+
+
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     from multihead.app.options import BY_NAME, limit, port_number, seconds_limit
 
@@ -971,16 +994,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="run directories (or directories holding runs), each serving its pairs; a pair two runs serve goes to "
         "the one named first, a pair none serves through English (or another language both legs share)",
     )  # fmt: skip
-    serve.add_argument(
-        "--max-loaded", type=limit(1), metavar="N",
-        help="hold the models of at most N runs at once: the least recently used idle one is released, and loaded "
-        "again when a request needs it (default: every run's)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--ensemble", action="store_true",
-        help="serve the runs as one ensemble (runs of the same vocabularies, as translate takes them): every step's "
-        "log-probabilities averaged over their models, with the first run's pairs, tokenizers and search defaults",
-    )  # fmt: skip
+    _add_holding_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=port_number, default=5000, help="the port to listen on (0: a free one)")
     BY_NAME["langs"].add_to(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -47,3 +48,38 @@ def keep_freed_memory() -> bool:
     if libc is None:
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory in bytes (Linux's ``/proc/self/statm``); ``None`` where the system has no
+    ``/proc``."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_resident_bytes(*, reset: bool = False) -> int | None:
+    """The most resident memory the process has held, in bytes (Linux's ``VmHWM``), since it started or since the
+    last call with ``reset`` (which sets it to the resident memory now: ``/proc/self/clear_refs``); ``None`` where the
+    system does not tell it, or cannot reset it when asked."""
+    try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+        with open("/proc/self/status") as status:
+            found = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+        return int(found[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def hand_back_memory() -> int | None:
+    """Hand back to the system what the process holds free: a garbage collection (objects in reference cycles, such
+    as a released model's), then the C allocator's free memory (:func:`release_freed_memory`). The resident memory
+    then (:func:`resident_bytes`)."""
+    gc.collect()
+    release_freed_memory()
+    return resident_bytes()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass
 from numbers import Real
@@ -63,6 +64,19 @@ def port_number(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be a port, 0 (a free one) to 65535, received {text}")
     return value
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+"""A byte size's suffixes (:func:`byte_size`), in powers of 1024 as ``docker run --memory`` reads them."""
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: a size in bytes, a whole or decimal number with an optional suffix ``K``, ``M``, ``G`` or
+    ``T`` (powers of 1024; ``B``, ``iB`` after one are allowed: ``4G``, ``4GiB``, ``1536M``)."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if found is None or float(found[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a size such as 4G, 1536M or 2.5G, received {text!r}")
+    return int(float(found[1]) * SIZE_UNITS[found[2]])
 
 
 def _number(text: str) -> float:

@@ -117,22 +117,18 @@ def doubt(source: Ids, translated: Ids, eos: int, room: int) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class Described:
-    """What describes a translator without its model (a run whose model ``serve`` does not hold): the checkpoint of
-    each run that translates (``runs``: this one's, then an ensemble's others'), its model's language tokens, and
-    the direction it translates."""
+    """What describes a translator without its model (a run whose model ``serve`` does not hold), and without its
+    tokenizers, which a loaded run alone keeps: the checkpoint directory of each run that translates (``paths``: this
+    one's, then an ensemble's others'), its model's language tokens, and the direction it translates."""
 
-    runs: tuple[Checkpoint, ...]
+    paths: tuple[Path, ...]
     language_tokens: LanguageTokens | None
     direction: Direction
 
     @property
-    def checkpoint(self) -> Checkpoint:
-        return self.runs[0]
-
-    @property
     def name(self) -> str:
         """The run's name: its directory's."""
-        return self.checkpoint.path.parents[1].name
+        return self.paths[0].parents[1].name
 
 
 class Translator:
@@ -258,7 +254,7 @@ class Translator:
     @property
     def described(self) -> Described:
         """What describes it without its model."""
-        return Described(tuple(self.runs), self.language_tokens, self.direction)
+        return Described(tuple(run.path for run in self.runs), self.language_tokens, self.direction)
 
     def for_languages(self, source: str | None, target: str | None, *, named: str | None = None) -> Translator:
         """This translator from ``source`` into ``target`` (``None``: this one's; ISO codes or the model's own),
@@ -349,6 +345,12 @@ class Translator:
         they are (``kept[i]``: those of its text)."""
         constraints = None if sources is None else self.constraints(sources, kept, sampled=search.strategy.draws)
         return self.loaded.generator(self.spec(search), constraints=constraints, first_key=first_key)
+
+    def prepare(self) -> None:
+        """Lay its model's decoding out now (the decoding of one end-of-sentence token, two steps) rather than at its
+        first request's first step, so that what it holds while serving is held from here on."""
+        eos = self.specials.eos
+        self.generate()(np.array([[eos]]), np.array([2]), np.array([0]))
 
     def translate(
         self,

@@ -17,8 +17,10 @@ from multihead.app.console import UserError, plural, say
 from multihead.app.glossary import GlossaryFile, read_glossary_file
 from multihead.app.keep import Keep
 from multihead.app.languages import asked_direction, pair_text
+from multihead.app.memory import hand_back_memory, peak_resident_bytes
 from multihead.app.runs import has_checkpoints
 from multihead.app.serve.document_jobs import DocumentJobs
+from multihead.app.serve.engines import Holding, mib
 from multihead.app.serve.http import create_app
 from multihead.app.serve.limits import Limits
 from multihead.app.serve.service import Service
@@ -72,21 +74,66 @@ def _load_run(
 def _service(
     loaders: Sequence[Loading],
     search: Callable[[Translator], SearchOptions],
-    max_loaded: int | None,
     glossary: GlossaryFile | None,
+    *,
+    max_loaded: int | None,
+    memory: int | None,
 ) -> Service:
-    """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``
-    released at once (only their descriptions kept; loaded again when asked), searching as ``search`` says of the
-    first run, each pair it serves directly taking ``glossary``'s entries of its languages."""
-    translator, langs = loaders[0]()
+    """The service of the runs ``loaders`` load: each loaded in turn for its languages, those past ``max_loaded``, or
+    past what ``memory`` (bytes of resident memory) holds, released at once (only their descriptions kept; loaded again
+    when asked), searching as ``search`` says of the first run, each pair it serves directly taking ``glossary``'s
+    entries of its languages. Under ``memory`` each run's cost is measured as it first loads (:func:`_measured`); a
+    run is held where it leaves room for loading the next as costly as any so far (the last, where it fits), and a run
+    that does not fit alone beside the server's own memory is refused in one line."""
+    costs: list[int] | None = None
+    if memory is not None:
+        if peak_resident_bytes(reset=True) is None:
+            raise UserError("--memory needs the system to report the process's resident memory (Linux's /proc)")
+        costs = []
+        loaders[0]()  # once unmeasured: what the framework keeps once loaded (itself, its threads) is no run's cost
+    budget = None if memory is None else (_settled(), memory)  # the server's own memory, and the budget
+    translator, langs = _measured(loaders[0], costs, budget)
     more: list[tuple[Translator | Described, Sequence[str]]] = []
-    for index, load in enumerate(loaders[1:], start=1):
-        run, pair = load()
-        more.append((run.described if max_loaded is not None and index >= max_loaded else run, pair))
+    for index, load in enumerate(loaders[1:], start=2):
+        run, pair = _measured(load, costs, budget)
+        held = 1 + sum(isinstance(other, Translator) for other, _ in more)
+        room = max(costs or [0]) if index < len(loaders) else 0  # for measuring the next run
+        fits = memory is None or _settled() + room <= memory
+        more.append((run if fits and (max_loaded is None or held < max_loaded) else run.described, pair))
         del run  # a run released: its model goes before the next loads
-    reload = [functools.partial(_translator_only, load) for load in loaders]
-    return Service(translator, langs, more=more, search=search(translator), thread=False, loaders=reload,
-                   max_loaded=max_loaded, glossary=glossary)  # fmt: skip
+    reload = [functools.partial(_translator_only, load, prepared=memory is not None) for load in loaders]
+    holding = Holding(reload, max_loaded=max_loaded, memory=memory, costs=costs or ())
+    return Service(translator, langs, more=more, search=search(translator), thread=False, holding=holding,
+                   glossary=glossary)  # fmt: skip
+
+
+def _settled() -> int:
+    """The process's resident memory in bytes (0 where unknown) once what is free is handed back
+    (:func:`~multihead.app.memory.hand_back_memory`)."""
+    return hand_back_memory() or 0
+
+
+def _measured(
+    load: Loading, costs: list[int] | None, budget: tuple[int, int] | None
+) -> tuple[Translator, Sequence[str]]:
+    """``load()``; with ``costs``, the run laid out for decoding (:meth:`Translator.prepare`) and its cost appended to
+    them: the most resident memory its loading and first decoding took above what the process held before. Refused
+    in one line where that does not fit the ``budget`` (the server's own bytes, the bytes ``--memory`` gives) alone."""
+    if costs is None:
+        return load()
+    before = _settled()
+    peak_resident_bytes(reset=True)
+    translator, pair = load()
+    translator.prepare()
+    cost = max((peak_resident_bytes() or 0) - before, 0)
+    if budget is not None and budget[0] + cost > budget[1]:
+        base, memory = budget
+        raise UserError(
+            f"--memory {mib(memory)} is too small for {translator.described.name!r}: it takes {mib(cost)} beside the "
+            f"server's own {mib(base)} (give --memory {mib(base + cost)} or more)"
+        )
+    costs.append(cost)
+    return translator, pair
 
 
 def _loaders(
@@ -106,9 +153,14 @@ def _loaders(
     return [functools.partial(load, paths[0], langs=langs, ensemble=paths[1:])]
 
 
-def _translator_only(load: Loading) -> Translator:
-    """What ``load`` loads, without its pair: a released run loaded again (its pair is known)."""
-    return load()[0]
+def _translator_only(load: Loading, *, prepared: bool) -> Translator:
+    """What ``load`` loads, without its pair: a released run loaded again (its pair is known); ``prepared`` (under
+    ``--memory``): laid out for decoding at once, and what loading left free handed back to the system."""
+    translator = load()[0]
+    if prepared:
+        translator.prepare()
+        hand_back_memory()
+    return translator
 
 
 def _served(translator: Translator, langs: Sequence[str] | None, run: str) -> tuple[Translator, Sequence[str]]:
@@ -143,9 +195,9 @@ def _say_serving(service: Service, runs: Sequence[str], sock: socket.socket) -> 
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     routes, first, many = service.routes, service.runs[0][0], len(service.runs) > 1
-    served = f"{len(service.runs)} runs" if many else f"{runs[0]} (checkpoint {first.checkpoint.path.name})"
-    if len(first.runs) > 1:
-        served = f"an ensemble of {len(first.runs)} runs ({', '.join(str(run.path.parents[1]) for run in first.runs)})"
+    served = f"{len(service.runs)} runs" if many else f"{runs[0]} (checkpoint {first.paths[0].name})"
+    if len(first.paths) > 1:
+        served = f"an ensemble of {len(first.paths)} runs ({', '.join(str(path.parents[1]) for path in first.paths)})"
     pairs = sum(map(len, routes.pairs.values()))
     others = f"; {pairs} pairs of {len(routes.languages())} languages" if pairs > 1 else ""
     say(f"serving {served}, by default {pair_text([routes.source, routes.target])}{others}, at "
@@ -180,6 +232,7 @@ def serve(
     langs: Sequence[str] | None,
     limits: Limits,
     max_loaded: int | None = None,
+    memory: int | None = None,
     normalize: str | None = None,
     split_sentences: bool = True,
     guard: bool = True,
@@ -194,7 +247,8 @@ def serve(
     log-probabilities averaged over their models) until SIGINT or SIGTERM: then new requests are refused, those in
     flight answered within :data:`DRAIN` seconds (those whose clients have left dropped), and it returns 0. ``search``:
     how every run searches, given the first run's translator (its defaults under the flags); ``langs``: the first run's
-    pair; ``max_loaded``: the most runs whose models are held at once (:class:`~multihead.app.serve.engines.Engines`);
+    pair; ``max_loaded``: the most runs whose models are held at once; ``memory``: the bytes of resident memory the
+    runs held keep the process within (:class:`~multihead.app.serve.engines.Holding`);
     ``glossary``: the server's glossary file (read before any run loads; each pair served directly takes the entries
     of its two languages, refused in one line where no pair takes any); the others as :class:`Translator` takes them
     (``split_sentences`` and ``keep``: unless a request says otherwise). A run of a built-in task serves its inputs as
@@ -212,7 +266,7 @@ def serve(
     store.lock()
     sock = listening_socket(host, port)
     try:
-        service = _service(loaders, search, max_loaded, terms)
+        service = _service(loaders, search, terms, max_loaded=max_loaded, memory=memory)
     except UserError:
         sock.close()
         store.release()

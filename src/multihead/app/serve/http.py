@@ -222,12 +222,13 @@ class Handlers:
         return JSONResponse(self.routes.languages())
 
     async def health(self, request: Request) -> JSONResponse:
-        """``{"status": "ok"}`` (LibreTranslate's answer) while the worker makes progress; 503 with how long it has
-        been on one step or job once that is over :data:`~multihead.app.serve.worker.STALLED_AFTER` seconds."""
-        stalled, names = self.service.worker.stalled(), self.routes.names
+        """``{"status": "ok"}`` (LibreTranslate's answer) while the worker makes progress, with the runs held where it
+        serves several and under ``--memory`` what they cost (:meth:`Engines.held
+        <multihead.app.serve.engines.Engines.held>`); 503 with how long it has been on one step or job once that is
+        over :data:`~multihead.app.serve.worker.STALLED_AFTER` seconds."""
+        stalled = self.service.worker.stalled()
         if stalled is None:
-            loaded = {"loaded": [names[index] for index in self.service.engines.loaded()]}
-            return JSONResponse({"status": "ok", **(loaded if len(names) > 1 else {})})
+            return JSONResponse({"status": "ok", **self.service.engines.held()})
         message = f"the translation worker has been on one step for {stalled:.0f} seconds"
         return JSONResponse({"status": "stalled", "error": message}, status_code=503)
 

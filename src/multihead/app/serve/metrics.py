@@ -6,7 +6,9 @@
   the count, by status;
 - per run served: ``multihead_run_loaded`` (1 while its model is held), ``multihead_run_weights_bytes`` (its weights
   files' size while held: what it maps, an upper bound on what its weights keep resident), and the counts
-  ``multihead_run_loads_total`` and ``multihead_run_releases_total`` (under ``--max-loaded``);
+  ``multihead_run_loads_total`` and ``multihead_run_releases_total`` (under ``--max-loaded`` or ``--memory``); under
+  ``--memory``, ``multihead_memory_budget_bytes`` and each run's ``multihead_run_memory_bytes`` while held (its cost:
+  the most resident memory its loading and first decoding took, measured when it first loaded);
 - ``multihead_jobs_queued`` (requests waiting for the worker) and ``multihead_pieces_translating`` (pieces in the
   engines);
 - the process's own (``process_resident_memory_bytes``, CPU seconds...), where the system has ``/proc``.
@@ -28,6 +30,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from multihead.app.runs import WEIGHTS
+from multihead.app.serve.engines import Engines
 from multihead.app.serve.service import Service
 
 ENDPOINTS = ("/translate", "/translate_file", "/detect", "/attention")
@@ -51,20 +54,36 @@ class _Served:
         )
         loads = CounterMetricFamily("multihead_run_loads", "times the run's model was loaded", labels=["run"])
         releases = CounterMetricFamily(
-            "multihead_run_releases", "times the run's model was released (--max-loaded)", labels=["run"]
+            "multihead_run_releases", "times the run's model was released (--max-loaded, --memory)", labels=["run"]
         )
         for run in engines.runs:
             holding = run.translator is not None
-            size = sum((checkpoint.path / WEIGHTS).stat().st_size for checkpoint in run.about.runs) if holding else 0
+            size = sum((path / WEIGHTS).stat().st_size for path in run.about.paths) if holding else 0
             loaded.add_metric([run.name], float(holding))
             held.add_metric([run.name], float(size))
             loads.add_metric([run.name], float(run.loads))
             releases.add_metric([run.name], float(run.releases))
         yield from (loaded, held, loads, releases)
+        yield from _budget(engines)
         yield GaugeMetricFamily(
             "multihead_jobs_queued", "requests waiting for the worker", value=self.service.worker.jobs.qsize()
         )
         yield GaugeMetricFamily("multihead_pieces_translating", "pieces in the engines", value=len(engines))
+
+
+def _budget(engines: Engines) -> Iterator[Metric]:
+    """Under ``--memory``: the budget, and each held run's cost."""
+    holding = engines.holding
+    if holding is None or holding.memory is None:
+        return
+    yield GaugeMetricFamily("multihead_memory_budget_bytes", "the server's --memory", value=holding.memory)
+    cost = GaugeMetricFamily(
+        "multihead_run_memory_bytes", "the run's cost while held: the most resident memory its loading and first "
+        "decoding took", labels=["run"],
+    )  # fmt: skip
+    for run in engines.runs:
+        cost.add_metric([run.name], float(run.cost if run.translator is not None else 0))
+    yield cost
 
 
 class Metrics:

@@ -7,8 +7,7 @@ import functools
 from collections.abc import Sequence
 
 from multihead.app.glossary import Glossary, GlossaryFile, Term
-from multihead.app.serve.engines import Engines, described
-from multihead.app.serve.jobs import Load
+from multihead.app.serve.engines import Engines, Holding, described
 from multihead.app.serve.routing import Pair, Routes
 from multihead.app.serve.worker import Worker
 from multihead.app.streaming import StreamingTranslator
@@ -23,11 +22,11 @@ class Service:
     """The runs served (``translator`` and its pair ``langs``, the default; ``more``: other runs, each with its pair,
     a translator or, for a run not loaded, its description), what describes them (:attr:`runs`), their
     :class:`~multihead.app.serve.routing.Routes`, and the worker that translates with them as ``search`` says, on a
-    thread of its own unless ``thread`` is false (then :meth:`Worker.work` is the caller's to run). With
-    ``max_loaded``, at most that many runs hold their models, ``loaders`` loading each again
-    (:class:`~multihead.app.serve.engines.Engines`, which alone holds the translators). ``glossary``: the server's
-    glossary file, whose entries each pair a run serves directly takes (:attr:`glossaries`; refused in one line where
-    it gives none any)."""
+    thread of its own unless ``thread`` is false (then :meth:`Worker.work` is the caller's to run). ``holding``: which
+    runs hold their models, and how each is loaded again (:class:`~multihead.app.serve.engines.Holding`; default: every
+    run's, never released); :class:`~multihead.app.serve.engines.Engines` alone holds the translators. ``glossary``:
+    the server's glossary file, whose entries each pair a run serves directly takes (:attr:`glossaries`; refused in
+    one line where it gives none any)."""
 
     def __init__(
         self,
@@ -37,8 +36,7 @@ class Service:
         more: Sequence[tuple[Translator | Described, Sequence[str]]] = (),
         search: SearchOptions = TRANSLATION,
         thread: bool = True,
-        loaders: Sequence[Load] | None = None,
-        max_loaded: int | None = None,
+        holding: Holding | None = None,
         glossary: GlossaryFile | None = None,
     ) -> None:
         runs = [(translator, langs), *more]
@@ -47,7 +45,7 @@ class Service:
         self.glossaries: dict[Pair, Glossary] = glossary.glossaries(self.routes.direct) if glossary else {}
         """The server's glossary of each pair served directly that its file gives entries."""
         make = functools.partial(StreamingTranslator, rows=GATHER, search=search)
-        self.engines = Engines(runs, make, loaders=loaders, max_loaded=max_loaded)
+        self.engines = Engines(runs, make, holding=holding)
         self.worker = Worker(self.engines, search=search, thread=thread)
 
     def glossary(self, pair: Pair, terms: Sequence[Term]) -> Glossary | None:
