@@ -41,7 +41,6 @@ import hashlib
 import itertools
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -59,8 +58,11 @@ BEAMS = (1, 4)
 
 
 def peak_mb() -> float:
-    """This process's peak resident set, MB (with the pages of files it maps while it reads them)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident set, MB (with the pages of files it maps while it reads them): its own, where
+    ``ru_maxrss`` would be its parent's when that was larger as it started the child."""
+    from multihead.app.memory import peak_resident_bytes
+
+    return (peak_resident_bytes() or 0) / 2**20
 
 
 def rss_mb() -> float:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -340,7 +339,9 @@ def generation_child(framework: str, mode: str, tokens: int) -> dict[str, Any]:
 
 
 def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from multihead.app.memory import peak_resident_bytes  # not ru_maxrss, which a child inherits from its parent
+
+    return (peak_resident_bytes() or 0) / 2**20
 
 
 def child(impl: str, case_name: str, budget_s: float) -> dict[str, Any]:
