@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from unittest.mock import Mock
 
 import numpy as np
 import pytest
@@ -26,9 +27,15 @@ def linears(*outs: int, bias: bool = True, seed: int = 0) -> list[nn.Linear]:
 
 @pytest.mark.parametrize("shape", [(7, 59), (3, 5, 59), (4, 1, 59)], ids=["2d", "3d", "step"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_onednn_linear_and_its_gradients_equal_the_modules(shape: tuple[int, ...], bias: bool) -> None:
+@pytest.mark.parametrize("trains_on_onednn", [True, False], ids=["onednn-training", "mkl-training"])
+def test_onednn_linear_and_its_gradients_equal_the_modules(
+    shape: tuple[int, ...], bias: bool, trains_on_onednn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """oneDNN's products, forward and backward (input, weight and bias gradients), against ``nn.Linear``'s, and the
-    module's own call under autocast."""
+    module's own call under autocast; on either CPU kind's training kernel."""
+    from multihead.torch import layouts
+
+    monkeypatch.setattr(layouts, "onednn_trains_faster", lambda: trains_on_onednn)
     (module,) = linears(113, bias=bias)
     x = torch.randn(shape)
     with torch.no_grad():
@@ -47,6 +54,29 @@ def test_onednn_linear_and_its_gradients_equal_the_modules(shape: tuple[int, ...
             torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert linear(module, x).dtype == torch.bfloat16  # autocast's: the module's own call
+
+
+@pytest.mark.parametrize(("vendor", "onednn"), [("AuthenticAMD", True), ("GenuineIntel", False), ("", False)])
+def test_training_products_take_onednn_on_the_cpus_it_trains_faster_on(
+    vendor: str, onednn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With gradients, a linear's product runs on oneDNN's kernel on AMD's CPUs and on the module's own call (MKL's)
+    elsewhere; without, on oneDNN's everywhere."""
+    from multihead import cpu
+    from multihead.torch import layouts
+
+    monkeypatch.setattr(cpu, "vendor", lambda: vendor)
+    layouts.onednn_trains_faster.cache_clear()
+    monkeypatch.setattr(layouts, "_product", calls := Mock(wraps=layouts._product))
+    try:
+        (module,) = linears(113)
+        linear(module, torch.randn(3, 59, requires_grad=True)).sum().backward()
+        assert calls.call_count == (3 if onednn else 0)  # forward, then the input's and the weight's gradients
+        with torch.no_grad():
+            linear(module, torch.randn(3, 59))
+        assert calls.call_count == (4 if onednn else 1)
+    finally:
+        layouts.onednn_trains_faster.cache_clear()
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])

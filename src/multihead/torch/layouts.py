@@ -1,9 +1,10 @@
 """Linear layers on oneDNN's kernels on the CPU, and their inference forms: what a projection runs.
 
-On the CPU in float32 every linear layer's products, training's gradients included, run on oneDNN's kernel
-(:func:`linear`): PyTorch's ``nn.Linear`` calls the BLAS it was built with, Intel's MKL, which some CPUs (AMD's) run
-on 256-bit vectors only; oneDNN, also inside PyTorch, uses every vector width the CPU has (docs/performance.md: about
-twice the speed on a 2-core AMD EPYC). Under autocast or ``torch.compile`` the modules run as they are.
+On the CPU in float32 every linear layer's products run on oneDNN's kernel (:func:`linear`), and training's, with
+their gradients, too on the CPUs where that measured faster (:data:`ONEDNN_TRAINING_VENDORS`): PyTorch's
+``nn.Linear`` calls the BLAS it was built with, Intel's MKL, which AMD's CPUs run on 256-bit vectors only; oneDNN,
+also inside PyTorch, uses every vector width the CPU has (docs/performance.md: about twice the speed on a 2-core AMD
+EPYC), while on Intel's MKL trains faster. Under autocast or ``torch.compile`` the modules run as they are.
 
 Inference (no gradients) also takes *forms* of the same products. A module's class names its forms in
 ``INFERENCE_FORMS`` (a :class:`HasForms`): each form, the linears (attribute names) that read one input, computed as
@@ -47,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from multihead import cpu
 from multihead.config import QUANTIZED
-from multihead.cpu import has_vnni
 from multihead.torch.pages import release
 
 __all__ = [
@@ -83,6 +84,18 @@ def onednn_linear() -> bool:
         return torch.ops.mkldnn._linear_pointwise.default is not None
     except (AttributeError, RuntimeError):
         return False
+
+
+ONEDNN_TRAINING_VENDORS = ("AuthenticAMD",)
+"""The CPU vendors whose training products (float32, with gradients) run faster on oneDNN's kernel than on MKL's, by
+``benchmarks/train_step.py`` (docs/performance.md): AMD's. On an Intel Xeon with AMX MKL's step was faster; other
+CPUs keep PyTorch's own."""
+
+
+@functools.cache
+def onednn_trains_faster() -> bool:
+    """Whether training's float32 products run on oneDNN's kernel on this CPU (:data:`ONEDNN_TRAINING_VENDORS`)."""
+    return onednn_linear() and cpu.vendor() in ONEDNN_TRAINING_VENDORS
 
 
 @functools.cache
@@ -132,22 +145,23 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` without autograd (for code that computes its own gradients): ``x (..., I)``,
-    ``weight (O, I)``, either a strided view (a transpose) if need be; on oneDNN's kernel on the CPU in float32, else
-    ``F.linear``."""
-    if _on_cpu_in_float32(x, weight):
+    ``weight (O, I)``, either a strided view (a transpose) if need be; on oneDNN's kernel on the CPU in float32 where
+    it trains faster (:func:`onednn_trains_faster`), else ``F.linear``."""
+    if _on_cpu_in_float32(x, weight) and onednn_trains_faster():
         return _product(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for ``x (..., I)``; for an ``nn.Linear`` itself (not a subclass or a replacement, such as an
-    adapter's, that computes more) on the CPU in float32, through oneDNN's kernel (its gradients too; the module's
-    forward hooks do not run), unless autocast or ``torch.compile`` is at work, which take the module's own call."""
+    adapter's, that computes more) on the CPU in float32, through oneDNN's kernel (the module's forward hooks do not
+    run); with gradients only where that trains faster (:func:`onednn_trains_faster`), and not under autocast or
+    ``torch.compile``, which take the module's own call."""
     if type(module) is not nn.Linear or not _on_cpu_in_float32(x, module.weight):
         return module(x)
     if not torch.is_grad_enabled():
         return _product(x, module.weight, module.bias)
-    if torch.is_autocast_enabled("cpu"):
+    if torch.is_autocast_enabled("cpu") or not onednn_trains_faster():
         return module(x)
     return _OneDNNLinear.apply(x, module.weight, module.bias)
 
@@ -299,10 +313,10 @@ def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
         if engine == "onednn" and onednn_int8():
             # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits.
             packed = torch.ops.onednn.qlinear_prepack(quantized, None)
-            return Int8(packed, scales.float(), zeros.int(), bias, reduce_range=not has_vnni())
+            return Int8(packed, scales.float(), zeros.int(), bias, reduce_range=not cpu.has_vnni())
         per_channel = torch._make_per_channel_quantized_tensor(quantized, scales, zeros, 0)
         packed = torch.ops.quantized.linear_prepack(per_channel, bias)
-    return DynamicInt8(packed, reduce_range=not (engine == "onednn" and has_vnni()))
+    return DynamicInt8(packed, reduce_range=not (engine == "onednn" and cpu.has_vnni()))
 
 
 LAYOUTS: dict[str | None, Callable[[torch.Tensor, torch.Tensor | None], Affine]] = {
