@@ -83,12 +83,15 @@ def cpu_kind(monkeypatch: pytest.MonkeyPatch, vendor: str, family: int, flags: s
 
 def test_auto_precision_is_bf16_where_it_was_measured_faster_and_fp32_elsewhere(monkeypatch: pytest.MonkeyPatch):
     """bf16 on a GPU that has it; on the CPU, for models as wide as the corpus recipe's on AMD's Zen 5 with
-    AVX512-BF16; fp32 on other CPUs (an Intel Xeon with AVX512-BF16 was slower) and for narrower models."""
+    AVX512-BF16 and on CPUs with AMX; fp32 on other CPUs (an Intel Xeon with AVX512-BF16 and no AMX was slower) and
+    for narrower models."""
     cuda_machine(monkeypatch, 1)
     assert resolve_precision("auto", "cuda:0", 128).name == "bf16"
-    cpu_kind(monkeypatch, "AuthenticAMD", 26, "avx2 avx512f avx512_bf16")
-    assert resolve_precision("auto", "cpu", 256).name == "bf16"
-    assert resolve_precision("auto", "cpu", 128).name == "fp32"  # a built-in task's model
+    for vendor, family, flags in [("AuthenticAMD", 26, "avx2 avx512f avx512_bf16"),
+                                  ("GenuineIntel", 6, "avx512f avx512_bf16 amx_tile amx_bf16 amx_int8")]:  # fmt: skip
+        cpu_kind(monkeypatch, vendor, family, flags)
+        assert resolve_precision("auto", "cpu", 256).name == "bf16", (vendor, family, flags)
+        assert resolve_precision("auto", "cpu", 128).name == "fp32"  # a built-in task's model
     assert resolve_precision("fp32", "cpu", 512).name == "fp32"
     for vendor, family, flags in [("GenuineIntel", 6, "avx512f avx512_bf16"), ("AuthenticAMD", 25, "avx512_bf16"),
                                   ("AuthenticAMD", 26, "avx2 avx512f"), ("", 0, "")]:  # fmt: skip

@@ -68,18 +68,22 @@ class Precision:
 
 BF16_CPUS = (("AuthenticAMD", 26),)
 """The CPUs (vendor, family) with AVX512-BF16 whose training step is faster in bf16 than in float32, with the
-Multi30k BLEU held (docs/performance.md): AMD's Zen 5. An Intel Xeon with AVX512-BF16 and no AMX was slower in bf16;
-other kinds are not measured, and keep float32."""
+Multi30k BLEU held (docs/performance.md): AMD's Zen 5; and every CPU with AMX's bf16 tiles (:data:`BF16_AMX`). An
+Intel Xeon with AVX512-BF16 and no AMX was slower in bf16; other kinds are not measured, and keep float32."""
+BF16_AMX = "amx_bf16"
+"""The flag of CPUs whose matrix units multiply bfloat16 tiles (Intel's AMX): faster in bf16, the BLEU held, on an
+Intel Xeon (docs/performance.md)."""
 BF16_CPU_WIDTH = 256
 """The narrowest model (d_model) that trains faster in bf16 on those CPUs: the corpus recipe's. Narrower ones (the
 built-in tasks', 128) spend their steps in many small operations, to which autocast adds conversions: slower."""
 
 
 def bf16_trains_faster(d_model: int) -> bool:
-    """Whether a model ``d_model`` wide trains faster in bf16 than in float32 on this machine's CPU (one of
-    :data:`BF16_CPUS`, the model at least :data:`BF16_CPU_WIDTH` wide)."""
-    kind = (cpu.vendor(), cpu.family())
-    return "avx512_bf16" in cpu.flags() and kind in BF16_CPUS and d_model >= BF16_CPU_WIDTH
+    """Whether a model ``d_model`` wide trains faster in bf16 than in float32 on this machine's CPU (one with AMX's
+    bf16 tiles or one of :data:`BF16_CPUS`, the model at least :data:`BF16_CPU_WIDTH` wide)."""
+    flags = cpu.flags()
+    measured = BF16_AMX in flags or ("avx512_bf16" in flags and (cpu.vendor(), cpu.family()) in BF16_CPUS)
+    return measured and d_model >= BF16_CPU_WIDTH
 
 
 def resolve_precision(name: str, device: str, d_model: int) -> Precision:
