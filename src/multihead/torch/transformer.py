@@ -30,6 +30,7 @@ from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, con
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention
+from multihead.torch.dropout import Dropout
 from multihead.torch.layouts import KeptLayouts, Layouts, apply_form
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
@@ -68,7 +69,7 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.max_len = check_positive_int("max_len", max_len)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = Dropout(check_dropout("dropout", dropout))
         start = check_non_negative_int("start", start)
         table = torch.from_numpy(sinusoidal_positions(max_len, d_model, layout, start)).float()
         self.register_buffer("table", table, persistent=False)  # derived, so never saved
@@ -99,7 +100,7 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.linear1 = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff))
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = Dropout(check_dropout("dropout", dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         checks.check_hidden("x", x, self.linear1.in_features, OPS, self.linear1.weight)
@@ -129,7 +130,7 @@ class _Block(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_first = check_flag("norm_first", norm_first)
-        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.dropout = Dropout(check_dropout("dropout", dropout))
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1 = nn.LayerNorm(d_model, eps=LAYER_NORM_EPS)
