@@ -40,7 +40,6 @@ import argparse
 import hashlib
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from multihead import cpu
 
 ENGINES = ("multihead", "CTranslate2")
 COMPUTES = ("float32", "int8")
@@ -328,7 +329,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "sizes": args.sizes, "sentences": args.sentences, "tokens": args.tokens, "threads": args.threads,
         "neighbours": args.neighbours,
-        "cpu": cpu_name(), "command": " ".join(sys.argv),
+        "cpu": cpu.describe(), "command": " ".join(sys.argv),
     }  # fmt: skip
     if not args.skip_translation:
         results["translation"] = translation(args)
@@ -336,13 +337,6 @@ def main() -> None:
         results["finetuning"] = finetuning(args)
     (args.work / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results))
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip() + f", {os.cpu_count()} cores"
-    return "unknown CPU"
 
 
 def table(results: dict[str, Any]) -> str:

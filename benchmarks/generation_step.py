@@ -6,7 +6,8 @@ docs/performance.md): PyTorch's, or Keras' compiled generation on the active Ker
 The model: B=8, source length 32, up to 128 tokens, d_model 256, 3+3 layers, 8 heads, d_ff 512,
 vocabulary 8000, EOS made unreachable so that every run takes all 128 steps. Each round runs every checkout in a
 fresh process, one after the other (this checkout's ``src`` first, then each ``--src``); each process warms up, then
-times ``--runs`` generations and prints their median time per step.
+times ``--runs`` generations and prints their median time per step. With ``--src``, the ratios of this checkout's time
+to each other's, round by round, and their median: on a machine whose speed drifts, compare those.
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ def main() -> None:
     print("medians over rounds (ms per decoding step):")
     for src, values in results.items():
         print(f"  {statistics.median(values):6.2f}  {src}  ({', '.join(f'{v:.2f}' for v in values)})")
+    this = results[sources[0]]
+    for src in sources[1:]:  # round by round: a machine whose speed drifts moves both figures of a round together
+        ratios = [mine / theirs for mine, theirs in zip(this, results[src], strict=True)]
+        print(
+            f"this checkout / {src}, round by round: {', '.join(f'{r:.2f}' for r in ratios)}; "
+            f"median {statistics.median(ratios):.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ from serve_load import (
     run_benchmark,
 )
 
+from multihead import cpu
 from multihead.app.console import UserError
 from multihead.app.corpus import iter_lines
 
@@ -374,20 +375,6 @@ def agreement(running: list[Server], bodies: list[bytes], sentences: list[str]) 
 # --- the report ---------------------------------------------------------------------------------------------------
 
 
-def cpu_description() -> dict[str, Any]:
-    """/proc/cpuinfo's first processor: model name, family and model, and whether it has bfloat16 instructions."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if not line.strip():
-            break
-        key, _, value = line.partition(":")
-        info[key.strip()] = value.strip()
-    flags = set(info.get("flags", "").split())
-    return {"model_name": info.get("model name", "unknown"), "family": info.get("cpu family"),
-            "model": info.get("model"), "cores": os.cpu_count(),
-            "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}  # fmt: skip
-
-
 def summary(measured: list[Measured]) -> list[dict[str, Any]]:
     """One row a server and client count, over all rounds: sentences over seconds; multihead's rate over CT2's."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
@@ -408,11 +395,9 @@ def summary(measured: list[Measured]) -> list[dict[str, Any]]:
 
 def report(args: argparse.Namespace, pair: tuple[str, str], checked: dict[str, Any], measured: list[Measured],
            command: str) -> dict[str, Any]:  # fmt: skip
-    cpu, rows = cpu_description(), summary(measured)
-    bf16 = [name for name in ("amx_bf16", "avx512_bf16") if cpu[name]]
+    described, rows = cpu.describe(), summary(measured)
     inter, intra = args.ct2_split
-    print(f"\nCPU: {cpu['model_name']} (family {cpu['family']}, model {cpu['model']}, {cpu['cores']} cores; "
-          f"bfloat16 instructions: {', '.join(bf16) or 'none'})\ncommand: {command}")  # fmt: skip
+    print(f"\nCPU: {described}\ncommand: {command}")
     print(f"{pair[0]} -> {pair[1]}, greedy; multihead serve --threads {args.threads}"
           f"{'' if args.guard else ' --no-guard'}; CTranslate2 inter_threads {inter} x intra_threads {intra}; "
           f"{args.seconds:g} s a phase, {args.rounds} round(s) (the median round's figures)")  # fmt: skip
@@ -431,8 +416,9 @@ def report(args: argparse.Namespace, pair: tuple[str, str], checked: dict[str, A
         if entry.idle_cpu > IDLE_CPU:
             print(f"  note: the idle server used {entry.idle_cpu:.2f} CPU s/s during {entry.server}'s phase of "
                   f"{entry.clients} clients in round {entry.round}")  # fmt: skip
-    return {"command": command, "cpu": cpu, "pair": list(pair), "threads": args.threads, "ct2_split": [inter, intra],
-            "guard": args.guard, "seconds": args.seconds, "rounds": args.rounds, "agreement": checked,
+    return {"command": command, "cpu": described, "pair": list(pair), "threads": args.threads,
+            "ct2_split": [inter, intra], "guard": args.guard, "seconds": args.seconds, "rounds": args.rounds,
+            "agreement": checked,
             "errors": errors, "summary": rows, "phases": [asdict(entry) for entry in measured]}  # fmt: skip
 
 

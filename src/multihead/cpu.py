@@ -7,6 +7,7 @@ what runs everywhere.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -52,3 +53,23 @@ def family() -> int | None:
 def has_vnni() -> bool:
     """Whether int8 products can take the full 8-bit range of their inputs without saturating (:data:`VNNI`)."""
     return bool(flags() & VNNI)
+
+
+NAMED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+"""The flags :func:`describe` names: the vector widths and matrix units the kernels choose between."""
+
+
+def describe() -> str:
+    """One line naming the CPU for a benchmark's report: model name, vendor, family and model, the
+    :data:`NAMED_FLAGS` it has, and the cores this process may use."""
+    info = _first_cpu()
+    named = " ".join(flag for flag in NAMED_FLAGS if flag in flags()) or "none of " + " ".join(NAMED_FLAGS)
+    return (
+        f"{info.get('model name', 'unknown CPU')} ({vendor() or 'unknown vendor'} family {family()} model "
+        f"{info.get('model', '?')}; {named}; {usable_cores()} cores)"
+    )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -81,15 +81,27 @@ def test_training_products_take_onednn_on_the_cpus_it_trains_faster_on(
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-def test_a_layout_computes_its_linears_side_by_side(bias: bool, dtype: torch.dtype) -> None:
-    """Three linears as one product (oneDNN's packed float32 on the CPU, ``(in, out)`` otherwise)."""
-    parts = [module.to(dtype) for module in linears(5, 113, 64, bias=bias)]
-    x = torch.randn(4, 3, 59, dtype=dtype)
-    with torch.no_grad():
-        affine = lay_out(*parts)
-        assert affine.kind == ("onednn" if dtype == torch.float32 else "plain")
-        expected = torch.cat([module(x) for module in parts], dim=-1)
-        torch.testing.assert_close(affine(x), expected, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
+def test_a_layout_computes_its_linears_side_by_side(
+    bias: bool, dtype: torch.dtype, vendor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three linears as one product: in float32 on the CPU oneDNN's packed weight, but ``(in, out)`` row-major on
+    Intel's CPUs while the weight has at most ``PLAIN_STEP_ELEMENTS``; in other dtypes ``(in, out)``."""
+    from multihead import cpu
+    from multihead.torch import layouts
+
+    monkeypatch.setattr(cpu, "vendor", lambda: vendor)
+    monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 59 * 182)  # the three linears' outputs: 5 + 113 + 64
+    for outs, small in [((5, 113, 64), True), ((5, 113, 65), False)]:
+        parts = [module.to(dtype) for module in linears(*outs, bias=bias)]
+        x = torch.randn(4, 3, 59, dtype=dtype)
+        with torch.no_grad():
+            affine = lay_out(*parts)
+            packed = dtype == torch.float32 and not (small and vendor == "GenuineIntel")
+            assert affine.kind == ("onednn" if packed else "plain")
+            expected = torch.cat([module(x) for module in parts], dim=-1)
+            torch.testing.assert_close(affine(x), expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(affine(x[0]), expected[0], rtol=1e-5, atol=1e-5)  # 2-d rows
 
 
 def simulated_int8(modules: list[nn.Linear], x: torch.Tensor, reduce_range: bool) -> np.ndarray:

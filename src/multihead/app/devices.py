@@ -132,11 +132,6 @@ def _look() -> _Look | None:
     return None if times is None else _Look(*times, own=time.process_time(), at=time.monotonic())
 
 
-def _usable() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _free(before: _Look, after: _Look, *, crowded: bool, taken_from: float = 0.5) -> int | None:
     """The cores other processes left free between two looks (a core counts as taken from ``taken_from`` of its time
     up); ``crowded``: this process had a thread on every core meanwhile, so a neighbour got about half of the core it
@@ -146,7 +141,7 @@ def _free(before: _Look, after: _Look, *, crowded: bool, taken_from: float = 0.5
     ticks_per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     others = max(0.0, (after.busy - before.busy) - (after.own - before.own) * ticks_per_second)
     taken = others / (after.total - before.total) * (os.cpu_count() or 1) * (2 if crowded else 1)
-    usable = _usable()
+    usable = cpu.usable_cores()
     return max(1, min(usable, usable - math.floor(taken + 1 - taken_from)))
 
 
@@ -188,7 +183,7 @@ class FreeCores:
             return
         self.last = now = _look()
         threads = torch.get_num_threads()
-        crowded = threads >= _usable()
+        crowded = threads >= cpu.usable_cores()
         free = None if now is None else _free(last, now, crowded=crowded, taken_from=0.5 if crowded else 0.25)
         if free is not None and free != threads:
             torch.set_num_threads(free)
@@ -223,7 +218,7 @@ def use_threads(count: int) -> None:
     has not been imported yet (it reads them once). JAX's threads cannot be set."""
     import torch
 
-    usable = _usable()
+    usable = cpu.usable_cores()
     if count > usable:
         warn(f"--threads {count}: this process may use {usable} cores; more threads than cores take turns on them "
              "(slower, not faster)")  # fmt: skip

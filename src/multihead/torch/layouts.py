@@ -246,9 +246,13 @@ class Plain:
     bias: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(self.weight.dtype)  # (N, I)
+        flat = x.reshape(-1, x.shape[-1])  # (N, I)
+        if flat.dtype != self.weight.dtype:
+            flat = flat.to(self.weight.dtype)
         out = flat @ self.weight if self.bias is None else torch.addmm(self.bias, flat, self.weight)
-        return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)  # (..., O)
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], out.shape[-1])  # (..., O)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,11 +266,29 @@ class Modules:
         return torch.cat([module(x) for module in self.modules], dim=-1)
 
 
+PLAIN_STEP_VENDORS = ("GenuineIntel",)
+"""The CPU vendors on which a decoding step's small products (weights of at most :data:`PLAIN_STEP_ELEMENTS`) run
+faster on MKL with the weight ``(I, O)`` row-major (:class:`Plain`) than on oneDNN's packed kernel, whose every call
+carries a fixed cost that outweighs a small product on a few rows (``benchmarks/step_products.py``,
+docs/performance.md): Intel's. On AMD's, where MKL uses 256-bit vectors only, the packed forms measured faster."""
+
+PLAIN_STEP_ELEMENTS = 256 * 768
+"""The largest weight (``I * O`` elements) laid out ``(I, O)`` on :data:`PLAIN_STEP_VENDORS`' CPUs (a 256-wide
+model's query-key-value): up to this size the row-major form is faster on up to 16 rows and within a few percent on
+more; larger ones (512 → 512 and up) are faster packed from 32 rows a step up."""
+
+
 def _float(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
-    """The weights in their own dtype: packed for oneDNN on the CPU in float32, else ``(I, O)``."""
-    if _on_cpu_in_float32(weight, weight):
+    """The weights in their own dtype: packed for oneDNN on the CPU in float32 (but small ones on
+    :data:`PLAIN_STEP_VENDORS`' CPUs), else ``(I, O)``."""
+    if _on_cpu_in_float32(weight, weight) and not _plain_on_this_cpu(weight):
         return OneDNN(_packed(weight), bias)
     return Plain(weight.t().contiguous(), bias)
+
+
+def _plain_on_this_cpu(weight: torch.Tensor) -> bool:
+    """Whether ``weight (O, I)`` is small enough for :class:`Plain` on this CPU (:data:`PLAIN_STEP_VENDORS`)."""
+    return weight.numel() <= PLAIN_STEP_ELEMENTS and cpu.vendor() in PLAIN_STEP_VENDORS
 
 
 def _bf16(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
