@@ -14,6 +14,7 @@ import time
 import sacrebleu
 import torch
 
+from multihead import cpu
 from multihead.app.corpus import read_lines
 from multihead.app.translate import Translator, translate_ids
 from multihead.decoding import SearchOptions
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--length-penalty", type=float, default=0.6, help="(default: 0.6)")
     parser.add_argument("--batch-tokens", type=int, help="source tokens per greedy batch (default: the device's)")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     translator = Translator(args.run, device=args.device)
     sources, references = read_lines(args.src, "SRC"), read_lines(args.ref, "REF")
     ids = translator.source.encode_all(sources)

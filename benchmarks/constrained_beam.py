@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 
+from multihead import cpu
 from multihead.app.batched import in_batches, translation
 from multihead.app.corpus import iter_lines
 from multihead.app.translate import Translator
@@ -104,6 +105,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--glossary-out", type=Path)
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     lines = zip(range(args.limit), iter_lines(args.src, "SRC"), iter_lines(args.ref, "REF"), strict=False)
     pairs = [(source, reference) for _, source, reference in lines if source.strip()]
     sources, references = [source for source, _ in pairs], [reference for _, reference in pairs]

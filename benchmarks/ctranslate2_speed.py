@@ -23,6 +23,7 @@ import numpy as np
 import sacrebleu
 import torch
 
+from multihead import cpu
 from multihead.app.corpus import read_lines
 from multihead.app.export import export, vocabulary
 from multihead.app.translate import BATCH_TOKENS, Generate, Translator, translate_ids
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4, help="beam size of the beam rows (default: 4)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="both engines' (default: 0.6)")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     torch.set_num_threads(args.threads)
     sources, references = read_lines(args.src, "SRC"), read_lines(args.ref, "REF")
     ours = {

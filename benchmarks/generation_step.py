@@ -84,6 +84,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.runs, args.tokens, args.framework)))
         return
+    from multihead import cpu  # here: a child imports multihead from the checkout it measures
+
+    print(f"CPU: {cpu.describe()}", flush=True)
     sources = [str(HERE_SRC), *(str(Path(s).resolve()) for s in args.src)]
     results: dict[str, list[float]] = {s: [] for s in sources}
     for round_ in range(args.rounds):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from multihead import cpu
 from multihead.app.corpus import read_lines
 from multihead.app.runs import open_checkpoint
 from multihead.app.translate import BATCH_TOKENS, length_limit, translate_ids
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--length-penalty", type=float, default=0.6, help="(default: 0.6)")
     parser.add_argument("--limit", type=int, default=1000, help="the first N sentences of SRC (default: 1000)")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     import keras
 
     checkpoint, model = open_checkpoint(Path(args.run), None, lambda found: load_model(found.path, "keras"))

@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 
+from multihead import cpu
 from multihead.app.bench import CASES, _keras_step
 
 IMPLEMENTATIONS = ("multihead-keras", "keras-mha")
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--case", default="L4096-train", choices=sorted(CASES))
     parser.add_argument("--steps", type=int, default=6, help="timed steps of each layer, interleaved")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
 
     case = CASES[args.case]
     steps = {impl: _keras_step(impl, case) for impl in IMPLEMENTATIONS}

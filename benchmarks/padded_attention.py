@@ -21,6 +21,7 @@ import time
 import torch
 from torch import nn
 
+from multihead import cpu
 from multihead.torch import MultiHeadAttention, padding_mask
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4, help="H (default: 4)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per model and size (default: 20)")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     torch.manual_seed(0)
     ours = MultiHeadAttention(args.width, args.heads).to(device, dtype)

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlencode
 
+from multihead import cpu
 from multihead.app.console import UserError
 from multihead.app.corpus import iter_lines
 
@@ -536,6 +537,7 @@ def main() -> int:
     )
     parser.add_argument("--give-up", type=float, default=3.0, help="seconds the heavy client waits (default: 3)")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     if args.clients < 1 or args.seconds <= 0 or args.limit < 1 or not 0 <= args.port < 65536 or args.give_up <= 0:
         parser.error("--clients and --limit must be 1 or more, --seconds and --give-up above 0, --port 0 to 65535")
     return run_benchmark("serve_load", benchmark, args)

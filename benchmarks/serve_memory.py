@@ -46,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from serve_load import HOST, MULTIHEAD, free_port, percentile
 
+from multihead import cpu
+
 LANGUAGES = ("de", "fr", "cs", "es", "it", "nl", "pt", "sv", "da", "fi", "pl", "ro")
 """The languages of the runs' pairs: each from and into English."""
 START_TIMEOUT = 900.0
@@ -209,6 +211,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=480)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     runs = make_runs(args.work, args.data, args.runs)
     with gzip.open(args.data / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as lines:
         texts = [line.strip() for line in lines if line.strip()][: args.requests]

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from multihead import cpu
 from multihead.app.memory import keep_freed_memory
 from multihead.app.train_torch import TokenLoss
 from multihead.positional import sinusoidal_positions
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--base", action="store_true", help="the paper's base model and a 32k vocabulary")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default: 4096)")
     args = parser.parse_args()
+    print(f"CPU: {cpu.describe()}", flush=True)
     if not args.malloc_default:
         keep_freed_memory()
     device = torch.device(args.device)

@@ -63,6 +63,9 @@ def main() -> None:
         seconds = translate_as_before(Path(args.run), json.loads(Path(args.child).read_text()))
         print(json.dumps({"seconds": seconds, "src": str(Path(multihead.__file__).parent.parent)}))
         return
+    from multihead import cpu  # here: a child imports multihead from the checkout it measures
+
+    print(f"CPU: {cpu.describe()}", flush=True)
 
     from multihead.app.corpus import read_lines
     from multihead.app.translate import Translator
