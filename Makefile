@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[torch,keras,plot,app,export,serve,dev]'
+	$(PIP) install -e '.[torch,keras,plot,app,export,serve,ray,dev]'
 	touch $(STAMP)
 
 # The main job: train the dates task (resuming runs/dates if it is there), translate three examples, plot.

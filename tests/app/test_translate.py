@@ -592,9 +592,9 @@ def test_output_is_written_as_it_is_done_and_resume_continues_it(
 ) -> None:
     """``--output FILE`` gets its lines a part at a time: an interruption keeps the parts done (exit 130), and
     ``--resume`` continues after the last complete line (an unfinished one dropped), to what one run writes."""
-    import multihead.app.cli as cli_module
+    import multihead.app.translate as translate_module
 
-    monkeypatch.setattr(cli_module, "TRANSLATE_CHUNK", 3)
+    monkeypatch.setattr(translate_module, "TRANSLATE_CHUNK", 3)
     lines = [SOURCES[i % len(SOURCES)] for i in range(10)]
     source, out = write_lines(tmp_path / "source.de", lines), tmp_path / "out.en"
     whole = cli("translate", corpus_run.path, "--input", source)

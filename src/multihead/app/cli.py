@@ -183,6 +183,8 @@ def _typed(args: argparse.Namespace) -> bool:
 def _translate_typed(translator: Translator, search: Any, n_best: int | None) -> int:
     """Translate each line typed at the terminal as soon as it is entered, its lines printed at once (as
     fairseq-interactive and marian do), until the end of the input (Ctrl-D)."""
+    from multihead.app.translate import translated_lines
+
     say("type a text and press Enter to translate it; Ctrl-D ends", sys.stderr)
     for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
         try:
@@ -192,7 +194,7 @@ def _translate_typed(translator: Translator, search: Any, n_best: int | None) ->
             sys.stdout.write("\n")
             sys.stdout.flush()
             continue
-        lines = _translated(translator, [line], [f"line {number}"], search, n_best, first=number, progress=False)
+        lines, _ = translated_lines(translator, [line], [f"line {number}"], search, n_best, first=number)
         sys.stdout.write("".join(out + "\n" for out in lines))
         sys.stdout.flush()
     return 0
@@ -255,30 +257,20 @@ TERMINOLOGY_OPTIONS = ("glossary", "glossary_bonus", "keep", "no_keep_placeholde
 """The options that change a document's translation beside the run and the search (what a resumed one must share)."""
 
 
-def _translated(
-    translator: Translator,
-    texts: list[str],
-    names: list[str],
-    search: Any,
-    n_best: int | None,
-    *,
-    first: int = 1,
-    progress: bool,
-) -> list[str]:
-    """The lines ``translate`` prints for ``texts``: a translation each, or, with ``n_best``, each text's N best as
-    NUMBER<TAB>SCORE<TAB>TRANSLATION (the texts numbered from ``first``)."""
-    if n_best is None:
-        return translator.translate(texts, search=search, names=names, progress=progress)
-    found = translator.scored_hypotheses(texts, search, names=names, progress=progress)
-    return [
-        f"{number}\t{'' if score is None else f'{score:.4f}'}\t{text}"
-        for number, hypotheses in enumerate(found, start=first)
-        for score, text in hypotheses
-    ]
+def _translator_options(args: argparse.Namespace, others: list[str]) -> dict[str, Any]:
+    """The :class:`~multihead.app.translate.Translator` ``translate`` asks for, but its run: checkpoint, device,
+    precision, languages, normalizer, ensemble, splitting, guard, framework and terminology."""
+    return {"checkpoint": args.checkpoint, "device": args.device, "quantize": args.quantize,
+            "source_lang": args.source_lang, "target_lang": args.target_lang, "normalize": args.normalize,
+            "ensemble": others, "split_sentences": not args.no_split, "guard": not args.no_guard,
+            "framework": args.framework, **_terminology(args)}  # fmt: skip
 
 
 def _check_resume(args: argparse.Namespace, search: Any) -> None:
-    """``translate --resume`` refused in one line where it cannot continue: no ``--output``, ``--n-best``, sampling."""
+    """``translate --resume`` refused in one line where it cannot continue: no ``--output``, ``--n-best``, sampling
+    (and ``--actors``, which is for ``--ray``)."""
+    if args.actors is not None:
+        raise UserError(f"--actors {args.actors} is for --ray: the actors of a Ray job")
     if args.resume and (args.output is None or args.n_best is not None):
         raise UserError("--resume continues a translation into --output FILE (one line a text, no --n-best)")
     if args.resume and search.strategy.draws:
@@ -291,21 +283,19 @@ def _translate(args: argparse.Namespace) -> int:
 
     wide = {"beam_size": args.n_best} if args.n_best and args.beam_size is None else None  # the run's beams may be
     search = search_options(args, wide)  # the flags checked before any work; --n-best against the run's beams below
-    _check_resume(args, search)
     others = _ensembled(args)
+    if args.ray is not None:
+        return _translate_on_ray(args, others)
+    _check_resume(args, search)
     typed, document = _typed(args), _document(args)
     texts, names = ([], []) if typed or document else _translation_input(args)
     _check_targets({"--input": args.input}, plot=args.plot, output=args.output, html=args.html)
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value and not any(text.strip() for text in texts):
             raise UserError(f"{flag}: nothing to show, the input holds no text")
-    from multihead.app.translate import Translator, speed_text
+    from multihead.app.translate import Translator, speed_text, translate_into, translated_lines
 
-    translator = Translator(
-        args.run, args.checkpoint, device=args.device, quantize=args.quantize, source_lang=args.source_lang,
-        target_lang=args.target_lang, normalize=args.normalize, ensemble=others, split_sentences=not args.no_split,
-        guard=not args.no_guard, framework=args.framework, **_terminology(args),
-    )  # fmt: skip
+    translator = Translator(args.run, **_translator_options(args, others))
     search = search_options(args, translator.checkpoint.search)  # the flags checked above, over the run's defaults
     check_min_length(search, translator.max_len)
     if sys.stderr.isatty():
@@ -316,9 +306,9 @@ def _translate(args: argparse.Namespace) -> int:
         return _translate_typed(translator, search, args.n_best)
     begin, count = time.perf_counter(), len(texts)
     if args.n_best is None and args.output is not None:  # a batch job: its lines written as they are done
-        count = _translate_into(args.output, texts, names, translator, search, resume=args.resume)
+        count = translate_into(args.output, texts, names, translator, search, resume=args.resume)
     else:
-        lines = _translated(translator, texts, names, search, args.n_best, progress=sys.stderr.isatty())
+        lines, _ = translated_lines(translator, texts, names, search, args.n_best, progress=sys.stderr.isatty())
     seconds = time.perf_counter() - begin
     if args.n_best is not None or args.output is None:
         _write_output(args.output, lines)
@@ -345,43 +335,83 @@ def _translate(args: argparse.Namespace) -> int:
     return 0
 
 
-TRANSLATE_CHUNK = 500
-"""Texts ``translate --output`` translates before it writes their lines (and makes them durable)."""
+RAY_MADE_BY = (
+    "checkpoint",
+    "quantize",
+    "source_lang",
+    "target_lang",
+    "normalize",
+    "no_split",
+    "no_guard",
+    "framework",
+    "n_best",
+    *TERMINOLOGY_OPTIONS,
+)
+"""The options of ``translate --ray`` that change its translations beside the runs and the search (what a resumed
+job must share)."""
 
 
-def _translate_into(
-    path: str, texts: list[str], names: list[str], translator: Any, search: Any, *, resume: bool
-) -> int:
-    """``texts`` translated into the file ``path``, a line each, written part by part as they are done (an
-    interrupted job keeps what it finished); with ``resume``, after the complete lines ``path`` already holds. How
-    many it translated."""
-    from multihead.app.console import progress_bar
+def _translate_on_ray(args: argparse.Namespace, others: list[str]) -> int:
+    """``--input``'s shards translated into the folder ``--output`` on Ray (:mod:`multihead.app.raydata`), after
+    every check: the options, the shards, the run's checkpoint and search."""
+    import importlib.util
 
-    done = 0
-    target = Path(path)
-    if resume and target.exists():
-        data = target.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        done = complete.count(b"\n")
-        if done > len(texts):
-            raise UserError(f"--resume: {path} holds {plural(done, 'line')}, more than the input's "
-                            f"{plural(len(texts), 'text')}: it is not their translation")  # fmt: skip
-        if len(complete) < len(data):
-            target.write_bytes(complete)  # an unfinished last line goes
-        say(f"resuming {path} after its {plural(done, 'line')}, {plural(len(texts) - done, 'text')} left", sys.stderr)
-    bar = progress_bar(len(texts), initial=done, unit="sentence")
-    key = 0
-    with open(target, "ab" if done else "wb") as out:
-        for start in range(done, len(texts), TRANSLATE_CHUNK):
-            end = min(start + TRANSLATE_CHUNK, len(texts))
-            lines, key = translator.translate_from(texts[start:end], search=search, names=names[start:end],
-                                                   first_key=key)  # fmt: skip
-            out.write("".join(line + "\n" for line in lines).encode("utf-8"))
-            out.flush()
-            os.fsync(out.fileno())
-            bar.update(end - start)
-    bar.close()
-    return len(texts) - done
+    from multihead.app.options import search_options, search_text
+    from multihead.app.raydata import ShardJob, translate_shards
+    from multihead.app.runs import open_checkpoint
+
+    if importlib.util.find_spec("ray") is None:
+        raise UserError("--ray needs Ray Data: pip install 'multihead[ray]'")
+    inputs = _shards(args)
+    for flag, value in (("TEXT", args.text), ("--plot", args.plot), ("--html", args.html), ("--format", args.format)):
+        if value:
+            raise UserError(f"--ray translates the lines of --input's shards: {flag} is not for it")
+    options = _translator_options(args, others)
+    checkpoint, _ = open_checkpoint(Path(args.run), args.checkpoint, lambda found: None)
+    search = search_options(args, checkpoint.search)
+    made_by = {name: getattr(args, name) for name in RAY_MADE_BY}
+    made_by.update(runs=[str(Path(run).resolve()) for run in (args.run, *others)], search=search_text(search))
+    job = ShardJob(inputs, Path(args.output), str(args.run), options, search, args.n_best, made_by,
+                   address=args.ray or None, actors=args.actors, threads=args.threads or 1,
+                   resume=args.resume)  # fmt: skip
+    begin = time.perf_counter()
+    tally = translate_shards(job)
+    say(tally.text(time.perf_counter() - begin) if tally.shards else f"every shard is in {args.output} already",
+        sys.stderr)  # fmt: skip
+    return 0
+
+
+def _shards(args: argparse.Namespace) -> list[Path]:
+    """The shards ``--input`` names with ``--ray``: the files its pattern matches (``'shards/*.txt.gz'``, quoted),
+    or a folder's files, in name order; refused where none, where one is a document, where two share a name (each
+    gives its output its name) or where an output would be an input."""
+    import glob
+
+    if args.input is None or args.output is None:
+        raise UserError("--ray translates the shards --input PATTERN matches into the folder --output FOLDER: give "
+                        "both")  # fmt: skip
+    pattern = Path(args.input)
+    found = sorted(pattern.iterdir()) if pattern.is_dir() else sorted(map(Path, glob.glob(args.input)))
+    inputs = [path for path in found if path.is_file() and not path.name.startswith(".")]
+    if not inputs:
+        raise UserError(f"--input {args.input!r} matches no file")
+    from multihead.app.documents import document_format
+
+    for path in inputs:
+        document = document_format(path)
+        if document is not None:
+            raise UserError(f"--ray translates text files, a text a line: {str(path)!r} is a {document.name} document "
+                            "(translate it with --input FILE --output FILE)")  # fmt: skip
+    names = [path.name for path in inputs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UserError(f"--input {args.input!r}: shards in different folders share the name {twice[0]!r}; each "
+                        "shard's translation takes its name in --output")  # fmt: skip
+    folder = Path(args.output).resolve()
+    if any(path.resolve().parent == folder for path in inputs):
+        raise UserError(f"--output {args.output!r} holds the shards: their translations would replace them; choose "
+                        "another folder")  # fmt: skip
+    return inputs
 
 
 def _without_final_blanks(lines: list[str]) -> list[str]:
@@ -815,10 +845,28 @@ def _add_translate(commands: argparse._SubParsersAction) -> None:
         "(--length-penalty 0: the log-probability, as multihead score gives it); a blank input gives one line with "
         "no score and no translation",
     )  # fmt: skip
+    _add_ray_options(translate)
     _add_decoding_options(translate)
     _add_glossary_option(translate)
     _add_keep_options(translate)
     _add_language_options(translate)
+
+
+def _add_ray_options(translate: argparse.ArgumentParser) -> None:
+    from multihead.app.options import limit
+
+    translate.add_argument(
+        "--ray", nargs="?", const="", metavar="ADDRESS",
+        help="translate the shards --input PATTERN matches (quoted: 'shards/*.txt.gz'; or a folder's files) on Ray "
+        "Data into the folder --output, one file a shard under its name, each written whole once translated, "
+        "recorded in the folder's manifest.jsonl (--resume goes on with the shards not yet done); on a new local Ray "
+        "cluster, or ADDRESS's (auto: the running one, as ray start made it); --threads is each actor's (default 1)",
+    )  # fmt: skip
+    translate.add_argument(
+        "--actors", type=limit(1), metavar="N",
+        help="with --ray: how many actors translate, each holding the model (default: the cluster's CPUs over "
+        "--threads, or its GPUs with --device cuda)",
+    )  # fmt: skip
 
 
 def _add_evaluate(commands: argparse._SubParsersAction) -> None:

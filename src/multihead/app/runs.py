@@ -116,12 +116,13 @@ class RunLock:
 
     :meth:`acquire` takes an advisory lock on ``RUN/.lock`` (the system releases it when the process ends, however
     it ends) and writes the process id into the file; :meth:`release` removes the file, then lets the lock go.
-    Another process's :meth:`acquire` meanwhile is refused in one line naming the holder. A lock file whose lock is
-    free was left by a process that could not remove it (killed): it is taken over, with a warning.
+    Another process's :meth:`acquire` meanwhile is refused in one line naming the holder (and ``option``, the flag
+    that chose the directory). A lock file whose lock is free was left by a process that could not remove it
+    (killed): it is taken over, with a warning.
     """
 
-    def __init__(self, out: Path) -> None:
-        self.path = out / LOCK
+    def __init__(self, out: Path, option: str = "--out") -> None:
+        self.path, self.option = out / LOCK, option
         self.handle: Any = None
 
     def acquire(self) -> None:
@@ -135,7 +136,7 @@ class RunLock:
                 handle.close()
                 raise RunError(
                     f"{str(self.path.parent)!r} is in use by another multihead process (pid {holder}); wait for it to "
-                    "end, or choose another --out"
+                    f"end, or choose another {self.option}"
                 ) from None
             if not self.path.exists() or os.stat(self.path).st_ino != os.fstat(handle.fileno()).st_ino:
                 handle.close()  # its holder removed it as we opened it: lock the file there now

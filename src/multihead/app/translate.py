@@ -18,7 +18,9 @@ Notation: B batch, Ls source length, T generated length.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +43,7 @@ from multihead.app.batched import (
     translate_ids,
     translation,
 )
-from multihead.app.console import warn
+from multihead.app.console import UserError, plural, progress_bar, say, warn
 from multihead.app.cutting import Cut, Cutter, moses_normalizer
 from multihead.app.glossary import Glossary, read_glossary
 from multihead.app.keep import Keep, Kept, miscounted
@@ -564,6 +566,77 @@ class Translator:
         """One sentence's translation with every decoder layer's cross-attention
         (:func:`multihead.app.scoring.attention`)."""
         return scoring.attention(self.loaded, self.direction, self.cutter, text, search=search)
+
+
+TRANSLATE_CHUNK = 500
+"""Texts :func:`translate_into` translates before it writes their lines (and makes them durable)."""
+
+
+def translated_lines(
+    translator: Translator,
+    texts: Sequence[str],
+    names: Sequence[str],
+    search: SearchOptions,
+    n_best: int | None,
+    *,
+    first: int = 1,
+    progress: bool = False,
+    first_key: int = 0,
+) -> tuple[list[str], int]:
+    """The lines ``translate`` prints for ``texts``: a translation each, or, with ``n_best``, each text's N best as
+    NUMBER<TAB>SCORE<TAB>TRANSLATION (the texts numbered from ``first``); and the sampling key after them
+    (:meth:`Translator.translate_from`, whose ``first_key`` they follow)."""
+    if n_best is None:
+        return translator.translate_from(texts, search=search, names=names, progress=progress, first_key=first_key)
+    found = translator.scored_hypotheses(texts, search, names=names, progress=progress)
+    lines = [
+        f"{number}\t{'' if score is None else f'{score:.4f}'}\t{text}"
+        for number, hypotheses in enumerate(found, start=first)
+        for score, text in hypotheses
+    ]
+    return lines, first_key
+
+
+def translate_into(
+    path: str | Path,
+    texts: Sequence[str],
+    names: Sequence[str],
+    translator: Translator,
+    search: SearchOptions,
+    *,
+    resume: bool = False,
+    n_best: int | None = None,
+    progress: bool = True,
+) -> int:
+    """``texts`` translated into the file ``path`` as ``translate`` prints them (:func:`translated_lines`), written
+    :data:`TRANSLATE_CHUNK` texts at a time as they are done and made durable (an interrupted job keeps what it
+    finished); with ``resume`` (one line a text: no ``n_best``), after the complete lines ``path`` already holds. How
+    many texts it translated."""
+    done = 0
+    target = Path(path)
+    if resume and target.exists():
+        data = target.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        done = complete.count(b"\n")
+        if done > len(texts):
+            raise UserError(f"--resume: {path} holds {plural(done, 'line')}, more than the input's "
+                            f"{plural(len(texts), 'text')}: it is not their translation")  # fmt: skip
+        if len(complete) < len(data):
+            target.write_bytes(complete)  # an unfinished last line goes
+        say(f"resuming {path} after its {plural(done, 'line')}, {plural(len(texts) - done, 'text')} left", sys.stderr)
+    bar = progress_bar(len(texts), initial=done, unit="sentence", enabled=progress)
+    key = 0
+    with open(target, "ab" if done else "wb") as out:
+        for start in range(done, len(texts), TRANSLATE_CHUNK):
+            end = min(start + TRANSLATE_CHUNK, len(texts))
+            lines, key = translated_lines(translator, texts[start:end], names[start:end], search, n_best,
+                                          first=start + 1, first_key=key)  # fmt: skip
+            out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+            bar.update(end - start)
+    bar.close()
+    return len(texts) - done
 
 
 def _kept(cuts: Sequence[Cut]) -> list[Kept]:
