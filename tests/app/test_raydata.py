@@ -111,6 +111,30 @@ def test_a_job_goes_on_with_resume_only_under_the_same_options(
     assert_refused(other, "other options (search)")
 
 
+def test_a_shard_changed_or_whose_output_is_gone_is_translated_again_on_resume(
+    cluster: None, corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``--resume`` after a shard changed, another's output was deleted and the manifest's last line was cut short (a
+    driver killed as it wrote): those shards are translated again, each named in a warning, the others left as they
+    were; the outputs are ``translate``'s."""
+    inputs = shards(tmp_path / "shards")
+    pattern, out = tmp_path / "shards" / "*", tmp_path / "out"
+    assert cli("translate", corpus_run.path, "--input", pattern, "--output", out, "--ray").status == 0
+    write_lines(inputs[0], SOURCES[10:14])
+    (out / inputs[1].name).unlink()
+    kept = (out / inputs[2].name).stat().st_mtime_ns
+    manifest = out / MANIFEST
+    manifest.write_bytes(manifest.read_bytes() + b'{"input": "cut')
+    again = cli("translate", corpus_run.path, "--input", pattern, "--output", out, "--ray", "--resume")
+    assert again.status == 0, again.err
+    assert "1 shard translated already, 2 shards left" in again.err, again.err
+    for path in inputs[:2]:
+        assert f"--resume: {path} changed or its translation" in again.err, again.err
+    assert (out / inputs[2].name).stat().st_mtime_ns == kept
+    assert outputs(out) == expected(cli, corpus_run.path, inputs)
+    assert len(recorded(out)) == len(inputs)
+
+
 def test_a_shard_translate_refuses_is_refused_before_any_work(
     corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
 ) -> None:
