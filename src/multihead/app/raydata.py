@@ -12,7 +12,8 @@ the manifest does not hold; an actor that dies is restarted by Ray and its shard
 line. No line is lost, none written twice.
 
 Ray Data's actors come from its actor pool (``ActorPoolStrategy``): each takes ``threads`` CPUs (or one GPU) of the
-cluster, which Ray restarts when they die and whose unfinished work it retries.
+cluster, which Ray restarts when they die and whose unfinished work it retries. An actor is given one shard at a
+time, the next once it is done, so that no shard waits behind another while an actor is idle.
 """
 
 from __future__ import annotations
@@ -330,7 +331,7 @@ def _run(job: ShardJob, pending: list[tuple[Path, Path]], lines: int, manifest: 
     rows = [{"input": str(source), "output": str(output)} for source, output in pending]
     resources = {"num_gpus": 1} if job.on_gpu else {"num_cpus": job.threads}
     shards = ray_data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-        TranslateShards, batch_size=1, compute=ray_data.ActorPoolStrategy(size=actors),
+        TranslateShards, batch_size=1, compute=ray_data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
         fn_constructor_kwargs={"run": job.run, "search": job.search, "n_best": job.n_best,
                                "threads": None if job.on_gpu else job.threads, **job.options},
         **resources,
