@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from conftest import NumpyKVCache
-from multihead.cache import DecoderCache, KVCacheBase, attended, check_decoder_cache, reuses_memory
+from multihead.cache import (
+    DecoderCache,
+    KVCacheBase,
+    attended,
+    check_decoder_cache,
+    kept_sources,
+    memory_rows,
+    reuses_memory,
+)
 from multihead.torch import KVCache
 
 FRONT_ENDS = {
@@ -112,15 +120,15 @@ def test_a_preallocated_torch_cache_writes_in_place() -> None:
 
 
 def test_a_preallocated_cache_reordered_step_after_step_holds_its_rows(front_end) -> None:
-    """Beam search's pattern: a token, a reorder (fewer rows once a sentence has left), a token; the torch cache writes
-    each reorder into the buffers the one before left, or, when at most half the rows change, copies those rows alone
-    in place (``[1, 1]``: row 0 takes row 1's; ``[0, 1]``: nothing moves)."""
+    """Beam search's pattern: a token, a reorder (fewer rows once a sentence has left, more when beams open), a token;
+    the torch cache copies the rows that change alone, in place (``[1, 1]``: row 0 takes row 1's; ``[0, 1]``: nothing
+    moves), in new buffers only when the rows grow."""
     cache_type, tensor = front_end
-    cache = cache_type(capacity=8)
+    cache = cache_type(capacity=10)
     expected_keys, expected_values = keys_values(4, 1, seed=0)
     cache.append(tensor(expected_keys), tensor(expected_values))
     buffers = []
-    reorders = [[1, 1, 3, 0], [3, 2, 0, 0], [1, 0], [1, 1], [0, 1], [1, 0]]
+    reorders = [[1, 1, 3, 0], [3, 2, 0, 0], [1, 0], [1, 1], [0, 1], [1, 0], [0, 0, 1, 1, 1], [4, 2, 3, 0, 0]]
     for seed, rows in enumerate(np.array(rows) for rows in reorders):
         buffers.append(cache._keys)
         cache.reorder(rows)
@@ -131,11 +139,11 @@ def test_a_preallocated_cache_reordered_step_after_step_holds_its_rows(front_end
         expected_values = np.concatenate([expected_values, v], axis=2)
         np.testing.assert_array_equal(numpy_of(cache.keys), expected_keys)
         np.testing.assert_array_equal(numpy_of(cache.values), expected_values)
-    if cache_type is KVCache:  # a full reorder writes into the buffer the one before it left; in place, none
-        first, second = buffers[0].data_ptr(), buffers[1].data_ptr()
-        assert first != second
-        assert [buffer.data_ptr() for buffer in buffers] == [first, second, first, second, second, second]
-        assert cache._keys.data_ptr() == first
+    if cache_type is KVCache:  # in place until the rows grow
+        first, grown = buffers[0].data_ptr(), buffers[-1].data_ptr()
+        assert first != grown
+        assert [buffer.data_ptr() for buffer in buffers] == [first] * 7 + [grown]
+        assert cache._keys.data_ptr() == grown
 
 
 def test_reorder_keeps_rows_and_reset_empties(front_end) -> None:
@@ -241,6 +249,64 @@ def test_a_decoder_cache_reordered_within_the_same_sources_keeps_the_memory(fron
         numpy_of(decoder_cache.self_attention[0].keys), keys_values(4, 2, seed=0)[0][[1, 1, 3, 2]]
     )
     np.testing.assert_array_equal(numpy_of(decoder_cache.cross_attention[0].keys), memory)  # not moved
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [[0, 0, 0, 1, 1, 1], [2, 0, 1], [1, 0, 1, 1, 2, 0], [0], [3, 3, 1, 0, 2, 2, 2, 0]],
+    ids=["beams-in-order", "one-row-each-moved", "uneven-mixed", "one", "uneven-in-order"],
+)
+def test_memory_rows_lay_each_slots_rows_out_as_one_sequence(sources: list[int]) -> None:
+    """Every row has a place of its own in its slot's part of the grid, the grid names it there, and a slot's rows
+    keep their order; rows that already are the grid in order need no gathering."""
+    rows = np.asarray(sources, dtype=np.int64)
+    slots = int(rows.max()) + 1
+    made = memory_rows(rows, slots, np.asarray)
+    counts = np.bincount(rows, minlength=slots)
+    assert (made.slots, made.width) == (slots, counts.max())
+    if made.grid is None:
+        assert made.place is None
+        np.testing.assert_array_equal(rows, np.repeat(np.arange(slots), made.width))
+        return
+    assert made.grid.shape == (slots * made.width,)
+    assert made.place.shape == (len(rows),)
+    assert len(set(made.place.tolist())) == len(rows)  # a place each
+    np.testing.assert_array_equal(made.place // made.width, rows)  # in its slot's part
+    np.testing.assert_array_equal(made.grid[made.place], np.arange(len(rows)))  # which names it
+    for slot in range(slots):
+        mine = np.flatnonzero(rows == slot)
+        assert (np.diff(made.place[mine]) > 0).all()  # in row order
+
+
+def test_memory_rows_of_no_rows_is_empty() -> None:
+    made = memory_rows(np.zeros(0, dtype=np.int64), 0, np.asarray)
+    assert (made.slots, made.width, made.grid, made.place) == (0, 0, None, None)
+
+
+def test_kept_sources_keeps_the_slots_still_read_in_the_order_rows_first_read_them() -> None:
+    live, renamed = kept_sources(np.array([3, 3, 1, 3, 0]))
+    np.testing.assert_array_equal(live, [3, 1, 0])
+    np.testing.assert_array_equal(renamed, [0, 0, 1, 0, 2])
+    live, renamed = kept_sources(np.zeros(0, dtype=np.int64))
+    assert live.shape == renamed.shape == (0,)
+
+
+def test_a_decoder_cache_keeps_the_memory_slots_it_is_told_and_says_how_rows_read_them(front_end) -> None:
+    cache_type, tensor = front_end
+    decoder_cache = DecoderCache(2, cache_type, capacity=5)
+    assert decoder_cache.shares_memory is cache_type.shares_memory
+    memory = keys_values(4, 3, seed=1)[0]
+    for cache in decoder_cache.cross_attention:
+        cache.append(tensor(memory), tensor(memory))
+    rows = memory_rows(np.array([0, 0, 1, 1]), 2, tensor)
+    decoder_cache.keep_memory(np.array([3, 1]), rows)
+    for cache in decoder_cache.cross_attention:
+        np.testing.assert_array_equal(numpy_of(cache.keys), memory[[3, 1]])
+        assert cache.memory_rows is rows
+    decoder_cache.keep_memory(None, rows)  # all kept, as they are
+    np.testing.assert_array_equal(numpy_of(decoder_cache.cross_attention[0].keys), memory[[3, 1]])
+    decoder_cache.cross_attention[0].reset()
+    assert decoder_cache.cross_attention[0].memory_rows is None
 
 
 def test_check_decoder_cache() -> None:

@@ -8,24 +8,71 @@ Three kinds of cache implement the protocol: :class:`KVCacheBase` (the front end
 of Keras' compiled generation (:mod:`multihead.keras.generation`) and the shared columns of continuous batching
 (:mod:`multihead.torch.streaming`), whose rows each sit at a position of their own.
 
+Beam search extends several rows of one source. A cross-attention cache whose front end says so
+(:attr:`KVCacheBase.shares_memory`) holds the projected memory once per source, in slots, and its
+:attr:`StepCache.memory_rows` (a :class:`MemoryRows`) says which slot each row reads: attention then takes each
+slot's rows as the queries of one sequence, so a source's memory is neither copied per beam nor read once per beam.
+
 :class:`KVCacheBase` keeps keys and values as ``(B, Hkv, L, D)``. Without a capacity it grows by concatenation; with
 one, buffers of that length are allocated on the first append and written in place of the next free positions. A
 module's public call with one goes: :meth:`KVCacheBase.check_call` (before anything is computed), then
 :meth:`KVCacheBase.key_length` (the ``Lk`` its masks must cover), then :func:`attended`.
 
-Notation: B batch, Hkv key/value heads, L cached length, n new tokens, D head dim.
+Notation: B batch, Hkv key/value heads, L cached length, n new tokens, D head dim; N query rows, S memory slots,
+w the most rows reading one slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
 from multihead.validation import check_optional_positive_int
 
 Tensor = Any
+
+
+@dataclass(frozen=True)
+class MemoryRows:
+    """Which memory slot each query row of a cross-attention step reads, where a cache holds the memory once per
+    source: attention lays the rows out as a grid ``(S, w)`` of queries, slot by slot, and reads each row's output
+    back from its place. ``grid`` ``(S * w,)``: the row at each place of the grid (a place no row takes holds row 0,
+    whose output there is never read); ``place`` ``(N,)``: each row's place. Both ``None`` when the rows already are
+    the grid, in order (every slot read by ``w`` rows next to each other). Tensors of the front end, int64."""
+
+    slots: int
+    width: int
+    grid: Tensor | None
+    place: Tensor | None
+
+
+def memory_rows(sources: np.ndarray, slots: int, tensor: Callable[[np.ndarray], Tensor]) -> MemoryRows:
+    """The :class:`MemoryRows` of rows reading memory slots ``sources (N,)`` of ``slots`` (each read by one row at
+    least); ``tensor`` makes the front end's tensor of an int64 array."""
+    counts = np.bincount(sources, minlength=slots)  # (S,)
+    width = int(counts.max()) if slots else 0
+    if len(sources) == slots * width and np.array_equal(sources, np.repeat(np.arange(slots), width)):
+        return MemoryRows(slots, width, None, None)
+    order = np.argsort(sources, kind="stable")  # (N,) the rows, slot by slot
+    rank = np.arange(len(sources)) - np.repeat(np.cumsum(counts) - counts, counts)  # (N,) in its slot, in order
+    place = np.empty(len(sources), dtype=np.int64)
+    place[order] = sources[order] * width + rank
+    grid = np.zeros(slots * width, dtype=np.int64)
+    grid[place] = np.arange(len(sources))
+    return MemoryRows(slots, width, tensor(grid), tensor(place))
+
+
+def kept_sources(sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The memory slots rows reading ``sources (N,)`` still need, in the order rows first read them, and each row's
+    slot once only those are kept, in that order."""
+    seen, first = np.unique(sources, return_index=True)
+    live = seen[np.argsort(first)]  # (S',) by first reading row
+    renamed = np.empty(int(seen[-1]) + 1 if len(seen) else 0, dtype=np.int64)
+    renamed[live] = np.arange(len(live))
+    return live, renamed[sources]
 
 
 class StepCache(Protocol):
@@ -36,7 +83,11 @@ class StepCache(Protocol):
     row ``(B,)`` where rows sit at positions of their own (or a scalar tensor inside a traced program); ``append``
     adds ``(B, Hkv, n, D)`` new keys and values and returns everything the call attends. A cache whose buffers hold
     more positions than a row has written returns them all: the caller's key mask leaves out the others.
+    ``memory_rows``: a cross-attention cache holding one memory per source says which one each row reads
+    (:class:`MemoryRows`); ``None``: row ``i`` reads memory row ``i``.
     """
+
+    memory_rows: MemoryRows | None = None
 
     @property
     def keys(self) -> Tensor | None: ...
@@ -87,6 +138,10 @@ def reuses_memory(cache: StepCache, self_attention: bool) -> bool:
 
 class KVCacheBase(StepCache):
     """Projected keys and values kept between decoding steps (see the front ends' ``KVCache``)."""
+
+    shares_memory: ClassVar[bool] = False
+    """Whether the front end's attention reads :attr:`memory_rows`: a decoding session may then keep one memory per
+    source (:meth:`DecoderCache.keep_memory`)."""
 
     def __init__(self, capacity: int | None = None) -> None:
         self.capacity = check_optional_positive_int("capacity", capacity)
@@ -218,20 +273,23 @@ class KVCacheBase(StepCache):
 
     def reorder(self, rows: Any) -> None:
         """Keep batch rows ``rows`` (in that order), as beam search needs. Of a buffer, only the positions filled
-        so far are copied, into the buffers the previous reorder left where the front end can, or, when at most half
-        the rows change (a NumPy ``rows`` as long as the batch), only those rows, in place (tensors read from the
-        cache before a reorder may then change)."""
+        so far are copied: where the front end moves rows in place and the batch does not grow (a NumPy ``rows``),
+        only the rows that change, within the buffers, which then keep their first ``len(rows)`` rows (tensors read
+        from the cache before a reorder may then change); otherwise into the buffers the previous reorder left where
+        the front end can. In place costs a copy of the moved rows more than filling spare buffers, and saves
+        holding a spare copy of the cache."""
         if self._keys is None:
             return
         if self.capacity is None:
             self._keys, self._values = self._take(self._keys, rows), self._take(self._values, rows)
             return
-        if self._moves_rows and isinstance(rows, np.ndarray) and len(rows) == int(self._keys.shape[0]):
+        if self._moves_rows and isinstance(rows, np.ndarray) and len(rows) <= int(self._keys.shape[0]):
             moved = np.flatnonzero(rows != np.arange(len(rows)))  # the rows that do not keep their own state
-            if 2 * len(moved) <= len(rows):  # few: those alone are copied, in place
-                if len(moved):
-                    self._move_rows(moved, rows[moved])
-                return
+            if len(moved):
+                self._move_rows(moved, rows[moved])
+            self._keys, self._values = self._keys[: len(rows)], cast(Tensor, self._values)[: len(rows)]
+            self._spare = None
+            return
         spare_keys, spare_values = self._spare or (None, None)
         self._spare = self._keys, self._values
         self._keys = self._take_filled(self._keys, rows, spare_keys)
@@ -240,6 +298,7 @@ class KVCacheBase(StepCache):
     def reset(self) -> None:
         self._keys = self._values = self._spare = None
         self._length = 0
+        self.memory_rows = None
 
 
 class DecoderCache:
@@ -263,6 +322,19 @@ class DecoderCache:
         memory stays as it is."""
         for cache in (*self.self_attention, *(() if same_sources else self.cross_attention)):
             cache.reorder(rows)
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether the memory may be held once per source (:attr:`KVCacheBase.shares_memory`)."""
+        return bool(self.cross_attention) and self.cross_attention[0].shares_memory
+
+    def keep_memory(self, slots: Any, rows: MemoryRows) -> None:
+        """Keep memory slots ``slots`` (in that order; ``None``: all, as they are), which the rows read as ``rows``
+        says."""
+        for cache in self.cross_attention:
+            if slots is not None:
+                cache.reorder(slots)
+            cache.memory_rows = rows
 
 
 def check_decoder_cache(cache: object, num_layers: int) -> None:

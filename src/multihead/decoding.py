@@ -62,7 +62,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from multihead.cache import DecoderCache, DecoderCaches
+from multihead.cache import DecoderCache, DecoderCaches, kept_sources, memory_rows
 from multihead.validation import check_flag, check_non_negative_int, check_positive_int
 
 Tensor = Any
@@ -357,7 +357,9 @@ class DecodingSession(Chooser):
     memory ``(N, Ls, E)`` (without a cache) or the decoder's cache with the memory projected into it, and the memory's
     key mask ``(N, Ls)`` (``None``: every position real). ``cache``: a model's empty
     :class:`~multihead.cache.DecoderCache` (``None``: every step recomputes the whole prefix, which the session keeps).
-    Its rows hold the sources they were made with: none join later."""
+    Its rows hold the sources they were made with: none join later. Where the cache can
+    (:attr:`~multihead.cache.DecoderCache.shares_memory`), it holds each source's projected memory once, whatever
+    the rows extending it (a beam-search sentence's beams), and the key mask is one per source."""
 
     def __init__(
         self, steps: Steps, memory: Tensor, memory_key_mask: Tensor | None, cache: DecoderCache | None
@@ -367,10 +369,20 @@ class DecodingSession(Chooser):
         self.memory_key_mask = memory_key_mask
         self.cache = cache
         self.prefix: np.ndarray | None = None  # (N, t) the tokens so far, without a cache
+        self.sources: np.ndarray | None = None  # (N,) the memory slot each row reads, where the cache shares them
         if cache is not None:
             for cross_cache, (keys, values) in zip(cache.cross_attention, steps.project_memory(memory), strict=True):
                 cross_cache.append(keys, values)
+            if cache.shares_memory:
+                self._read(np.arange(int(memory.shape[0])), None)
             self.memory = None
+
+    def _read(self, sources: np.ndarray, slots: np.ndarray | None) -> None:
+        """Rows read memory slots ``sources``, once the cache keeps slots ``slots`` (``None``: all it holds)."""
+        assert self.cache is not None
+        self.sources = sources
+        held = int(sources.max()) + 1 if len(sources) else 0
+        self.cache.keep_memory(slots, memory_rows(sources, held, self.steps.tensor))
 
     def step(self, tokens: np.ndarray) -> Tensor:
         """Logits ``(N, V)`` of every row's next token after its newest, ``tokens (N,)``."""
@@ -382,6 +394,17 @@ class DecodingSession(Chooser):
 
     def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         """Keep rows ``rows``, in that order, of everything the session holds (:meth:`multihead.engine.Rows.keep`)."""
+        if self.sources is not None:  # the memory stays in its slots: only those no row reads any more go
+            assert self.cache is not None
+            self.cache.reorder(rows, same_sources=True)
+            slots, sources = kept_sources(self.sources[rows])
+            if len(slots) == int(self.sources.max()) + 1:
+                self._read(self.sources[rows], None)
+                return
+            self._read(sources, slots)
+            if self.memory_key_mask is not None:
+                self.memory_key_mask = self.steps.take(self.memory_key_mask, slots)
+            return
         if self.cache is not None:
             self.cache.reorder(rows, same_sources=same_sources)
         if self.prefix is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -271,6 +272,31 @@ def test_sentences_of_different_searches_share_a_stream() -> None:
         with torch.inference_mode():
             session = transformer.decoding_session(torch.tensor([ids]), max_len=7)
             alone = engine.generate(session, 1, spec(searches[index]), max_len=7, keys=[index])[0].tolist()
+        assert got[index] == (alone[: alone.index(EOS) + 1] if EOS in alone else alone), index
+
+
+def test_a_sentences_rows_read_its_memory_held_once() -> None:
+    """Beam-search and greedy sentences in one stream: the memory is held once per sentence being searched (slots
+    packed at the front, as many as sentences), however many beams read it, and each sentence gets what it gets
+    alone."""
+    transformer, texts = model(), sources(6)
+    stream = Stream(transformer, rows=32, generation=spec(SearchOptions()))
+    searches = [SearchOptions(beam_size=4), SearchOptions()] * 3
+    for index, ids in enumerate(texts):
+        stream.add(ids, index, limit=8, search=searches[index])
+    rows_of = cast(StreamRows, stream.rows)
+    got: dict[object, list[int]] = {}
+    held = []  # each step's (rows, slots in use, slots the buffer holds)
+    while len(stream):
+        got.update(ended(stream))
+        assert len(rows_of.sources) == len(set(rows_of.slots.tolist()))  # every slot in use read, packed
+        held.append((len(rows_of.slots), len(rows_of.sources), rows_of.memory.buffer.shape[1]))
+    assert max(rows for rows, _, _ in held) == 15
+    assert max(buffer for _, _, buffer in held) == 8
+    for index, ids in enumerate(texts):
+        with torch.inference_mode():
+            session = transformer.decoding_session(torch.tensor([ids]), max_len=8)
+            alone = engine.generate(session, 1, spec(searches[index]), max_len=8)[0].tolist()
         assert got[index] == (alone[: alone.index(EOS) + 1] if EOS in alone else alone), index
 
 

@@ -279,6 +279,49 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
     assert torch.equal(beams, model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, beam_size=4, use_cache=False))
 
 
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_beam_search_holds_each_sources_memory_once(n_best: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross-attention caches hold one memory per source whatever the beams reading it, down to the sources
+    still searched; the scores and tokens are the recomputed prefix's (no cache) and those of a cache holding one
+    memory per row. Sources of different lengths, one ending early."""
+    model = small_model(seed=3)
+    src = tokens(5, 9, seed=2)
+    src[1, 4:] = PAD
+    src[3, 2:] = PAD
+    limits = [9, 2, 9, 9, 6]
+    search = decoding.SearchOptions(beam_size=4, n_best=n_best, length_penalty=0.6)
+    generation = decoding.Generation(decoding.Specials(pad=PAD, bos=BOS, eos=EOS), search=search)
+
+    def hypotheses(use_cache: bool, shares: bool) -> tuple[list, list[tuple[int, int]]]:
+        held: list[tuple[int, int]] = []  # each step's (rows, memory slots)
+        with torch.inference_mode(), monkeypatch.context() as patched:
+            if not shares:  # one memory row per row, reordered with them
+                patched.setattr(KVCache, "shares_memory", False)
+            session = model.decoding_session(src, max_len=max(limits), use_cache=use_cache)
+            step = session.step
+
+            def counted(tokens: np.ndarray) -> torch.Tensor:
+                if session.cache is not None:
+                    held.append((len(tokens), int(session.cache.cross_attention[0].keys.shape[0])))
+                return step(tokens)
+
+            session.step = counted  # type: ignore[method-assign]
+            found = engine.n_best_search(session, src.shape[0], generation, max_len=limits)
+        return [[(rank, tokens.tolist()) for rank, tokens in one] for one in found], held
+
+    shared, held = hypotheses(True, True)
+    per_row, held_per_row = hypotheses(True, False)
+    recomputed, _ = hypotheses(False, False)
+    for got in (per_row, recomputed):
+        assert [[tokens for _, tokens in one] for one in got] == [[tokens for _, tokens in one] for one in shared]
+        ranks = [rank for one in got for rank, _ in one]
+        np.testing.assert_allclose(ranks, [rank for one in shared for rank, _ in one], rtol=1e-9)
+    assert max(rows for rows, _ in held) == 20
+    assert all(slots <= 5 for _, slots in held)
+    assert [slots for _, slots in held][-1] < 5  # the sentences that ended let their memory go
+    assert max(slots for _, slots in held_per_row) == 20  # where each row holds its own
+
+
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model(pad_id=PAD)

@@ -7,14 +7,15 @@ row; and, for padded batches with a ``query_mask``, a packed path that projects 
 (:func:`multihead.torch.packed_attention`), on the devices where that is faster (``PACKED_DEVICES``). Without
 gradients its projections run in the forms :mod:`multihead.torch.layouts` lays out for inference (a decoding
 session's steps with the weights its :class:`~multihead.torch.layouts.Layouts` laid out for rows of one token), as
-the Transformer's feed-forward blocks and output projection do.
+the Transformer's feed-forward blocks and output projection do. A step over a cache holding one memory per source
+(the rows of a beam-search sentence read the same) attends each source's rows as one sequence of queries.
 
 ``forward`` checks its arguments; ``_attend`` is the unchecked path the Transformer's layers call once their own
 public entry point has checked theirs.
 
 Notation: B batch, Lq query length, Lk key length, H query heads, Hkv key/value heads, Dk query/key head dim,
 Dv value head dim, E = d_model (output width); packed: N real queries and M real keys in the batch; a decoding step:
-N rows of one token each.
+N rows of one token each, reading S memory slots, at most w rows a slot (:class:`~multihead.cache.MemoryRows`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class KVCache(KVCacheBase):
         return x.contiguous()
 
     _moves_rows = True
+    shares_memory = True
 
     def _move_rows(self, targets: np.ndarray, sources: np.ndarray) -> None:
         if self._keys is None or self._values is None:
@@ -287,11 +289,22 @@ class MultiHeadAttention(nn.Module):
         batch, lq, _ = query.shape
         if layouts is not None and cache is not None and lq == 1 and not return_weights:
             q, k, v = self._project_step(query, key, value, cache, self_attention, layouts)
+            rows = None if self_attention else cache.memory_rows
+            if rows is not None:  # each memory slot's rows as the queries of one sequence
+                if rows.grid is not None:
+                    q = q.index_select(0, rows.grid)  # (S*w, H, 1, Dk)
+                q = q.view(rows.slots, rows.width, self.num_heads, self.head_dim).transpose(1, 2)  # (S, H, w, Dk)
             out, _ = _attention(
                 q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
                 return_weights=False, implementation=self.implementation,
-            )  # fmt: skip  # (N, H, 1, Dv)
+            )  # fmt: skip  # (N, H, 1, Dv), or (S, H, w, Dv)
+            if rows is not None:
+                out = out.transpose(1, 2).reshape(rows.slots * rows.width, -1)  # (S*w, H*Dv)
+                if rows.place is not None:
+                    out = out.index_select(0, rows.place)  # (N, H*Dv)
             return layouts[self, "out"](out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
+        if cache is not None and not self_attention and cache.memory_rows is not None:
+            raise ValueError("a cache holding one memory per source is read by a decoding session's steps only")
         q = apply_form(self, "q", query, layouts)  # (B, Lq, H*Dk)
         q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
         k, v = attended(cache, self_attention, lambda: self._project_given(key, value, layouts))

@@ -12,16 +12,18 @@ pass over the stream's caches (:class:`~multihead.cache.StepCache`), through its
 The decoder's keys and values are kept in shared columns: a step writes every row's new key and value at the same
 column, and a row that joins starts at the next column, so each row holds its tokens at columns ``start..length``
 and attends those (the columns before its start masked), at its own positions (``length - start``: the caches'
-``length`` is one per row). Its encoder memory's projections are at ``0..Ls`` of its row, the rest masked. The rows
-in use are packed at the front of the buffers; the engine says which rows stay where (:meth:`StreamRows.keep`: a
-row that leaves replaced by the last, a beam by its parent's state), and only the rows that move are copied. When
-the columns run out, the columns every row still uses move to the front. A sentence gets the tokens the same search
+``length`` is one per row). The encoder memory's projections are kept once per source, in slots (columns ``0..Ls``
+of its slot, the rest masked), which every row of the sentence reads (a beam-search sentence's beams:
+:class:`~multihead.cache.MemoryRows`). The rows and slots in use are packed at the front of the buffers; the engine
+says which rows stay where (:meth:`StreamRows.keep`: a row that leaves replaced by the last, a beam by its parent's
+state), and only the rows that move are copied; a slot no row reads any more is taken by the last. When the columns
+run out, the columns every row still uses move to the front. A sentence gets the tokens the same search
 gives it in a batch of its own, up to float rounding (that of a batch of other sizes and padding, as between
 ``generate``'s batches); a sampled one draws from a generator seeded by the search's seed and its own key, as in
 ``generate``.
 
-Notation: N rows in use, R rows the buffers hold, C columns the self-attention buffers hold, S columns the
-cross-attention buffers hold, H key/value heads, D head dim, E d_model, n sentences joining.
+Notation: N rows in use, R rows the buffers hold, C columns the self-attention buffers hold, M memory slots in use,
+S columns the cross-attention buffers hold, H key/value heads, D head dim, E d_model, n sentences joining.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from multihead.cache import StepCache
+from multihead.cache import MemoryRows, StepCache, memory_rows
 from multihead.decoding import Chooser, Generation
 from multihead.engine import JOIN_AFTER, Engine, Owner
 from multihead.torch.layouts import Layouts
@@ -48,14 +50,16 @@ def _pow2(size: int) -> int:
 
 class _Buffers:
     """Every decoder layer's keys and values of one kind of attention (self or cross), in one buffer ``(2 * layers,
-    R, H, C|S, D)``: layer ``i``'s keys at ``2 * i``, its values at ``2 * i + 1``. What a step reads is set before it:
-    the rows in use, the ``columns`` they use, and each row's position (``length``)."""
+    R|M, H, C|S, D)``: layer ``i``'s keys at ``2 * i``, its values at ``2 * i + 1``. What a step reads is set before
+    it: the rows (or memory slots) in use, the ``columns`` they use, each row's position (``length``), and for the
+    memory which slot each row reads (``memory_rows``)."""
 
     def __init__(self, layers: int) -> None:
         self.buffer = torch.zeros(0, 0, 0, 0, 0)  # none yet (see fit)
         self.rows = 0
         self.columns = slice(0, 0)
         self.length = torch.zeros(0, dtype=torch.long)  # (N,)
+        self.memory_rows: MemoryRows | None = None
         self.layers = [_Layer(self, 2 * index) for index in range(layers)]
 
     def fit(self, rows: int, columns: int, like: torch.Tensor) -> None:
@@ -112,6 +116,10 @@ class _Layer(StepCache):
     def length(self) -> torch.Tensor:
         return self.buffers.length
 
+    @property
+    def memory_rows(self) -> MemoryRows | None:  # type: ignore[override]
+        return self.buffers.memory_rows
+
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         buffers = self.buffers
         column = buffers.columns.stop - 1
@@ -155,11 +163,12 @@ class StreamRows(Chooser):
         self.steps = model.decoder_steps(layouts)
         self.choices = self.steps
         self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of each row's first token
-        self.sources = np.zeros(0, dtype=np.int64)  # (N,) its source's length
+        self.slots = np.zeros(0, dtype=np.int64)  # (N,) the memory slot it reads
+        self.sources = np.zeros(0, dtype=np.int64)  # (M,) each slot's source length
         self.length = 0  # the columns written: a step writes column `length`
 
     def join(self, sources: Sequence[Sequence[int]]) -> None:
-        count, held = len(sources), len(self.starts)
+        count, held, slots = len(sources), len(self.starts), len(self.sources)
         lengths = np.array([len(ids) for ids in sources], dtype=np.int64)
         src = np.full((count, lengths.max()), self.pad, dtype=np.int64)  # (n, Ls)
         for row, ids in enumerate(sources):
@@ -168,11 +177,17 @@ class StreamRows(Chooser):
         with torch.inference_mode():
             memory, _ = self.steps.encode(torch.from_numpy(src).to(self.device), key_mask)  # (n, Ls, E)
             for index, (keys, values) in enumerate(self.steps.project_memory(memory)):  # (n, H, Ls, D) each
-                self.memory.fit(held + count, keys.shape[2], keys)
-                self.memory.write(index, held, keys, values)
+                self.memory.fit(slots + count, keys.shape[2], keys)
+                self.memory.write(index, slots, keys, values)
             self.own.fit(held + count, self.length + 1, keys)  # self-attention's are shaped as cross-attention's
         self.starts = np.concatenate([self.starts, np.full(count, self.length, dtype=np.int64)])
+        self._read(np.concatenate([self.slots, np.arange(slots, slots + count)]))
         self.sources = np.concatenate([self.sources, lengths])
+
+    def _read(self, slots: np.ndarray) -> None:
+        """The rows read memory slots ``slots (N,)``."""
+        self.slots = slots
+        self.memory.memory_rows = None  # made again by the next step
 
     def _columns(self) -> int:
         """The first column any row uses, once column ``length`` exists (the columns in use moved to the front when
@@ -187,12 +202,14 @@ class StreamRows(Chooser):
         return 0
 
     def step(self, tokens: np.ndarray) -> torch.Tensor:
-        count = len(self.starts)
+        count, slots = len(self.starts), len(self.sources)
         with torch.inference_mode():
             first = self._columns()
             source_span = int(self.sources.max())
             self.own.rows, self.own.columns = count, slice(first, self.length + 1)
-            self.memory.rows, self.memory.columns = count, slice(0, source_span)
+            self.memory.rows, self.memory.columns = slots, slice(0, source_span)
+            if self.memory.memory_rows is None:
+                self.memory.memory_rows = memory_rows(self.slots, slots, self.steps.tensor)
             made = self.length - self.starts  # (N,) each row's position: the tokens it has made after BOS
             self.own.length = torch.from_numpy(made).to(self.device)
             # A row attends its own columns (the others masked), and its source's.
@@ -202,7 +219,7 @@ class StreamRows(Chooser):
                 self_key_mask = columns >= torch.from_numpy(self.starts).to(self.device)[:, None]  # (N, span)
             if source_span != self.sources.min():
                 sources = torch.from_numpy(self.sources).to(self.device)
-                memory_mask = torch.arange(source_span, device=self.device) < sources[:, None]  # (N, S)
+                memory_mask = torch.arange(source_span, device=self.device) < sources[:, None]  # (M, S)
             logits = self.steps.step(torch.from_numpy(tokens[:, None]).to(self.device), self.cache, memory_mask,
                                      self_key_mask)  # fmt: skip
         self.length += 1
@@ -211,15 +228,26 @@ class StreamRows(Chooser):
     def keep(self, rows: np.ndarray, *, same_sources: bool = False) -> None:
         count = len(rows)
         moved = np.flatnonzero(rows != np.arange(count))  # the rows that take another's state
+        slots = self.slots[rows]
+        read = np.zeros(len(self.sources), dtype=bool)  # (M,) the slots a kept row reads
+        read[slots] = True
+        kept = int(read.sum())
+        movers = np.flatnonzero(read[kept:]) + kept  # the slots read past the first `kept`, which take the free ones
         with torch.inference_mode():
             if count > len(self.starts):  # beams opening: more rows
                 self.own.fit(count, self.own.buffer.shape[3], self.own.buffer[0])
-                self.memory.fit(count, self.memory.buffer.shape[3], self.memory.buffer[0])
             if len(moved):
                 self.own.move_rows(moved, rows[moved], slice(int(self.starts.min()), self.length))
-                if not same_sources:
-                    self.memory.move_rows(moved, rows[moved], slice(0, int(self.sources.max())))
-        self.starts, self.sources = self.starts[rows], self.sources[rows]
+            if len(movers):
+                free = np.flatnonzero(~read[:kept])
+                self.memory.move_rows(free, movers, slice(0, int(self.sources.max())))
+                renamed = np.arange(len(self.sources))
+                renamed[movers] = free
+                slots = renamed[slots]
+                self.sources[free] = self.sources[movers]
+        if len(moved) or len(movers) or count != len(self.starts):
+            self._read(slots)
+        self.starts, self.sources = self.starts[rows], self.sources[:kept]
         if not count:
             self.length = 0
 
