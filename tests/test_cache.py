@@ -253,15 +253,19 @@ def test_a_decoder_cache_reordered_within_the_same_sources_keeps_the_memory(fron
 
 @pytest.mark.parametrize(
     "sources",
-    [[0, 0, 0, 1, 1, 1], [2, 0, 1], [1, 0, 1, 1, 2, 0], [0], [3, 3, 1, 0, 2, 2, 2, 0]],
-    ids=["beams-in-order", "one-row-each-moved", "uneven-mixed", "one", "uneven-in-order"],
+    [[0, 0, 0, 1, 1, 1], [2, 0, 1], [1, 0, 1, 1, 2, 0], [0], [0, 1, 2], [3, 3, 1, 0, 2, 2, 2, 0]],
+    ids=["beams-in-order", "one-row-each-moved", "uneven-mixed", "one", "one-row-each", "uneven-in-order"],
 )
 def test_memory_rows_lay_each_slots_rows_out_as_one_sequence(sources: list[int]) -> None:
     """Every row has a place of its own in its slot's part of the grid, the grid names it there, and a slot's rows
-    keep their order; rows that already are the grid in order need no gathering."""
+    keep their order; rows that already are the grid in order need no gathering, and none at all when row ``i``
+    reads slot ``i``."""
     rows = np.asarray(sources, dtype=np.int64)
     slots = int(rows.max()) + 1
     made = memory_rows(rows, slots, np.asarray)
+    if made is None:
+        np.testing.assert_array_equal(rows, np.arange(slots))
+        return
     counts = np.bincount(rows, minlength=slots)
     assert (made.slots, made.width) == (slots, counts.max())
     if made.grid is None:
@@ -280,6 +284,7 @@ def test_memory_rows_lay_each_slots_rows_out_as_one_sequence(sources: list[int])
 
 def test_memory_rows_of_no_rows_is_empty() -> None:
     made = memory_rows(np.zeros(0, dtype=np.int64), 0, np.asarray)
+    assert made is not None
     assert (made.slots, made.width, made.grid, made.place) == (0, 0, None, None)
 
 

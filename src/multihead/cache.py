@@ -49,13 +49,13 @@ class MemoryRows:
     place: Tensor | None
 
 
-def memory_rows(sources: np.ndarray, slots: int, tensor: Callable[[np.ndarray], Tensor]) -> MemoryRows:
+def memory_rows(sources: np.ndarray, slots: int, tensor: Callable[[np.ndarray], Tensor]) -> MemoryRows | None:
     """The :class:`MemoryRows` of rows reading memory slots ``sources (N,)`` of ``slots`` (each read by one row at
-    least); ``tensor`` makes the front end's tensor of an int64 array."""
+    least); ``tensor`` makes the front end's tensor of an int64 array. ``None`` where row ``i`` reads slot ``i``."""
     counts = np.bincount(sources, minlength=slots)  # (S,)
     width = int(counts.max()) if slots else 0
     if len(sources) == slots * width and np.array_equal(sources, np.repeat(np.arange(slots), width)):
-        return MemoryRows(slots, width, None, None)
+        return None if width == 1 else MemoryRows(slots, width, None, None)
     order = np.argsort(sources, kind="stable")  # (N,) the rows, slot by slot
     rank = np.arange(len(sources)) - np.repeat(np.cumsum(counts) - counts, counts)  # (N,) in its slot, in order
     place = np.empty(len(sources), dtype=np.int64)
@@ -328,7 +328,7 @@ class DecoderCache:
         """Whether the memory may be held once per source (:attr:`KVCacheBase.shares_memory`)."""
         return bool(self.cross_attention) and self.cross_attention[0].shares_memory
 
-    def keep_memory(self, slots: Any, rows: MemoryRows) -> None:
+    def keep_memory(self, slots: Any, rows: MemoryRows | None) -> None:
         """Keep memory slots ``slots`` (in that order; ``None``: all, as they are), which the rows read as ``rows``
         says."""
         for cache in self.cross_attention:

@@ -164,6 +164,7 @@ class StreamRows(Chooser):
         self.choices = self.steps
         self.starts = np.zeros(0, dtype=np.int64)  # (N,) the column of each row's first token
         self.slots = np.zeros(0, dtype=np.int64)  # (N,) the memory slot it reads
+        self.read = True  # whether the memory's MemoryRows say what slots holds
         self.sources = np.zeros(0, dtype=np.int64)  # (M,) each slot's source length
         self.length = 0  # the columns written: a step writes column `length`
 
@@ -187,7 +188,7 @@ class StreamRows(Chooser):
     def _read(self, slots: np.ndarray) -> None:
         """The rows read memory slots ``slots (N,)``."""
         self.slots = slots
-        self.memory.memory_rows = None  # made again by the next step
+        self.read = False  # the memory's MemoryRows made again by the next step
 
     def _columns(self) -> int:
         """The first column any row uses, once column ``length`` exists (the columns in use moved to the front when
@@ -208,8 +209,8 @@ class StreamRows(Chooser):
             source_span = int(self.sources.max())
             self.own.rows, self.own.columns = count, slice(first, self.length + 1)
             self.memory.rows, self.memory.columns = slots, slice(0, source_span)
-            if self.memory.memory_rows is None:
-                self.memory.memory_rows = memory_rows(self.slots, slots, self.steps.tensor)
+            if not self.read:
+                self.memory.memory_rows, self.read = memory_rows(self.slots, slots, self.steps.tensor), True
             made = self.length - self.starts  # (N,) each row's position: the tokens it has made after BOS
             self.own.length = torch.from_numpy(made).to(self.device)
             # A row attends its own columns (the others masked), and its source's.
