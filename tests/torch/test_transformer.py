@@ -35,6 +35,7 @@ from multihead.torch import (
     PositionalEncoding,
     Transformer,
 )
+from multihead.torch import transformer as transformer_module
 
 PAD, BOS, EOS = 0, 1, 2
 SMALL = dict(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64)
@@ -277,6 +278,24 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
     assert torch.equal(model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, beam_size=1), greedy)
     beams = model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, beam_size=4)
     assert torch.equal(beams, model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, beam_size=4, use_cache=False))
+
+
+def test_beam_search_normalises_the_logits_a_block_of_rows_at_a_time_as_all_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blocks of 3 rows (not dividing the 5 sentences' 4 beams) give the hypotheses and scores one block gives."""
+    model, src = small_model(seed=4), tokens(5, 6, seed=5)
+    search = decoding.SearchOptions(beam_size=4, n_best=3, length_penalty=0.6)
+    generation = decoding.Generation(decoding.Specials(pad=PAD, bos=BOS, eos=EOS), search=search)
+    found = []
+    for rows in (3, 1000):
+        monkeypatch.setattr(transformer_module, "TOP_K_ROWS", rows)
+        with torch.inference_mode():
+            session = model.decoding_session(src, max_len=8)
+            found.append(engine.n_best_search(session, 5, generation, max_len=8))
+    for blocks, whole in zip(*found, strict=True):
+        assert [tokens.tolist() for _, tokens in blocks] == [tokens.tolist() for _, tokens in whole]
+        assert [rank for rank, _ in blocks] == [rank for rank, _ in whole]
 
 
 @pytest.mark.parametrize("n_best", [1, 2])

@@ -333,6 +333,9 @@ class Decoder(_Stack):
         return self.finish(x), cross_weights
 
 
+TOP_K_ROWS = 64
+"""Beam search normalises a step's logits this many rows at a time."""
+
 _INIT_FUNCTIONS = {name: getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_") and
                    not name.startswith("_") and callable(getattr(nn.init, name))}  # fmt: skip
 """``torch.nn.init``'s in-place functions (``normal_``, ``kaiming_uniform_``...), which modules initialise with."""
@@ -711,9 +714,11 @@ class DecoderSteps:
         self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         vocab = logits.shape[-1]
-        # A sentence's best candidates are among the best of each of its rows: scores are added to those only.
+        # A sentence's best candidates are among the best of each of its rows: scores are added to those only. The
+        # log-probabilities a block of rows at a time: one (N, V) copy of the logits less at the step's peak.
         row_best = min(count, vocab)
-        values, tokens = torch.log_softmax(logits, dim=-1).topk(row_best, dim=-1)  # (N, row_best)
+        best = [torch.log_softmax(block, dim=-1).topk(row_best, dim=-1) for block in logits.split(TOP_K_ROWS)]
+        values, tokens = (torch.cat(parts) if len(best) > 1 else parts[0] for parts in zip(*best, strict=True))
         if rows is not None:  # the rows searched, each sentence's together: the few best of each, not the logits
             index = torch.from_numpy(rows).to(logits.device)
             values, tokens = values.index_select(0, index), tokens.index_select(0, index)  # (S*beam, row_best)
