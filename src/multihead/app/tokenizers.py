@@ -414,11 +414,9 @@ class SentencePieceTokenizer:
             )
         self.model, self.append_eos, self.specials = bytes(model), append_eos, specials
         self.prefix = tuple(int(index) for index in prefix)
-        self.vocabulary = dict(vocabulary)
-        self.piece_ids = [  # SentencePiece's id -> ours
-            self.vocabulary.get(self.processor.id_to_piece(index), specials.unk)
-            for index in range(self.processor.get_piece_size())
-        ]
+        self.vocabulary = vocabulary  # kept as given (both sides of one vocabulary file share one): never changed
+        pieces = self.processor.id_to_piece(list(range(self.processor.get_piece_size())))
+        self.piece_ids = [self.vocabulary.get(piece, specials.unk) for piece in pieces]  # SentencePiece's id -> ours
         self.skipped = set(astuple(specials))  # what decoding leaves out
         special_texts = sorted({self.symbols[index] for index in self.skipped}, key=len, reverse=True)
         self.special_texts = set(special_texts)
@@ -426,22 +424,34 @@ class SentencePieceTokenizer:
 
     @classmethod
     def from_files(
-        cls, model: Path, vocabulary: Path, *, append_eos: bool, specials: Specials, prefix: Sequence[int] = ()
+        cls,
+        model: Path,
+        vocabulary: Path,
+        *,
+        append_eos: bool,
+        specials: Specials,
+        prefix: Sequence[int] = (),
+        read: dict[Path, Any] | None = None,
     ) -> SentencePieceTokenizer:
         """The tokenizer of a SentencePiece model file (``source.spm``) and a JSON vocabulary of its pieces
-        (``vocab.json``); ``ValueError`` naming a file that is missing or damaged."""
+        (``vocab.json``); ``ValueError`` naming a file that is missing or damaged. ``read``: vocabularies read before,
+        by file, taken from there (one vocabulary for both sides of a model is read and held once) and added to it."""
+        read = {} if read is None else read
         try:
             model_bytes = model.read_bytes()
-            sentencepiece_processor(model_bytes)
-        except (OSError, ValueError) as error:
+        except OSError as error:
             raise ValueError(f"{str(model)!r} is damaged: {error}") from None
         try:
-            pieces = json.loads(vocabulary.read_text(encoding="utf-8"))
-            vocabulary_symbols(pieces)
+            pieces = read[vocabulary] if vocabulary in read else json.loads(vocabulary.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as error:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"{str(vocabulary)!r} is damaged: {error}") from None
+        read[vocabulary] = pieces
         try:
             return cls(model_bytes, pieces, append_eos=append_eos, specials=specials, prefix=prefix)
+        except NotAModelError as error:
+            raise ValueError(f"{str(model)!r} is damaged: {error}") from None
+        except VocabularyError as error:
+            raise ValueError(f"{str(vocabulary)!r} is damaged: {error}") from None
         except ValueError as error:  # the specials or the prefix are not all ids of the vocabulary
             raise ValueError(f"{str(vocabulary)!r} does not fit: {error}") from None
 
@@ -576,35 +586,46 @@ def encode_opened(tokenizer: Tokenizer, text: str, prefix: Sequence[int]) -> tup
     return tokenizer.encode(text)
 
 
+class NotAModelError(ValueError):
+    """Bytes that are not a SentencePiece model."""
+
+
+class VocabularyError(ValueError):
+    """A vocabulary that is not one piece -> id object of ids 0 to its size - 1."""
+
+
 def sentencepiece_processor(model: bytes) -> Any:
-    """A ``sentencepiece.SentencePieceProcessor`` of a model file's bytes; ``ValueError`` for what is not one."""
+    """A ``sentencepiece.SentencePieceProcessor`` of a model file's bytes; :class:`NotAModelError` for what is not
+    one."""
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(model)
     except RuntimeError as error:
-        raise ValueError(f"not a SentencePiece model ({str(error).splitlines()[0]})") from None
+        raise NotAModelError(f"not a SentencePiece model ({str(error).splitlines()[0]})") from None
     return processor
 
 
 def vocabulary_symbols(vocabulary: Any) -> list[str]:
     """The pieces of a vocabulary (piece -> id) in the order of their ids, which must be 0 to its size - 1, each
-    given once (as Marian's are)."""
+    given once (as Marian's are); :class:`VocabularyError` otherwise."""
     if not isinstance(vocabulary, dict) or not vocabulary:
-        raise ValueError("a vocabulary must be a non-empty JSON object of pieces and their ids")
-    wrong = [
-        (piece, index)
-        for piece, index in vocabulary.items()
-        if not isinstance(piece, str) or not piece or type(index) is not int
-    ]
-    if wrong:
-        raise ValueError(f"a vocabulary must give each piece (a non-empty string) an integer id, received {wrong[:5]}")
+        raise VocabularyError("a vocabulary must be a non-empty JSON object of pieces and their ids")
+    if set(map(type, vocabulary)) != {str} or "" in vocabulary or set(map(type, vocabulary.values())) != {int}:
+        wrong = [
+            (piece, index)
+            for piece, index in vocabulary.items()
+            if not isinstance(piece, str) or not piece or type(index) is not int
+        ]
+        raise VocabularyError(
+            f"a vocabulary must give each piece (a non-empty string) an integer id, received {wrong[:5]}"
+        )
     ids = sorted(vocabulary.values())
     if ids != list(range(len(ids))):
         repeated = sorted(index for index, count in Counter(ids).items() if count > 1)
         found = f"{repeated[:5]} more than once" if repeated else f"ids from {ids[0]} to {ids[-1]}"
-        raise ValueError(f"a vocabulary's ids must be 0 to {len(ids) - 1}, each given once, received {found}")
+        raise VocabularyError(f"a vocabulary's ids must be 0 to {len(ids) - 1}, each given once, received {found}")
     return sorted(vocabulary, key=vocabulary.__getitem__)
 
 
@@ -618,8 +639,11 @@ def sentencepiece_files(side: str, tokenizer: SentencePieceTokenizer, other: Tok
     return model, vocabulary
 
 
-def sentencepiece_entry(entry: dict[str, Any], directory: Path, side: str) -> SentencePieceTokenizer:
-    """The tokenizer the manifest in ``directory`` describes for ``side``; ``ValueError`` naming the damaged file."""
+def sentencepiece_entry(
+    entry: dict[str, Any], directory: Path, side: str, read: dict[Path, Any] | None = None
+) -> SentencePieceTokenizer:
+    """The tokenizer the manifest in ``directory`` describes for ``side``; ``ValueError`` naming the damaged file.
+    ``read``: vocabularies read before (see :meth:`SentencePieceTokenizer.from_files`)."""
     names = [entry.get("model"), entry.get("vocabulary")]
     specials, prefix = entry.get("specials"), entry.get("prefix", [])
     if (
@@ -638,7 +662,7 @@ def sentencepiece_entry(entry: dict[str, Any], directory: Path, side: str) -> Se
         )
     return SentencePieceTokenizer.from_files(
         directory / entry["model"], directory / entry["vocabulary"], append_eos=entry["append_eos"],
-        specials=Specials(**specials), prefix=prefix,
+        specials=Specials(**specials), prefix=prefix, read=read,
     )  # fmt: skip
 
 
@@ -726,6 +750,7 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
     if not isinstance(manifest, dict) or not {"source", "target"} <= set(manifest):
         raise ValueError(f"{str(path)!r} must be a JSON object with 'source' and 'target' tokenizers")
     loaded: dict[str, Tokenizer] = {}
+    vocabularies: dict[Path, Any] = {}
     sides = {}
     for side in ("source", "target"):
         entry = manifest[side]
@@ -740,7 +765,7 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
                     raise ValueError(f"{str(directory / name)!r} is damaged: {error}") from None
             sides[side] = loaded[name]
         elif isinstance(entry, dict) and entry.get("kind") == "sentencepiece":
-            sides[side] = sentencepiece_entry(entry, directory, side)
+            sides[side] = sentencepiece_entry(entry, directory, side, vocabularies)
         else:
             try:
                 sides[side] = SymbolTokenizer.from_dict(entry)
