@@ -50,6 +50,11 @@ def family() -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def model() -> str:
+    """The CPU's model number within its family, as ``/proc/cpuinfo`` gives it; empty where unknown."""
+    return _first_cpu().get("model", "")
+
+
 def has_vnni() -> bool:
     """Whether int8 products can take the full 8-bit range of their inputs without saturating (:data:`VNNI`)."""
     return bool(flags() & VNNI)
@@ -66,7 +71,7 @@ def describe() -> str:
     named = " ".join(flag for flag in NAMED_FLAGS if flag in flags()) or "none of " + " ".join(NAMED_FLAGS)
     return (
         f"{info.get('model name', 'unknown CPU')} ({vendor() or 'unknown vendor'} family {family()} model "
-        f"{info.get('model', '?')}; {named}; {usable_cores()} cores)"
+        f"{model() or '?'}; {named}; {usable_cores()} cores)"
     )
 
 

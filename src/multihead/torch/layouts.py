@@ -41,7 +41,7 @@ import contextlib
 import functools
 import itertools
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -213,6 +213,9 @@ class Int8:
     zeros: torch.Tensor
     bias: torch.Tensor | None
     reduce_range: bool
+    pages: torch.Tensor | None = None
+    """The file pages ``weight`` lies on where it was mapped (:func:`multihead.torch.packed.load_quantized`), kept as
+    long as it."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).float()  # (N, I)
@@ -310,6 +313,16 @@ def onednn_int8() -> bool:
         return False
 
 
+@functools.cache
+def hush_int8_notice() -> None:
+    """Take PyTorch's notice that its int8 tensors are deprecated (the kernels are not), which it gives once a process
+    at the first int8 tensor made, here where it is ignored, rather than at a form's first product (:class:`Int8`
+    quantizes its inputs so)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.quantize_per_tensor(torch.zeros(1), 1.0, 0, torch.quint8)
+
+
 QUANTIZED_ROWS = 8192
 """Rows of a weight quantized at a time: a weight on a file's pages hands them back block by block, so that quantizing
 the largest (an output projection's) never holds all of its float32 pages at once."""
@@ -362,14 +375,18 @@ def lay_out(*linears: nn.Linear, dtype: str | None = None) -> Affine:
 def _laid_out(linears: tuple[nn.Linear, ...], dtype: str | None) -> Affine:
     weights = tuple(linear.weight for linear in linears)
     weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (O, I)
+    return LAYOUTS[dtype](weight, joined_bias(linears))
+
+
+def joined_bias(linears: Sequence[nn.Linear]) -> torch.Tensor | None:
+    """The biases of ``linears`` side by side ``(O,)``, zeros for a linear without one; ``None`` where none has one."""
     biases = [linear.bias for linear in linears]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([
-            torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device) if b is None else b
-            for linear, b in zip(linears, biases, strict=True)
-        ])  # fmt: skip
-    return LAYOUTS[dtype](weight, bias)
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([
+        torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device) if b is None else b
+        for linear, b in zip(linears, biases, strict=True)
+    ])  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -413,13 +430,15 @@ class Quantized(nn.Module):
     """The quantized forms of a module's linears (:func:`quantize`): its submodule ``quantized``, which every inference
     call of the module takes. Made from the weights, they are made anew whenever the module's weights load
     (``load_state_dict``, :func:`multihead.io.load_weights`) or it moves (``.to()``): the state dict holds the weights
-    alone. The module's linears come before it (it is registered after them), so they have loaded or moved first."""
+    alone. The module's linears come before it (it is registered after them), so they have loaded or moved first.
+    ``forms``, where given, are taken as they are (stored ones, :func:`multihead.torch.packed.load_quantized`) until
+    then."""
 
-    def __init__(self, owner: nn.Module, dtype: str) -> None:
+    def __init__(self, owner: nn.Module, dtype: str, forms: Mapping[str, Affine] | None = None) -> None:
         super().__init__()
         self.dtype = dtype
         self._owner = (owner,)  # the module whose forms these are: its parent, not a submodule
-        self._forms: dict[str, Affine] | None = self._made()
+        self._forms: dict[str, Affine] | None = self._made() if forms is None else dict(forms)
 
     def _made(self) -> dict[str, Affine]:
         owner = self._owner[0]
