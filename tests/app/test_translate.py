@@ -587,6 +587,75 @@ def test_int8_is_refused_off_the_cpu(corpus_run: CorpusRun, cli: Callable[..., C
     assert_refused(cli("translate", corpus_run.path, "Hallo", "--quantize", "int4"), "--quantize", "'int4'")
 
 
+def int8_forms(translator: Translator) -> list[object]:
+    from multihead.torch.layouts import Quantized
+
+    return [form for m in translator.model.modules() if isinstance(m, Quantized) for form in m.forms.values()]
+
+
+def test_int8_forms_are_kept_with_the_checkpoint_and_mapped_at_the_next_load(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first ``--quantize int8`` load packs the forms and keeps them in the checkpoint (one file); the next maps
+    them and translates the same; new weights (the weights file replaced) or a damaged file make them anew."""
+    from multihead.torch.packed import storable
+
+    if not storable():
+        pytest.skip("this PyTorch cannot store oneDNN's packed int8 weights")
+    run = corpus_run.copy(tmp_path / "run")
+    checkpoint = latest_checkpoint(run)
+    first = Translator(run, device="cpu", quantize="int8")
+    (kept,) = checkpoint.glob("int8-*.safetensors")
+    assert all(getattr(form, "pages", None) is None for form in int8_forms(first))  # made from the weights
+    expected = first.translate(SAMPLES)
+    again = Translator(run, device="cpu", quantize="int8")
+    assert all(getattr(form, "pages", None) is not None for form in int8_forms(again))  # mapped
+    assert again.translate(SAMPLES) == expected
+    result = cli("translate", run, *SAMPLES, "--quantize", "int8")
+    assert result.status == 0, result.err
+    assert result.out_lines == expected
+    command = [sys.executable, "-m", "multihead", "translate", str(run), SAMPLES[0], "--quantize", "int8"]
+    alone = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.splitlines() == expected[:1]
+    assert "deprecated" not in alone.stderr  # PyTorch's notice about int8 tensors, given where it is ignored
+    weights = checkpoint / "model.safetensors"
+    copy = tmp_path / "weights"
+    copy.write_bytes(weights.read_bytes())
+    copy.replace(weights)  # the same values in a new file: not known to be the weights the forms were made from
+    replaced = Translator(run, device="cpu", quantize="int8")
+    assert all(getattr(form, "pages", None) is None for form in int8_forms(replaced))
+    assert replaced.translate(SAMPLES) == expected
+    assert Translator(run, device="cpu", quantize="int8").translate(SAMPLES) == expected
+    kept.write_bytes(kept.read_bytes()[:1000])
+    assert Translator(run, device="cpu", quantize="int8").translate(SAMPLES) == expected
+    assert all(
+        getattr(form, "pages", None) is not None for form in int8_forms(Translator(run, device="cpu", quantize="int8"))
+    )
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_cannot_keep_int8_forms_warns_once_and_translates(
+    corpus_run: CorpusRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import multihead.torch.packed as packed_module
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError("cannot write 'int8-….safetensors': Read-only file system")
+
+    monkeypatch.setattr(packed_module, "save_quantized", refused)
+    run = corpus_run.copy(tmp_path / "run")
+    for kept in latest_checkpoint(run).glob("int8-*"):  # kept by an earlier test's load
+        kept.unlink()
+    translations = [Translator(run, device="cpu", quantize="int8").translate(SAMPLES) for _ in range(2)]
+    assert translations[0] == translations[1]
+    err = capsys.readouterr().err
+    assert err.count("warning: cannot keep the int8 forms for the next load") == 1, err
+    assert "Read-only file system" in err
+    assert "each load packs them anew" in err
+    assert not list(latest_checkpoint(run).glob("int8-*"))
+
+
 def test_output_is_written_as_it_is_done_and_resume_continues_it(
     corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from multihead.app.batched import BATCH_TOKENS, CUDA_BATCH_TOKENS, Generate, Phrases, length_limit
-from multihead.app.console import UserError
+from multihead.app.console import UserError, warn
 from multihead.app.languages import Direction, LanguageTokens
-from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
+from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint, packed_forms
 from multihead.app.tokenizers import SentencePieceTokenizer, digest, source_prefix
 from multihead.decoding import Generation, SearchOptions
 from multihead.engine import Ensemble, JoiningRows, Rows, generate
@@ -114,7 +114,9 @@ class TorchFrontEnd:
         model = Transformer.from_config(checkpoint.config, initialise=False).eval()  # every weight loaded next
         load_weights(model, checkpoint.path / WEIGHTS)
         model.to(self.device)
-        if self.quantize is not None:
+        if self.quantize == "int8":
+            _int8_forms(model, checkpoint)
+        elif self.quantize is not None:
             quantize(model, self.quantize)
         return model
 
@@ -317,6 +319,36 @@ class LoadedRun:
                                 constraints=phrases)  # fmt: skip
 
         return run
+
+
+def _int8_forms(model: Any, checkpoint: Checkpoint) -> None:
+    """``model``'s int8 forms: mapped from the checkpoint's file of them packed on this kind of CPU
+    (:func:`~multihead.app.runs.packed_forms`) where it holds them for these weights, else made from the weights and
+    written there for the next load (in the time of one load; where the checkpoint cannot be written, a warning says
+    so, and every load makes them)."""
+    from multihead.torch import quantize
+    from multihead.torch.packed import load_quantized, packing, save_quantized, storable
+
+    if not storable():
+        quantize(model, "int8")
+        return
+    path, key = packed_forms(checkpoint.path, packing())
+    try:
+        if path.is_file() and load_quantized(model, path, key=key):
+            return
+    except (OSError, ValueError):
+        pass  # a damaged or unreadable file: made anew, and replaced
+    quantize(model, "int8")
+    try:
+        save_quantized(model, path, key=key)
+    except OSError as error:
+        if path not in _UNWRITABLE:
+            _UNWRITABLE.add(path)
+            warn(f"cannot keep the int8 forms for the next load ({error}): each load packs them anew")
+
+
+_UNWRITABLE: set[Path] = set()
+"""The files of int8 forms this process could not write, warned about once each."""
 
 
 def load_run(

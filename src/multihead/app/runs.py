@@ -13,7 +13,9 @@
       checkpoints/step-0000500/    config.json (the architecture), generation.json (what generation reads besides
                                    the search: special ids, banned and forced tokens), model.safetensors,
                                    optimizer.safetensors, trainer.json, tokenizer.json (+ subwords.json for a subword
-                                   vocabulary; an imported model's SentencePiece models and vocabularies)
+                                   vocabulary; an imported model's SentencePiece models and vocabularies),
+                                   int8-*.safetensors (its int8 forms packed on one kind of CPU, written at the
+                                   first --quantize int8 load there: see packed_forms)
       checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
 
 A run that ``multihead import`` wrote holds one checkpoint, ``step-0000000``, without optimizer state: the model
@@ -34,6 +36,7 @@ damaged (truncated, corrupt or foreign files), warning once with the damaged fil
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -735,6 +738,16 @@ def _named_checkpoint(out: Path, which: str) -> Path:
         kept = ", ".join(p.name for p in _step_checkpoints(out)) or "none"
         raise RunError(f"{str(out)!r} has no checkpoint {path.name} (it keeps: {kept})")
     return path
+
+
+def packed_forms(checkpoint: Path, packing: str) -> tuple[Path, str]:
+    """Where ``checkpoint``'s int8 forms packed as ``packing`` says (:func:`multihead.torch.packed.packing`: the CPU
+    kind and PyTorch) are kept, a file of the checkpoint's own, and the key of the weights they are made from: its
+    weights file's size, modification time and inode (a checkpoint's files are replaced whole, never written in place,
+    so any new weights file has another)."""
+    name = "int8-" + hashlib.sha256(packing.encode()).hexdigest()[:16] + ".safetensors"
+    stat = (checkpoint / WEIGHTS).stat()
+    return checkpoint / name, f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_dev}:{stat.st_ino}"
 
 
 def _complete(path: Path) -> bool:
