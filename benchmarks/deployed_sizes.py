@@ -19,11 +19,14 @@ budget), every translation exactly ``--tokens`` tokens long (random weights neve
 lengths are checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up
 before the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
 resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set once it has
-translated, its model still loaded. ``--threads 0`` runs each engine with its own default: multihead's (the cores other
-processes leave free, followed while it translates), CTranslate2's (``intra_threads=0``). ``--neighbours N`` starts N
-busy processes (a Python loop each) before each configuration's process and stops them after it: the machine shared with
-a neighbour, as servers and batch jobs share it. Sources are tokenized by MarianTokenizer for CTranslate2, by the run's
-tokenizer for multihead: the greedy float32 token sequences of the two are compared.
+translated, its model still loaded; and the shortest time its model took to load (multihead's ``Translator(...)``,
+the run's tokenizers included; CTranslate2's ``Translator(...)``: warm page cache after the first repeat; a multihead
+int8 run keeps its packed forms at its first load, which later ones map). ``--threads 0`` runs each engine with its
+own default: multihead's (the cores other processes leave free, followed while it translates), CTranslate2's
+(``intra_threads=0``). ``--neighbours N`` starts N busy processes (a Python loop each) before each configuration's
+process and stops them after it: the machine shared with a neighbour, as servers and batch jobs share it. Sources are
+tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the greedy float32 token sequences
+of the two are compared.
 
 Fine-tuning (``--finetune-steps``; 0 skips it): ``multihead train --init`` on Multi30k (``--batch-tokens 2048``) and
 a plain Transformers loop (``MarianMTModel``, ``torch.optim.AdamW`` at 1e-4, cross-entropy with label smoothing 0.1,
@@ -94,7 +97,9 @@ def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
     from multihead.decoding import SearchOptions
 
     choose_threads(args.threads or None)
+    begin = time.perf_counter()
     translator = Translator(args.work / "run", device="cpu", quantize=QUANTIZE[args.compute])
+    load = time.perf_counter() - begin
     ids = translator.source.encode_all(sources(args.data, args.sentences))
     generate = translator.generate(SearchOptions(beam_size=args.beam, length_penalty=0.6))
 
@@ -105,7 +110,7 @@ def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
     run(ids[:8], 4)  # warm-up
     begin = time.perf_counter()
     out = run(ids, args.tokens)
-    return {"seconds": time.perf_counter() - begin, "sequences": out, "rss_mb": rss_mb()}
+    return {"seconds": time.perf_counter() - begin, "sequences": out, "rss_mb": rss_mb(), "load_s": load}
 
 
 def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
@@ -119,8 +124,10 @@ def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer = MarianTokenizer.from_pretrained(args.work / "checkpoint")
     batch = [tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids) for text in sources(args.data, args.sentences)]
     # intra_threads 0: its own default
+    begin = time.perf_counter()
     engine = ctranslate2.Translator(str(args.work / "ctranslate2"), device="cpu", compute_type=args.compute,
                                     intra_threads=args.threads, inter_threads=1)  # fmt: skip
+    load = time.perf_counter() - begin
 
     def run(rows: list[list[str]], tokens: int) -> list[list[int]]:
         results = engine.translate_batch(
@@ -132,7 +139,7 @@ def translate_ctranslate2(args: argparse.Namespace) -> dict[str, Any]:
     run(batch[:8], 4)  # warm-up
     begin = time.perf_counter()
     out = run(batch, args.tokens)
-    return {"seconds": time.perf_counter() - begin, "sequences": out, "rss_mb": rss_mb()}
+    return {"seconds": time.perf_counter() - begin, "sequences": out, "rss_mb": rss_mb(), "load_s": load}
 
 
 def finetune_multihead(args: argparse.Namespace) -> dict[str, Any]:
@@ -251,12 +258,15 @@ def prepare(args: argparse.Namespace) -> None:
 def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
     configs = [(engine, compute, beam) for beam in BEAMS for compute in args.computes for engine in ENGINES]
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
+    loads: dict[tuple[str, str, int], list[float]] = {}
     for repeat in range(args.repeats):  # interleaved: every configuration once, then again
         for engine, compute, beam in configs:
             found = child(f"translate-{engine}", args, compute=compute, beam=beam)
             print(f"  [{repeat + 1}/{args.repeats}] {engine} {compute} beam {beam}: {found['seconds']:.2f} s, "
-                  f"{found['peak_mb']:.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{found['peak_mb']:.0f} MB, loaded in {found['load_s']:.3f} s", file=sys.stderr,
+                  flush=True)  # fmt: skip
             key = (engine, compute, beam)
+            loads.setdefault(key, []).append(found["load_s"])
             if key not in best or found["seconds"] < best[key]["seconds"]:
                 best[key] = found
     rows = []
@@ -271,6 +281,7 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
             "tokens_per_s": round(args.sentences * args.tokens / found["seconds"], 1),
             "peak_mb": round(found["peak_mb"]), "rss_mb": round(found["rss_mb"]),
             "ratio": round(found["seconds"] / theirs["seconds"], 3),
+            "load_s": round(min(loads[engine, compute, beam]), 3),
             "sequences": digest(found["sequences"]),
         })  # fmt: skip
     if ("multihead", "float32", 1) not in best:
@@ -346,14 +357,14 @@ def table(results: dict[str, Any]) -> str:
     if "translation" in results:
         lines += [
             f"| {results['sentences']} sentences × {results['tokens']} tokens | seconds | tokens/s | peak MB | "
-            "MB after | / CTranslate2 |",
-            "|---|---:|---:|---:|---:|---:|",
+            "MB after | / CTranslate2 | load s |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for row in results["translation"]:
             if "engine" in row:
                 lines.append(f"| {row['engine']} {row['compute']}, beam {row['beam']} | {row['seconds']:.2f} | "
                              f"{row['tokens_per_s']:.0f} | {row['peak_mb']} | {row['rss_mb']} | "
-                             f"{row['ratio']:.2f}× |")  # fmt: skip
+                             f"{row['ratio']:.2f}× | {row['load_s']:.3f} |")  # fmt: skip
             else:
                 lines.append(f"\ngreedy float32: {row['identical_greedy_float32']} of {row['of']} token sequences "
                              "identical")  # fmt: skip

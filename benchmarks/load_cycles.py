@@ -6,6 +6,8 @@ evicts and loads runs again (quoted in docs/serving.md).
 Each cycle loads RUN (``multihead.app.translate.Translator``, the guard off), translates the first ``--sentences``
 lines of SOURCES (a text file, gzipped or not), lets the translator go and hands the freed memory back to the system
 (``hand_back_memory``, what ``serve --memory`` does after a release); then the process's resident memory is read.
+Each load is timed (``Translator(...)``, the run's tokenizers included): the summary gives the median of the loads
+after the first, what a server pays to load a run again.
 A leak grows it by about the same amount every cycle; caches that fill once grow it over the first cycles only. The
 summary gives the growth over the first half of the cycles and over the second, per cycle.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
+import time
 
 from multihead import cpu
 from multihead.app.corpus import iter_lines
@@ -23,16 +27,18 @@ from multihead.app.translate import Translator
 MIB = 2**20
 
 
-def cycles(args: argparse.Namespace, texts: list[str]) -> list[float]:
-    """The resident memory (MiB) after each cycle."""
-    resident = []
+def cycles(args: argparse.Namespace, texts: list[str]) -> tuple[list[float], list[float]]:
+    """The resident memory (MiB) after each cycle, and each cycle's load time (seconds)."""
+    resident, loads = [], []
     for cycle in range(args.cycles):
+        begin = time.perf_counter()
         translator = Translator(args.run, quantize=args.quantize, guard=False)
+        loads.append(time.perf_counter() - begin)
         translator.translate(texts)
         del translator
         resident.append((hand_back_memory() or 0) / MIB)
-        print(f"cycle {cycle + 1}: {resident[-1]:.1f} MiB resident", flush=True)
-    return resident
+        print(f"cycle {cycle + 1}: loaded in {loads[-1]:.3f} s, {resident[-1]:.1f} MiB resident", flush=True)
+    return resident, loads
 
 
 def main() -> None:
@@ -46,13 +52,14 @@ def main() -> None:
     if args.cycles < 4:
         parser.error(f"--cycles must be at least 4, received {args.cycles}")
     texts = list(itertools.islice(iter_lines(args.sources, "SOURCES"), args.sentences))
-    resident = cycles(args, texts)
+    resident, loads = cycles(args, texts)
     half = args.cycles // 2
     first = (resident[half - 1] - resident[0]) / (half - 1)
     second = (resident[-1] - resident[half - 1]) / (args.cycles - half)
     print(f"\nCPU: {cpu.describe()}\nrun {args.run}, {args.quantize or 'float32'}, {args.cycles} cycles of "
           f"{len(texts)} sentences: {resident[0]:.1f} MiB after the first, {resident[-1]:.1f} after the last; "
-          f"growth {first:+.2f} MiB a cycle over cycles 1-{half}, {second:+.2f} over {half}-{args.cycles}")  # fmt: skip
+          f"growth {first:+.2f} MiB a cycle over cycles 1-{half}, {second:+.2f} over {half}-{args.cycles}; "
+          f"loads after the first: median {statistics.median(loads[1:]):.3f} s (first {loads[0]:.3f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

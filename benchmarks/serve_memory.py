@@ -12,14 +12,21 @@ deviation, seeded by the run's number), so that an answer from the wrong run sho
 distinct answers the runs give the first sentence. DATA holds Multi30k's ``test_2016_flickr.de.gz``, the sentences
 sent (the runs' tokenizers are German and English ones whatever their pair says).
 
-Three phases, each with fresh servers (``--quantize``, ``--no-guard``: random weights never end a sentence, so every
+With ``--quantize int8`` each run is loaded once first where its checkpoint does not yet keep its packed int8 forms
+(as the first load on a machine does), so that every phase maps them as a service does after its first start.
+
+Four phases, each with fresh servers (``--quantize``, ``--no-guard``: random weights never end a sentence, so every
 translation runs to its length limit) on free loopback ports; ``--clients`` threads send ``--requests`` requests in
 all, one sentence each, request ``i`` to pair ``i mod --runs`` (each sentence sent to every pair in turn), so that
 consecutive requests ask for different runs:
 
 * ``all``: every run held (no budget); its answers are what the other phases' must equal;
 * ``budget``: ``--memory`` as given: runs released and loaded again as the pairs asked for cycle;
-* ``replicas``: two servers with that budget at once, the requests alternating between them.
+* ``replicas``: two servers with that budget at once, the requests alternating between them (each sees half the
+  pairs);
+* ``replicas-all``: two servers holding every run (no budget) at once, each taking every pair in turn (request ``i``
+  to server ``i div --runs mod 2``): what two replicas of one service hold together against the ``all`` phase's one
+  (``replicas_over_one``: the sum of their proportional memory over its).
 
 Reported for each server: its peak resident memory (``VmHWM``) and, at the end, its resident and proportional
 (``Pss``: shared pages divided among the processes that map them) memory, from ``/proc``; the phase's sentences/s,
@@ -92,6 +99,15 @@ def make_runs(work: Path, data: Path, count: int) -> list[Path]:
     return found
 
 
+def keep_int8_forms(runs: list[Path]) -> None:
+    """Each run loaded once with ``--quantize int8`` where its checkpoint keeps no packed forms yet (the first load on
+    this machine writes them): every phase then loads as a service does after its first start."""
+    for run in runs:
+        if not list(run.glob("checkpoints/*/int8-*.safetensors")):
+            subprocess.run([*MULTIHEAD, "translate", run, "Hallo.", "--quantize", "int8", "--max-length", "4"],
+                           check=True, capture_output=True)  # fmt: skip
+
+
 def proc_kib(pid: int, path: str, field: str) -> int:
     """A field of ``/proc/PID/<path>`` in KiB."""
     for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
@@ -156,9 +172,12 @@ class Server:
         self.process.wait(60)
 
 
-def load(servers: list[Server], texts: list[str], runs: int, requests: int, clients: int) -> dict[str, Any]:
+def load(
+    servers: list[Server], texts: list[str], runs: int, requests: int, clients: int, *, spread: bool = False
+) -> dict[str, Any]:
     """``requests`` requests from ``clients`` threads (request ``i``: sentence ``i div runs``, pair ``i mod runs``,
-    server ``i mod len(servers)``): their answers, sentences/s, p50 and p95 latency."""
+    server ``i mod len(servers)``, or ``i div runs mod len(servers)`` with ``spread``): their answers, sentences/s, p50
+    and p95 latency."""
     every = pairs(runs)
     answers: list[str] = [""] * requests
     seconds: list[float] = [0.0] * requests
@@ -173,7 +192,8 @@ def load(servers: list[Server], texts: list[str], runs: int, requests: int, clie
                 return
             begin = time.perf_counter()
             text = texts[index // runs % len(texts)]
-            answers[index] = servers[index % len(servers)].translate(text, every[index % runs])
+            server = servers[(index // runs if spread else index) % len(servers)]
+            answers[index] = server.translate(text, every[index % runs])
             seconds[index] = time.perf_counter() - begin
 
     begin = time.perf_counter()
@@ -188,10 +208,10 @@ def load(servers: list[Server], texts: list[str], runs: int, requests: int, clie
 
 
 def phase(name: str, runs: list[Path], flags: list[str], copies: int, args: argparse.Namespace,
-          texts: list[str]) -> dict[str, Any]:  # fmt: skip
+          texts: list[str], *, spread: bool = False) -> dict[str, Any]:  # fmt: skip
     servers = [Server(runs, flags) for _ in range(copies)]
     try:
-        found = load(servers, texts, len(runs), args.requests, args.clients)
+        found = load(servers, texts, len(runs), args.requests, args.clients, spread=spread)
         found["servers"] = [server.memory() for server in servers]
     finally:
         for server in servers:
@@ -213,6 +233,8 @@ def main() -> int:
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}", flush=True)
     runs = make_runs(args.work, args.data, args.runs)
+    if args.quantize == "int8":
+        keep_int8_forms(runs)
     with gzip.open(args.data / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as lines:
         texts = [line.strip() for line in lines if line.strip()][: args.requests]
     from multihead.app.options import byte_size
@@ -221,21 +243,29 @@ def main() -> int:
     budget = ["--memory", args.memory, *quantize]
     results = {"command": " ".join(sys.argv), "all": phase("all", runs, quantize, 1, args, texts),
                "budget": phase("budget", runs, budget, 1, args, texts),
-               "replicas": phase("replicas", runs, budget, 2, args, texts)}  # fmt: skip
+               "replicas": phase("replicas", runs, budget, 2, args, texts),
+               "replicas-all": phase("replicas-all", runs, quantize, 2, args, texts, spread=True)}  # fmt: skip
     expected = results["all"]["answers"]
     results["distinct_first_answers"] = len(set(expected[: len(runs)]))
     wrong = {name: sum(a != b for a, b in zip(results[name]["answers"], expected, strict=True))
-             for name in ("budget", "replicas")}  # fmt: skip
+             for name in ("budget", "replicas", "replicas-all")}  # fmt: skip
     over = [server["peak_mb"] for name in ("budget", "replicas") for server in results[name]["servers"]
             if server["peak_mb"] << 20 > byte_size(args.memory)]  # fmt: skip
     for found in results.values():
         if isinstance(found, dict):
             found.pop("answers", None)
     results["wrong"], results["over_budget_mb"] = wrong, over
+    together = sum(server["pss_mb"] for server in results["replicas-all"]["servers"])
+    results["replicas_over_one"] = round(together / results["all"]["servers"][0]["pss_mb"], 3)
     (args.work / "serve_memory.json").write_text(json.dumps(results, indent=1))
     print(
         json.dumps(
-            {"wrong": wrong, "over_budget_mb": over, "distinct_first_answers": results["distinct_first_answers"]}
+            {
+                "wrong": wrong,
+                "over_budget_mb": over,
+                "distinct_first_answers": results["distinct_first_answers"],
+                "replicas_over_one": results["replicas_over_one"],
+            }
         )
     )
     return 1 if any(wrong.values()) or over else 0

@@ -397,9 +397,10 @@ class DecodingSession(Chooser):
         if self.sources is not None:  # the memory stays in its slots: only those no row reads any more go
             assert self.cache is not None
             self.cache.reorder(rows, same_sources=True)
-            slots, sources = kept_sources(self.sources[rows])
+            read = self.sources[rows]  # (N,) the slot each kept row reads
+            slots, sources = kept_sources(read)
             if len(slots) == int(self.sources.max()) + 1:
-                self._read(self.sources[rows], None)
+                self._read(read, None)
                 return
             self._read(sources, slots)
             if self.memory_key_mask is not None:
