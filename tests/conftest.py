@@ -140,3 +140,14 @@ def filtered_distribution(probs: np.ndarray, top_k: int, top_p: float, temperatu
     for token in chosen:
         out[token] = weights[token]
     return out / out.sum()
+
+
+def mapped_from(tensor: torch.Tensor, path: Path) -> bool:
+    """Whether ``tensor``'s bytes lie in this process's mapping of the file ``path`` (``/proc/self/maps``)."""
+    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        low, high = (int(value, 16) for value in fields[0].split("-"))
+        if len(fields) == 6 and fields[5] == str(path.resolve()) and low <= start and end <= high:
+            return True
+    return False

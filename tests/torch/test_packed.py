@@ -17,6 +17,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from conftest import mapped_from
 from multihead.config import TransformerConfig
 from multihead.torch import Transformer, quantize
 from multihead.torch import packed as packed_module
@@ -45,16 +46,6 @@ def stored(tmp_path: Path, seed: int = 0, key: str = "weights-1") -> Path:
     return path
 
 
-def on_file_pages(tensor: torch.Tensor, path: Path) -> bool:
-    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        low, high = (int(value, 16) for value in fields[0].split("-"))
-        if len(fields) == 6 and fields[5] == str(path.resolve()) and low <= start and end <= high:
-            return True
-    return False
-
-
 def test_stored_forms_compute_what_quantize_makes_from_the_weights(tmp_path: Path) -> None:
     path = stored(tmp_path)
     reference = quantize(model(0), "int8")
@@ -71,7 +62,7 @@ def test_stored_forms_compute_what_quantize_makes_from_the_weights(tmp_path: Pat
             assert form.pages is not None
             assert form.pages.data_ptr() % ALIGN == 0
             if os.path.exists("/proc/self/maps"):
-                assert on_file_pages(form.pages, path), (name, form_name)
+                assert mapped_from(form.pages, path), (name, form_name)
             width = form.weight.shape[0]  # (I, O) as oneDNN keeps it
             x = torch.randn(3, 5, width, generator=generator) * 3
             torch.testing.assert_close(form(x), theirs[name][form_name](x), rtol=0, atol=0)  # type: ignore[operator]

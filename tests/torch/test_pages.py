@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import mapped_from
 from multihead.config import TransformerConfig
 from multihead.io import load_model, read_weights, save_model
 from multihead.torch import Layouts, Transformer, quantize
@@ -28,17 +29,6 @@ def saved(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     save_model(Transformer.from_config(CONFIG), tmp_path / "model")
     return tmp_path / "model"
-
-
-def mapped_from(tensor: torch.Tensor, path: Path) -> bool:
-    """Whether ``tensor``'s bytes lie in this process's mapping of the file ``path``."""
-    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        low, high = (int(value, 16) for value in fields[0].split("-"))
-        if len(fields) == 6 and fields[5] == str(path.resolve()) and low <= start and end <= high:
-            return True
-    return False
 
 
 def resident_pages(tensor: torch.Tensor) -> int:
