@@ -83,8 +83,9 @@ def _service(
     past what ``memory`` (bytes of resident memory) holds, released at once (only their descriptions kept; loaded again
     when asked), searching as ``search`` says of the first run, each pair it serves directly taking ``glossary``'s
     entries of its languages. Under ``memory`` each run's cost is measured as it first loads (:func:`_measured`); a
-    run is held where it leaves room for loading the next as costly as any so far (the last, where it fits), and a run
-    that does not fit alone beside the server's own memory is refused in one line."""
+    run is held where it leaves room for one as costly as any so far (to measure the next; after the last, for what
+    the held runs take as they decode: see :attr:`~multihead.app.serve.engines.Holding.room`), and a run that does
+    not fit alone beside the server's own memory is refused in one line."""
     costs: list[int] | None = None
     if memory is not None:
         if peak_resident_bytes(reset=True) is None:
@@ -94,10 +95,10 @@ def _service(
     budget = None if memory is None else (_settled(), memory)  # the server's own memory, and the budget
     translator, langs = _measured(loaders[0], costs, budget)
     more: list[tuple[Translator | Described, Sequence[str]]] = []
-    for index, load in enumerate(loaders[1:], start=2):
+    for load in loaders[1:]:
         run, pair = _measured(load, costs, budget)
         held = 1 + sum(isinstance(other, Translator) for other, _ in more)
-        room = max(costs or [0]) if index < len(loaders) else 0  # for measuring the next run
+        room = max(costs or [0])  # for measuring the next run, or for what the held runs take as they decode
         fits = memory is None or _settled() + room <= memory
         more.append((run if fits and (max_loaded is None or held < max_loaded) else run.described, pair))
         del run  # a run released: its model goes before the next loads

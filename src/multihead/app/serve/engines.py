@@ -65,12 +65,19 @@ class _Run:
 class Holding:
     """Which runs hold their models: a run not held is loaded again by its ``loaders`` entry; at most ``max_loaded``
     runs are held at once; with ``memory`` (bytes), runs are loaded while the process's resident memory, with the
-    ``costs`` of those being loaded (each run's bytes, measured when it first loaded), stays within it."""
+    ``costs`` of those being loaded (each run's bytes, measured when it first loaded) and :attr:`room`, stays within
+    it."""
 
     loaders: Sequence[Load]
     max_loaded: int | None = None
     memory: int | None = None
     costs: Sequence[int] = ()
+
+    @property
+    def room(self) -> int:
+        """The bytes a budget keeps free beside the runs held and those loading: the costliest run's cost, for what
+        the held runs go on to take as they decode (the pages of their files they first read, their buffers)."""
+        return max(self.costs, default=0)
 
     def __str__(self) -> str:
         """The flags that set it."""
@@ -208,7 +215,7 @@ class Engines:
         if holding.memory is None:
             return True
         loading = sum(run.cost for run in held if run.loading)
-        return (resident_bytes() or 0) + loading + wanted.cost <= holding.memory
+        return (resident_bytes() or 0) + loading + wanted.cost + holding.room <= holding.memory
 
     def _release(self, run: _Run) -> None:
         """``run``'s model let go (with its translators and engine); under ``--memory``, its memory handed back to the
