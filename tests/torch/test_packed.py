@@ -96,16 +96,19 @@ def test_forms_for_other_weights_cpus_or_modules_are_declined_and_the_model_kept
     assert {name: id(m) for name, m in other.named_modules()} == before  # nothing added, nothing replaced
 
 
-def write_header(path: Path, change: dict[str, str]) -> None:
-    """``path`` rewritten with its metadata changed as ``change`` says (the tensors as they were)."""
+def write_header(path: Path, change: dict[str, str], *, drop: str = "") -> None:
+    """``path`` rewritten with its metadata changed as ``change`` says (the tensors as they were, but ``drop``)."""
     with safetensors.safe_open(str(path), framework="pt") as handle:
-        tensors = {name: handle.get_tensor(name).clone() for name in handle.keys()}  # noqa: SIM118
+        tensors = {name: handle.get_tensor(name).clone() for name in handle.keys() if name != drop}  # noqa: SIM118
         metadata = {**(handle.metadata() or {}), **change}
     path.unlink()
     safetensors.torch.save_file(tensors, str(path), metadata)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not forms", "index changed", "descriptor too large"])
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "not forms", "index changed", "descriptor too large", "tensor absent", "field absent", "not base64"],
+)
 def test_a_damaged_file_is_refused_in_one_line(tmp_path: Path, damage: str) -> None:
     path = stored(tmp_path)
     if damage == "truncated":
@@ -123,11 +126,19 @@ def test_a_damaged_file_is_refused_in_one_line(tmp_path: Path, damage: str) -> N
             first["nbytes"] += 64
             write_header(path, {"index": json.dumps(index)})
             expected = "does not match its checksum"
-        else:  # the output projection's descriptor: its dims, more bytes than these pages hold
-            first["descriptor"] = index[""]["output"]["descriptor"]
+        else:  # a checksummed index that misdescribes the tensors
+            expected = "does not match its tensors"
+            if damage == "descriptor too large":  # the output projection's: its dims, more bytes than these pages hold
+                first["descriptor"] = index[""]["output"]["descriptor"]
+                expected = "does not fit its bytes"
+            elif damage == "field absent":
+                del first["dims"]
+            else:
+                first["descriptor"] = "not base64!"
             described = json.dumps(index)
-            write_header(path, {"index": described, "index_sha256": hashlib.sha256(described.encode()).hexdigest()})
-            expected = "does not fit its bytes"
+            checksum = hashlib.sha256(described.encode()).hexdigest()
+            lacking = "encoder.layers.0.self_attn/q.packed" if damage == "tensor absent" else ""
+            write_header(path, {"index": described, "index_sha256": checksum}, drop=lacking)
     fresh = model(0)
     with pytest.raises(ValueError, match=expected) as raised:
         load_quantized(fresh, path, key="weights-1")

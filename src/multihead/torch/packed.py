@@ -239,14 +239,38 @@ def load_quantized(model: nn.Module, path: PathLike, *, key: str = "") -> bool:
     except (KeyError, json.JSONDecodeError):
         raise ValueError(f"{os.fspath(path)!r} has no readable index of its forms") from None
     modules = _int8_modules(model)
-    if set(index) != set(modules) or any(set(index[name]) != set(_forms_of(m)) for name, m in modules.items()):
+    try:
+        made = _stored_forms(handle, index, modules, os.fspath(path))
+    except _Damaged:
+        raise
+    except (KeyError, TypeError, ValueError, safetensors.SafetensorError):
+        raise ValueError(f"{os.fspath(path)!r} is damaged: its index of forms does not match its tensors") from None
+    if made is None:
         return False
+    hush_int8_notice()
+    for name, module in modules.items():
+        module.register_module(SUBMODULE, Quantized(module, FORMS, forms=made[name]))
+    return True
+
+
+class _Damaged(ValueError):
+    """A stored form whose bytes do not fit what its index says (the message names it)."""
+
+
+def _stored_forms(
+    handle: Any, index: dict[str, Any], modules: dict[str, nn.Module], where: str
+) -> dict[str, dict[str, Int8]] | None:
+    """Each module's int8 forms made on the pages ``handle`` maps, as ``index`` describes them; ``None`` where they were
+    made for other modules, shapes or kernels. Index entries that name absent tensors or fields raise ``KeyError``,
+    ``TypeError`` or safetensors' error; bytes that do not fit raise :class:`_Damaged`."""
+    if set(index) != set(modules) or any(set(index[name]) != set(_forms_of(m)) for name, m in modules.items()):
+        return None
     if any(
         index[name][form]["features"] != list(_features(modules[name], form) or ())
         for name in index
         for form in index[name]
     ):
-        return False
+        return None
     reduce_range = not cpu.has_vnni()
     made: dict[str, dict[str, Int8]] = {}
     for name, module in modules.items():
@@ -256,19 +280,16 @@ def load_quantized(model: nn.Module, path: PathLike, *, key: str = "") -> bool:
             scales = handle.get_tensor(f"{name}/{form_name}.scales")
             out_features, in_features = entry["features"]
             if entry["reduce_range"] != reduce_range or scales.shape != (out_features,):
-                return False
+                return None
             if entry["dims"] != [in_features, out_features] or pages.nbytes < entry["nbytes"]:
-                raise ValueError(f"{os.fspath(path)!r} is damaged: its form {name}/{form_name} does not fit its bytes")
-            weight = _mkldnn_tensor(pages, entry["dims"], base64.b64decode(entry["descriptor"]))
+                raise _Damaged(f"{where!r} is damaged: its form {name}/{form_name} does not fit its bytes")
+            weight = _mkldnn_tensor(pages, entry["dims"], base64.b64decode(entry["descriptor"], validate=True))
             if list(weight.shape) != entry["dims"] or torch.ops.mkldnn._nbytes(weight) > pages.nbytes:
-                raise ValueError(f"{os.fspath(path)!r} is damaged: its form {name}/{form_name} does not fit its bytes")
+                raise _Damaged(f"{where!r} is damaged: its form {name}/{form_name} does not fit its bytes")
             linears = [getattr(module, linear) for linear in _forms_of(module)[form_name]]
             with torch.no_grad():
                 bias = joined_bias(linears)
             bias = None if bias is None else bias.float()
             zeros = torch.zeros(out_features, dtype=torch.int32)
             made[name][form_name] = Int8(weight, scales, zeros, bias, reduce_range, pages=pages)
-    hush_int8_notice()
-    for name, module in modules.items():
-        module.register_module(SUBMODULE, Quantized(module, FORMS, forms=made[name]))
-    return True
+    return made
