@@ -8,6 +8,8 @@ Notation: B batch, Hkv key/value heads, L cached length, n new tokens, Dk/Dv hea
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -144,6 +146,19 @@ def test_a_preallocated_cache_reordered_step_after_step_holds_its_rows(front_end
         assert first != grown
         assert [buffer.data_ptr() for buffer in buffers] == [first] * 7 + [grown]
         assert cache._keys.data_ptr() == grown
+
+
+def test_buffers_a_growing_reorder_leaves_are_let_go(front_end) -> None:
+    """Beam search's first reorder opens each sentence's beams: the smaller buffers it leaves can serve no later
+    reorder, and are not held beside the new ones (a quarter of the cache, kept for steps, before)."""
+    cache_type, tensor = front_end
+    cache = cache_type(capacity=6)
+    cache.append(*(tensor(x) for x in keys_values(2, 1, seed=0)))
+    left = weakref.ref(cache._keys), weakref.ref(cache._values)
+    cache.reorder(np.array([0, 0, 1, 1]))
+    gc.collect()
+    assert [ref() for ref in left] == [None, None]
+    np.testing.assert_array_equal(numpy_of(cache.keys), keys_values(2, 1, seed=0)[0][[0, 0, 1, 1]])
 
 
 def test_reorder_keeps_rows_and_reset_empties(front_end) -> None:

@@ -177,6 +177,9 @@ class KVCacheBase(StepCache):
         filled = self._take(buffer[:, :, : self._length], rows)  # (n, Hkv, L, D)
         return self._write(self._empty(filled, self._capacity()), filled, 0)
 
+    _fills_spare = False
+    """Whether the front end's :meth:`_take_filled` writes into the spare buffer it is given."""
+
     def _capacity(self) -> int:
         """The capacity of a preallocated cache."""
         if self.capacity is None:
@@ -291,7 +294,10 @@ class KVCacheBase(StepCache):
             self._spare = None
             return
         spare_keys, spare_values = self._spare or (None, None)
-        self._spare = self._keys, self._values
+        # The buffers left become the next reorder's spare where the front end writes into spares and they hold as
+        # many rows as it will write; otherwise (a batch growing, as beam search's first step does) they go now.
+        kept = self._fills_spare and int(self._keys.shape[0]) >= len(rows)
+        self._spare = (self._keys, self._values) if kept else None
         self._keys = self._take_filled(self._keys, rows, spare_keys)
         self._values = self._take_filled(self._values, rows, spare_values)
 

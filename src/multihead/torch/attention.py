@@ -90,6 +90,8 @@ class KVCache(KVCacheBase):
         torch.index_select(buffer[:, :, : self.length], 0, rows, out=out[:, :, : self.length])
         return out
 
+    _fills_spare = True
+
     def _keep(self, x: torch.Tensor) -> torch.Tensor:
         # Projected keys arrive as a transposed view; matmul would copy it to contiguous memory at every step.
         return x.contiguous()
