@@ -21,6 +21,7 @@ from sacrebleu.metrics import BLEU
 
 import multihead.app.translate as translate_module
 from app.support import SAMPLES, VALID, Cli, CorpusRun, assert_refused, beam, subprocess_env, write_lines
+from conftest import mapped_from
 from multihead.app.cli import main
 from multihead.app.loaded import LoadedRun
 from multihead.app.runs import latest_checkpoint
@@ -596,8 +597,9 @@ def int8_forms(translator: Translator) -> list[object]:
 def test_int8_forms_are_kept_with_the_checkpoint_and_mapped_at_the_next_load(
     corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The first ``--quantize int8`` load packs the forms and keeps them in the checkpoint (one file); the next maps
-    them and translates the same; new weights (the weights file replaced) or a damaged file make them anew."""
+    """The first ``--quantize int8`` load packs the forms, keeps them in the checkpoint (one file) and maps them from
+    it, as the next load does without packing, translating the same; new weights (the weights file replaced) or a
+    damaged file make them anew."""
     from multihead.torch.packed import storable
 
     if not storable():
@@ -606,10 +608,12 @@ def test_int8_forms_are_kept_with_the_checkpoint_and_mapped_at_the_next_load(
     checkpoint = latest_checkpoint(run)
     first = Translator(run, device="cpu", quantize="int8")
     (kept,) = checkpoint.glob("int8-*.safetensors")
-    assert all(getattr(form, "pages", None) is None for form in int8_forms(first))  # made from the weights
+    written = kept.stat().st_ino
+    assert all(mapped_from(form.pages, kept) for form in int8_forms(first))  # not the heap copies it packed
     expected = first.translate(SAMPLES)
     again = Translator(run, device="cpu", quantize="int8")
-    assert all(getattr(form, "pages", None) is not None for form in int8_forms(again))  # mapped
+    assert all(mapped_from(form.pages, kept) for form in int8_forms(again))
+    assert kept.stat().st_ino == written  # mapped, not packed and written again
     assert again.translate(SAMPLES) == expected
     result = cli("translate", run, *SAMPLES, "--quantize", "int8")
     assert result.status == 0, result.err
@@ -624,14 +628,13 @@ def test_int8_forms_are_kept_with_the_checkpoint_and_mapped_at_the_next_load(
     copy.write_bytes(weights.read_bytes())
     copy.replace(weights)  # the same values in a new file: not known to be the weights the forms were made from
     replaced = Translator(run, device="cpu", quantize="int8")
-    assert all(getattr(form, "pages", None) is None for form in int8_forms(replaced))
+    assert kept.stat().st_ino != written  # packed anew and written
+    assert all(mapped_from(form.pages, kept) for form in int8_forms(replaced))
     assert replaced.translate(SAMPLES) == expected
     assert Translator(run, device="cpu", quantize="int8").translate(SAMPLES) == expected
     kept.write_bytes(kept.read_bytes()[:1000])
     assert Translator(run, device="cpu", quantize="int8").translate(SAMPLES) == expected
-    assert all(
-        getattr(form, "pages", None) is not None for form in int8_forms(Translator(run, device="cpu", quantize="int8"))
-    )
+    assert all(mapped_from(form.pages, kept) for form in int8_forms(Translator(run, device="cpu", quantize="int8")))
     assert "warning" not in capsys.readouterr().err
 
 

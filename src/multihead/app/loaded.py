@@ -326,6 +326,7 @@ def _int8_forms(model: Any, checkpoint: Checkpoint) -> None:
     (:func:`~multihead.app.runs.packed_forms`) where it holds them for these weights, else made from the weights and
     written there for the next load (in the time of one load; where the checkpoint cannot be written, a warning says
     so, and every load makes them)."""
+    from multihead.app.memory import release_freed_memory
     from multihead.torch import quantize
     from multihead.torch.packed import load_quantized, packing, save_quantized, storable
 
@@ -345,6 +346,10 @@ def _int8_forms(model: Any, checkpoint: Checkpoint) -> None:
         if path not in _UNWRITABLE:
             _UNWRITABLE.add(path)
             warn(f"cannot keep the int8 forms for the next load ({error}): each load packs them anew")
+        return
+    # Mapped from the file just written, as later loads map them: the packed copies leave this process's heap.
+    load_quantized(model, path, key=key)
+    release_freed_memory()
 
 
 _UNWRITABLE: set[Path] = set()

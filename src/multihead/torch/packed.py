@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import safetensors
-import safetensors.torch
 import torch
 from torch import nn
 
@@ -170,7 +169,8 @@ def save_quantized(model: nn.Module, path: PathLike, *, key: str = "") -> None:
     this PyTorch cannot (:func:`storable`) or a module's forms are not all oneDNN's int8 ones."""
     if not storable():
         raise ValueError("this PyTorch cannot store packed int8 forms (it lacks oneDNN's int8 kernel or its tensors)")
-    tensors: dict[str, torch.Tensor] = {}
+    packed: dict[str, tuple[int, int]] = {}  # name: (address, bytes) of oneDNN's packed weight, written from there
+    scales: dict[str, torch.Tensor] = {}
     index: dict[str, dict[str, Any]] = {}
     for name, module in _int8_modules(model).items():
         quantized = _quantized(module)
@@ -181,10 +181,8 @@ def save_quantized(model: nn.Module, path: PathLike, *, key: str = "") -> None:
             if not isinstance(form, Int8):
                 raise ValueError(f"module {name!r}'s form {form_name!r} is {form.kind!r}, not oneDNN's packed int8")
             nbytes = torch.ops.mkldnn._nbytes(form.weight)
-            packed = torch.zeros(-(-nbytes // ALIGN) * ALIGN, dtype=torch.int8)
-            ctypes.memmove(packed.data_ptr(), torch.ops.mkldnn.data_ptr(form.weight), nbytes)
-            tensors[f"{name}/{form_name}.packed"] = packed
-            tensors[f"{name}/{form_name}.scales"] = form.scales.float().contiguous()
+            packed[f"{name}/{form_name}.packed"] = (torch.ops.mkldnn.data_ptr(form.weight), nbytes)
+            scales[f"{name}/{form_name}.scales"] = form.scales.float().contiguous()
             index[name][form_name] = {
                 "features": list(_features(module, form_name) or ()), "nbytes": nbytes,
                 "dims": list(form.weight.shape), "descriptor": base64.b64encode(_descriptor(form.weight)).decode(),
@@ -195,24 +193,34 @@ def save_quantized(model: nn.Module, path: PathLike, *, key: str = "") -> None:
         "producer": PRODUCER, "forms": FORMS, "packing": packing(), "key": key, "index": described,
         "index_sha256": hashlib.sha256(described.encode()).hexdigest(),
     }  # fmt: skip
-    data = _aligned(tensors, metadata)
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+    atomic_write(path, lambda tmp: _write_aligned(tmp, packed, scales, metadata))
 
 
-def _aligned(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """The safetensors bytes of ``tensors`` with every packed weight on an :data:`ALIGN`-byte boundary. safetensors
-    stores float32 tensors before int8 ones, each group by name, and pads its header to 8 bytes: the float32 group is
-    padded to :data:`ALIGN` bytes (a tensor named to sort last in it), then the header (spaces in the metadata)."""
-    floats = sum(t.nbytes for t in tensors.values() if t.dtype == torch.float32)
-    tensors = {**tensors, "~padding": torch.zeros((-floats % ALIGN) // 4, dtype=torch.float32)}
-    data = safetensors.torch.save(tensors, {**metadata, "padding": ""})
-    start = 8 + int.from_bytes(data[:8], "little")
-    if start % ALIGN:  # a multiple of 8: as many more characters in the header move the data by as many bytes
-        data = safetensors.torch.save(tensors, {**metadata, "padding": " " * (-start % ALIGN)})
-    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    start = 8 + int.from_bytes(data[:8], "little")
-    assert all((start + header[name]["data_offsets"][0]) % ALIGN == 0 for name in tensors if name.endswith(".packed"))
-    return data
+def _write_aligned(
+    path: str, packed: dict[str, tuple[int, int]], scales: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """A safetensors file (its format: an 8-byte little-endian header length, the JSON header, the tensors' bytes one
+    after another) of the packed weights, each padded to :data:`ALIGN` bytes, then the scales; the header padded with
+    spaces so that the data, and so every packed weight, starts on an :data:`ALIGN`-byte boundary. The packed bytes are
+    written from oneDNN's memory as they are: no copy of them is made."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, (_, nbytes) in packed.items():
+        size = -(-nbytes // ALIGN) * ALIGN
+        header[name] = {"dtype": "I8", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    for name, tensor in scales.items():
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGN)
+    with open(path, "wb") as out:
+        out.write(len(text).to_bytes(8, "little") + text)
+        for address, nbytes in packed.values():
+            out.write((ctypes.c_char * nbytes).from_address(address))
+            out.write(bytes(-nbytes % ALIGN))
+        for tensor in scales.values():
+            out.write(tensor.numpy().tobytes())
 
 
 def load_quantized(model: nn.Module, path: PathLike, *, key: str = "") -> bool:
