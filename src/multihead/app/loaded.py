@@ -347,9 +347,13 @@ def _int8_forms(model: Any, checkpoint: Checkpoint) -> None:
             _UNWRITABLE.add(path)
             warn(f"cannot keep the int8 forms for the next load ({error}): each load packs them anew")
         return
-    # Mapped from the file just written, as later loads map them: the packed copies leave this process's heap.
-    load_quantized(model, path, key=key)
-    release_freed_memory()
+    # Mapped from the file just written, as later loads map them: the packed copies leave this process's heap (where
+    # the file cannot be read back, the model keeps them, unchanged).
+    try:
+        if load_quantized(model, path, key=key):
+            release_freed_memory()
+    except (OSError, ValueError):
+        pass
 
 
 _UNWRITABLE: set[Path] = set()
