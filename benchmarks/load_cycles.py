@@ -6,8 +6,10 @@ evicts and loads runs again (quoted in docs/serving.md).
 Each cycle loads RUN (``multihead.app.translate.Translator``, the guard off), translates the first ``--sentences``
 lines of SOURCES (a text file, gzipped or not), lets the translator go and hands the freed memory back to the system
 (``hand_back_memory``, what ``serve --memory`` does after a release); then the process's resident memory is read.
-Each load is timed (``Translator(...)``, the run's tokenizers included): the summary gives the median of the loads
-after the first, what a server pays to load a run again.
+Each load is timed (``Translator(...)``, the run's tokenizers included) and its peak resident memory read (``VmHWM``,
+reset before it): the summary gives the median of the loads after the first, what a server pays to load a run again.
+With ``--quantize int8`` and the checkpoint's kept ``int8-*.safetensors`` removed first, the first cycle is the load
+that packs the forms and writes that file, the others map it.
 A leak grows it by about the same amount every cycle; caches that fill once grow it over the first cycles only. The
 summary gives the growth over the first half of the cycles and over the second, per cycle.
 """
@@ -21,7 +23,7 @@ import time
 
 from multihead import cpu
 from multihead.app.corpus import iter_lines
-from multihead.app.memory import hand_back_memory
+from multihead.app.memory import hand_back_memory, peak_resident_bytes
 from multihead.app.translate import Translator
 
 MIB = 2**20
@@ -31,13 +33,16 @@ def cycles(args: argparse.Namespace, texts: list[str]) -> tuple[list[float], lis
     """The resident memory (MiB) after each cycle, and each cycle's load time (seconds)."""
     resident, loads = [], []
     for cycle in range(args.cycles):
+        peak_resident_bytes(reset=True)
         begin = time.perf_counter()
         translator = Translator(args.run, quantize=args.quantize, guard=False)
         loads.append(time.perf_counter() - begin)
+        peak = (peak_resident_bytes() or 0) / MIB
         translator.translate(texts)
         del translator
         resident.append((hand_back_memory() or 0) / MIB)
-        print(f"cycle {cycle + 1}: loaded in {loads[-1]:.3f} s, {resident[-1]:.1f} MiB resident", flush=True)
+        print(f"cycle {cycle + 1}: loaded in {loads[-1]:.3f} s (peak {peak:.1f} MiB), {resident[-1]:.1f} MiB resident",
+              flush=True)  # fmt: skip
     return resident, loads
 
 
