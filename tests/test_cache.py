@@ -26,7 +26,7 @@ from multihead.cache import (
     memory_rows,
     reuses_memory,
 )
-from multihead.torch import KVCache
+from multihead.torch import KVCache, Transformer
 
 FRONT_ENDS = {
     "numpy": (NumpyKVCache, np.asarray),
@@ -146,6 +146,36 @@ def test_a_preallocated_cache_reordered_step_after_step_holds_its_rows(front_end
         assert first != grown
         assert [buffer.data_ptr() for buffer in buffers] == [first] * 7 + [grown]
         assert cache._keys.data_ptr() == grown
+
+
+def test_a_decoders_caches_move_rows_through_one_staging_buffer_that_later_moves_reuse() -> None:
+    """PyTorch's caches read the rows a reorder moves through a buffer that a decoder's self-attention caches share
+    (``Transformer.new_cache``): step after step, more tokens cached, every layer's keys and values (of two head
+    sizes) move through the same memory, grown only when more rows move than it holds (to a power of two), where a
+    buffer of each move's own size, growing with the length, left the heap a new hole at every step. The rows are
+    those a copy gives."""
+    model = Transformer(11, 11, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=3, d_ff=16)
+    caches = model.new_cache(capacity=9)
+    staging = caches.self_attention[0].staging
+    assert all(cache.staging is staging for cache in caches.self_attention)
+    expected = [keys_values(6, 1, seed=layer) for layer in range(3)]
+    for cache, (k, v) in zip(caches.self_attention, expected, strict=True):
+        cache.append(torch.from_numpy(k), torch.from_numpy(v))
+    reorders = [[1, 0, 3, 2, 4, 5], [0, 0, 1, 1, 4, 5], [5, 4, 3, 2, 1, 0], [0, 1, 2, 3, 5, 4], [2, 2, 2, 3, 4, 5]]
+    memory = []
+    for step, rows in enumerate(np.array(rows) for rows in reorders):
+        caches.reorder(rows, same_sources=True)
+        memory.append(staging.memory.data_ptr())
+        for layer, cache in enumerate(caches.self_attention):
+            k, v = keys_values(6, 1, seed=10 * step + layer + 10)
+            cache.append(torch.from_numpy(k), torch.from_numpy(v))
+            keys, values = expected[layer]
+            expected[layer] = (np.concatenate([keys[rows], k], axis=2), np.concatenate([values[rows], v], axis=2))
+            np.testing.assert_array_equal(cache.keys.numpy(), expected[layer][0])
+            np.testing.assert_array_equal(cache.values.numpy(), expected[layer][1])
+    # 4 rows move, then 4 (the same memory), then all 6 (grown: at most the cache's rows), then 2 and 2.
+    assert memory[0] == memory[1] != memory[2] == memory[3] == memory[4]
+    assert staging.memory.numel() == 6 * 2 * 9 * 5  # rows, heads, capacity, the larger head size
 
 
 def test_buffers_a_growing_reorder_leaves_are_let_go(front_end) -> None:

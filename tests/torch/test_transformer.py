@@ -283,19 +283,55 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
 def test_beam_search_normalises_the_logits_a_block_of_rows_at_a_time_as_all_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Blocks of 3 rows (not dividing the 5 sentences' 4 beams) give the hypotheses and scores one block gives."""
+    """Logits made in blocks of 3 rows (not dividing the 5 sentences' 4 beams), or in one, give the hypotheses and
+    scores the whole logits give."""
     model, src = small_model(seed=4), tokens(5, 6, seed=5)
     search = decoding.SearchOptions(beam_size=4, n_best=3, length_penalty=0.6)
     generation = decoding.Generation(decoding.Specials(pad=PAD, bos=BOS, eos=EOS), search=search)
     found = []
-    for rows in (3, 1000):
-        monkeypatch.setattr(transformer_module, "TOP_K_ROWS", rows)
+    for whole, rows in ((0, 3), (0, 1000), (1000, 3)):
+        monkeypatch.setattr(transformer_module, "WHOLE_LOGIT_ROWS", whole)
+        monkeypatch.setattr(transformer_module, "LOGIT_ROWS", rows)
         with torch.inference_mode():
             session = model.decoding_session(src, max_len=8)
             found.append(engine.n_best_search(session, 5, generation, max_len=8))
-    for blocks, whole in zip(*found, strict=True):
-        assert [tokens.tolist() for _, tokens in blocks] == [tokens.tolist() for _, tokens in whole]
-        assert [rank for rank, _ in blocks] == [rank for rank, _ in whole]
+    for other in found[:2]:
+        for blocks, whole in zip(other, found[2], strict=True):
+            assert [tokens.tolist() for _, tokens in blocks] == [tokens.tolist() for _, tokens in whole]
+            np.testing.assert_allclose([rank for rank, _ in blocks], [rank for rank, _ in whole], rtol=1e-6)
+
+
+def test_logits_made_in_blocks_are_read_as_the_whole_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of more rows than ``WHOLE_LOGIT_ROWS`` projects its logits a block at a time, where they are read: the
+    best tokens, the best continuations of some rows, chosen tokens' log-probabilities and the tokens suppressed (in
+    every row, in some) are those of the whole logits, against a float64 log-softmax of the model's own call."""
+    model = small_model(seed=6)
+    src = tokens(7, 5, seed=7)
+    prefix = torch.full((7, 1), BOS)
+    with torch.no_grad():
+        full = model(src, prefix)[:, -1].double()  # (7, V)
+    banned, some = np.array([3, 8]), np.array([1, 4, 6])
+    full[:, banned] = -np.inf
+    full[torch.from_numpy(some)[:, None], torch.tensor([EOS])] = -np.inf
+    expected = torch.log_softmax(full, dim=-1).numpy()
+    monkeypatch.setattr(transformer_module, "WHOLE_LOGIT_ROWS", 2)
+    monkeypatch.setattr(transformer_module, "LOGIT_ROWS", 3)  # blocks of 3, 2, 2
+    with torch.inference_mode():
+        session = model.decoding_session(src, max_len=4)
+        logits = session.step(prefix[:, -1].numpy())
+        assert isinstance(logits, transformer_module.StepLogits)  # made a block at a time
+        logits = session.suppress(session.suppress(logits, banned), np.array([EOS]), some)
+        assert np.array_equal(session.argmax(logits), expected.argmax(axis=-1))
+        rows, scores = np.array([6, 0, 2, 5]), np.array([0.0, -0.5, -1.0, 0.25], dtype=np.float32)
+        values, indices = session.top_k(logits, scores, 2, 3, rows)  # sentences of rows (6, 0) and (2, 5)
+        for sentence, (first, second) in enumerate(rows.reshape(2, 2)):
+            pair = scores[2 * sentence : 2 * sentence + 2]
+            candidates = np.concatenate([expected[first] + pair[0], expected[second] + pair[1]])
+            best = np.argsort(-candidates, kind="stable")[:3]
+            np.testing.assert_allclose(values[sentence], candidates[best], rtol=0, atol=1e-5)
+            assert indices[sentence].tolist() == best.tolist()
+        at = session.log_probs_at(logits, np.array([4, 0]), np.array([EOS, 9, 3]))
+    np.testing.assert_allclose(at, expected[[4, 0]][:, [EOS, 9, 3]], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("n_best", [1, 2])
@@ -349,7 +385,7 @@ def test_generate_stops_per_sequence_at_eos_and_pads(use_cache: bool, monkeypatc
     steps_taken = []
 
     def row_0_ends_at_step_2(session: decoding.DecodingSession, newest: np.ndarray) -> torch.Tensor:
-        log_probs = step(session, newest)
+        log_probs = step(session, newest).whole()
         steps_taken.append(len(newest))
         log_probs[:, EOS] = -1e9
         if len(steps_taken) == 2:  # the second step
@@ -751,7 +787,7 @@ def test_decoding_steps_give_the_logits_of_full_decoding(options: dict) -> None:
         for step in range(6):
             full = model(src[rows], prefix, src_key_mask=None if key_mask is None else key_mask[rows])[:, -1]
             logits = session.step(prefix[:, -1].numpy())
-            np.testing.assert_allclose(logits, full.numpy(), rtol=0, atol=1e-5)  # float32 out
+            np.testing.assert_allclose(logits.whole(), full.numpy(), rtol=0, atol=1e-5)  # float32 out
             scores = np.arange(3, dtype=np.float32)
             values, indices = session.top_k(logits, scores, 1, 4)
             expected = torch.log_softmax(full, dim=-1).numpy() + scores[:, None]

@@ -20,6 +20,7 @@ N rows of one token each, reading S memory slots, at most w rows a slot (:class:
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -51,6 +52,26 @@ time), which beats the padded kernel there; elsewhere (CUDA) one kernel call ove
 its mask is faster, and padded query rows are zeroed after it (docs/performance.md)."""
 
 
+class Staging:
+    """Memory that :class:`KVCache` moves rows through, grown to the largest move asked of it and kept: a decoder's
+    self-attention caches share one (``Transformer.new_cache``), as they move their rows one after the other. Every
+    step's moves then reuse the same memory, where a buffer of each move's own size (growing with the tokens cached)
+    would leave the heap a hole at every step."""
+
+    def __init__(self) -> None:
+        self.memory: torch.Tensor | None = None  # (n,) flat
+
+    def like(self, buffer: torch.Tensor, rows: int) -> torch.Tensor:
+        """Room for ``rows`` rows of ``buffer (B, Hkv, capacity, D)``: ``(rows, Hkv, capacity, D)``, its contents
+        whatever a previous move left. It grows to a power of two of rows (at most ``B``), so a search whose moves
+        grow takes a few sizes, not one per step."""
+        row = math.prod(buffer.shape[1:])
+        held = self.memory
+        if held is None or held.numel() < rows * row or held.dtype != buffer.dtype or held.device != buffer.device:
+            held = self.memory = buffer.new_empty(min(1 << (rows - 1).bit_length(), int(buffer.shape[0])) * row)
+        return held[: rows * row].view(rows, *buffer.shape[1:])
+
+
 class KVCache(KVCacheBase):
     """Projected keys and values kept between decoding steps, ``(B, Hkv, L, D)``.
 
@@ -67,6 +88,11 @@ class KVCache(KVCacheBase):
             call (no reallocation per step); more tokens than that raise ``ValueError``. Default: grow by
             concatenation.
     """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+        self.staging = Staging()
+        """What :meth:`reorder` moves rows through: this cache's own, or one that a decoder's caches share."""
 
     def _concat(self, cached: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return torch.cat([cached, new], dim=2)
@@ -106,7 +132,9 @@ class KVCache(KVCacheBase):
         targets_t, sources_t = torch.from_numpy(targets).to(device), torch.from_numpy(sources).to(device)
         for buffer in (self._keys, self._values):
             filled = buffer[:, :, : self.length]  # (B, Hkv, L, D), a view
-            filled.index_copy_(0, targets_t, filled.index_select(0, sources_t))
+            read = self.staging.like(buffer, len(sources))[:, :, : self.length]  # (n, Hkv, L, D)
+            torch.index_select(filled, 0, sources_t, out=read)
+            filled.index_copy_(0, targets_t, read)
 
 
 def _sequence_masks(

@@ -38,7 +38,7 @@ from multihead.cache import MemoryRows, StepCache, memory_rows
 from multihead.decoding import Chooser, Generation
 from multihead.engine import JOIN_AFTER, Engine, Owner
 from multihead.torch.layouts import Layouts
-from multihead.torch.transformer import Transformer
+from multihead.torch.transformer import StepLogits, Transformer
 from multihead.validation import check_positive_int
 
 __all__ = ["JOIN_AFTER", "Stream", "StreamRows"]
@@ -202,7 +202,7 @@ class StreamRows(Chooser):
         self.length -= first
         return 0
 
-    def step(self, tokens: np.ndarray) -> torch.Tensor:
+    def step(self, tokens: np.ndarray) -> StepLogits:
         count, slots = len(self.starts), len(self.sources)
         with torch.inference_mode():
             first = self._columns()
@@ -251,10 +251,6 @@ class StreamRows(Chooser):
         self.starts, self.sources = self.starts[rows], self.sources[:kept]
         if not count:
             self.length = 0
-
-    def suppress(self, logits: torch.Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> torch.Tensor:
-        with torch.inference_mode():  # in place, on a step's logits
-            return self.steps.suppress(logits, tokens, rows)
 
 
 class Stream(Engine[Owner]):

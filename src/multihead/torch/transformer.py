@@ -29,7 +29,7 @@ from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
-from multihead.torch.attention import KVCache, MultiHeadAttention
+from multihead.torch.attention import KVCache, MultiHeadAttention, Staging
 from multihead.torch.dropout import Dropout
 from multihead.torch.layouts import KeptLayouts, Layouts, apply_form
 from multihead.torch.tensors import OPS
@@ -333,8 +333,11 @@ class Decoder(_Stack):
         return self.finish(x), cross_weights
 
 
-TOP_K_ROWS = 64
-"""Beam search normalises a step's logits this many rows at a time."""
+WHOLE_LOGIT_ROWS = 256
+"""A step of at most this many rows makes its logits at once, as one matrix."""
+LOGIT_ROWS = 128
+"""A step of more rows makes its logits (projects, processes, reads them) in blocks of at most this many rows, as even
+as they can be: fewer would read the output projection's weights more often."""
 
 _INIT_FUNCTIONS = {name: getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_") and
                    not name.startswith("_") and callable(getattr(nn.init, name))}  # fmt: skip
@@ -556,7 +559,11 @@ class Transformer(nn.Module):
         return self._decode(tgt, memory, src_key_mask, tgt_key_mask, None, project=project)[0]
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
-        return DecoderCache(len(self.decoder.layers), KVCache, capacity)
+        cache = DecoderCache(len(self.decoder.layers), KVCache, capacity)
+        staging = Staging()  # the layers reorder one after the other
+        for layer_cache in cache.self_attention:
+            cast(KVCache, layer_cache).staging = staging
+        return cache
 
     def decoder_steps(self, layouts: Layouts | None = None) -> DecoderSteps:
         """The decoding steps of one decoding session (see :class:`multihead.decoding.Steps`), their projections laid
@@ -637,9 +644,14 @@ class DecoderSteps:
         self.model, self.layouts = model, layouts
         self.device = model.src_embed.weight.device
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``."""
-        return self.layouts[self.model, "output"](hidden).float()
+    def _logits(self, hidden: torch.Tensor) -> StepLogits:
+        """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``, made where
+        they are read."""
+        output = self.layouts[self.model, "output"]
+        if hidden.shape[0] <= WHOLE_LOGIT_ROWS:
+            return StepLogits.of(output(hidden).float())
+        shape = (int(hidden.shape[0]), self.model.config.tgt_vocab)
+        return StepLogits(lambda rows: output(hidden[rows]).float(), shape)
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
@@ -660,20 +672,17 @@ class DecoderSteps:
         cache: DecoderCaches,
         memory_key_mask: torch.Tensor | None,
         self_key_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits ``(N, V)`` (float32) of the token after ``tokens (N, 1)``, which take the positions
-        ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it holds the
-        projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_key_mask (N|1, L)``: the keys each
-        row
-        attends of those the self-attention caches give (default: all)."""
+    ) -> StepLogits:
+        """Logits ``(N, V)`` (float32, :class:`StepLogits`) of the token after ``tokens (N, 1)``, which take the
+        positions ``cache.length`` (one for all rows, or one per row ``(N,)``) after the tokens ``cache`` holds; it
+        holds the projected memory too, whose key mask is ``memory_key_mask (N, Ls)``. ``self_key_mask (N|1, L)``: the
+        keys each row attends of those the self-attention caches give (default: all)."""
         hidden = self.model._decode(
             tokens, None, memory_key_mask, self_key_mask, cache, project=False, layouts=self.layouts
         )[0]
         return self._logits(hidden[:, -1])  # (N, V)
 
-    def recompute(
-        self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def recompute(self, prefix: torch.Tensor, memory: torch.Tensor, memory_key_mask: torch.Tensor | None) -> StepLogits:
         hidden = self.model._decode(prefix, memory, memory_key_mask, None, None, project=False)[0]
         return self._logits(hidden[:, -1])  # (N, V)
 
@@ -681,49 +690,109 @@ class DecoderSteps:
         return x.index_select(0, torch.from_numpy(rows).to(x.device))
 
     @staticmethod
-    def mean_log_probs(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    def mean_log_probs(logits: Sequence[StepLogits | torch.Tensor]) -> torch.Tensor:
         """The mean of several steps' log-probabilities ``(N, V)``: an ensemble's (:class:`~multihead.engine.Ensemble`
         steps so)."""
-        log_probs = [torch.log_softmax(each.float(), dim=-1) for each in logits]
+        log_probs = [torch.log_softmax(StepLogits.of(each).whole(), dim=-1) for each in logits]
         return torch.stack(log_probs).mean(dim=0)  # (models, N, V) -> (N, V)
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
 
-    def argmax(self, logits: torch.Tensor) -> np.ndarray:
+    def argmax(self, logits: StepLogits | torch.Tensor) -> np.ndarray:
         # The first of equal maxima either way. On the CPU, NumPy reads the same memory and is several times faster
         # than PyTorch's reduction; elsewhere only the ids leave the device.
-        if logits.device.type == "cpu":
-            return logits.numpy().argmax(axis=-1)
-        return logits.max(dim=-1).indices.cpu().numpy()
+        found = [
+            block.numpy().argmax(axis=-1) if block.device.type == "cpu" else block.max(dim=-1).indices.cpu().numpy()
+            for block in StepLogits.of(logits).blocks()
+        ]
+        return np.concatenate(found) if len(found) != 1 else found[0]
 
-    def suppress(self, logits: torch.Tensor, tokens: np.ndarray, rows: np.ndarray | None = None) -> torch.Tensor:
+    def suppress(
+        self, logits: StepLogits | torch.Tensor, tokens: np.ndarray, rows: np.ndarray | None = None
+    ) -> StepLogits:
         # Logits: the searches' log-softmax renormalises the others.
-        columns = torch.from_numpy(tokens).to(logits.device)
-        if rows is None:
-            return logits.index_fill_(1, columns, float("-inf"))
-        logits[torch.from_numpy(rows).to(logits.device)[:, None], columns] = float("-inf")
-        return logits
+        made = StepLogits.of(logits)
+        made.suppressed.append((tokens, rows))
+        return made
 
-    def log_probs_at(self, logits: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        index = torch.from_numpy(rows).to(logits.device)
-        log_probs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # (R, V)
-        return log_probs[:, torch.from_numpy(tokens).to(logits.device)].cpu().numpy()
+    def log_probs_at(self, logits: StepLogits | torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            log_probs = torch.log_softmax(StepLogits.of(logits).rows(rows), dim=-1)  # (R, V)
+            return log_probs[:, torch.from_numpy(tokens).to(log_probs.device)].cpu().numpy()
 
     def top_k(
-        self, logits: torch.Tensor, scores: np.ndarray, beam: int, count: int, rows: np.ndarray | None = None
+        self,
+        logits: StepLogits | torch.Tensor,
+        scores: np.ndarray,
+        beam: int,
+        count: int,
+        rows: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        vocab = logits.shape[-1]
-        # A sentence's best candidates are among the best of each of its rows: scores are added to those only. The
-        # log-probabilities a block of rows at a time: one (N, V) copy of the logits less at the step's peak.
+        made = StepLogits.of(logits)
+        vocab = made.shape[-1]
+        # A sentence's best candidates are among the best of each of its rows: scores are added to those only, and
+        # each block of rows is normalised and cut to its best as it is read.
         row_best = min(count, vocab)
-        best = [torch.log_softmax(block, dim=-1).topk(row_best, dim=-1) for block in logits.split(TOP_K_ROWS)]
+        with torch.inference_mode():
+            best = [torch.log_softmax(block, dim=-1).topk(row_best, dim=-1) for block in made.blocks()]
         values, tokens = (torch.cat(parts) if len(best) > 1 else parts[0] for parts in zip(*best, strict=True))
         if rows is not None:  # the rows searched, each sentence's together: the few best of each, not the logits
-            index = torch.from_numpy(rows).to(logits.device)
+            index = torch.from_numpy(rows).to(values.device)
             values, tokens = values.index_select(0, index), tokens.index_select(0, index)  # (S*beam, row_best)
-        values = values + torch.from_numpy(scores).to(logits.device)[:, None]
+        values = values + torch.from_numpy(scores).to(values.device)[:, None]
         values, chosen = values.reshape(-1, beam * row_best).topk(count, dim=-1)  # (S, count)
         tokens = tokens.reshape(-1, beam * row_best).gather(1, chosen)  # (S, count)
         indices = chosen.div(row_best, rounding_mode="floor") * vocab + tokens  # beam_row * V + token
         return values.cpu().numpy(), indices.cpu().numpy()
+
+
+class StepLogits:
+    """A decoding step's next-token logits ``(N, V)`` (float32), read :data:`LOGIT_ROWS` rows at a time (``make``: the
+    logits of the rows a slice or an index array names), with the tokens :meth:`DecoderSteps.suppress` made impossible
+    in them (in place: ``make`` gives new tensors, or views of logits only this step reads). Made a block at a time
+    (``make`` projecting the decoder's output), a beam search's hundreds of rows never hold a whole ``(N, V)``
+    matrix, nor its log-softmax."""
+
+    def __init__(self, make: Callable[[slice | torch.Tensor], torch.Tensor], shape: tuple[int, int]) -> None:
+        self.make, self.shape = make, shape
+        self.suppressed: list[tuple[np.ndarray, np.ndarray | None]] = []  # (token ids, rows or None: all)
+
+    @classmethod
+    def of(cls, logits: StepLogits | torch.Tensor) -> StepLogits:
+        """``logits`` as step logits: a whole ``(N, V)`` tensor (a small step's, an ensemble's mean) is read a block
+        at a time, and takes the suppressed tokens' ``-inf`` in place."""
+        if isinstance(logits, StepLogits):
+            return logits
+        whole = logits.float()
+        return cls(lambda rows: whole[rows], (int(whole.shape[0]), int(whole.shape[1])))
+
+    def rows(self, rows: slice | np.ndarray) -> torch.Tensor:
+        """The logits ``(R, V)`` of rows ``rows`` (a slice, or int64 indices ``(R,)``), the suppressed tokens
+        ``-inf``."""
+        with torch.inference_mode():
+            return self._rows(rows)
+
+    def _rows(self, rows: slice | np.ndarray) -> torch.Tensor:
+        made = self.make(rows if isinstance(rows, slice) else torch.from_numpy(rows))
+        held = np.arange(self.shape[0])[rows]  # (R,) the rows made, by their index among all
+        for tokens, suppressed in self.suppressed:
+            columns = torch.from_numpy(tokens).to(made.device)
+            if suppressed is None:
+                made.index_fill_(1, columns, float("-inf"))
+                continue
+            local = np.flatnonzero(np.isin(held, suppressed))  # (r,) the rows made that it names
+            if len(local):
+                made[torch.from_numpy(local).to(made.device)[:, None], columns] = float("-inf")
+        return made
+
+    def blocks(self) -> Iterator[torch.Tensor]:
+        """Every row's logits, :data:`LOGIT_ROWS` rows at a time, in order (see :meth:`rows`)."""
+        count = self.shape[0]
+        size = max(1, -(-count // max(1, -(-count // LOGIT_ROWS))))  # the rows of each block but the last
+        for start in range(0, max(count, 1), size):  # no rows: one empty block
+            yield self.rows(slice(start, min(start + size, count)))
+
+    def whole(self) -> torch.Tensor:
+        """Every row's logits ``(N, V)`` at once (an ensemble averages them)."""
+        return self.rows(slice(0, self.shape[0]))
