@@ -102,7 +102,7 @@ def test_rows_wait_to_join_until_a_quarter_or_a_few_steps(
     step = StreamRows.step
 
     def never_ending(self: StreamRows, tokens: np.ndarray) -> torch.Tensor:
-        logits = step(self, tokens)
+        logits = step(self, tokens).whole()
         return torch.where(torch.arange(logits.shape[1]) == EOS, float("-inf"), logits)  # no sentence ends
 
     monkeypatch.setattr(StreamRows, "step", never_ending)
