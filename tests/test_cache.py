@@ -27,6 +27,7 @@ from multihead.cache import (
     reuses_memory,
 )
 from multihead.torch import KVCache, Transformer
+from multihead.torch.attention import Staging
 
 FRONT_ENDS = {
     "numpy": (NumpyKVCache, np.asarray),
@@ -156,8 +157,17 @@ def test_a_decoders_caches_move_rows_through_one_staging_buffer_that_later_moves
     those a copy gives."""
     model = Transformer(11, 11, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=3, d_ff=16)
     caches = model.new_cache(capacity=9)
-    staging = caches.self_attention[0].staging
-    assert all(cache.staging is staging for cache in caches.self_attention)
+    assert all(cache.staging is caches.self_attention[0].staging for cache in caches.self_attention)
+    grown = []
+
+    class Counted(Staging):  # records each time its memory is replaced
+        def __setattr__(self, name: str, value: object) -> None:
+            grown.append(name)
+            super().__setattr__(name, value)
+
+    staging = Counted()
+    for cache in caches.self_attention:
+        cache.staging = staging
     expected = [keys_values(6, 1, seed=layer) for layer in range(3)]
     for cache, (k, v) in zip(caches.self_attention, expected, strict=True):
         cache.append(torch.from_numpy(k), torch.from_numpy(v))
@@ -175,6 +185,7 @@ def test_a_decoders_caches_move_rows_through_one_staging_buffer_that_later_moves
             np.testing.assert_array_equal(cache.values.numpy(), expected[layer][1])
     # 4 rows move, then 4 (the same memory), then all 6 (grown: at most the cache's rows), then 2 and 2.
     assert memory[0] == memory[1] != memory[2] == memory[3] == memory[4]
+    assert len(grown) == 1 + 2  # made empty, then grown once a size: keys (head size 3) use the values' room (5)
     assert staging.memory.numel() == 6 * 2 * 9 * 5  # rows, heads, capacity, the larger head size
 
 

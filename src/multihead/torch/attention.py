@@ -21,7 +21,7 @@ N rows of one token each, reading S memory slots, at most w rows a slot (:class:
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 import torch
@@ -55,21 +55,25 @@ its mask is faster, and padded query rows are zeroed after it (docs/performance.
 class Staging:
     """Memory that :class:`KVCache` moves rows through, grown to the largest move asked of it and kept: a decoder's
     self-attention caches share one (``Transformer.new_cache``), as they move their rows one after the other. Every
-    step's moves then reuse the same memory, where a buffer of each move's own size (growing with the tokens cached)
-    would leave the heap a hole at every step."""
+    step's moves then reuse the same memory, where a temporary of each move's own size (growing with the tokens
+    cached) would leave the heap a hole at every step."""
 
     def __init__(self) -> None:
         self.memory: torch.Tensor | None = None  # (n,) flat
 
-    def like(self, buffer: torch.Tensor, rows: int) -> torch.Tensor:
-        """Room for ``rows`` rows of ``buffer (B, Hkv, capacity, D)``: ``(rows, Hkv, capacity, D)``, its contents
-        whatever a previous move left. It grows to a power of two of rows (at most ``B``), so a search whose moves
-        grow takes a few sizes, not one per step."""
-        row = math.prod(buffer.shape[1:])
+    def reserve(self, elements: int, like: torch.Tensor) -> None:
+        """Grow, if it must, to hold ``elements`` values of ``like``'s dtype and device: to a power of two of them
+        (at most ``like``'s own size), so moves that grow take a few sizes, not one per step."""
         held = self.memory
-        if held is None or held.numel() < rows * row or held.dtype != buffer.dtype or held.device != buffer.device:
-            held = self.memory = buffer.new_empty(min(1 << (rows - 1).bit_length(), int(buffer.shape[0])) * row)
-        return held[: rows * row].view(rows, *buffer.shape[1:])
+        if held is None or held.numel() < elements or held.dtype != like.dtype or held.device != like.device:
+            self.memory = like.new_empty(max(elements, min(1 << (elements - 1).bit_length(), like.numel())))
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor of ``shape``, ``like``'s dtype and device, its contents whatever a previous move
+        left, in this memory (grown first if it must: :meth:`reserve`)."""
+        elements = math.prod(shape)
+        self.reserve(elements, like)
+        return cast(torch.Tensor, self.memory)[:elements].view(shape)
 
 
 class KVCache(KVCacheBase):
@@ -130,9 +134,12 @@ class KVCache(KVCacheBase):
             return
         device = self._keys.device
         targets_t, sources_t = torch.from_numpy(targets).to(device), torch.from_numpy(sources).to(device)
-        for buffer in (self._keys, self._values):
+        buffers = (self._keys, self._values)
+        largest = max(buffers, key=torch.Tensor.numel)  # keys and values may differ in head size: room for either
+        self.staging.reserve(len(sources) * math.prod(largest.shape[1:]), largest)
+        for buffer in buffers:
             filled = buffer[:, :, : self.length]  # (B, Hkv, L, D), a view
-            read = self.staging.like(buffer, len(sources))[:, :, : self.length]  # (n, Hkv, L, D)
+            read = self.staging.take((len(sources), *filled.shape[1:]), buffer)  # (n, Hkv, L, D)
             torch.index_select(filled, 0, sources_t, out=read)
             filled.index_copy_(0, targets_t, read)
 

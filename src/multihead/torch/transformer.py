@@ -775,12 +775,13 @@ class StepLogits:
 
     def _rows(self, rows: slice | np.ndarray) -> torch.Tensor:
         made = self.make(rows if isinstance(rows, slice) else torch.from_numpy(rows))
-        held = np.arange(self.shape[0])[rows]  # (R,) the rows made, by their index among all
+        held: np.ndarray | None = None  # (R,) the rows made, by their index among all, once a suppression names rows
         for tokens, suppressed in self.suppressed:
             columns = torch.from_numpy(tokens).to(made.device)
             if suppressed is None:
                 made.index_fill_(1, columns, float("-inf"))
                 continue
+            held = np.arange(self.shape[0])[rows] if held is None else held
             local = np.flatnonzero(np.isin(held, suppressed))  # (r,) the rows made that it names
             if len(local):
                 made[torch.from_numpy(local).to(made.device)[:, None], columns] = float("-inf")
