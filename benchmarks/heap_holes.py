@@ -27,8 +27,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 from multihead import cpu
 
 TRACER = r"""
@@ -114,6 +112,7 @@ def traced(args: argparse.Namespace) -> None:
     """The child: deployed_sizes.py's multihead translation, each batch marked, every block traced in the first."""
     import ctypes
 
+    sys.path.insert(0, str(Path(__file__).parent))  # deployed_sizes.py, beside this file
     import deployed_sizes
 
     tracer = ctypes.CDLL(os.environ["HEAP_TRACE_LIBRARY"])
