@@ -651,7 +651,7 @@ class DecoderSteps:
         if hidden.shape[0] <= WHOLE_LOGIT_ROWS:
             return StepLogits.of(output(hidden).float())
         shape = (int(hidden.shape[0]), self.model.config.tgt_vocab)
-        return StepLogits(lambda rows: output(hidden[rows]).float(), shape)
+        return StepLogits(lambda rows: output(hidden[rows]).float(), shape, owned=True)
 
     def encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None
@@ -717,9 +717,8 @@ class DecoderSteps:
         return made
 
     def log_probs_at(self, logits: StepLogits | torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            log_probs = torch.log_softmax(StepLogits.of(logits).rows(rows), dim=-1)  # (R, V)
-            return log_probs[:, torch.from_numpy(tokens).to(log_probs.device)].cpu().numpy()
+        log_probs = StepLogits.of(logits).log_probs(rows)  # (R, V)
+        return log_probs[:, torch.from_numpy(tokens).to(log_probs.device)].cpu().numpy()
 
     def top_k(
         self,
@@ -735,7 +734,7 @@ class DecoderSteps:
         # each block of rows is normalised and cut to its best as it is read.
         row_best = min(count, vocab)
         with torch.inference_mode():
-            best = [torch.log_softmax(block, dim=-1).topk(row_best, dim=-1) for block in made.blocks()]
+            best = [block.topk(row_best, dim=-1) for block in made.log_prob_blocks()]
         values, tokens = (torch.cat(parts) if len(best) > 1 else parts[0] for parts in zip(*best, strict=True))
         if rows is not None:  # the rows searched, each sentence's together: the few best of each, not the logits
             index = torch.from_numpy(rows).to(values.device)
@@ -754,8 +753,11 @@ class StepLogits:
     (``make`` projecting the decoder's output), a beam search's hundreds of rows never hold a whole ``(N, V)``
     matrix, nor its log-softmax."""
 
-    def __init__(self, make: Callable[[slice | torch.Tensor], torch.Tensor], shape: tuple[int, int]) -> None:
-        self.make, self.shape = make, shape
+    def __init__(
+        self, make: Callable[[slice | torch.Tensor], torch.Tensor], shape: tuple[int, int], *, owned: bool = False
+    ) -> None:
+        self.make, self.shape, self.owned = make, shape, owned
+        """``owned``: every tensor ``make`` gives is new, its reader's alone, so it may be normalised in place."""
         self.suppressed: list[tuple[np.ndarray, np.ndarray | None]] = []  # (token ids, rows or None: all)
 
     @classmethod
@@ -787,12 +789,26 @@ class StepLogits:
                 made[torch.from_numpy(local).to(made.device)[:, None], columns] = float("-inf")
         return made
 
-    def blocks(self) -> Iterator[torch.Tensor]:
-        """Every row's logits, :data:`LOGIT_ROWS` rows at a time, in order (see :meth:`rows`)."""
+    def log_probs(self, rows: slice | np.ndarray) -> torch.Tensor:
+        """The log-softmax ``(R, V)`` of rows ``rows``' logits (see :meth:`rows`), written over them where they are
+        :attr:`owned`, so that a block never takes a second ``(R, V)`` matrix."""
+        with torch.inference_mode():
+            made = self._rows(rows)
+            return torch.log_softmax(made, dim=-1, out=made) if self.owned else torch.log_softmax(made, dim=-1)
+
+    def _blocks(self) -> Iterator[slice]:
         count = self.shape[0]
         size = max(1, -(-count // max(1, -(-count // LOGIT_ROWS))))  # the rows of each block but the last
         for start in range(0, max(count, 1), size):  # no rows: one empty block
-            yield self.rows(slice(start, min(start + size, count)))
+            yield slice(start, min(start + size, count))
+
+    def blocks(self) -> Iterator[torch.Tensor]:
+        """Every row's logits, :data:`LOGIT_ROWS` rows at a time, in order (see :meth:`rows`)."""
+        return (self.rows(rows) for rows in self._blocks())
+
+    def log_prob_blocks(self) -> Iterator[torch.Tensor]:
+        """Every row's log-softmax, a block at a time, as :meth:`blocks` (see :meth:`log_probs`)."""
+        return (self.log_probs(rows) for rows in self._blocks())
 
     def whole(self) -> torch.Tensor:
         """Every row's logits ``(N, V)`` at once (an ensemble averages them)."""
