@@ -43,10 +43,10 @@ def serving(app: Any) -> Iterator[str]:
 
 
 def request(url: str, path: str, body: bytes | dict | None = None, *, kind: str = "application/json",
-            method: str | None = None) -> tuple[int, Any]:  # fmt: skip
-    """One request: its status and its JSON answer (the text where it is not JSON)."""
+            method: str | None = None, timeout: float = 30) -> tuple[int, Any]:  # fmt: skip
+    """One request: its status and its JSON answer (the text where it is not JSON); ``timeout`` seconds at most."""
     host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     data = json.dumps(body).encode() if isinstance(body, dict) else body
     headers = {"Content-Type": kind} if data is not None else {}
     connection.request(method or ("GET" if body is None else "POST"), path, body=data, headers=headers)

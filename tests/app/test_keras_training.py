@@ -91,7 +91,8 @@ def test_a_keras_run_is_served_and_translated_on_keras_as_pytorch_translates_it(
     body = {"q": SAMPLES, "source": "de", "target": "en"}
 
     def translated(url: str) -> list[str]:  # (the guard's "doubtful" field aside)
-        status, answer = request(url, "/translate", body)
+        # Keras' first steps on JAX compile each shape the stream meets: more than 30 s on a busy 2-core machine.
+        status, answer = request(url, "/translate", body, timeout=300)
         assert status == 200, answer
         return answer["translatedText"]
 
