@@ -139,6 +139,9 @@ def test_int8_equals_its_numpy_simulation_and_is_near_float(kernel: str, monkeyp
     assert type(affine).__name__ == kernel
     np.testing.assert_allclose(out.double().numpy(), simulated_int8(parts, x, affine.reduce_range), rtol=0, atol=2e-5)
     assert ((out - exact).norm() / exact.norm()).item() < 0.03  # int8's error, well below the outputs
+    strided = torch.cat([x, torch.randn(6, 4, 11)], dim=-1)[..., :59]  # rows 70 apart: a non-contiguous (N, I) view
+    with torch.no_grad():
+        np.testing.assert_allclose(affine(strided).double().numpy(), out.double().numpy(), rtol=0, atol=1e-6)
     # One scale per output feature: laid out together or apart, the same numbers up to the last float32 rounding
     # (oneDNN's AMX kernels apply the scales in an order that depends on the output width).
     with torch.no_grad():

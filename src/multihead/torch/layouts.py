@@ -201,6 +201,13 @@ class BFloat16:
         return _product(x.bfloat16(), self.weight, self.bias).to(x.dtype)
 
 
+def _bytes_of(quantized: torch.Tensor) -> torch.Tensor:
+    """A quantized tensor's values as the uint8 tensor oneDNN's int8 kernel takes, on the same memory (``int_repr``
+    would copy them)."""
+    storage, offset = quantized.untyped_storage(), quantized.storage_offset()
+    return torch.empty(0, dtype=torch.uint8).set_(storage, offset, quantized.shape, quantized.stride())
+
+
 @dataclass(frozen=True, eq=False)
 class Int8:
     """An int8 ``weight (O, I)`` packed for oneDNN's int8 kernel, the only copy kept, with one scale per output feature
@@ -219,11 +226,11 @@ class Int8:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).float()  # (N, I)
-        scale, zero = torch._choose_qparams_per_tensor(flat, self.reduce_range)
-        quantized = torch.quantize_per_tensor(flat, scale, zero, torch.quint8).int_repr()  # (N, I) uint8
+        quantized = torch.quantize_per_tensor_dynamic(flat, torch.quint8, self.reduce_range)
+        scale, zero = quantized.q_scale(), quantized.q_zero_point()
         out = torch.ops.onednn.qlinear_pointwise(
-            quantized, scale, zero, self.weight, self.scales, self.zeros, self.bias, 1.0, 0, torch.float32, "none", [],
-            "",
+            _bytes_of(quantized), scale, zero, self.weight, self.scales, self.zeros, self.bias, 1.0, 0, torch.float32,
+            "none", [], "",
         )  # fmt: skip
         return out.view(*x.shape[:-1], out.shape[-1]).to(x.dtype)  # (..., O)
 
