@@ -301,10 +301,13 @@ def test_beam_search_normalises_the_logits_a_block_of_rows_at_a_time_as_all_at_o
             np.testing.assert_allclose([rank for rank, _ in blocks], [rank for rank, _ in whole], rtol=1e-6)
 
 
-def test_logits_made_in_blocks_are_read_as_the_whole_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("chunk", [64, 4])
+def test_logits_made_in_blocks_are_read_as_the_whole_logits(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step of more rows than ``WHOLE_LOGIT_ROWS`` projects its logits a block at a time, where they are read: the
     best tokens, the best continuations of some rows, chosen tokens' log-probabilities and the tokens suppressed (in
-    every row, in some) are those of the whole logits, against a float64 log-softmax of the model's own call."""
+    every row, in some) are those of the whole logits, against a float64 log-softmax of the model's own call. Rows'
+    best found whole (31 ids) and through chunks of 4 ids (``row_top_k``: 7 chunks and 3 ids after them)."""
+    monkeypatch.setattr(transformer_module, "TOP_K_CHUNK", chunk)
     model = small_model(seed=6)
     src = tokens(7, 5, seed=7)
     prefix = torch.full((7, 1), BOS)
@@ -332,6 +335,36 @@ def test_logits_made_in_blocks_are_read_as_the_whole_logits(monkeypatch: pytest.
             assert indices[sentence].tolist() == best.tolist()
         at = session.log_probs_at(logits, np.array([4, 0]), np.array([EOS, 9, 3]))
     np.testing.assert_allclose(at, expected[[4, 0]][:, [EOS, 9, 3]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "vocab", "k", "chunk"), [(5, 1000, 8, 64), (3, 4099, 1, 64), (4, 300, 3, 7),
+                                                        (2, 64, 8, 8), (6, 40, 8, 4), (1, 9, 2, 4)])  # fmt: skip
+def test_row_top_k_finds_each_rows_largest_as_topk_does(
+    rows: int, vocab: int, k: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through chunks (more than ``k`` of them, whole or with ids after the last) or whole: each row's ``k`` largest
+    values, best first, and their columns, as ``torch.topk``; the largest all in one chunk, in the ids after the last
+    chunk; rows mostly ``-inf`` (suppressed tokens) give the same values; a NaN comes first, as in ``topk``."""
+    monkeypatch.setattr(transformer_module, "TOP_K_CHUNK", chunk)
+    generator = torch.Generator().manual_seed(vocab)
+    x = torch.randn(rows, vocab, generator=generator, dtype=torch.float64).float()
+    x[0, :k] += 10.0  # the first chunk holds them all
+    x[-1, vocab - k :] += 10.0  # the last ids
+    values, columns = transformer_module.row_top_k(x, k)
+    expected = x.topk(k, dim=-1)
+    assert torch.equal(values, expected.values)
+    assert torch.equal(columns, expected.indices)
+    suppressed = torch.full_like(x, -torch.inf)
+    suppressed[:, vocab // 2] = 1.0  # a forced token: one id left
+    suppressed[0, 1] = torch.nan
+    values, columns = transformer_module.row_top_k(suppressed, k)
+    same = suppressed.topk(k, dim=-1).values
+    assert torch.equal(values.nan_to_num(nan=99.0), same.nan_to_num(nan=99.0))
+    assert torch.isnan(values[0, 0])
+    assert columns[0, 0] == 1
+    assert (values[1:, 0] == 1.0).all()
+    assert (columns[1:, 0] == vocab // 2).all()
+    assert (torch.gather(suppressed, 1, columns).nan_to_num(nan=99.0) == values.nan_to_num(nan=99.0)).all()
 
 
 @pytest.mark.parametrize("n_best", [1, 2])
