@@ -7,7 +7,8 @@ Every public module checks its arguments in ``forward`` and then runs ``_forward
 call each other's ``_forward``, so a model call is checked once, where it enters. Key masks travel inside as
 ``(B, 1, 1, L)``, the attention's 4-D layout.
 
-Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary size.
+Notation: B batch, Ls source length, Lt target length, E d_model, V vocabulary size; M chunks of a row of logits, C
+the chunk width (:func:`row_top_k`).
 """
 
 from __future__ import annotations
@@ -348,7 +349,7 @@ def row_top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     them (where values tie, which of the tied columns comes first is unspecified by either). On the CPU, for rows
     longer than ``k`` chunks of :data:`TOP_K_CHUNK`: the ``k`` largest lie in the ``k`` chunks of largest maximum, so
     the rows' chunk maxima are taken (one pass, vectorised), then those chunks' and the remainder's columns searched
-    (``x.topk`` sorts a copy of each whole row, several times slower). Notation: M chunks a row, C chunk width."""
+    (``x.topk`` sorts a copy of each whole row, several times slower)."""
     n, vocab = x.shape
     chunk = TOP_K_CHUNK
     chunks = vocab // chunk
