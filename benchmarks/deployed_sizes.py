@@ -7,7 +7,7 @@ weights, built by ``benchmarks/opus_sized.py`` into WORK when missing, imported 
 converted by CTranslate2's own ``TransformersConverter`` (what its users do)::
 
     .venv/bin/python benchmarks/deployed_sizes.py WORK DATA [--sizes opus] [--sentences 200] [--tokens 32]
-        [--threads 2] [--neighbours 0]
+        [--threads 2] [--neighbours 0] [--int8-run]
 
 DATA holds Multi30k's files (``{train,val,test_2016_flickr}.{de,en}.gz``).
 
@@ -24,7 +24,10 @@ the run's tokenizers included; CTranslate2's ``Translator(...)``: warm page cach
 int8 run keeps its packed forms at its first load, which later ones map). ``--threads 0`` runs each engine with its
 own default: multihead's (the cores other processes leave free, followed while it translates), CTranslate2's
 (``intra_threads=0``). ``--neighbours N`` starts N busy processes (a Python loop each) before each configuration's
-process and stops them after it: the machine shared with a neighbour, as servers and batch jobs share it. Sources are
+process and stops them after it: the machine shared with a neighbour, as servers and batch jobs share it.
+``--int8-run``: multihead's int8 configurations translate an int8 run (WORK/run-int8, its matrices stored as int8
+rows, written by ``multihead export WORK/run WORK/run-int8 --format multihead --quantization int8`` when missing)
+instead of the float32 run with ``--quantize int8``; the weights files' sizes on disk are reported. Sources are
 tokenized by MarianTokenizer for CTranslate2, by the run's tokenizer for multihead: the greedy float32 token sequences
 of the two are compared.
 
@@ -98,7 +101,8 @@ def translate_multihead(args: argparse.Namespace) -> dict[str, Any]:
 
     choose_threads(args.threads or None)
     begin = time.perf_counter()
-    translator = Translator(args.work / "run", device="cpu", quantize=QUANTIZE[args.compute])
+    run = args.work / ("run-int8" if args.int8_run and QUANTIZE[args.compute] == "int8" else "run")
+    translator = Translator(run, device="cpu", quantize=QUANTIZE[args.compute])
     load = time.perf_counter() - begin
     ids = translator.source.encode_all(sources(args.data, args.sentences))
     generate = translator.generate(SearchOptions(beam_size=args.beam, length_penalty=0.6))
@@ -219,6 +223,7 @@ def child(job: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
                str(args.finetune_steps)]  # fmt: skip
     for name, value in extra.items():
         command += [f"--{name}", str(value)]
+    command += ["--int8-run"] if args.int8_run else []
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbours)]
     try:
         time.sleep(0.5 if busy else 0)  # the neighbours at work before the configuration starts
@@ -253,6 +258,18 @@ def prepare(args: argparse.Namespace) -> None:
         import ctranslate2
 
         ctranslate2.converters.TransformersConverter(str(checkpoint)).convert(str(args.work / "ctranslate2"))
+    if args.int8_run and not (args.work / "run-int8").exists():
+        subprocess.run([Path(sys.executable).parent / "multihead", "export", args.work / "run", args.work / "run-int8",
+                        "--format", "multihead", "--quantization", "int8"], check=True)  # fmt: skip
+
+
+def disk_mb(args: argparse.Namespace) -> dict[str, float]:
+    """The weights files' sizes, MB: the run's, the int8 run's (``--int8-run``) and CTranslate2's model."""
+    files = {"run": "run/checkpoints/*/model.safetensors", "ctranslate2": "ctranslate2/model.bin"}
+    if args.int8_run:
+        files["run-int8"] = "run-int8/checkpoints/*/model.safetensors"
+    return {name: round(sum(path.stat().st_size for path in args.work.glob(pattern)) / 2**20, 1)
+            for name, pattern in files.items()}  # fmt: skip
 
 
 def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -323,6 +340,8 @@ def main() -> None:
     parser.add_argument("--finetune-steps", type=int, default=5, help="fine-tuning steps, the first a warm-up "
                         "(default: 5; 0: no fine-tuning)")  # fmt: skip
     parser.add_argument("--skip-translation", action="store_true", help="fine-tuning only")
+    parser.add_argument("--int8-run", action="store_true", help="multihead's int8 configurations translate an int8 "
+                        "run (WORK/run-int8, exported if missing), not --quantize int8 of the float32 run")  # fmt: skip
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--computes", nargs="+", choices=sorted(QUANTIZE), default=list(COMPUTES), metavar="TYPE",
                         help="CTranslate2's compute types compared, each against multihead's --quantize of the same "
@@ -339,7 +358,7 @@ def main() -> None:
     prepare(args)
     results: dict[str, Any] = {
         "sizes": args.sizes, "sentences": args.sentences, "tokens": args.tokens, "threads": args.threads,
-        "neighbours": args.neighbours,
+        "neighbours": args.neighbours, "int8_run": args.int8_run, "disk_mb": disk_mb(args),
         "cpu": cpu.describe(), "command": " ".join(sys.argv),
     }  # fmt: skip
     if not args.skip_translation:
@@ -354,6 +373,9 @@ def table(results: dict[str, Any]) -> str:
     threads = results["threads"] or "each engine's default"
     beside = f", beside {results['neighbours']} busy processes" if results.get("neighbours") else ""
     lines = [f"{results['sizes']}-sized, {results['cpu']}, {threads} threads{beside}: `{results['command']}`", ""]
+    if "disk_mb" in results:
+        sizes = ", ".join(f"{name} {mb:,.1f} MB" for name, mb in results["disk_mb"].items())
+        lines += [f"weights on disk: {sizes}", ""]
     if "translation" in results:
         lines += [
             f"| {results['sentences']} sentences × {results['tokens']} tokens | seconds | tokens/s | peak MB | "

@@ -3,10 +3,17 @@
 ``q_proj.weight`` is stored ``(out, in)`` as ``torch.nn.Linear`` keeps it (a Keras ``Dense`` kernel is its
 transpose). A tied weight (one matrix under several names: tied embeddings) is stored once, under its first name; the
 file's metadata (``aliases``) names the others, which read as it does. A file written from either front end loads into
-the other. Loading never unpickles anything, checks
-every tensor's name, shape and kind of dtype before it changes a single weight, and saving replaces the file
-atomically, so an interrupted save leaves the previous file whole. :func:`save_model` replaces the model directory as a
-whole, so an interrupted save leaves the previous model loadable.
+the other.
+
+A file may store its matrices in int8 (``write_weights(..., int8=True)``, an int8 run: a quarter of the size): each
+2-D floating tensor as int8 rows and one float32 scale a row (:func:`int8_rows`: the int8 forms' rule, one scale per
+output feature), listed in the metadata (``int8``), its scales under ``NAME:scales``. It reads as its dequantized
+values, ``int8 * scale`` in float32, into either front end; a PyTorch model on the CPU can keep the int8 rows as they
+are stored instead (``load_weights(..., keep_int8=True)``, :mod:`multihead.torch.stored`).
+
+Loading never unpickles anything, checks every tensor's name, shape and kind of dtype before it changes a single
+weight, and saving replaces the file atomically, so an interrupted save leaves the previous file whole.
+:func:`save_model` replaces the model directory as a whole, so an interrupted save leaves the previous model loadable.
 
 Each front end reads and writes its own weights through an adapter (``multihead.torch.state``,
 ``multihead.keras.state``), chosen by the kind of object given (``ADAPTERS``).
@@ -41,6 +48,12 @@ __all__ = [
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}
 ALIASES = "aliases"
 """The metadata entry naming a file's aliases: JSON, each alias → the name its tensor is stored under."""
+INT8 = "int8"
+"""The metadata entry listing the tensors stored as int8 rows (JSON, their stored names), each with its rows' scales
+under its name + :data:`SCALES`."""
+SCALES = ":scales"
+INT8_ROWS = 8192
+"""Rows of a matrix quantized at a time (the largest, an NLLB-sized embedding, takes no float copy of itself)."""
 
 
 class StateAdapter(Protocol):
@@ -77,10 +90,10 @@ def _keras_adapter(layer: Any) -> StateAdapter:
     return KerasAdapter(layer)
 
 
-def _torch_adapter(module: Any) -> StateAdapter:
+def _torch_adapter(module: Any, *, keep_int8: bool = False) -> StateAdapter:
     from multihead.torch.state import TorchAdapter
 
-    return TorchAdapter(module)
+    return TorchAdapter(module, keep_int8=keep_int8)
 
 
 # Each front end's adapter, in the order they are tried: (framework module, its base class, our adapter). Keras comes
@@ -89,27 +102,35 @@ def _torch_adapter(module: Any) -> StateAdapter:
 ADAPTERS = (("keras", "layers.Layer", _keras_adapter), ("torch", "nn.Module", _torch_adapter))
 
 
-def _adapter(module_or_layer: object) -> StateAdapter:
+def _adapter(module_or_layer: object, *, keep_int8: bool = False) -> StateAdapter:
     for framework_name, base_name, adapter in ADAPTERS:
         framework = sys.modules.get(framework_name)
         if framework is not None and isinstance(module_or_layer, operator.attrgetter(base_name)(framework)):
-            return adapter(module_or_layer)
+            if not keep_int8:
+                return adapter(module_or_layer)
+            if framework_name != "torch":
+                raise ValueError(f"`keep_int8` is for torch modules, received a {type(module_or_layer).__name__}")
+            return _torch_adapter(module_or_layer, keep_int8=True)
     raise TypeError(
         "`module_or_layer` must be a torch.nn.Module or a keras.layers.Layer, "
         f"received {type(module_or_layer).__name__}"
     )
 
 
-def save_weights(module_or_layer: object, path: PathLike) -> None:
-    """Write the weights of a torch module or Keras layer to a safetensors file, atomically; a tied weight once."""
+def save_weights(module_or_layer: object, path: PathLike, *, int8: bool = False) -> None:
+    """Write the weights of a torch module or Keras layer to a safetensors file, atomically; a tied weight once;
+    ``int8``: its matrices as int8 rows (see :func:`write_weights`)."""
     adapter = _adapter(module_or_layer)
-    write_weights(adapter.export(), path, tied=_aliases(adapter))
+    write_weights(adapter.export(), path, tied=_aliases(adapter), int8=int8)
 
 
-def write_weights(tensors: Mapping[str, np.ndarray], path: PathLike, *, tied: Iterable[Sequence[str]] = ()) -> None:
+def write_weights(
+    tensors: Mapping[str, np.ndarray], path: PathLike, *, tied: Iterable[Sequence[str]] = (), int8: bool = False
+) -> None:
     """Write ``tensors`` (named as the model's state dict) to a safetensors file, atomically. Each group of names in
     ``tied`` is one weight: stored once, under its first name, the others recorded as its aliases; a ``ValueError``
-    if their values differ."""
+    if their values differ. ``int8``: every 2-D floating tensor stored as int8 rows with their scales
+    (:func:`int8_rows`)."""
     aliases: dict[str, str] = {}
     for group in tied:
         present = [name for name in group if name in tensors]
@@ -121,7 +142,27 @@ def write_weights(tensors: Mapping[str, np.ndarray], path: PathLike, *, tied: It
     metadata = {**METADATA, "version": __version__}
     if aliases:
         metadata[ALIASES] = json.dumps(aliases, sort_keys=True)
+    if int8:
+        rows = sorted(name for name, array in stored.items() if array.ndim == 2 and array.dtype.kind == "f")
+        for name in rows:
+            stored[name], stored[name + SCALES] = int8_rows(stored[name])
+        metadata[INT8] = json.dumps(rows)
     atomic_write(path, lambda tmp: safetensors.numpy.save_file(stored, tmp, metadata=metadata))
+
+
+def int8_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``matrix (R, C)`` as int8 rows ``(R, C)`` and their float32 scales ``(R,)``: ``scale = max |row| / 127`` (at
+    least float32's smallest normal number), values ``round(row / scale)``, halves to even."""
+    values = np.empty(matrix.shape, dtype=np.int8)  # (R, C)
+    scales = np.empty(len(matrix), dtype=np.float32)  # (R,)
+    tiny = np.finfo(np.float32).tiny
+    for start in range(0, len(matrix), INT8_ROWS):
+        block = np.asarray(matrix[start : start + INT8_ROWS], dtype=np.float32)  # (B, C)
+        largest = np.maximum(block.max(axis=1, initial=0.0), -block.min(axis=1, initial=0.0))  # (B,)
+        scales[start : start + len(block)] = np.maximum(largest / np.float32(127.0), tiny)
+        quotient = block / scales[start : start + len(block), None]
+        values[start : start + len(block)] = np.clip(np.rint(quotient), -127, 127)
+    return values, scales
 
 
 def read_weights(path: PathLike) -> dict[str, np.ndarray]:
@@ -152,7 +193,34 @@ class StoredWeights(Mapping[str, np.ndarray]):
             raise ValueError(f"{str(path)!r}: its metadata's {ALIASES!r} must name stored tensors, received {aliases}")
         self.aliases: dict[str, str] = aliases
         """Each alias → the name its tensor is stored under."""
-        self._names = stored + tuple(alias for alias in aliases if alias not in stored)
+        self.int8: frozenset[str] = self._int8_rows(stored)
+        """The stored names of the tensors stored as int8 rows (each with its scales under name + ``:scales``)."""
+        scales = {name + SCALES for name in self.int8}
+        self._names = tuple(name for name in stored if name not in scales)
+        self._names += tuple(alias for alias in aliases if alias not in stored)
+
+    def _int8_rows(self, stored: tuple[str, ...]) -> frozenset[str]:
+        """The metadata's :data:`INT8` list, each entry checked: an int8 matrix with a float32 scale a row."""
+        listed = json.loads((self._file.metadata() or {}).get(INT8, "[]"))
+        if not isinstance(listed, list):
+            raise ValueError(f"{str(self.path)!r}: its metadata's {INT8!r} must list stored tensors, received {listed}")
+        for name in listed:
+            values = self._file.get_slice(name) if name in stored else None
+            scales = self._file.get_slice(name + SCALES) if name + SCALES in stored else None
+            if (
+                values is None or scales is None or values.get_dtype() != "I8" or scales.get_dtype() != "F32"
+                or len(values.get_shape()) != 2 or scales.get_shape() != values.get_shape()[:1]
+            ):  # fmt: skip
+                raise ValueError(
+                    f"{str(self.path)!r}: {name!r} is listed as stored in int8, but the file does not hold it as an "
+                    f"int8 matrix with {name + SCALES!r}, a float32 scale for each of its rows"
+                )
+        return frozenset(listed)
+
+    def scales_name(self, name: str) -> str | None:
+        """The stored name of ``name``'s rows' scales where it is stored as int8 rows; else ``None``."""
+        stored = self.stored_name(name)
+        return stored + SCALES if stored in self.int8 else None
 
     def tie(self, groups: Iterable[Sequence[str]]) -> None:
         """Read each name of ``groups`` (names a model ties into one weight) that the file lacks as one of its group
@@ -172,7 +240,9 @@ class StoredWeights(Mapping[str, np.ndarray]):
         if name not in self._names:
             raise KeyError(name)
         try:
-            return self._file.get_tensor(self.stored_name(name))
+            scales = self.scales_name(name)
+            values = self._file.get_tensor(self.stored_name(name))
+            return values if scales is None else values.astype(np.float32) * self._file.get_tensor(scales)[:, None]
         except (safetensors.SafetensorError, ValueError, TypeError, OSError) as error:
             raise ValueError(f"{str(self.path)!r}: tensor {name!r} cannot be read ({error})") from None
 
@@ -186,7 +256,10 @@ class StoredWeights(Mapping[str, np.ndarray]):
         return tuple(self._file.get_slice(self.stored_name(name)).get_shape())
 
     def dtype_kind(self, name: str) -> str:
-        """The NumPy kind of the tensor's dtype: ``"f"`` floating (bfloat16 too), ``"i"``, ``"u"`` or ``"b"``."""
+        """The NumPy kind of the tensor's dtype: ``"f"`` floating (bfloat16 too, and int8 rows), ``"i"``, ``"u"`` or
+        ``"b"``."""
+        if self.scales_name(name) is not None:
+            return "f"
         dtype = self._file.get_slice(self.stored_name(name)).get_dtype()
         return "b" if dtype == "BOOL" else _SAFETENSORS_KINDS.get(dtype[0], "?")
 
@@ -197,7 +270,7 @@ class StoredWeights(Mapping[str, np.ndarray]):
             return True
         if self.shape(first) != self.shape(second) or self.dtype_kind(first) != self.dtype_kind(second):
             return False
-        if not self.shape(first):
+        if not self.shape(first) or first in self.int8 or second in self.int8:
             return bool(np.array_equal(self[first], self[second]))
         a, b, length = self._file.get_slice(first), self._file.get_slice(second), self.shape(first)[0]
         return all(
@@ -218,15 +291,17 @@ def stored_weights(path: PathLike) -> StoredWeights:
 _KIND_NAMES = {"f": "floating", "i": "signed integer", "u": "unsigned integer", "b": "boolean"}
 
 
-def load_weights(module_or_layer: object, path: PathLike) -> None:
+def load_weights(module_or_layer: object, path: PathLike, *, keep_int8: bool = False) -> None:
     """Load a safetensors file (from either front end) into a torch module or Keras layer.
 
     Every name, shape and kind of dtype is checked first: a missing, unexpected, wrongly shaped or wrongly typed
     tensor raises ``ValueError`` naming it, and no weight is changed. Floating tensors load into floating weights
     of any precision; an integer tensor where the model holds floats (or the reverse) is refused, since its bytes
-    would be read as other numbers.
+    would be read as other numbers. Matrices stored as int8 rows load as their dequantized values; with
+    ``keep_int8`` a torch module's float32 weights on the CPU keep them as stored instead, for inference
+    (:mod:`multihead.torch.stored`: read-only, no float32 copy).
     """
-    adapter = _adapter(module_or_layer)
+    adapter = _adapter(module_or_layer, keep_int8=keep_int8)
     tensors = stored_weights(path)  # one tensor in memory at a time: a large model loads without a second copy
     expected = adapter.shapes({name: tensors.shape(name) for name in tensors})
     tensors.tie(_aliases(adapter))

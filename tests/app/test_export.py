@@ -1,6 +1,6 @@
 """``multihead export``: a run as a CTranslate2 model that translates as ``multihead translate`` does (greedy,
-float32), the README's lines that run as they stand, quantized exports, and what is refused before anything is
-written."""
+float32), the README's lines that run as they stand, quantized exports, int8 runs of our own, and what is refused
+before anything is written."""
 
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ from pathlib import Path
 
 import ctranslate2
 import pytest
+import safetensors
 import tokenizers
 
 from app.support import SAMPLES, Cli, CorpusRun, assert_refused, snapshot
-from multihead.app.runs import latest_checkpoint
+from multihead.app.runs import latest_checkpoint, read_checkpoint
 from multihead.app.translate import Translator
 from multihead.decoding import SearchOptions
+from multihead.io import read_weights, stored_weights, write_weights
+from multihead.schema import tied
+from multihead.torch.stored import Int8Rows
 
 
 def ct2_translate(model: Path, texts: list[str], compute_type: str = "default", **options: object) -> list[str]:
@@ -186,3 +190,52 @@ def test_an_unwritable_place_is_named_as_given(task_run: Path, cli: Callable) ->
         assert result.status == 2
         assert f"cannot write '{place.split()[-1]}'" in result.err
         assert ".tmp" not in result.err
+
+
+def test_an_int8_run_translates_as_its_dequantized_weights_do(
+    corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]
+) -> None:
+    """``--format multihead --quantization int8`` writes a run of the checkpoint alone, its matrices as int8 rows with
+    a float32 scale each; it translates (in int8, on the CPU, its weights kept as
+    stored) as a float32 run of the values those rows stand for translates with ``--quantize int8``."""
+    result = cli("export", corpus_run.path, tmp_path / "int8", "--format", "multihead", "--quantization", "int8")
+    assert result.status == 0, result.err
+    assert "wrote an int8 run" in result.out
+    source = latest_checkpoint(corpus_run.path)
+    checkpoint = latest_checkpoint(tmp_path / "int8")
+    assert source is not None
+    assert checkpoint is not None
+    assert checkpoint.name == source.name
+    assert "optimizer.safetensors" not in {path.name for path in checkpoint.iterdir()}
+    trainer = json.loads((checkpoint / "trainer.json").read_text())
+    assert trainer["exported"] == {"run": str(corpus_run.path.resolve()), "checkpoint": source.name,
+                                   "quantization": "int8"}  # fmt: skip
+    floats = read_weights(source / "model.safetensors")
+    stored = stored_weights(checkpoint / "model.safetensors")
+    assert stored.int8 == {stored.stored_name(name) for name, value in floats.items() if value.ndim == 2}
+    with safetensors.safe_open(str(checkpoint / "model.safetensors"), framework="numpy") as raw:
+        assert {raw.get_slice(name).get_dtype() for name in stored.int8} == {"I8"}
+        assert {raw.get_slice(name + ":scales").get_dtype() for name in stored.int8} == {"F32"}
+
+    dequantized = tmp_path / "dequantized"
+    shutil.copytree(tmp_path / "int8", dequantized)
+    config = read_checkpoint(checkpoint).config
+    write_weights(read_weights(checkpoint / "model.safetensors"), dequantized / "checkpoints" / checkpoint.name /
+                  "model.safetensors", tied=tied(config))  # fmt: skip
+    assert not stored_weights(dequantized / "checkpoints" / checkpoint.name / "model.safetensors").int8
+    ours = cli("translate", tmp_path / "int8", "--no-guard", *SAMPLES, "--beam", 2)
+    theirs = cli("translate", dequantized, "--no-guard", *SAMPLES, "--beam", 2, "--quantize", "int8")
+    assert ours.status == theirs.status == 0, ours.err + theirs.err
+    assert ours.out_lines == theirs.out_lines
+    assert len(ours.out_lines) == len(SAMPLES)
+    model = Translator(tmp_path / "int8").loaded.model
+    assert isinstance(model.src_embed.weight, Int8Rows)  # kept as stored: no float32 copy of any matrix
+    assert all(isinstance(getattr(model, name).weight, Int8Rows) for name in ("tgt_embed", "output_proj"))
+
+
+def test_int8_runs_are_refused_without_int8(corpus_run: CorpusRun, tmp_path: Path, cli: Callable[..., Cli]) -> None:
+    assert_refused(cli("export", corpus_run.path, tmp_path / "a", "--format", "multihead"), "--quantization int8",
+                   "received none")  # fmt: skip
+    assert_refused(cli("export", corpus_run.path, tmp_path / "a", "--format", "multihead", "--quantization",
+                       "float16"), "--quantization int8", "received float16")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

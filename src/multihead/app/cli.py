@@ -602,8 +602,11 @@ def _demo(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from multihead.app.export import export
 
-    out = export(args.run, args.out, checkpoint=args.checkpoint, quantization=args.quantization)
-    say(f"wrote a CTranslate2 model to {out} (how to translate with it: {out / 'README.md'})")
+    out = export(args.run, args.out, checkpoint=args.checkpoint, quantization=args.quantization, format=args.format)
+    if args.format == "multihead":
+        say(f"wrote an {args.quantization} run to {out}: translate, evaluate, score and serve read it as any run")
+    else:
+        say(f"wrote a CTranslate2 model to {out} (how to translate with it: {out / 'README.md'})")
     return 0
 
 
@@ -984,17 +987,26 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     from multihead.app.export import FORMATS, QUANTIZATIONS
 
     export = _command(
-        commands, "export", _export, help="write a run's checkpoint as a CTranslate2 model directory",
-        description="Write the run's checkpoint as a model for another engine into OUT (a new directory): for "
-        "CTranslate2, its model and vocabularies, the run's tokenizer files and a README with the lines that "
-        "translate with it. Needs the export extra: pip install 'multihead[export]'.",
+        commands, "export", _export,
+        help="write a run's checkpoint as a CTranslate2 model directory, or as an int8 run",
+        description="Write the run's checkpoint into OUT (a new directory): for CTranslate2 (--format ctranslate2, "
+        "the default), its model and vocabularies, the run's tokenizer files and a README with the lines that "
+        "translate with it (needs the export extra: pip install 'multihead[export]'); with --format multihead "
+        "--quantization int8, a new run of that checkpoint alone, its weight matrices stored as int8 rows with a "
+        "scale each (about a quarter of the size), which translate, evaluate, score and serve read as any run and "
+        "compute in int8 on the CPU (on a GPU, or with --framework keras, in float32 from those values). OUT appears "
+        "whole or not at all.",
     )  # fmt: skip
     export.add_argument("run", help=RUN_HELP)
     export.add_argument("out", help="the directory to write (it must not exist)")
-    export.add_argument("--format", choices=FORMATS, default="ctranslate2", help="the engine")
+    export.add_argument(
+        "--format", choices=FORMATS, default="ctranslate2",
+        help="ctranslate2 (a CTranslate2 model) or multihead (a run of our own, stored in --quantization int8)",
+    )  # fmt: skip
     export.add_argument(
         "--quantization", choices=QUANTIZATIONS,
-        help="the type the weights are stored in (default: float32); CTranslate2 may compute in another",
+        help="the type the weights are stored in (default: float32); CTranslate2 may compute in another; "
+        "--format multihead takes int8",
     )  # fmt: skip
     _add_checkpoint_option(export)
 

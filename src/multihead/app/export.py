@@ -1,4 +1,5 @@
-"""``multihead export``: a run's checkpoint as a CTranslate2 model directory, with its tokenizer and a README.
+"""``multihead export``: a run's checkpoint as a CTranslate2 model directory, with its tokenizer and a README; or as an
+int8 run of multihead's own (``--format multihead``, :func:`multihead.app.runs.save_int8_run`).
 
 The model is described with ``ctranslate2.specs.TransformerSpec`` and our weights are put in its places: each
 self-attention's query, key and value projections fused into one matrix (the cross-attention's key and value into
@@ -20,7 +21,7 @@ import numpy as np
 
 from multihead import schema
 from multihead.app.console import UserError
-from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint
+from multihead.app.runs import WEIGHTS, Checkpoint, open_checkpoint, save_int8_run
 from multihead.app.tokenizers import (
     SentencePieceTokenizer,
     SubwordTokenizer,
@@ -33,8 +34,10 @@ from multihead.files import write_directory
 from multihead.io import read_weights
 from multihead.positional import sinusoidal_positions
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "multihead")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+OWN_QUANTIZATIONS = ("int8",)
+"""What ``--format multihead`` stores a run's weights in (a float32 run is the run itself)."""
 README = "README.md"
 MAX_POSITIONS = 1024
 BANNED = -1e4
@@ -245,13 +248,25 @@ def _readme(checkpoint: Checkpoint, files: list[str], quantization: str | None) 
     )
 
 
-def export(run: str | Path, out: str | Path, *, checkpoint: str | None, quantization: str | None) -> Path:
+def export(
+    run: str | Path, out: str | Path, *, checkpoint: str | None, quantization: str | None, format: str = "ctranslate2"
+) -> Path:
     """Write the run's checkpoint as a CTranslate2 model into ``out`` (a new directory): model, vocabularies, the
-    tokenizer files and a README; written whole into a temporary directory, then moved into place."""
-    _ctranslate2()
+    tokenizer files and a README; written whole into a temporary directory, then moved into place.
+    ``format="multihead"``: as a new run whose weights are stored in ``quantization`` (``"int8"``)."""
+    if format == "multihead" and quantization not in OWN_QUANTIZATIONS:
+        raise UserError(
+            f"--format multihead writes a run stored in {' or '.join(OWN_QUANTIZATIONS)}: add --quantization int8 "
+            f"(received {quantization or 'none'}; a float32 run is the run itself)"
+        )
+    if format == "ctranslate2":
+        _ctranslate2()
     out = Path(out)
     if out.exists():
         raise UserError(f"{str(out)!r} exists: export writes a new directory; choose another OUT or remove it")
+    found, weights = open_checkpoint(Path(run), checkpoint, lambda c: read_weights(c.path / WEIGHTS))
+    if format == "multihead":
+        return save_int8_run(Path(run), found, weights, out)
     found, weights = open_checkpoint(Path(run), checkpoint, lambda c: read_weights(c.path / WEIGHTS))
     spec = _spec(found, weights)
     spec.validate()

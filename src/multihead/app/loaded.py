@@ -108,16 +108,22 @@ class TorchFrontEnd:
     name: str = "torch"
 
     def load(self, checkpoint: Checkpoint) -> Any:
-        from multihead.io import load_weights
+        """The checkpoint's model. An int8 run (its weights stored as int8 rows) computes in int8 on the CPU unless
+        ``quantize`` says otherwise, its weights kept as stored (no float32 copy); elsewhere, in float32 from them."""
+        from multihead.io import load_weights, stored_weights
         from multihead.torch import Transformer, quantize
 
+        path = checkpoint.path / WEIGHTS
+        compute = self.quantize
+        if compute is None and self.device == "cpu" and stored_weights(path).int8:
+            compute = "int8"
         model = Transformer.from_config(checkpoint.config, initialise=False).eval()  # every weight loaded next
-        load_weights(model, checkpoint.path / WEIGHTS)
+        load_weights(model, path, keep_int8=compute == "int8")
         model.to(self.device)
-        if self.quantize == "int8":
+        if compute == "int8":
             _int8_forms(model, checkpoint)
-        elif self.quantize is not None:
-            quantize(model, self.quantize)
+        elif compute is not None:
+            quantize(model, compute)
         return model
 
     def layouts(self) -> Any:

@@ -19,7 +19,10 @@
       checkpoints/average/         the average of the last checkpoints' weights (``--average N``)
 
 A run that ``multihead import`` wrote holds one checkpoint, ``step-0000000``, without optimizer state: the model
-trained elsewhere, its tokenizers, and in ``trainer.json`` where it came from (``imported``).
+trained elsewhere, its tokenizers, and in ``trainer.json`` where it came from (``imported``). An int8 run
+(``multihead export --format multihead --quantization int8``) holds one checkpoint of another run, without optimizer
+state, its ``model.safetensors`` storing the matrices as int8 rows (:mod:`multihead.io`), and in ``trainer.json``
+where it came from (``exported``).
 
 A checkpoint is written into a hidden temporary directory, every file flushed to disk, then renamed into place in
 one step (swapped in one step with an earlier checkpoint of the same name); only then does ``latest`` (itself
@@ -310,15 +313,22 @@ def _average_writers(
     """What an average checkpoint of ``kept`` holds: the mean of their weights, tensor by tensor, the newest one's
     config, and its ``trainer.json`` (or ``trainer``)."""
     averaged = _mean_weights([path / WEIGHTS for path in kept])
-
-    def copied(name: str) -> Callable[[Path], object]:
-        return lambda path: path.write_bytes((kept[-1] / name).read_bytes())
-
-    writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER) if trainer is None else write_json(trainer)}
-    if (kept[-1] / GENERATION).is_file():  # a checkpoint older versions wrote has none (see read_checkpoint)
-        writers[GENERATION] = copied(GENERATION)
+    writers = _described_by(kept[-1], trainer)
     tied_names = tied(read_checkpoint(kept[-1]).config)
     writers[WEIGHTS] = lambda path: write_weights(averaged, path, tied=tied_names)
+    return writers
+
+
+def _described_by(checkpoint: Path, trainer: dict[str, Any] | None) -> dict[str, Callable[[Path], object]]:
+    """The files of ``checkpoint`` that describe its model, copied: its config, generation spec, and ``trainer.json``
+    (or ``trainer``)."""
+
+    def copied(name: str) -> Callable[[Path], object]:
+        return lambda path: path.write_bytes((checkpoint / name).read_bytes())
+
+    writers = {CONFIG: copied(CONFIG), TRAINER: copied(TRAINER) if trainer is None else write_json(trainer)}
+    if (checkpoint / GENERATION).is_file():  # a checkpoint older versions wrote has none (see read_checkpoint)
+        writers[GENERATION] = copied(GENERATION)
     return writers
 
 
@@ -371,6 +381,25 @@ def save_average_run(run: Path, kept: Sequence[Path], out: Path) -> Path:
     def fill(staging: Path) -> None:
         save_checkpoint(staging, AVERAGE, writers, tokenizers=(newest.source, newest.target))
         point(staging, LATEST, AVERAGE)
+
+    return _new_run(out, fill)
+
+
+def save_int8_run(run: Path, checkpoint: Checkpoint, weights: Mapping[str, np.ndarray], out: Path) -> Path:
+    """Write a new run directory ``out`` whose one checkpoint, of ``checkpoint``'s name (which ``latest`` names), is
+    ``checkpoint`` (of ``run``, its ``weights`` as read) with its matrices stored as int8 rows
+    (:func:`multihead.io.write_weights`: about a quarter of the size), its config, generation spec and tokenizers,
+    and its ``trainer.json`` plus where it came from (``exported``); no optimizer state (nothing to resume), no packed
+    forms (made at the first load on each kind of CPU). ``out`` must not exist, and appears whole or not at all."""
+    check_new_run(out, "OUT", "export")
+    name = checkpoint.path.name
+    exported = {"run": str(run.resolve()), "checkpoint": name, "quantization": "int8"}
+    writers = _described_by(checkpoint.path, {**checkpoint.trainer, "exported": exported})
+    writers[WEIGHTS] = lambda path: write_weights(weights, path, tied=tied(checkpoint.config), int8=True)
+
+    def fill(staging: Path) -> None:
+        save_checkpoint(staging, name, writers, tokenizers=(checkpoint.source, checkpoint.target))
+        point(staging, LATEST, name)
 
     return _new_run(out, fill)
 

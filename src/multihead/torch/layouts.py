@@ -52,6 +52,7 @@ from torch import nn
 from multihead import cpu
 from multihead.config import QUANTIZED
 from multihead.torch.pages import release
+from multihead.torch.stored import Int8Rows
 
 __all__ = [
     "Affine",
@@ -336,16 +337,14 @@ the largest (an output projection's) never holds all of its float32 pages at onc
 
 
 def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
-    """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``; packed for oneDNN's int8 kernel
-    (:class:`Int8`), else as PyTorch's quantized engine packs it (:class:`DynamicInt8`)."""
+    """Per output feature: ``scale = max |w| / 127``, weight ``round(w / scale)``; packed (:func:`_packed_int8`)."""
     weight = weight.float().cpu()
     bias = None if bias is None else bias.float().cpu()
     scales = torch.empty(len(weight), dtype=torch.float64)  # (O,)
     zeros = torch.zeros(len(weight), dtype=torch.long)  # (O,)
     quantized = torch.empty(weight.shape, dtype=torch.int8)  # (O, I)
-    engine = int8_engine()
-    with warnings.catch_warnings(), _quantized_engine(engine):  # PyTorch's notices that its int8 tensors are
-        warnings.simplefilter("ignore", UserWarning)  # deprecated (the kernels are not)
+    with warnings.catch_warnings():  # PyTorch's notices that its int8 tensors are deprecated (the kernels are not)
+        warnings.simplefilter("ignore", UserWarning)
         for start in range(0, len(weight), QUANTIZED_ROWS):
             rows = slice(start, start + QUANTIZED_ROWS)
             block = weight[rows]  # (R, I)
@@ -353,11 +352,23 @@ def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
             scales[rows] = (largest / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
             quantized[rows] = torch.quantize_per_channel(block, scales[rows], zeros[rows], 0, torch.qint8).int_repr()
             release(weight, block)
+    return _packed_int8(quantized, scales, bias)
+
+
+def _packed_int8(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> Affine:
+    """An int8 weight ``(O, I)`` with one scale per output feature, packed for oneDNN's int8 kernel (:class:`Int8`),
+    else as PyTorch's quantized engine packs it (:class:`DynamicInt8`)."""
+    bias = None if bias is None else bias.float().cpu()
+    engine = int8_engine()
+    with warnings.catch_warnings(), _quantized_engine(engine):
+        warnings.simplefilter("ignore", UserWarning)
         if engine == "onednn" and onednn_int8():
             # Without VNNI, int8 products of full-range inputs may saturate: inputs then take 7 bits.
             packed = torch.ops.onednn.qlinear_prepack(quantized, None)
-            return Int8(packed, scales.float(), zeros.int(), bias, reduce_range=not cpu.has_vnni())
-        per_channel = torch._make_per_channel_quantized_tensor(quantized, scales, zeros, 0)
+            zeros = torch.zeros(len(quantized), dtype=torch.int)
+            return Int8(packed, scales.float(), zeros, bias, reduce_range=not cpu.has_vnni())
+        zeros = torch.zeros(len(quantized), dtype=torch.long)
+        per_channel = torch._make_per_channel_quantized_tensor(quantized, scales.double(), zeros, 0)
         packed = torch.ops.quantized.linear_prepack(per_channel, bias)
     return DynamicInt8(packed, reduce_range=not (engine == "onednn" and cpu.has_vnni()))
 
@@ -375,14 +386,23 @@ def lay_out(*linears: nn.Linear, dtype: str | None = None) -> Affine:
     (:func:`multihead.torch.pages.release`): the form holds its own copy."""
     form = _laid_out(linears, dtype)
     for linear in linears:
-        release(linear.weight)
+        weight = linear.weight
+        release(weight.stored if isinstance(weight, Int8Rows) else weight)
     return form
 
 
 def _laid_out(linears: tuple[nn.Linear, ...], dtype: str | None) -> Affine:
     weights = tuple(linear.weight for linear in linears)
-    weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (O, I)
-    return LAYOUTS[dtype](weight, joined_bias(linears))
+    if dtype == "int8" and all(isinstance(weight, Int8Rows) for weight in weights):  # packed as stored
+        values, scales = (_joined([getattr(weight, part) for weight in weights]) for part in ("stored", "scales"))
+        return _packed_int8(values, scales, joined_bias(linears))
+    plain = [weight.dequantized() if isinstance(weight, Int8Rows) else weight for weight in weights]
+    return LAYOUTS[dtype](_joined(plain), joined_bias(linears))
+
+
+def _joined(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``weights`` one after the other along their first dimension (one alone as it is)."""
+    return weights[0] if len(weights) == 1 else torch.cat(tuple(weights))
 
 
 def joined_bias(linears: Sequence[nn.Linear]) -> torch.Tensor | None:
