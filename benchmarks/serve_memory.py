@@ -2,7 +2,7 @@
 replicas of it side by side.
 
     .venv/bin/python benchmarks/serve_memory.py WORK DATA [--runs 24] [--memory 2G] [--quantize int8]
-        [--requests 480] [--clients 4]
+        [--requests 480] [--clients 4] [--int8-runs]
 
 WORK holds an OPUS-MT-sized Marian checkpoint of random weights (``WORK/checkpoint``, made by
 ``benchmarks/deployed_sizes.py``'s ``prepare`` when missing) and the runs served (``WORK/runs``, made when missing):
@@ -12,8 +12,12 @@ deviation, seeded by the run's number), so that an answer from the wrong run sho
 distinct answers the runs give the first sentence. DATA holds Multi30k's ``test_2016_flickr.de.gz``, the sentences
 sent (the runs' tokenizers are German and English ones whatever their pair says).
 
-With ``--quantize int8`` each run is loaded once first where its checkpoint does not yet keep its packed int8 forms
-(as the first load on a machine does), so that every phase maps them as a service does after its first start.
+``--int8-runs``: each run served as an int8 run instead (``WORK/runs-int8``, written from its run by ``multihead export
+--format multihead --quantization int8`` when missing; its weights stored as int8 rows, which it computes with).
+
+With ``--quantize int8`` (or ``--int8-runs``) each run is loaded once first where its checkpoint does not yet keep its
+packed int8 forms (as the first load on a machine does), so that every phase maps them as a service does after its
+first start.
 
 Four phases, each with fresh servers (``--quantize``, ``--no-guard``: random weights never end a sentence, so every
 translation runs to its length limit) on free loopback ports; ``--clients`` threads send ``--requests`` requests in
@@ -96,6 +100,18 @@ def make_runs(work: Path, data: Path, count: int) -> list[Path]:
             save_file(tensors, weights, metadata=metadata)
             partial.rename(run)
         found.append(run)
+    return found
+
+
+def int8_runs(work: Path, runs: list[Path]) -> list[Path]:
+    """Each run as an int8 run in WORK/runs-int8 (exported when missing)."""
+    found = []
+    for run in runs:
+        exported = work / "runs-int8" / run.name
+        if not exported.exists():
+            subprocess.run([*MULTIHEAD, "export", run, exported, "--format", "multihead", "--quantization", "int8"],
+                           check=True, capture_output=True)  # fmt: skip
+        found.append(exported)
     return found
 
 
@@ -230,10 +246,13 @@ def main() -> int:
     parser.add_argument("--quantize", default="int8")
     parser.add_argument("--requests", type=int, default=480)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--int8-runs", action="store_true", help="serve each run as an int8 run (exported)")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}", flush=True)
     runs = make_runs(args.work, args.data, args.runs)
-    if args.quantize == "int8":
+    if args.int8_runs:
+        runs = int8_runs(args.work, runs)
+    if args.quantize == "int8" or args.int8_runs:
         keep_int8_forms(runs)
     with gzip.open(args.data / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as lines:
         texts = [line.strip() for line in lines if line.strip()][: args.requests]
@@ -241,7 +260,9 @@ def main() -> int:
 
     quantize = ["--quantize", args.quantize] if args.quantize else []
     budget = ["--memory", args.memory, *quantize]
-    results = {"command": " ".join(sys.argv), "all": phase("all", runs, quantize, 1, args, texts),
+    disk = sum(path.stat().st_size for run in runs for path in run.glob("checkpoints/*/model.safetensors"))
+    results = {"command": " ".join(sys.argv), "weights_on_disk_mb": round(disk / 2**20),
+               "all": phase("all", runs, quantize, 1, args, texts),
                "budget": phase("budget", runs, budget, 1, args, texts),
                "replicas": phase("replicas", runs, budget, 2, args, texts),
                "replicas-all": phase("replicas-all", runs, quantize, 2, args, texts, spread=True)}  # fmt: skip

@@ -228,6 +228,8 @@ def test_an_int8_run_translates_as_its_dequantized_weights_do(
     assert ours.status == theirs.status == 0, ours.err + theirs.err
     assert ours.out_lines == theirs.out_lines
     assert len(ours.out_lines) == len(SAMPLES)
+    assert_refused(cli("train", "--out", tmp_path / "int8", "--resume"), "is an int8 run exported from",
+                   "no training to resume", "multihead train --init")  # fmt: skip
     model = Translator(tmp_path / "int8").loaded.model
     assert isinstance(model.src_embed.weight, Int8Rows)  # kept as stored: no float32 copy of any matrix
     assert all(isinstance(getattr(model, name).weight, Int8Rows) for name in ("tgt_embed", "output_proj"))

@@ -685,12 +685,24 @@ def _search_problem(search: object) -> str | None:
 def trained_options(out: Path) -> dict[str, Any] | None:
     """The options the run in ``out`` was trained with, as its newest readable ``trainer.json`` says (resuming checks
     the rest, and warns); ``None`` when no checkpoint's can be read."""
+    options = _newest_record(out, "options")
+    return options if isinstance(options, dict) else None
+
+
+def exported_from(out: Path) -> dict[str, Any] | None:
+    """Where the int8 run in ``out`` was exported from (its ``trainer.json``'s ``exported``: ``run``, ``checkpoint``,
+    ``quantization``); ``None`` for any other run."""
+    exported = _newest_record(out, "exported")
+    return exported if isinstance(exported, dict) else None
+
+
+def _newest_record(out: Path, key: str) -> object:
+    """``key``'s entry in the newest readable ``trainer.json`` of the run in ``out`` (``None`` where none holds it)."""
     for checkpoint in reversed(_step_checkpoints(out)):
         try:
-            options = read_json(checkpoint / TRAINER)["options"]
+            return read_json(checkpoint / TRAINER)[key]
         except (RunError, KeyError, TypeError):
             continue
-        return options if isinstance(options, dict) else None
     return None
 
 

@@ -73,6 +73,7 @@ from multihead.app.runs import (
     append_log,
     check_writable,
     checkpoint_name,
+    exported_from,
     has_checkpoints,
     history_plot,
     latest_checkpoint,
@@ -518,10 +519,14 @@ class Training:
         )
 
     def _resume(self) -> None:
-        if (trained_options(self.out) or {}).get("imported"):
+        made = "a model multihead import made" if (trained_options(self.out) or {}).get("imported") else None
+        exported = exported_from(self.out)
+        if exported is not None:
+            made = f"an {exported.get('quantization')} run exported from {exported.get('run')!r} (resume that one)"
+        if made is not None:
             raise UserError(
-                f"{str(self.out)!r} is a model multihead import made: it has no training to resume; fine-tune it into "
-                f"a new run with: multihead train --init {self.out} --data SRC TGT --out NEW ..."
+                f"{str(self.out)!r} is {made}: it has no training to resume; fine-tune it into a new run with: "
+                f"multihead train --init {self.out} --data SRC TGT --out NEW ..."
             )
         nothing_given = TrainOptions(out=self.options.out, resume=True, device=self.options.device)
 

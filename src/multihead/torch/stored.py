@@ -5,11 +5,12 @@ embeddings) as int8 rows with a float32 scale a row (:mod:`multihead.io`). Loade
 ``load_weights(model, path, keep_int8=True)``, a PyTorch model's float32 weights on the CPU take them as
 :class:`Int8Rows`: the int8 values on the file's own pages (mapped, :mod:`multihead.torch.pages`), never a float32 copy
 of the matrix. Such a weight reads as the float32 weight it stands for, ``stored * scales[:, None]``: any operation on
-it computes with those values, made for the call. Two read less: an embedding looks up and dequantizes only the rows it
-reads, and the int8 forms (:func:`multihead.torch.quantize`) are packed from the stored values themselves, which are
-exactly what quantizing the dequantized weight gives back. It is for inference: writing it (an optimizer's step,
-``copy_``, ``load_state_dict``) or moving it to another device or dtype raises; load the file without ``keep_int8``
-to train or move the model.
+it computes with those values, made for the call (PyTorch's first call through such a tensor imports some hundreds
+of its modules, tens of MB). Two read less, and make no such call: an embedding's lookup (:meth:`Int8Rows.rows`, which
+the Transformer calls itself) dequantizes only the rows it reads, and the int8 forms (:func:`multihead.torch.quantize`)
+are packed from the stored values themselves, which are exactly what quantizing the dequantized weight gives back.
+It is for inference: writing it (an optimizer's step, ``copy_``, ``load_state_dict``) or moving it to another device
+or dtype raises; load the file without ``keep_int8`` to train or move the model.
 
 Notation: R rows, C columns.
 """
@@ -52,6 +53,10 @@ class Int8Rows(torch.Tensor):
         """The float32 matrix it stands for ``(R, C)``, made now."""
         return self.stored.float() * self.scales[:, None]
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids (...)`` name, dequantized ``(..., C)``: an embedding's lookup, reading only those rows."""
+        return self.stored[ids].float() * self.scales[ids].unsqueeze(-1)
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"Int8Rows(shape={tuple(self.shape)})"
 
@@ -64,8 +69,7 @@ class Int8Rows(torch.Tensor):
     ) -> Any:
         kwargs = kwargs or {}
         if func is torch.ops.aten.embedding.default:
-            weight, ids = args[0], args[1]
-            return weight.stored[ids].float() * weight.scales[ids].unsqueeze(-1)  # (..., C): only the rows read
+            return args[0].rows(args[1])
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
             return Int8Rows(args[0].stored, args[0].scales)  # a parameter made of it, a detached view: still it
         if func._schema.is_mutable or func is torch.ops.aten._to_copy.default:

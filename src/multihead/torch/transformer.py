@@ -33,6 +33,7 @@ from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention, Staging
 from multihead.torch.dropout import Dropout
 from multihead.torch.layouts import KeptLayouts, Layouts, apply_form
+from multihead.torch.stored import Int8Rows
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
 
@@ -492,7 +493,10 @@ class Transformer(nn.Module):
         return target_padding_from_tokens(tokens, key_mask, self.config.pad_id, OPS)
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
-        embedded = embedding(tokens)  # (B, L, E)
+        table = embedding.weight
+        # Int8 rows kept as stored are looked up directly: PyTorch's first call through a tensor subclass imports
+        # hundreds of modules (tens of MB) that nothing else here needs.
+        embedded = table.rows(tokens) if isinstance(table, Int8Rows) else embedding(tokens)  # (B, L, E)
         if self.config.scale_embeddings:
             embedded = embedded * math.sqrt(self.config.d_model)
         return self.positional._forward(embedded, offset)  # (B, L, E)
