@@ -698,7 +698,8 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--quantize", choices=QUANTIZED,
         help="compute the linear layers in int8 (weights per output feature, inputs as they come) or bf16 (fast on "
-        "CPUs with bfloat16 instructions); the CPU only (default: float32; docs/performance.md has speeds and BLEU)",
+        "CPUs with bfloat16 instructions); the CPU only (default: float32, but int8 for an int8 run, which export "
+        "--format multihead writes; docs/performance.md has speeds and BLEU)",
     )  # fmt: skip
     command.add_argument(
         "--normalize", choices=("moses",),
