@@ -41,8 +41,8 @@ from multihead.config import TransformerConfig
 from multihead.files import PathLike, atomic_write, atomic_write_text, fsync_directory, replace_directory, umask_mode
 
 __all__ = [
-    "FRAMEWORKS", "StoredWeights", "load_model", "load_weights", "read_weights", "save_model", "save_weights",
-    "stored_weights", "write_weights",
+    "FRAMEWORKS", "StoredWeights", "int8_rows", "load_model", "load_weights", "read_weights", "save_model",
+    "save_weights", "stored_weights", "write_weights",
 ]  # fmt: skip
 
 METADATA = {"producer": "multihead", "layout": "torch-state-dict"}

@@ -267,7 +267,6 @@ def export(
     found, weights = open_checkpoint(Path(run), checkpoint, lambda c: read_weights(c.path / WEIGHTS))
     if format == "multihead":
         return save_int8_run(Path(run), found, weights, out)
-    found, weights = open_checkpoint(Path(run), checkpoint, lambda c: read_weights(c.path / WEIGHTS))
     spec = _spec(found, weights)
     spec.validate()
     spec.optimize(quantization=quantization)
