@@ -249,6 +249,12 @@ class Engine(Generic[Owner]):
         self.sid = np.zeros(count, dtype=np.int64)  # (N,) its sentence's number (the engine's count when it came)
         self.ended = np.zeros(count, dtype=bool)  # (N,) a one-row sentence that has ended, not yet left
         self.history = np.zeros((count, 8), dtype=np.int64)  # (N, W) row i's tokens at 0..made[i]
+        self._summarise()
+
+    def _summarise(self) -> None:
+        """What any row's sentence asks for, read at every step and changed only when sentences join or leave."""
+        self.any_beams, self.any_forcing = bool(self.beams.any()), bool(self.forcing.any())
+        self.any_floor, self.any_constrained = bool(self.floor.any()), bool(self.constrained.any())
 
     def __len__(self) -> int:
         """Sentences decoding or waiting to join."""
@@ -369,6 +375,7 @@ class Engine(Generic[Owner]):
         self.counted += count
         self.ended = np.concatenate([self.ended, np.zeros(count, dtype=bool)])
         self.history = np.concatenate([self.history, np.zeros((count, self.history.shape[1]), dtype=np.int64)])
+        self._summarise()
 
     def _append_phrases(self, sentences: list[_Sentence]) -> None:
         """The phrase tables and progress of ``sentences``' rows (:mod:`multihead.constraints`), after those held,
@@ -495,6 +502,8 @@ class Engine(Generic[Owner]):
             names += ["phrase_ids", "phrase_sizes", "phrase_fail", "phrase_bonus", "phrase_follow"]
         for name in names:
             setattr(self, name, getattr(self, name)[order])
+        if not same_sources:
+            self._summarise()
 
     # --- a step ------------------------------------------------------------------------------------------------
 
@@ -510,7 +519,7 @@ class Engine(Generic[Owner]):
         finished: list[Finished[Owner]] = []
         going, alone = ~self.ended, len(self.searches) == 1
         next_rows = _Next(len(self.of_row))
-        if (going & self.constrained).any():
+        if self.any_constrained and (going & self.constrained).any():
             finished += self._constrained(logits, np.flatnonzero(going & self.constrained), next_rows)
             going, alone = going & ~self.constrained, False
         for group, search in enumerate(self.searches):
@@ -524,7 +533,7 @@ class Engine(Generic[Owner]):
                     finished += self._beam(logits, rows, int(width), search, next_rows)
             else:
                 finished += self._one_row(logits, np.flatnonzero(in_group), search, next_rows)
-        if self.beams.any():
+        if self.any_beams:
             parent, token, score = next_rows.joined()
             if len(parent):
                 self._advance(parent, token, score)
@@ -537,9 +546,9 @@ class Engine(Generic[Owner]):
     def _processed(self, logits: Tensor) -> Tensor:
         """A step's logits as the generation and each row's sentence say."""
         generation = self.generation
-        own = self.forcing.any()
+        own = self.any_forcing
         forced = [generation.forced if s.forced is None else s.forced for s in self.of_row] if own else None
-        says = generation.banned or generation.forced or own or generation.eos_at_limit or self.floor.any()
+        says = generation.banned or generation.forced or own or generation.eos_at_limit or self.any_floor
         if not says:
             return logits
         return process(self.rows, logits, self.made, generation, forced, self.limit, self.floor)
@@ -560,7 +569,7 @@ class Engine(Generic[Owner]):
         self.history[rows, made - 1] = token
         self.made[rows], self.last[rows] = made, token
         ends = (token == self.generation.specials.eos) | (made == self.limit[rows])
-        if self.beams.any():  # the rows are laid out again after the step
+        if self.any_beams:  # the rows are laid out again after the step
             next_rows.add(rows[~ends], token[~ends], self.score[rows[~ends]], rows[~ends])
         if not ends.any():
             return []

@@ -802,6 +802,8 @@ class StepLogits:
     def rows(self, rows: slice | np.ndarray) -> torch.Tensor:
         """The logits ``(R, V)`` of rows ``rows`` (a slice, or int64 indices ``(R,)``), the suppressed tokens
         ``-inf``."""
+        if torch.is_inference_mode_enabled():  # a decoding session's step
+            return self._rows(rows)
         with torch.inference_mode():
             return self._rows(rows)
 
