@@ -224,7 +224,7 @@ def child(job: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     for name, value in extra.items():
         command += [f"--{name}", str(value)]
     command += ["--int8-run"] if args.int8_run else []
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbours)]
+    busy = busy_neighbours(args.neighbours)
     try:
         time.sleep(0.5 if busy else 0)  # the neighbours at work before the configuration starts
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -323,6 +323,15 @@ def finetuning(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({"engine": engine, "precision": precision, "tokens_per_s": round(found["tokens_per_s"], 1),
                          "peak_mb": round(found["peak_mb"])})  # fmt: skip
     return rows
+
+
+BUSY = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
+"""A neighbour's loop: busy until its parent goes, however the parent ends (killed, it runs no cleanup)."""
+
+
+def busy_neighbours(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` busy processes (:data:`BUSY`), to be killed by the caller."""
+    return [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(count)]
 
 
 def main() -> None:

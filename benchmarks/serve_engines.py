@@ -62,6 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from deployed_sizes import busy_neighbours
 from serve_load import (
     HOST,
     JSON,
@@ -335,7 +336,7 @@ def phase(args: argparse.Namespace, running: list[Server], which: int, clients: 
           bodies: list[bytes]) -> Measured:  # fmt: skip
     server, other = running[which], running[1 - which]
     print(f"round {round_ + 1}: {server.name}, {clients} clients, {args.seconds:g} s ...", file=sys.stderr)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbours)]
+    busy = busy_neighbours(args.neighbours)
     try:
         if args.warmup > 0:
             load(server.port, bodies, clients, args.warmup, "warm-up")
