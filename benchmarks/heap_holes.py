@@ -11,6 +11,7 @@ of at least 1 MiB between them (a hole): its size, the small blocks sitting in i
 none (of those made in the first batch: a hole left from before it may hold small blocks the record does not show)::
 
     .venv/bin/python benchmarks/heap_holes.py WORK DATA [--beam 4] [--compute float32] [--sentences 200] [--tokens 32]
+        [--int8-run]
 
 WORK is ``deployed_sizes.py``'s (its ``run``), DATA Multi30k's directory. Linux with glibc only.
 """
@@ -194,6 +195,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=200, help="sentences translated (default: 200)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens each translation takes (default: 32)")
     parser.add_argument("--threads", type=int, default=2, help="threads (default: 2)")
+    parser.add_argument("--int8-run", action="store_true", help="as deployed_sizes.py's: --compute int8 translates "
+                        "WORK/run-int8 (made by deployed_sizes.py --int8-run)")  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not (args.work / "run").is_dir():
@@ -208,7 +211,7 @@ def main() -> None:
                        "HEAP_TRACE_LIBRARY": str(library)}  # fmt: skip
         command = [sys.executable, __file__, str(args.work), str(args.data), "--child", "--beam", str(args.beam),
                    "--compute", args.compute, "--sentences", str(args.sentences), "--tokens", str(args.tokens),
-                   "--threads", str(args.threads)]  # fmt: skip
+                   "--threads", str(args.threads), *(["--int8-run"] if args.int8_run else [])]  # fmt: skip
         done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"the traced translation failed:\n{done.stderr[-3000:]}")
