@@ -112,6 +112,9 @@ def test_positional_encoding_is_the_papers_table() -> None:
     per_row = encoding._forward(y, torch.tensor([5, 0, 48]))
     for row, offset in enumerate([5, 0, 48]):
         torch.testing.assert_close(per_row[row], encoding(y[row : row + 1], offset=offset)[0], rtol=0, atol=0)
+    step = encoding._forward(y[:, :1], torch.tensor([5, 0, 49]))  # a decoding step: one position a row
+    for row, offset in enumerate([5, 0, 49]):
+        torch.testing.assert_close(step[row], encoding(y[row : row + 1, :1], offset=offset)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])

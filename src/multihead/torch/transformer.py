@@ -82,8 +82,11 @@ class PositionalEncoding(nn.Module):
 
     def _forward(self, x: torch.Tensor, offset: int | torch.Tensor) -> torch.Tensor:
         """:meth:`forward` unchecked; ``offset`` may also be one per row, a ``(B,)`` tensor."""
-        if isinstance(offset, torch.Tensor):
-            table = self.table[offset[:, None] + torch.arange(x.shape[1], device=offset.device)]  # (B, L, E)
+        if isinstance(offset, torch.Tensor):  # a step's one position a row needs no range
+            positions = (
+                offset[:, None] if x.shape[1] == 1 else offset[:, None] + torch.arange(x.shape[1], device=offset.device)
+            )
+            table = self.table.index_select(0, positions.reshape(-1)).view(*positions.shape, -1)  # (B, L, E)
         else:
             table = self.table[offset : offset + x.shape[1]]  # (L, E)
         return self.dropout(x + table.to(x.dtype))
