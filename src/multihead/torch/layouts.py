@@ -258,9 +258,7 @@ class Plain:
     bias: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.dtype == self.weight.dtype and self.bias is not None:  # a decoding step's rows
-            return torch.addmm(self.bias, x, self.weight)
-        flat = x.reshape(-1, x.shape[-1])  # (N, I)
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (N, I): a decoding step's rows as they come
         if flat.dtype != self.weight.dtype:
             flat = flat.to(self.weight.dtype)
         out = flat @ self.weight if self.bias is None else torch.addmm(self.bias, flat, self.weight)
