@@ -17,9 +17,11 @@ Translation: the first ``--sentences`` sources of test_2016_flickr, greedy and b
 (multihead ``translate``'s batches, CTranslate2's ``translate_batch`` with ``max_batch_size`` in tokens, the same
 budget), every translation exactly ``--tokens`` tokens long (random weights never choose the end of sentence; the
 lengths are checked). Each configuration runs in a fresh process (``--threads`` threads, its model loaded and warmed up
-before the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with the process's peak
-resident set (which counts a model file's pages while it is read, memory-mapped) and its resident set once it has
-translated, its model still loaded; and the shortest time its model took to load (multihead's ``Translator(...)``,
+before the clock starts), all of them in turn, ``--repeats`` times; the fastest time counts, with that process's
+resident set once it has translated, its model still loaded; the peak resident set (which counts a model file's pages
+while it is read, memory-mapped) is the median of the repeats' (the table gives their range where they differ: where
+the allocator places a batch's blocks moves a process's peak from one run to the next); and the shortest time its
+model took to load (multihead's ``Translator(...)``,
 the run's tokenizers included; CTranslate2's ``Translator(...)``: warm page cache after the first repeat; a multihead
 int8 run keeps its packed forms at its first load, which later ones map). ``--threads 0`` runs each engine with its
 own default: multihead's (the cores other processes leave free, followed while it translates), CTranslate2's
@@ -47,6 +49,7 @@ import hashlib
 import itertools
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -276,6 +279,7 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
     configs = [(engine, compute, beam) for beam in BEAMS for compute in args.computes for engine in ENGINES]
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     loads: dict[tuple[str, str, int], list[float]] = {}
+    peaks: dict[tuple[str, str, int], list[float]] = {}
     for repeat in range(args.repeats):  # interleaved: every configuration once, then again
         for engine, compute, beam in configs:
             found = child(f"translate-{engine}", args, compute=compute, beam=beam)
@@ -284,6 +288,7 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
                   flush=True)  # fmt: skip
             key = (engine, compute, beam)
             loads.setdefault(key, []).append(found["load_s"])
+            peaks.setdefault(key, []).append(found["peak_mb"])
             if key not in best or found["seconds"] < best[key]["seconds"]:
                 best[key] = found
     rows = []
@@ -296,7 +301,9 @@ def translation(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append({
             "engine": engine, "compute": compute, "beam": beam, "seconds": round(found["seconds"], 3),
             "tokens_per_s": round(args.sentences * args.tokens / found["seconds"], 1),
-            "peak_mb": round(found["peak_mb"]), "rss_mb": round(found["rss_mb"]),
+            "peak_mb": round(statistics.median(peaks[engine, compute, beam])),
+            "peak_range_mb": [round(min(peaks[engine, compute, beam])), round(max(peaks[engine, compute, beam]))],
+            "rss_mb": round(found["rss_mb"]),
             "ratio": round(found["seconds"] / theirs["seconds"], 3),
             "load_s": round(min(loads[engine, compute, beam]), 3),
             "sequences": digest(found["sequences"]),
@@ -378,6 +385,12 @@ def main() -> None:
     print(table(results))
 
 
+def peak(row: dict[str, Any]) -> str:
+    """A configuration's peak MB: the repeats' median, and their range where they differ."""
+    low, high = row.get("peak_range_mb", (row["peak_mb"], row["peak_mb"]))
+    return f"{row['peak_mb']}" if low == high else f"{row['peak_mb']} ({low}–{high})"
+
+
 def table(results: dict[str, Any]) -> str:
     threads = results["threads"] or "each engine's default"
     beside = f", beside {results['neighbours']} busy processes" if results.get("neighbours") else ""
@@ -394,7 +407,7 @@ def table(results: dict[str, Any]) -> str:
         for row in results["translation"]:
             if "engine" in row:
                 lines.append(f"| {row['engine']} {row['compute']}, beam {row['beam']} | {row['seconds']:.2f} | "
-                             f"{row['tokens_per_s']:.0f} | {row['peak_mb']} | {row['rss_mb']} | "
+                             f"{row['tokens_per_s']:.0f} | {peak(row)} | {row['rss_mb']} | "
                              f"{row['ratio']:.2f}× | {row['load_s']:.3f} |")  # fmt: skip
             else:
                 lines.append(f"\ngreedy float32: {row['identical_greedy_float32']} of {row['of']} token sequences "
