@@ -256,8 +256,11 @@ class Ledger:
 
         self.models: weakref.WeakSet[object] = weakref.WeakSet()
 
+    grown = 0
+    """MiB the held models took as they decoded, beyond their costs."""
+
     def __call__(self) -> int:
-        return (100 + 10 * len(self.models)) << 20
+        return (100 + 10 * len(self.models) + self.grown) << 20
 
     def loader(self, path: str, langs: list[str]) -> Callable[[], tuple[Translator, list[str]]]:
         def load() -> tuple[Translator, list[str]]:
@@ -326,6 +329,30 @@ def test_memory_holds_the_runs_that_fit_and_answers_every_pair(runs: dict[str, T
     assert scraped["multihead_memory_budget_bytes", ()] == 135 << 20
     assert [scraped["multihead_run_memory_bytes", (name,)] for name in names] == [0, 10 << 20, 10 << 20]
     assert [scraped["multihead_run_releases_total", (name,)] for name in names] == [2, 1, 1]
+
+
+def test_held_runs_that_grow_past_the_room_release_the_least_recently_used_idle_one(
+    runs: dict[str, Translator], ledger: Ledger
+) -> None:
+    """The budget of the test above holds two runs (120 MiB, room 10); once they take 6 MiB more as they decode, the
+    room is short: the idle run used least recently goes (not one a job is pinned to), and no more."""
+    from multihead.app.serve.command import _service
+    from multihead.app.translate import TRANSLATION
+
+    names = ("de-en", "en-sv", "nllb")
+    loaders = [ledger.loader(str(runs[name].checkpoint.path.parents[1]), runs[name].langs or []) for name in names]
+    service = _service(loaders, lambda translator: TRANSLATION, None, max_loaded=None, memory=135 << 20)
+    engines = service.engines
+    engines.runs[0].used, engines.runs[1].used = 2.0, 1.0
+    engines.shrink(set())
+    assert engines.loaded() == [0, 1]  # 120 + 10 fits in 135
+    ledger.grown = 6
+    engines.shrink({1})
+    assert engines.loaded() == [1]  # 126 + 10 did not: run 0 goes (run 1, used less recently, is pinned)
+    ledger.grown = 30
+    engines.shrink(set())
+    assert engines.loaded() == []
+    assert [run.releases for run in engines.runs] == [1, 1, 0]  # the third was not held from the start
 
 
 def test_a_memory_budget_too_small_for_a_run_is_refused(runs: dict[str, Translator], ledger: Ledger) -> None:

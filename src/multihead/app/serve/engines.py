@@ -195,13 +195,26 @@ class Engines:
                 found.append((index, run.load))
         return found
 
+    def shrink(self, pinned: Collection[int]) -> None:
+        """Under ``--memory``: the least recently used idle runs (not ``pinned``) released while the process's resident
+        memory leaves less than the :attr:`Holding.room` free: held runs grow as they decode (their first sentences'
+        buffers), past what their costs, measured on one token, said."""
+        holding = self.holding
+        if holding is not None and holding.memory is not None:
+            budget = holding.memory - holding.room
+            self._release_until(lambda: (resident_bytes() or 0) <= budget, pinned)
+
     def _room(self, wanted: _Run, pinned: Collection[int]) -> bool:
         """Whether ``wanted`` may be loaded now, releasing the least recently used idle runs while that makes room;
         with no other run held or loading, it may (the server checked at its start that each run fits alone)."""
-        while not self._fits(wanted):
+        return self._release_until(lambda: self._fits(wanted), pinned) or not any(run.held for run in self.runs)
+
+    def _release_until(self, done: Callable[[], bool], pinned: Collection[int]) -> bool:
+        """The least recently used idle runs not ``pinned`` released until ``done()``; whether it is."""
+        while not done():
             idle = [run for index, run in enumerate(self.runs) if run.idle and index not in pinned]
             if not idle:
-                return not any(run.held for run in self.runs)
+                return False
             self._release(min(idle, key=lambda run: run.used))
         return True
 

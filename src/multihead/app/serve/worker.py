@@ -89,7 +89,9 @@ class Worker:
         runs that jobs wait for begin to load first, where there is room for them."""
         taken = False
         while True:
-            for run, load in self.engines.to_load({job.leg.run for job in self.alone}):
+            pinned = {job.leg.run for job in self.alone}
+            self.engines.shrink(pinned)
+            for run, load in self.engines.to_load(pinned):
                 start_loading(run, load, self.jobs.put)
             idle = not (taken or len(self.engines) or self.alone)
             try:
