@@ -21,12 +21,12 @@ before the clock starts), all of them in turn, ``--repeats`` times; the fastest 
 resident set once it has translated, its model still loaded; the peak resident set (which counts a model file's pages
 while it is read, memory-mapped) is the median of the repeats' (the table gives their range where they differ: where
 the allocator places a batch's blocks moves a process's peak from one run to the next); and the shortest time its
-model took to load (multihead's ``Translator(...)``,
-the run's tokenizers included; CTranslate2's ``Translator(...)``: warm page cache after the first repeat; a multihead
-int8 run keeps its packed forms at its first load, which later ones map). ``--threads 0`` runs each engine with its
-own default: multihead's (the cores other processes leave free, followed while it translates), CTranslate2's
-(``intra_threads=0``). ``--neighbours N`` starts N busy processes (a Python loop each) before each configuration's
-process and stops them after it: the machine shared with a neighbour, as servers and batch jobs share it.
+model took to load (multihead's ``Translator(...)``, the run's tokenizers included; CTranslate2's ``Translator(...)``:
+warm page cache after the first repeat; a multihead int8 run keeps its packed forms at its first load, which later
+ones map). ``--threads 0`` runs each engine with its own default: multihead's (the cores other processes leave free,
+followed while it translates), CTranslate2's (``intra_threads=0``). ``--neighbours N`` starts N busy processes (a
+Python loop each) before each configuration's process and stops them after it: the machine shared with a neighbour, as
+servers and batch jobs share it.
 ``--int8-run``: multihead's int8 configurations translate an int8 run (WORK/run-int8, its matrices stored as int8
 rows, written by ``multihead export WORK/run WORK/run-int8 --format multihead --quantization int8`` when missing)
 instead of the float32 run with ``--quantize int8``; the weights files' sizes on disk are reported. Sources are
