@@ -198,11 +198,14 @@ class Engines:
     def shrink(self, pinned: Collection[int]) -> None:
         """Under ``--memory``: the least recently used idle runs (not ``pinned``) released while the process's resident
         memory leaves less than the :attr:`Holding.room` free: held runs grow as they decode (their first sentences'
-        buffers), past what their costs, measured on one token, said."""
+        buffers), past what their costs, measured on one token, said. A run held alone stays (as a run alone is
+        loaded whatever the room)."""
         holding = self.holding
         if holding is not None and holding.memory is not None:
             budget = holding.memory - holding.room
-            self._release_until(lambda: (resident_bytes() or 0) <= budget, pinned)
+            self._release_until(
+                lambda: (resident_bytes() or 0) <= budget or sum(run.held for run in self.runs) <= 1, pinned
+            )
 
     def _room(self, wanted: _Run, pinned: Collection[int]) -> bool:
         """Whether ``wanted`` may be loaded now, releasing the least recently used idle runs while that makes room;
