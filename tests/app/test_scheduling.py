@@ -132,6 +132,9 @@ class Steps:
     def waiting(self) -> bool:
         return False
 
+    def shrink(self, pinned: object) -> None:
+        pass
+
     def to_load(self, pinned: object) -> list:
         return []
 

@@ -272,6 +272,9 @@ def test_the_service_looks_at_the_free_cores_before_each_step(monkeypatch: pytes
         def waiting(self) -> bool:
             return False
 
+        def shrink(self, pinned: object) -> None:
+            pass
+
         def to_load(self, pinned: object) -> list[object]:
             return []
 
