@@ -104,6 +104,34 @@ def test_a_layout_computes_its_linears_side_by_side(
             torch.testing.assert_close(affine(x[0]), expected[0], rtol=1e-5, atol=1e-5)  # 2-d rows
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_a_layout_of_many_outputs_computes_them_in_blocks_of_columns(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A linear of more than ``COLUMN_BLOCK`` outputs, in float32 on the CPU, is packed in blocks of columns as even as
+    they can be (113 as 38 + 38 + 37), each the module's outputs in its columns; at ``COLUMN_BLOCK`` outputs, or in
+    float64, one weight."""
+    from multihead.torch import layouts
+
+    if not layouts.onednn_linear():
+        pytest.skip("blocks of columns are oneDNN's packed forms: this PyTorch build has no oneDNN")  # x86 has it
+    monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 0)
+    (module,) = (part.to(dtype) for part in linears(113))
+    x = torch.randn(4, 3, 59, dtype=dtype)
+    with torch.no_grad():
+        expected = module(x)
+        for block, kind in [(50, "columns"), (113, "onednn")]:
+            monkeypatch.setattr(layouts, "COLUMN_BLOCK", block)
+            affine = lay_out(module)
+            assert affine.kind == (kind if dtype == torch.float32 else "plain")
+            torch.testing.assert_close(affine(x), expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(affine(x[0]), expected[0], rtol=1e-5, atol=1e-5)  # 2-d rows
+            if isinstance(affine, layouts.Columns):
+                assert affine.starts == (0, 38, 76)
+                for part, start, stop in zip(affine.parts, affine.starts, (38, 76, 113), strict=True):
+                    torch.testing.assert_close(part(x[0]), expected[0, :, start:stop], rtol=1e-5, atol=1e-5)
+
+
 def simulated_int8(modules: list[nn.Linear], x: torch.Tensor, reduce_range: bool) -> np.ndarray:
     """What int8 inference computes, in float64: each weight row ``round(w / s)`` with ``s = max |w| / 127``; the
     input quantized as a whole, ``round(x / sx) + zero`` in ``0..levels`` over the range ``[min(x, 0), max(x, 0)]``."""

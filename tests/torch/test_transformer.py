@@ -283,50 +283,83 @@ def test_beam_search_with_beam_one_is_greedy_and_cache_does_not_matter() -> None
     assert torch.equal(beams, model.generate(src, max_len=10, bos_id=BOS, eos_id=EOS, beam_size=4, use_cache=False))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 def test_beam_search_normalises_the_logits_a_block_of_rows_at_a_time_as_all_at_once(
-    monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Logits made in blocks of 3 rows (not dividing the 5 sentences' 4 beams), or in one, give the hypotheses and
-    scores the whole logits give."""
-    model, src = small_model(seed=4), tokens(5, 6, seed=5)
+    scores the whole logits give; in float32 on the CPU also with the output projection packed in blocks of 6 columns
+    (``COLUMN_BLOCK``), with blocks of rows and without."""
+    from multihead.torch import layouts
+
+    model, src = small_model(seed=4).to(dtype), tokens(5, 6, seed=5)
     search = decoding.SearchOptions(beam_size=4, n_best=3, length_penalty=0.6)
     generation = decoding.Generation(decoding.Specials(pad=PAD, bos=BOS, eos=EOS), search=search)
-    found = []
-    for whole, rows in ((0, 3), (0, 1000), (1000, 3)):
+    cases = [(0, 3, None), (0, 1000, None)]
+    if dtype == torch.float32 and layouts.onednn_linear():
+        monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 0)  # packed on every CPU, as large weights are
+        cases += [(0, 3, 6), (1000, 3, 6)]
+    found, default = [], layouts.COLUMN_BLOCK
+    for whole, rows, column_block in [*cases, (1000, 3, None)]:
         monkeypatch.setattr(transformer_module, "WHOLE_LOGIT_ROWS", whole)
         monkeypatch.setattr(transformer_module, "LOGIT_ROWS", rows)
+        monkeypatch.setattr(layouts, "COLUMN_BLOCK", column_block or default)
         with torch.inference_mode():
             session = model.decoding_session(src, max_len=8)
+            assert isinstance(session.steps.layouts[model, "output"], layouts.Columns) == (column_block is not None)
             found.append(engine.n_best_search(session, 5, generation, max_len=8))
-    for other in found[:2]:
-        for blocks, whole in zip(other, found[2], strict=True):
+    tolerance = 1e-6 if dtype == torch.float64 else 1e-5
+    for other in found[:-1]:
+        for blocks, whole in zip(other, found[-1], strict=True):
             assert [tokens.tolist() for _, tokens in blocks] == [tokens.tolist() for _, tokens in whole]
-            np.testing.assert_allclose([rank for rank, _ in blocks], [rank for rank, _ in whole], rtol=1e-6)
+            np.testing.assert_allclose([rank for rank, _ in blocks], [rank for rank, _ in whole], rtol=tolerance)
 
 
-@pytest.mark.parametrize("chunk", [64, 4])
-def test_logits_made_in_blocks_are_read_as_the_whole_logits(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("chunk", "column_block", "whole_rows"),
+    [(64, None, 2), (4, None, 2), (64, 6, 2), (4, 6, 2), (64, 6, 1000), (4, 22, 1000)],
+)
+def test_logits_made_in_blocks_are_read_as_the_whole_logits(
+    chunk: int, column_block: int | None, whole_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step of more rows than ``WHOLE_LOGIT_ROWS`` projects its logits a block at a time, where they are read: the
     best tokens, the best continuations of some rows, chosen tokens' log-probabilities and the tokens suppressed (in
-    every row, in some) are those of the whole logits, against a float64 log-softmax of the model's own call. Rows'
-    best found whole (31 ids) and through chunks of 4 ids (``row_top_k``: 7 chunks and 3 ids after them)."""
+    every row, in some, all but one in a row) are those of the whole logits, against a float64 log-softmax of the
+    model's own call. Rows' best found whole (23 ids) and through chunks of 4 ids (``row_top_k``: 5 chunks and 3 ids
+    after them). A float32 model on the CPU whose output projection is packed in blocks of columns (``COLUMN_BLOCK``:
+    23 ids as 6 + 6 + 6 + 5, or 12 + 11) reads its logits a block of columns at a time, with blocks of rows or all rows
+    at once."""
+    from multihead.torch import layouts
+
     monkeypatch.setattr(transformer_module, "TOP_K_CHUNK", chunk)
     model = small_model(seed=6)
+    if column_block is not None:
+        if not layouts.onednn_linear():
+            pytest.skip("blocks of columns are oneDNN's packed forms: this PyTorch build has no oneDNN")  # x86 has
+        monkeypatch.setattr(layouts, "COLUMN_BLOCK", column_block)
+        monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 0)  # packed on every CPU, as large weights are
+        model = model.float()
     src = tokens(7, 5, seed=7)
     prefix = torch.full((7, 1), BOS)
     with torch.no_grad():
         full = model(src, prefix)[:, -1].double()  # (7, V)
     banned, some = np.array([3, 8]), np.array([1, 4, 6])
+    forced = np.delete(np.arange(full.shape[1]), 9)  # row 2 must take token 9: every other suppressed
     full[:, banned] = -np.inf
     full[torch.from_numpy(some)[:, None], torch.tensor([EOS])] = -np.inf
+    full[2, forced] = -np.inf
     expected = torch.log_softmax(full, dim=-1).numpy()
-    monkeypatch.setattr(transformer_module, "WHOLE_LOGIT_ROWS", 2)
-    monkeypatch.setattr(transformer_module, "LOGIT_ROWS", 3)  # blocks of 3, 2, 2
+    monkeypatch.setattr(transformer_module, "WHOLE_LOGIT_ROWS", whole_rows)
+    monkeypatch.setattr(transformer_module, "LOGIT_ROWS", 3)  # blocks of 3, 2, 2 (but all 7 with whole_rows 1000)
     with torch.inference_mode():
         session = model.decoding_session(src, max_len=4)
         logits = session.step(prefix[:, -1].numpy())
         assert isinstance(logits, transformer_module.StepLogits)  # made a block at a time
+        if column_block is not None:
+            assert logits.columns is not None
+            assert logits.columns.starts == ((0, 6, 12, 18) if column_block == 6 else (0, 12))
         logits = session.suppress(session.suppress(logits, banned), np.array([EOS]), some)
+        logits = session.suppress(logits, forced, np.array([2]))
         assert np.array_equal(session.argmax(logits), expected.argmax(axis=-1))
         rows, scores = np.array([6, 0, 2, 5]), np.array([0.0, -0.5, -1.0, 0.25], dtype=np.float32)
         values, indices = session.top_k(logits, scores, 2, 3, rows)  # sentences of rows (6, 0) and (2, 5)
@@ -368,6 +401,34 @@ def test_row_top_k_finds_each_rows_largest_as_topk_does(
     assert (values[1:, 0] == 1.0).all()
     assert (columns[1:, 0] == vocab // 2).all()
     assert (torch.gather(suppressed, 1, columns).nan_to_num(nan=99.0) == values.nan_to_num(nan=99.0)).all()
+
+
+@pytest.mark.parametrize("starts", [(0,), (0, 3), (0, 2, 5, 6)], ids=["whole", "two-blocks", "four-blocks"])
+def test_the_best_token_found_a_block_of_columns_at_a_time_is_numpys_argmax(starts: tuple[int, ...]) -> None:
+    """Read whole or a block of columns at a time: each row's first largest, as NumPy's ``argmax`` of the whole row
+    finds it, where equal maxima lie in different blocks, a NaN comes after a number, a row is all ``-inf`` (every
+    token suppressed) or all but one, and suppressed tokens span blocks."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([
+        [0.5, 2.0, 1.0, 2.0, 0.0, 2.0, 1.0, -1.0],  # equal maxima in three blocks
+        [0.0, 1.0, 3.0, 2.0, 3.0, 1.0, 3.0, 0.0],
+        [0.0, 1.0, 2.0, 9.0, nan, 0.0, 5.0, 9.0],  # a NaN after the largest number
+        [-inf] * 8,
+        [-inf, -inf, -inf, -inf, -inf, -inf, 4.0, -inf],
+        [7.0, 1.0, 2.0, 8.0, 0.0, 3.0, 9.0, 6.0],
+    ])  # fmt: skip
+    suppressed = (np.array([6]), np.array([5]))  # the last row's largest
+    expected = x.clone()
+    expected[5, 6] = -inf
+    columns = None
+    if len(starts) > 1:
+        bounds = [*starts, 8]
+        columns = transformer_module.ColumnLogits(
+            lambda rows, block: x[rows, bounds[block] : bounds[block + 1]].clone(), starts
+        )
+    logits = transformer_module.StepLogits(lambda rows: x[rows].clone(), (6, 8), owned=True, columns=columns)
+    logits.suppressed.append(suppressed)
+    assert logits.argmax().tolist() == expected.numpy().argmax(axis=-1).tolist()
 
 
 @pytest.mark.parametrize("n_best", [1, 2])

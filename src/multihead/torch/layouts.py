@@ -15,8 +15,9 @@ form; a form laid out is an :class:`Affine`, one class per way of computing it:
   a stretch of inference in which the weights stay fixed (one session, or a translator's life): on the CPU packed in
   oneDNN's blocked format (:class:`OneDNN`), but small weights on the CPUs where MKL multiplies them faster
   (:data:`PLAIN_STEP_VENDORS`); elsewhere ``(in, out)`` row-major (:class:`Plain`), which some BLAS multiply faster
-  by a few rows. This cache, which lives as long as its session, is the only state kept out of the
-  framework's sight.
+  by a few rows; a weight of more than :data:`COLUMN_BLOCK` outputs (an output projection over a vocabulary) packed in
+  blocks of columns (:class:`Columns`), which a step reads one at a time. This cache, which lives as long as its
+  session, is the only state kept out of the framework's sight.
 - quantized ones (:func:`quantize`), for every inference call, not only steps: :class:`Int8`, weights in int8 with
   one scale per output feature, inputs quantized as they come (dynamic quantization: oneDNN's int8 kernel, which
   keeps the packed weights alone, where PyTorch has it; else PyTorch's own, :class:`DynamicInt8`); :class:`BFloat16`,
@@ -57,6 +58,7 @@ from multihead.torch.stored import Int8Rows
 __all__ = [
     "Affine",
     "BFloat16",
+    "Columns",
     "DynamicInt8",
     "HasForms",
     "Int8",
@@ -278,6 +280,27 @@ class Modules:
         return torch.cat([module(x) for module in self.modules], dim=-1)
 
 
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """Outputs computed in blocks of columns, each a form of its own (``parts``; ``starts``, the first column of each):
+    ``x (..., I)`` → ``(..., O)``, the blocks side by side. A reader that takes one block at a time (a decoding step's
+    best token) never holds the whole output."""
+
+    kind: ClassVar[str] = "columns"
+    parts: tuple[Affine, ...]
+    starts: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+COLUMN_BLOCK = 32768
+"""The most outputs a float32 form packs as one weight on the CPU: a larger weight (a translation model's output
+projection over its vocabulary) is packed in blocks of at most this many output columns, as even as they can be
+(:class:`Columns`): a step of a few hundred rows then makes its logits a block at a time, not a matrix of hundreds of
+megabytes (``benchmarks/deployed_sizes.py``), and the blocks' products are as fast as the whole's."""
+
+
 PLAIN_STEP_VENDORS = ("GenuineIntel",)
 """The CPU vendors on which a decoding step's small products (weights of at most :data:`PLAIN_STEP_ELEMENTS`) run
 faster on MKL with the weight ``(I, O)`` row-major (:class:`Plain`) than on oneDNN's packed kernel, whose every call
@@ -292,10 +315,19 @@ more; larger ones (512 → 512 and up) are faster packed from 32 rows a step up.
 
 def _float(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
     """The weights in their own dtype: packed for oneDNN on the CPU in float32 (but small ones on
-    :data:`PLAIN_STEP_VENDORS`' CPUs), else ``(I, O)``."""
-    if _on_cpu_in_float32(weight, weight) and not _plain_on_this_cpu(weight):
+    :data:`PLAIN_STEP_VENDORS`' CPUs; large ones in blocks of columns, :data:`COLUMN_BLOCK`), else ``(I, O)``."""
+    if not _on_cpu_in_float32(weight, weight) or _plain_on_this_cpu(weight):
+        return Plain(weight.t().contiguous(), bias)
+    if len(weight) <= COLUMN_BLOCK:
         return OneDNN(_packed(weight), bias)
-    return Plain(weight.t().contiguous(), bias)
+    count = -(-len(weight) // COLUMN_BLOCK)
+    size = -(-len(weight) // count)  # the columns of each block but the last
+    starts = tuple(range(0, len(weight), size))
+    parts = tuple(
+        OneDNN(_packed(weight[start : start + size]), None if bias is None else bias[start : start + size])
+        for start in starts
+    )  # fmt: skip
+    return Columns(parts, starts)
 
 
 def _plain_on_this_cpu(weight: torch.Tensor) -> bool:

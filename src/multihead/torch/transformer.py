@@ -18,6 +18,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -32,7 +33,7 @@ from multihead.masks import key_layout, padding_from_tokens, target_padding_from
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention, Staging
 from multihead.torch.dropout import Dropout
-from multihead.torch.layouts import KeptLayouts, Layouts, apply_form
+from multihead.torch.layouts import Columns, KeptLayouts, Layouts, apply_form
 from multihead.torch.stored import Int8Rows
 from multihead.torch.tensors import OPS
 from multihead.validation import check_dropout, check_flag, check_non_negative_int, check_positive_int
@@ -681,9 +682,13 @@ class DecoderSteps:
         """The next token's logits ``(N, V)`` in float32 after the decoder's output ``hidden (N, E)``, made where
         they are read."""
         output = self.layouts[self.model, "output"]
+        shape = (int(hidden.shape[0]), self.model.config.tgt_vocab)
+        if isinstance(output, Columns):  # packed in blocks of columns: read a block at a time
+            parts = output.parts
+            columns = ColumnLogits(lambda rows, block: parts[block](hidden[rows]).float(), output.starts)
+            return StepLogits(lambda rows: output(hidden[rows]).float(), shape, owned=True, columns=columns)
         if hidden.shape[0] <= WHOLE_LOGIT_ROWS:
             return StepLogits.of(output(hidden).float())
-        shape = (int(hidden.shape[0]), self.model.config.tgt_vocab)
         return StepLogits(lambda rows: output(hidden[rows]).float(), shape, owned=True)
 
     def encode(
@@ -733,13 +738,7 @@ class DecoderSteps:
         return torch.from_numpy(array).to(self.device)
 
     def argmax(self, logits: StepLogits | torch.Tensor) -> np.ndarray:
-        # The first of equal maxima either way. On the CPU, NumPy reads the same memory and is several times faster
-        # than PyTorch's reduction; elsewhere only the ids leave the device.
-        found = [
-            block.numpy().argmax(axis=-1) if block.device.type == "cpu" else block.max(dim=-1).indices.cpu().numpy()
-            for block in StepLogits.of(logits).blocks()
-        ]
-        return np.concatenate(found) if len(found) != 1 else found[0]
+        return StepLogits.of(logits).argmax()
 
     def suppress(
         self, logits: StepLogits | torch.Tensor, tokens: np.ndarray, rows: np.ndarray | None = None
@@ -767,7 +766,7 @@ class DecoderSteps:
         # each block of rows is normalised and cut to its best as it is read.
         row_best = min(count, vocab)
         with torch.inference_mode():
-            best = [row_top_k(block, row_best) for block in made.log_prob_blocks()]
+            best = list(made.top_log_probs(row_best))
         values, tokens = (torch.cat(parts) if len(best) > 1 else parts[0] for parts in zip(*best, strict=True))
         if rows is not None:  # the rows searched, each sentence's together: the few best of each, not the logits
             index = torch.from_numpy(rows).to(values.device)
@@ -779,17 +778,33 @@ class DecoderSteps:
         return values.cpu().numpy(), indices.cpu().numpy()
 
 
+@dataclass(frozen=True)
+class ColumnLogits:
+    """Logits made a block of columns at a time: ``make(rows, block)``, the logits ``(R, C)`` of the rows ``rows`` (a
+    slice, or int64 indices) in the columns from ``starts[block]`` to the next block's start (the last: to ``V``)."""
+
+    make: Callable[[slice | torch.Tensor, int], torch.Tensor]
+    starts: tuple[int, ...]
+
+
 class StepLogits:
     """A decoding step's next-token logits ``(N, V)`` (float32), read :data:`LOGIT_ROWS` rows at a time (``make``: the
     logits of the rows a slice or an index array names), with the tokens :meth:`DecoderSteps.suppress` made impossible
     in them (in place: ``make`` gives new tensors, or views of logits only this step reads). Made a block at a time
     (``make`` projecting the decoder's output), a beam search's hundreds of rows never hold a whole ``(N, V)``
-    matrix, nor its log-softmax."""
+    matrix, nor its log-softmax. Where ``columns`` makes them a block of columns at a time too, the best tokens
+    (:meth:`argmax`, :meth:`top_log_probs`) are found block by block: a step of up to :data:`WHOLE_LOGIT_ROWS` rows
+    reads them all at once, each ``(N, C)`` block, without a whole ``(N, V)`` matrix."""
 
     def __init__(
-        self, make: Callable[[slice | torch.Tensor], torch.Tensor], shape: tuple[int, int], *, owned: bool = False
+        self,
+        make: Callable[[slice | torch.Tensor], torch.Tensor],
+        shape: tuple[int, int],
+        *,
+        owned: bool = False,
+        columns: ColumnLogits | None = None,
     ) -> None:
-        self.make, self.shape, self.owned = make, shape, owned
+        self.make, self.shape, self.owned, self.columns = make, shape, owned, columns
         """``owned``: every tensor ``make`` gives is new, its reader's alone, so it may be normalised in place."""
         self.suppressed: list[tuple[np.ndarray, np.ndarray | None]] = []  # (token ids, rows or None: all)
 
@@ -811,9 +826,18 @@ class StepLogits:
             return self._rows(rows)
 
     def _rows(self, rows: slice | np.ndarray) -> torch.Tensor:
-        made = self.make(rows if isinstance(rows, slice) else torch.from_numpy(rows))
+        return self._suppress(self.make(rows if isinstance(rows, slice) else torch.from_numpy(rows)), rows)
+
+    def _suppress(self, made: torch.Tensor, rows: slice | np.ndarray, start: int = 0) -> torch.Tensor:
+        """``made``, the logits of rows ``rows`` in the columns from ``start`` on, with the suppressed tokens among
+        them ``-inf``."""
+        stop = start + int(made.shape[1])
         held: np.ndarray | None = None  # (R,) the rows made, by their index among all, once a suppression names rows
         for tokens, suppressed in self.suppressed:
+            if start or stop < self.shape[1]:  # a block of columns: its tokens, counted from its first
+                tokens = tokens[(tokens >= start) & (tokens < stop)] - start
+                if not len(tokens):
+                    continue
             columns = torch.from_numpy(tokens).to(made.device)
             if suppressed is None:
                 made.index_fill_(1, columns, float("-inf"))
@@ -834,16 +858,66 @@ class StepLogits:
     def _blocks(self) -> Iterator[slice]:
         count = self.shape[0]
         size = max(1, -(-count // max(1, -(-count // LOGIT_ROWS))))  # the rows of each block but the last
+        if self.columns is not None and count <= WHOLE_LOGIT_ROWS:
+            size = max(count, 1)
         for start in range(0, max(count, 1), size):  # no rows: one empty block
             yield slice(start, min(start + size, count))
 
-    def blocks(self) -> Iterator[torch.Tensor]:
-        """Every row's logits, :data:`LOGIT_ROWS` rows at a time, in order (see :meth:`rows`)."""
-        return (self.rows(rows) for rows in self._blocks())
+    def _tiles(self, rows: slice) -> Iterator[tuple[int, torch.Tensor]]:
+        """Rows ``rows``' logits (see :meth:`rows`) a block of columns at a time where :attr:`columns` makes them so,
+        else whole: each block's first column and its logits ``(R, C)``."""
+        if self.columns is None:
+            yield 0, self._rows(rows)
+            return
+        for block, start in enumerate(self.columns.starts):
+            yield start, self._suppress(self.columns.make(rows, block), rows, start)
 
-    def log_prob_blocks(self) -> Iterator[torch.Tensor]:
-        """Every row's log-softmax, a block at a time, as :meth:`blocks` (see :meth:`log_probs`)."""
-        return (self.log_probs(rows) for rows in self._blocks())
+    def argmax(self) -> np.ndarray:
+        """Each row's most probable token ``(N,)``, the first of equal maxima (a NaN before any number, as NumPy's
+        ``argmax``). On the CPU, NumPy reads the logits' memory, several times faster than PyTorch's reduction;
+        elsewhere only the ids leave the device."""
+        found = []
+        with torch.inference_mode():
+            for rows in self._blocks():
+                chosen: np.ndarray | None = None
+                best = np.empty(0, dtype=np.float32)
+                for start, tile in self._tiles(rows):
+                    if tile.device.type != "cpu":  # the whole rows, one tile
+                        chosen = tile.max(dim=-1).indices.cpu().numpy()
+                        break
+                    values = tile.numpy()
+                    at = values.argmax(axis=-1)  # (R,)
+                    value = values[np.arange(len(at)), at]
+                    if chosen is None:
+                        chosen, best = at, value
+                        continue
+                    better = (value > best) | (np.isnan(value) & ~np.isnan(best))  # the earlier of equals stays
+                    chosen, best = np.where(better, at + start, chosen), np.where(better, value, best)
+                assert chosen is not None  # every block has a tile
+                found.append(chosen)
+        return np.concatenate(found) if len(found) != 1 else found[0]
+
+    def top_log_probs(self, k: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each row's ``k`` (at most ``V``) most probable tokens, best first, a block of rows at a time: their
+        log-probabilities ``(R, k)`` and ids ``(R, k)`` (:func:`row_top_k` of the log-softmax). Read a block of
+        columns at a time: each block's best ``k`` logits and its log-sum-exp (its best logit less its best's
+        log-softmax in the block, which PyTorch's kernel computes faster than ``logsumexp``), the row's log-sum-exp of
+        those."""
+        for rows in self._blocks():
+            if self.columns is None:
+                yield row_top_k(self.log_probs(rows), k)
+                continue
+            totals, values, tokens = [], [], []
+            for start, tile in self._tiles(rows):  # each tile new: normalised in place
+                best, columns = row_top_k(tile, min(k, int(tile.shape[1])))  # (R, k) logits
+                normalised = torch.log_softmax(tile, dim=-1, out=tile).gather(1, columns[:, :1])  # (R, 1)
+                largest = best[:, 0]  # (R,) -inf where the block's every token is suppressed: no sum, not NaN
+                totals.append(torch.where(largest == -math.inf, largest, largest - normalised[:, 0]))
+                values.append(best)
+                tokens.append(columns + start)
+            total = torch.logsumexp(torch.stack(totals, dim=-1), dim=-1)  # (R, blocks) -> (R,)
+            best, chosen = torch.cat(values, dim=1).topk(k, dim=-1)  # (R, k) of the blocks' best
+            yield best - total[:, None], torch.cat(tokens, dim=1).gather(1, chosen)
 
     def whole(self) -> torch.Tensor:
         """Every row's logits ``(N, V)`` at once (an ensemble averages them)."""
