@@ -108,9 +108,9 @@ def test_a_layout_computes_its_linears_side_by_side(
 def test_a_layout_of_many_outputs_computes_them_in_blocks_of_columns(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A linear of more than ``COLUMN_BLOCK`` outputs, in float32 on the CPU, is packed in blocks of columns as even as
-    they can be (113 as 38 + 38 + 37), each the module's outputs in its columns; at ``COLUMN_BLOCK`` outputs, or in
-    float64, one weight."""
+    """A linear of more than ``COLUMN_SPLIT`` outputs, in float32 on the CPU, is packed in blocks of at most
+    ``COLUMN_BLOCK`` columns as even as they can be (113 as 38 + 38 + 37), each the module's outputs in its columns; at
+    ``COLUMN_SPLIT`` outputs, or in float64, one weight."""
     from multihead.torch import layouts
 
     if not layouts.onednn_linear():
@@ -120,8 +120,9 @@ def test_a_layout_of_many_outputs_computes_them_in_blocks_of_columns(
     x = torch.randn(4, 3, 59, dtype=dtype)
     with torch.no_grad():
         expected = module(x)
-        for block, kind in [(50, "columns"), (113, "onednn")]:
-            monkeypatch.setattr(layouts, "COLUMN_BLOCK", block)
+        for split, kind in [(60, "columns"), (113, "onednn")]:
+            monkeypatch.setattr(layouts, "COLUMN_SPLIT", split)
+            monkeypatch.setattr(layouts, "COLUMN_BLOCK", 50)
             affine = lay_out(module)
             assert affine.kind == (kind if dtype == torch.float32 else "plain")
             torch.testing.assert_close(affine(x), expected, rtol=1e-5, atol=1e-5)

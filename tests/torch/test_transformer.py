@@ -289,7 +289,7 @@ def test_beam_search_normalises_the_logits_a_block_of_rows_at_a_time_as_all_at_o
 ) -> None:
     """Logits made in blocks of 3 rows (not dividing the 5 sentences' 4 beams), or in one, give the hypotheses and
     scores the whole logits give; in float32 on the CPU also with the output projection packed in blocks of 6 columns
-    (``COLUMN_BLOCK``), with blocks of rows and without."""
+    (``COLUMN_SPLIT``, ``COLUMN_BLOCK``), with blocks of rows and without."""
     from multihead.torch import layouts
 
     model, src = small_model(seed=4).to(dtype), tokens(5, 6, seed=5)
@@ -299,10 +299,11 @@ def test_beam_search_normalises_the_logits_a_block_of_rows_at_a_time_as_all_at_o
     if dtype == torch.float32 and layouts.onednn_linear():
         monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 0)  # packed on every CPU, as large weights are
         cases += [(0, 3, 6), (1000, 3, 6)]
-    found, default = [], layouts.COLUMN_BLOCK
+    found, default = [], layouts.COLUMN_SPLIT
     for whole, rows, column_block in [*cases, (1000, 3, None)]:
         monkeypatch.setattr(transformer_module, "WHOLE_LOGIT_ROWS", whole)
         monkeypatch.setattr(transformer_module, "LOGIT_ROWS", rows)
+        monkeypatch.setattr(layouts, "COLUMN_SPLIT", column_block or default)
         monkeypatch.setattr(layouts, "COLUMN_BLOCK", column_block or default)
         with torch.inference_mode():
             session = model.decoding_session(src, max_len=8)
@@ -326,9 +327,9 @@ def test_logits_made_in_blocks_are_read_as_the_whole_logits(
     best tokens, the best continuations of some rows, chosen tokens' log-probabilities and the tokens suppressed (in
     every row, in some, all but one in a row) are those of the whole logits, against a float64 log-softmax of the
     model's own call. Rows' best found whole (23 ids) and through chunks of 4 ids (``row_top_k``: 5 chunks and 3 ids
-    after them). A float32 model on the CPU whose output projection is packed in blocks of columns (``COLUMN_BLOCK``:
-    23 ids as 6 + 6 + 6 + 5, or 12 + 11) reads its logits a block of columns at a time, with blocks of rows or all rows
-    at once."""
+    after them). A float32 model on the CPU whose output projection is packed in blocks of columns (``COLUMN_SPLIT``,
+    ``COLUMN_BLOCK``: 23 ids as 6 + 6 + 6 + 5, or 12 + 11) reads its logits a block of columns at a time, with blocks of
+    rows or all rows at once."""
     from multihead.torch import layouts
 
     monkeypatch.setattr(transformer_module, "TOP_K_CHUNK", chunk)
@@ -336,6 +337,7 @@ def test_logits_made_in_blocks_are_read_as_the_whole_logits(
     if column_block is not None:
         if not layouts.onednn_linear():
             pytest.skip("blocks of columns are oneDNN's packed forms: this PyTorch build has no oneDNN")  # x86 has
+        monkeypatch.setattr(layouts, "COLUMN_SPLIT", column_block)
         monkeypatch.setattr(layouts, "COLUMN_BLOCK", column_block)
         monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 0)  # packed on every CPU, as large weights are
         model = model.float()

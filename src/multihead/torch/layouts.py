@@ -15,9 +15,9 @@ form; a form laid out is an :class:`Affine`, one class per way of computing it:
   a stretch of inference in which the weights stay fixed (one session, or a translator's life): on the CPU packed in
   oneDNN's blocked format (:class:`OneDNN`), but small weights on the CPUs where MKL multiplies them faster
   (:data:`PLAIN_STEP_VENDORS`); elsewhere ``(in, out)`` row-major (:class:`Plain`), which some BLAS multiply faster
-  by a few rows; a weight of more than :data:`COLUMN_BLOCK` outputs (an output projection over a vocabulary) packed in
-  blocks of columns (:class:`Columns`), which a step reads one at a time. This cache, which lives as long as its
-  session, is the only state kept out of the framework's sight.
+  by a few rows; a weight of more than :data:`COLUMN_SPLIT` outputs (an output projection over a large vocabulary)
+  packed in blocks of columns (:class:`Columns`), which a step reads one at a time. This cache, which lives as long
+  as its session, is the only state kept out of the framework's sight.
 - quantized ones (:func:`quantize`), for every inference call, not only steps: :class:`Int8`, weights in int8 with
   one scale per output feature, inputs quantized as they come (dynamic quantization: oneDNN's int8 kernel, which
   keeps the packed weights alone, where PyTorch has it; else PyTorch's own, :class:`DynamicInt8`); :class:`BFloat16`,
@@ -294,11 +294,16 @@ class Columns:
         return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
+COLUMN_SPLIT = 65536
+"""The most outputs a float32 form packs as one weight on the CPU: a larger weight (the output projection of a model
+with a vocabulary of hundreds of thousands, such as NLLB's) is packed in blocks of columns (:data:`COLUMN_BLOCK`,
+:class:`Columns`), so that a step of a few hundred rows makes its logits a block at a time, not a matrix of hundreds
+of megabytes. Smaller ones (OPUS-MT's 58,101) stay whole: there, blocks took as long and made the peak higher, not
+lower (``benchmarks/deployed_sizes.py``, docs/performance.md)."""
+
 COLUMN_BLOCK = 32768
-"""The most outputs a float32 form packs as one weight on the CPU: a larger weight (a translation model's output
-projection over its vocabulary) is packed in blocks of at most this many output columns, as even as they can be
-(:class:`Columns`): a step of a few hundred rows then makes its logits a block at a time, not a matrix of hundreds of
-megabytes (``benchmarks/deployed_sizes.py``), and the blocks' products are as fast as the whole's."""
+"""The most output columns of each block of a weight packed in blocks (:data:`COLUMN_SPLIT`), as even as they can
+be: the blocks' products are as fast as the whole's."""
 
 
 PLAIN_STEP_VENDORS = ("GenuineIntel",)
@@ -315,10 +320,10 @@ more; larger ones (512 → 512 and up) are faster packed from 32 rows a step up.
 
 def _float(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
     """The weights in their own dtype: packed for oneDNN on the CPU in float32 (but small ones on
-    :data:`PLAIN_STEP_VENDORS`' CPUs; large ones in blocks of columns, :data:`COLUMN_BLOCK`), else ``(I, O)``."""
+    :data:`PLAIN_STEP_VENDORS`' CPUs; large ones in blocks of columns, :data:`COLUMN_SPLIT`), else ``(I, O)``."""
     if not _on_cpu_in_float32(weight, weight) or _plain_on_this_cpu(weight):
         return Plain(weight.t().contiguous(), bias)
-    if len(weight) <= COLUMN_BLOCK:
+    if len(weight) <= COLUMN_SPLIT:
         return OneDNN(_packed(weight), bias)
     count = -(-len(weight) // COLUMN_BLOCK)
     size = -(-len(weight) // count)  # the columns of each block but the last

@@ -787,6 +787,14 @@ class ColumnLogits:
     starts: tuple[int, ...]
 
 
+def _row_maxima(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's first largest of ``logits (R, C)`` on the CPU: its column ``(R,)`` and value ``(R,)``, by NumPy
+    (which reads the same memory several times faster than PyTorch's reduction)."""
+    values = logits.numpy()
+    at = values.argmax(axis=-1)  # (R,)
+    return at, values[np.arange(len(at)), at]
+
+
 class StepLogits:
     """A decoding step's next-token logits ``(N, V)`` (float32), read :data:`LOGIT_ROWS` rows at a time (``make``: the
     logits of the rows a slice or an index array names), with the tokens :meth:`DecoderSteps.suppress` made impossible
@@ -876,26 +884,23 @@ class StepLogits:
         """Each row's most probable token ``(N,)``, the first of equal maxima (a NaN before any number, as NumPy's
         ``argmax``). On the CPU, NumPy reads the logits' memory, several times faster than PyTorch's reduction;
         elsewhere only the ids leave the device."""
-        found = []
         with torch.inference_mode():
-            for rows in self._blocks():
-                chosen: np.ndarray | None = None
-                best = np.empty(0, dtype=np.float32)
-                for start, tile in self._tiles(rows):
-                    if tile.device.type != "cpu":  # the whole rows, one tile
-                        chosen = tile.max(dim=-1).indices.cpu().numpy()
-                        break
-                    values = tile.numpy()
-                    at = values.argmax(axis=-1)  # (R,)
-                    value = values[np.arange(len(at)), at]
-                    if chosen is None:
-                        chosen, best = at, value
-                        continue
-                    better = (value > best) | (np.isnan(value) & ~np.isnan(best))  # the earlier of equals stays
-                    chosen, best = np.where(better, at + start, chosen), np.where(better, value, best)
-                assert chosen is not None  # every block has a tile
-                found.append(chosen)
+            found = [self._argmax(rows) for rows in self._blocks()]
         return np.concatenate(found) if len(found) != 1 else found[0]
+
+    def _argmax(self, rows: slice) -> np.ndarray:
+        chosen, best = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        for start, tile in self._tiles(rows):
+            if tile.device.type != "cpu":  # the whole rows, one tile
+                return tile.max(dim=-1).indices.cpu().numpy()
+            at, value = _row_maxima(tile)
+            del tile  # freed before the next block of columns is made
+            if not start:
+                chosen, best = at, value
+                continue
+            better = (value > best) | (np.isnan(value) & ~np.isnan(best))  # the earlier of equals stays
+            chosen, best = np.where(better, at + start, chosen), np.where(better, value, best)
+        return chosen
 
     def top_log_probs(self, k: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Each row's ``k`` (at most ``V``) most probable tokens, best first, a block of rows at a time: their
@@ -915,6 +920,7 @@ class StepLogits:
                 totals.append(torch.where(largest == -math.inf, largest, largest - normalised[:, 0]))
                 values.append(best)
                 tokens.append(columns + start)
+                del tile  # freed before the next block of columns is made
             total = torch.logsumexp(torch.stack(totals, dim=-1), dim=-1)  # (R, blocks) -> (R,)
             best, chosen = torch.cat(values, dim=1).topk(k, dim=-1)  # (R, k) of the blocks' best
             yield best - total[:, None], torch.cat(tokens, dim=1).gather(1, chosen)
