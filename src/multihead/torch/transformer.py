@@ -882,8 +882,8 @@ class StepLogits:
 
     def argmax(self) -> np.ndarray:
         """Each row's most probable token ``(N,)``, the first of equal maxima (a NaN before any number, as NumPy's
-        ``argmax``). On the CPU, NumPy reads the logits' memory, several times faster than PyTorch's reduction;
-        elsewhere only the ids leave the device."""
+        ``argmax``); on the CPU found by NumPy (:func:`_row_maxima`), elsewhere on the device, only the ids leaving
+        it."""
         with torch.inference_mode():
             found = [self._argmax(rows) for rows in self._blocks()]
         return np.concatenate(found) if len(found) != 1 else found[0]
