@@ -788,8 +788,7 @@ class ColumnLogits:
 
 
 def _row_maxima(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's first largest of ``logits (R, C)`` on the CPU: its column ``(R,)`` and value ``(R,)``, by NumPy
-    (which reads the same memory several times faster than PyTorch's reduction)."""
+    """Each row's first largest of ``logits (R, C)`` on the CPU: its column ``(R,)`` and value ``(R,)``."""
     values = logits.numpy()
     at = values.argmax(axis=-1)  # (R,)
     return at, values[np.arange(len(at)), at]
@@ -882,17 +881,20 @@ class StepLogits:
 
     def argmax(self) -> np.ndarray:
         """Each row's most probable token ``(N,)``, the first of equal maxima (a NaN before any number, as NumPy's
-        ``argmax``); on the CPU found by NumPy (:func:`_row_maxima`), elsewhere on the device, only the ids leaving
-        it."""
+        ``argmax``). On the CPU, NumPy reads the logits' memory, several times faster than PyTorch's reduction;
+        elsewhere only the ids leave the device."""
         with torch.inference_mode():
             found = [self._argmax(rows) for rows in self._blocks()]
         return np.concatenate(found) if len(found) != 1 else found[0]
 
     def _argmax(self, rows: slice) -> np.ndarray:
+        if self.columns is None:  # the whole rows
+            block = self._rows(rows)
+            if block.device.type == "cpu":
+                return block.numpy().argmax(axis=-1)
+            return block.max(dim=-1).indices.cpu().numpy()
         chosen, best = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-        for start, tile in self._tiles(rows):
-            if tile.device.type != "cpu":  # the whole rows, one tile
-                return tile.max(dim=-1).indices.cpu().numpy()
+        for start, tile in self._tiles(rows):  # on the CPU, where forms are packed in blocks of columns
             at, value = _row_maxima(tile)
             del tile  # freed before the next block of columns is made
             if not start:
