@@ -765,7 +765,7 @@ class DecoderSteps:
         # A sentence's best candidates are among the best of each of its rows: scores are added to those only, and
         # each block of rows is normalised and cut to its best as it is read.
         row_best = min(count, vocab)
-        with torch.inference_mode():
+        with _inference():
             best = list(made.top_log_probs(row_best))
         values, tokens = (torch.cat(parts) if len(best) > 1 else parts[0] for parts in zip(*best, strict=True))
         if rows is not None:  # the rows searched, each sentence's together: the few best of each, not the logits
@@ -785,6 +785,12 @@ class ColumnLogits:
 
     make: Callable[[slice | torch.Tensor, int], torch.Tensor]
     starts: tuple[int, ...]
+
+
+def _inference() -> contextlib.AbstractContextManager[Any]:
+    """Inference mode, for the readers of a step's logits: entered only where it is not on already (a decoding
+    session's steps run in it, and entering it again costs more than a small step's argmax)."""
+    return contextlib.nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode()
 
 
 def _row_maxima(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -827,9 +833,7 @@ class StepLogits:
     def rows(self, rows: slice | np.ndarray) -> torch.Tensor:
         """The logits ``(R, V)`` of rows ``rows`` (a slice, or int64 indices ``(R,)``), the suppressed tokens
         ``-inf``."""
-        if torch.is_inference_mode_enabled():  # a decoding session's step
-            return self._rows(rows)
-        with torch.inference_mode():
+        with _inference():
             return self._rows(rows)
 
     def _rows(self, rows: slice | np.ndarray) -> torch.Tensor:
@@ -858,7 +862,7 @@ class StepLogits:
     def log_probs(self, rows: slice | np.ndarray) -> torch.Tensor:
         """The log-softmax ``(R, V)`` of rows ``rows``' logits (see :meth:`rows`), written over them where they are
         :attr:`owned`, so that a block never takes a second ``(R, V)`` matrix."""
-        with torch.inference_mode():
+        with _inference():
             made = self._rows(rows)
             return torch.log_softmax(made, dim=-1, out=made) if self.owned else torch.log_softmax(made, dim=-1)
 
@@ -883,14 +887,14 @@ class StepLogits:
         """Each row's most probable token ``(N,)``, the first of equal maxima (a NaN before any number, as NumPy's
         ``argmax``). On the CPU, NumPy reads the logits' memory, several times faster than PyTorch's reduction;
         elsewhere only the ids leave the device."""
-        with torch.inference_mode():
+        with _inference():
             found = [self._argmax(rows) for rows in self._blocks()]
         return np.concatenate(found) if len(found) != 1 else found[0]
 
     def _argmax(self, rows: slice) -> np.ndarray:
         if self.columns is None:  # the whole rows
             block = self._rows(rows)
-            if block.device.type == "cpu":
+            if block.is_cpu:
                 return block.numpy().argmax(axis=-1)
             return block.max(dim=-1).indices.cpu().numpy()
         chosen, best = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
