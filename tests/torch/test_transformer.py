@@ -987,3 +987,69 @@ def test_a_kept_layouts_serves_many_calls_with_the_same_tokens() -> None:
     assert torch.equal(model.generate(src, layouts=kept, **args), first)
     assert kept._built == built  # laid out once
     assert torch.equal(model.generate(src, **args), first)
+
+
+@pytest.mark.parametrize("form", ["plain", "onednn", "int8"])
+def test_a_session_encodes_its_sources_and_projects_their_memory_through_its_layouts(
+    form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU a decoding session's encoding and memory projection take its layouts' forms (each encoder
+    self-attention's query, key and value as one product; row-major, packed for oneDNN, or int8): the memory at the
+    sources' real positions and every decoder layer's cross-attention keys and values equal the float64 model's own
+    (``model.encode``, its ``k_proj`` and ``v_proj``), padded sources among them."""
+    from multihead import cpu
+    from multihead.torch import layouts, quantize
+
+    if form != "plain" and not layouts.onednn_linear():
+        pytest.skip("packed and int8 forms are oneDNN's: this PyTorch build has no oneDNN")  # x86 builds have it
+    monkeypatch.setattr(cpu, "vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 10**9 if form == "plain" else 0)
+    reference = small_model(seed=8)
+    src = tokens(3, 7, seed=9)
+    src[1, 4:] = PAD
+    src[2, 1:] = PAD
+    key_mask = src != PAD
+    with torch.no_grad():
+        memory = reference.encode(src, src_key_mask=key_mask)
+        expected = [
+            tuple(
+                proj(memory).view(3, 7, layer.cross_attn.num_kv_heads, -1).transpose(1, 2)
+                for proj in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)
+            )
+            for layer in reference.decoder.layers
+        ]  # (B, Hkv, Ls, D) each
+    model = small_model(seed=8).float()
+    if form == "int8":
+        model = quantize(model, "int8")
+    asked: list[tuple[nn.Module, str]] = []
+    lookup = layouts.Layouts.__getitem__
+    monkeypatch.setattr(layouts.Layouts, "__getitem__", lambda self, key: asked.append(key) or lookup(self, key))
+    steps = model.decoder_steps()
+    with torch.inference_mode():
+        found, _ = steps.encode(src, key_mask)
+        projected = steps.project_memory(found)
+    assert {(layer.self_attn, "qkv") for layer in model.encoder.layers} <= set(asked)
+    assert {(layer.cross_attn, "k") for layer in model.decoder.layers} <= set(asked)
+    tolerance = 0.05 if form == "int8" else 1e-5  # int8 against the float64 model's own values
+    real = key_mask[..., None].expand_as(memory)
+    torch.testing.assert_close(found.double()[real], memory[real], rtol=tolerance, atol=tolerance)
+    for (keys, values), (want_keys, want_values) in zip(projected, expected, strict=True):
+        torch.testing.assert_close(keys.double(), want_keys, rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(values.double(), want_values, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"num_kv_heads": 2, "value_head_dim": 5, "bias": False}], ids=["mha", "gqa-dv5-no-bias"]
+)
+def test_a_self_attention_through_layouts_projects_query_key_and_value_as_one_product(options: dict) -> None:
+    """Self-attention over laid-out weights (a session's encoder: query, key and value the same input, no cache)
+    projects them with the ``qkv`` form, one product, and gives the module's own output, grouped heads and a value
+    head size of its own among them."""
+    module = MultiHeadAttention(32, 4, **options).eval()
+    x = torch.randn(2, 6, 32)
+    kept = Layouts()
+    with torch.inference_mode():
+        expected = module(x)
+        found, _ = module._attend(x, x, x, mask=None, self_attention=True, layouts=kept)
+    assert set(kept._built) == {(module, "qkv"), (module, "out")}
+    torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-5)

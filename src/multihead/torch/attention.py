@@ -342,9 +342,15 @@ class MultiHeadAttention(nn.Module):
             return layouts[self, "out"](out.reshape(batch, -1)).unsqueeze(1), None  # (N, 1, E)
         if cache is not None and not self_attention and cache.memory_rows is not None:
             raise ValueError("a cache holding one memory per source is read by a decoding session's steps only")
-        q = apply_form(self, "q", query, layouts)  # (B, Lq, H*Dk)
-        q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
-        k, v = attended(cache, self_attention, lambda: self._project_given(key, value, layouts))
+        if layouts is not None and cache is None and key is query and value is query:  # a session's encoder
+            q, k, v = layouts[self, "qkv"](query).split(self._qkv_widths(), dim=2)  # (B, L, H*Dk), ...
+            q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dk)
+            k = k.view(batch, lq, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dk)
+            v = v.view(batch, lq, self.num_kv_heads, self.value_head_dim).transpose(1, 2)  # (B, Hkv, L, Dv)
+        else:
+            q = apply_form(self, "q", query, layouts)  # (B, Lq, H*Dk)
+            q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
+            k, v = attended(cache, self_attention, lambda: self._project_given(key, value, layouts))
         out, weights = _attention(
             q, k, v, mask, causal=causal, scale=None, dropout=self.dropout if self.training else 0.0,
             return_weights=return_weights, implementation=self.implementation,
@@ -363,19 +369,21 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A decoding step's queries ``(N, H, 1, Dk)`` and the keys and values it attends ``(N, Hkv, L, D)``: in
         self-attention the token's own, projected with the query (one product) and appended to ``cache``."""
-        rows, queries = query.shape[0], self.num_heads * self.head_dim
+        rows = query.shape[0]
         x = query.reshape(rows, -1)  # (N, qdim)
         if not self_attention:
             q = layouts[self, "q"](x).view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
-            return (q, *attended(cache, False, lambda: self._project_given(key, value, None)))  # as the memory's
-        projected = layouts[self, "qkv"](x)  # (N, H*Dk + Hkv*(Dk + Dv))
-        q = projected[:, :queries].view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
-        k, v = projected[:, queries:].split(
-            (self.num_kv_heads * self.head_dim, self.num_kv_heads * self.value_head_dim), dim=1
-        )
+            return (q, *attended(cache, False, lambda: self._project_given(key, value, layouts)))
+        q, k, v = layouts[self, "qkv"](x).split(self._qkv_widths(), dim=1)  # (N, H*Dk), (N, Hkv*Dk), (N, Hkv*Dv)
+        q = q.view(rows, self.num_heads, 1, self.head_dim)  # (N, H, 1, Dk)
         k = k.view(rows, self.num_kv_heads, 1, self.head_dim)  # (N, Hkv, 1, Dk)
         v = v.view(rows, self.num_kv_heads, 1, self.value_head_dim)  # (N, Hkv, 1, Dv)
         return (q, *cache.append(k, v))
+
+    def _qkv_widths(self) -> tuple[int, int, int]:
+        """The widths of the queries, keys and values side by side in the ``qkv`` form's output."""
+        kv_heads = self.num_kv_heads
+        return (self.num_heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.value_head_dim)
 
     def _project_given(
         self, key: torch.Tensor | None, value: torch.Tensor | None, layouts: Layouts | None

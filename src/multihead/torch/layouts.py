@@ -11,8 +11,10 @@ Inference (no gradients) also takes *forms* of the same products. A module's cla
 one product with their outputs side by side (a self-attention's query, key and value). :func:`apply_form` computes a
 form; a form laid out is an :class:`Affine`, one class per way of computing it:
 
-- a decoding session's (one token per row a step), laid out for such rows by a :class:`Layouts`, which keeps them for
-  a stretch of inference in which the weights stay fixed (one session, or a translator's life): on the CPU packed in
+- a decoding session's (one token per row a step; on the CPU its sources' encoding and their memory's projection
+  too, a self-attention's query, key and value as one product), laid out for such rows by a :class:`Layouts`, which
+  keeps them for a stretch of inference in which the weights stay fixed (one session, or a translator's life): on the
+  CPU packed in
   oneDNN's blocked format (:class:`OneDNN`), but small weights on the CPUs where MKL multiplies them faster
   (:data:`PLAIN_STEP_VENDORS`); elsewhere ``(in, out)`` row-major (:class:`Plain`), which some BLAS multiply faster
   by a few rows; a weight of more than :data:`COLUMN_SPLIT` outputs (an output projection over a large vocabulary)

@@ -160,10 +160,12 @@ class EncoderLayer(_Block):
         checks.check_layer_input(x, key_mask, "key_mask", self.self_attn.d_model, OPS, self.self_attn.q_proj.weight)
         return self._forward(x, key_layout(key_mask, OPS))
 
-    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """``mask``: the key padding as ``(B, 1, 1, L)``."""
-        x = self.residual(x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True)[0])
-        return self.residual(x, self.norm2, self.feed_forward._forward)
+    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None, layouts: Layouts | None = None) -> torch.Tensor:
+        """``mask``: the key padding as ``(B, 1, 1, L)``; ``layouts``: a decoding session's."""
+        x = self.residual(
+            x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True, layouts=layouts)[0]
+        )
+        return self.residual(x, self.norm2, lambda h: self.feed_forward._forward(h, layouts))
 
 
 class DecoderLayer(_Block):
@@ -278,9 +280,9 @@ class Encoder(_Stack):
         checks.check_layer_input(x, key_mask, "key_mask", self.d_model, OPS, next(self.parameters(), None))
         return self._forward(x, key_layout(key_mask, OPS))
 
-    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None, layouts: Layouts | None = None) -> torch.Tensor:
         for layer in cast(Sequence[EncoderLayer], self.layers):
-            x = layer._forward(x, mask)
+            x = layer._forward(x, mask, layouts)
         return self.finish(x)
 
 
@@ -510,8 +512,10 @@ class Transformer(nn.Module):
         checks.check_source(src, src_key_mask, self.config, OPS)
         return self._encode(src, self._key_mask(src, src_key_mask))
 
-    def _encode(self, src: torch.Tensor, src_key_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.encoder._forward(self._embed(self.src_embed, src), key_layout(src_key_mask, OPS))
+    def _encode(
+        self, src: torch.Tensor, src_key_mask: torch.Tensor | None, layouts: Layouts | None = None
+    ) -> torch.Tensor:
+        return self.encoder._forward(self._embed(self.src_embed, src), key_layout(src_key_mask, OPS), layouts)
 
     def decode(
         self,
@@ -697,12 +701,19 @@ class DecoderSteps:
         """``src (N, Ls)`` encoded: the memory ``(N, Ls, E)`` and its key mask ``(N, Ls)`` (from the config's
         ``pad_id`` when not given; ``None``: every position real)."""
         src_key_mask = self.model._key_mask(src, src_key_mask)
-        return self.model._encode(src, src_key_mask), src_key_mask
+        return self.model._encode(src, src_key_mask, self._sources_layouts(src)), src_key_mask
 
     def project_memory(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every decoder layer's cross-attention keys and values ``(N, Hkv, Ls, D)`` of ``memory (N, Ls, E)``."""
         layers = cast(Sequence[DecoderLayer], self.model.decoder.layers)
-        return [layer.cross_attn._project_keys_values(memory, memory) for layer in layers]
+        layouts = self._sources_layouts(memory)
+        return [layer.cross_attn._project_keys_values(memory, memory, layouts) for layer in layers]
+
+    def _sources_layouts(self, x: torch.Tensor) -> Layouts | None:
+        """The layouts that encoding the sources and projecting their memory take: the steps' on the CPU, where the
+        laid-out forms multiply the few sources that join a stream at a step faster than the weights as they are
+        (``None`` elsewhere: there a laid-out copy would take the device's memory for no measured gain)."""
+        return self.layouts if x.device.type == "cpu" else None
 
     def step(
         self,
