@@ -86,13 +86,15 @@ def test_a_layout_computes_its_linears_side_by_side(
     bias: bool, dtype: torch.dtype, vendor: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three linears as one product: in float32 on the CPU oneDNN's packed weight, but ``(in, out)`` row-major on
-    Intel's CPUs while the weight has at most ``PLAIN_STEP_ELEMENTS``; in other dtypes ``(in, out)``."""
+    Intel's CPUs while the weight has at most ``PLAIN_STEP_ELEMENTS`` and its shorter side at most ``PLAIN_STEP_SIDE``;
+    in other dtypes ``(in, out)``."""
     from multihead import cpu
     from multihead.torch import layouts
 
     monkeypatch.setattr(cpu, "vendor", lambda: vendor)
     monkeypatch.setattr(layouts, "PLAIN_STEP_ELEMENTS", 59 * 182)  # the three linears' outputs: 5 + 113 + 64
-    for outs, small in [((5, 113, 64), True), ((5, 113, 65), False)]:
+    for outs, small, side in [((5, 113, 64), True, 59), ((5, 113, 65), False, 59), ((5, 113, 64), False, 58)]:
+        monkeypatch.setattr(layouts, "PLAIN_STEP_SIDE", side)  # the 59 inputs
         parts = [module.to(dtype) for module in linears(*outs, bias=bias)]
         x = torch.randn(4, 3, 59, dtype=dtype)
         with torch.no_grad():

@@ -309,15 +309,20 @@ be: the blocks' products are as fast as the whole's."""
 
 
 PLAIN_STEP_VENDORS = ("GenuineIntel",)
-"""The CPU vendors on which a decoding step's small products (weights of at most :data:`PLAIN_STEP_ELEMENTS`) run
-faster on MKL with the weight ``(I, O)`` row-major (:class:`Plain`) than on oneDNN's packed kernel, whose every call
-carries a fixed cost that outweighs a small product on a few rows (``benchmarks/step_products.py``,
-docs/performance.md): Intel's. On AMD's, where MKL uses 256-bit vectors only, the packed forms measured faster."""
+"""The CPU vendors on which a decoding step's small products (weights of at most :data:`PLAIN_STEP_ELEMENTS`, a side
+of at most :data:`PLAIN_STEP_SIDE`) run faster on MKL with the weight ``(I, O)`` row-major (:class:`Plain`) than on
+oneDNN's packed kernel, whose every call carries a fixed cost that outweighs a small product on a few rows
+(``benchmarks/step_products.py``, docs/performance.md): Intel's. On AMD's, where MKL uses 256-bit vectors only, the
+packed forms measured faster."""
 
-PLAIN_STEP_ELEMENTS = 256 * 768
-"""The largest weight (``I * O`` elements) laid out ``(I, O)`` on :data:`PLAIN_STEP_VENDORS`' CPUs (a 256-wide
-model's query-key-value): up to this size the row-major form is faster on up to 16 rows and within a few percent on
-more; larger ones (512 → 512 and up) are faster packed from 32 rows a step up."""
+PLAIN_STEP_ELEMENTS = 256 * 1024
+"""The largest weight (``I * O`` elements) laid out ``(I, O)`` on :data:`PLAIN_STEP_VENDORS`' CPUs: a 256-wide model's
+query-key-value and feed-forward products (256 → 1,024 and back), faster row-major on up to 16 rows (a service's
+stream at 16 clients) and within a few percent on more; with :data:`PLAIN_STEP_SIDE`."""
+
+PLAIN_STEP_SIDE = 256
+"""The most features the shorter side of a weight laid out ``(I, O)`` has (:data:`PLAIN_STEP_ELEMENTS`): 512 → 512,
+as many elements as 256 → 1,024, is faster packed from 32 rows a step up."""
 
 
 def _float(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
@@ -339,7 +344,8 @@ def _float(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
 
 def _plain_on_this_cpu(weight: torch.Tensor) -> bool:
     """Whether ``weight (O, I)`` is small enough for :class:`Plain` on this CPU (:data:`PLAIN_STEP_VENDORS`)."""
-    return weight.numel() <= PLAIN_STEP_ELEMENTS and cpu.vendor() in PLAIN_STEP_VENDORS
+    small = weight.numel() <= PLAIN_STEP_ELEMENTS and min(weight.shape) <= PLAIN_STEP_SIDE
+    return small and cpu.vendor() in PLAIN_STEP_VENDORS
 
 
 def _bf16(weight: torch.Tensor, bias: torch.Tensor | None) -> Affine:
