@@ -14,12 +14,11 @@ form; a form laid out is an :class:`Affine`, one class per way of computing it:
 - a decoding session's (one token per row a step; on the CPU its sources' encoding and their memory's projection
   too, a self-attention's query, key and value as one product), laid out for such rows by a :class:`Layouts`, which
   keeps them for a stretch of inference in which the weights stay fixed (one session, or a translator's life): on the
-  CPU packed in
-  oneDNN's blocked format (:class:`OneDNN`), but small weights on the CPUs where MKL multiplies them faster
-  (:data:`PLAIN_STEP_VENDORS`); elsewhere ``(in, out)`` row-major (:class:`Plain`), which some BLAS multiply faster
-  by a few rows; a weight of more than :data:`COLUMN_SPLIT` outputs (an output projection over a large vocabulary)
-  packed in blocks of columns (:class:`Columns`), which a step reads one at a time. This cache, which lives as long
-  as its session, is the only state kept out of the framework's sight.
+  CPU packed in oneDNN's blocked format (:class:`OneDNN`), but small weights on the CPUs where MKL multiplies them
+  faster (:data:`PLAIN_STEP_VENDORS`); elsewhere ``(in, out)`` row-major (:class:`Plain`), which some BLAS multiply
+  faster by a few rows; a weight of more than :data:`COLUMN_SPLIT` outputs (an output projection over a large
+  vocabulary) packed in blocks of columns (:class:`Columns`), which a step reads one at a time. This cache, which lives
+  as long as its session, is the only state kept out of the framework's sight.
 - quantized ones (:func:`quantize`), for every inference call, not only steps: :class:`Int8`, weights in int8 with
   one scale per output feature, inputs quantized as they come (dynamic quantization: oneDNN's int8 kernel, which
   keeps the packed weights alone, where PyTorch has it; else PyTorch's own, :class:`DynamicInt8`); :class:`BFloat16`,
