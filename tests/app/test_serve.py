@@ -329,11 +329,30 @@ def until(condition: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
-class Counted:
-    """A :class:`Service` whose worker counts the pieces it has translated."""
+class Stepped:
+    """A :class:`Service` whose worker, after each step of its engines, records how many pieces they still hold
+    (``left``: ``None`` before the first step), each step first slowed by ``delay`` seconds. The engines are the
+    worker's own: read from another thread, they may be caught in the middle of a step."""
+
+    def __init__(self, service: Service, monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> None:
+        self.service, self.delay = service, delay
+        self.left: int | None = None
+        engines = service.engines
+        step = engines.step
+
+        def stepped() -> None:
+            time.sleep(self.delay)
+            step()
+            self.left = len(engines)
+
+        monkeypatch.setattr(engines, "step", stepped)
+
+
+class Counted(Stepped):
+    """A :class:`Stepped` service whose worker also counts the pieces it has translated."""
 
     def __init__(self, translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.service = Service(translator, ["de", "en"])
+        super().__init__(Service(translator, ["de", "en"]), monkeypatch)
         self.engine = self.service.engines.runs[0].engine
         self.translated = 0
         ended = self.engine.requests.ended
@@ -358,7 +377,7 @@ def test_a_short_request_shares_the_batch_with_a_large_one_and_a_client_that_lea
             200, {"translatedText": corpus_run.translations[1]})  # fmt: skip
         assert counted.engine.requests.live  # the large text was still being translated (read between steps or not)
         heavy.close()
-        assert until(lambda: counted.engine.requests.live == [] and len(counted.engine) == 0, 30)
+        assert until(lambda: counted.engine.requests.live == [] and counted.left == 0, 30)
         assert counted.translated < 8000  # it was dropped, not finished
         assert request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en"}) == (
             200, {"translatedText": corpus_run.translations[0]})  # fmt: skip
@@ -369,18 +388,16 @@ def test_a_request_over_the_time_limit_is_answered_503_and_its_work_dropped(
     translator: Translator, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
     service = Service(translator, ["de", "en"], search=beam(size))
-    engine = service.engines
-    step = engine.step
-    monkeypatch.setattr(engine, "step", lambda: (time.sleep(0.05), step()))  # the large text takes > 1.5 s
+    stepped = Stepped(service, monkeypatch, delay=0.05)  # the large text takes > 1.5 s
     with serving(create_app(service, Limits(timeout=0.5))) as url:
         start = time.monotonic()
         status, answer = request(url, "/translate", {"q": HEAVY, "source": "de", "target": "en"})
         assert time.monotonic() - start < 10
         assert (status, answer) == (503, {"error": "Translation took longer than this server allows (0.5 seconds): "
                                                    "try shorter texts"})  # fmt: skip
-        assert until(lambda: len(engine) == 0 and service.worker.busy_since is None, 30)  # dropped
+        assert until(lambda: stepped.left == 0 and service.worker.busy_since is None, 30)  # dropped
         # Steps at their own speed again: slowed, a sentence's steps (beam search's most) would race the limit too.
-        monkeypatch.setattr(engine, "step", step)
+        stepped.delay = 0.0
         status, answer = request(url, "/translate", {"q": SAMPLES[0], "source": "de", "target": "en"})
         assert status == 200
 
