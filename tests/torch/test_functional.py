@@ -212,6 +212,28 @@ def test_fully_masked_rows_do_not_change_key_value_gradients(implementation: str
     torch.testing.assert_close((k.grad, v.grad), grads)
 
 
+@TWO_PATHS
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_a_step_mask_made_once_gives_what_the_key_mask_gives(implementation: str, dtype: torch.dtype) -> None:
+    """A decoding step's key mask, made once for all its layers (``step_mask``: added to the scores, its fully masked
+    rows opened and zeroed), gives the float64 oracle's output for that mask, dead rows zero: one query a row, causal,
+    grouped heads, Dv != Dk."""
+    q, k, v = Size(5, 6, 2, 1, 9, 8, 5).tensors(dtype)
+    key_mask = torch.rand(5, 9, generator=torch.Generator().manual_seed(3)) > 0.4
+    key_mask[1], key_mask[3, 4:] = False, False  # row 1 attends nothing
+    expected, _ = reference.attention(
+        to_numpy(q), to_numpy(k), to_numpy(v), to_numpy(key_mask[:, None, None, :]), causal=True
+    )
+    made = functional.step_mask(key_mask, torch.promote_types(dtype, torch.float32))
+    assert made is not None
+    assert functional.step_mask(None, dtype) is None
+    out, _ = functional._attention(q, k, v, made, causal=True, scale=None, dropout=0.0, return_weights=False,
+                                   implementation=implementation)  # fmt: skip
+    assert out.dtype == dtype
+    assert torch.all(out[1] == 0)
+    np.testing.assert_allclose(to_numpy(out), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
 @PATHS
 def test_causal_with_more_queries_than_keys_zeroes_leading_rows(return_weights: bool) -> None:
     q, k, v = randn(1, 2, 6, 4, requires_grad=True), randn(1, 2, 2, 4), randn(1, 2, 2, 4)

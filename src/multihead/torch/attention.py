@@ -30,7 +30,7 @@ from torch import nn
 from multihead.cache import KVCacheBase, StepCache, attended
 from multihead.checks import check_attention_call
 from multihead.schema import ATTENTION
-from multihead.torch.functional import IMPLEMENTATIONS, _attention, _packed_attention
+from multihead.torch.functional import IMPLEMENTATIONS, StepMask, _attention, _packed_attention
 from multihead.torch.layouts import Layouts, apply_form
 from multihead.torch.masks import restrict
 from multihead.torch.tensors import OPS
@@ -311,7 +311,7 @@ class MultiHeadAttention(nn.Module):
         key: torch.Tensor | None,
         value: torch.Tensor | None,
         *,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | StepMask | None,
         causal: bool = False,
         return_weights: bool = False,
         cache: StepCache | None = None,
@@ -319,10 +319,11 @@ class MultiHeadAttention(nn.Module):
         layouts: Layouts | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` on checked arguments: the output and, with ``return_weights``, the weights (else
-        ``None``). ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding already in it; ``self_attention``
-        says whether a cache appends ``key`` or holds the memory (``key`` and ``value`` may then be ``None``). A
-        decoding session's ``layouts`` lay out the projections (no gradients); its steps (one query per row, a cache)
-        project the query, key and value of self-attention as one product."""
+        ``None``). ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding already in it (at a decoding step,
+        a :class:`~multihead.torch.functional.StepMask`); ``self_attention`` says whether a cache appends ``key`` or
+        holds the memory (``key`` and ``value`` may then be ``None``). A decoding session's ``layouts`` lay out the
+        projections (no gradients); its steps (one query per row, a cache) project the query, key and value of
+        self-attention as one product."""
         batch, lq, _ = query.shape
         if layouts is not None and cache is not None and lq == 1 and not return_weights:
             q, k, v = self._project_step(query, key, value, cache, self_attention, layouts)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -53,44 +55,88 @@ def _combined_mask(mask: torch.Tensor | None, causal: bool, q: torch.Tensor, k: 
     return mask
 
 
+@dataclass(frozen=True)
+class StepMask:
+    """A decoding step's mask, made once for every layer that reads it (:func:`step_mask`): ``added (B, 1, 1, Lk)``,
+    added to the scores (``0`` keeps, ``-inf`` removes), every row that may attend no key opened to all of them, and
+    ``dead (B, 1, 1, 1)``, ``True`` on exactly those rows, which give zeros. Valid for one query per row, where the
+    causal rule masks nothing."""
+
+    added: torch.Tensor
+    dead: torch.Tensor
+
+
+def step_mask(key_mask: torch.Tensor | None, dtype: torch.dtype) -> StepMask | None:
+    """A decoding step's boolean key mask ``(B, Lk)`` (``True`` = attend) as the :class:`StepMask` its layers' attention
+    calls share, its scores in ``dtype``; ``None`` for ``None``."""
+    if key_mask is None:
+        return None
+    opened, live = cast(tuple[torch.Tensor, torch.Tensor], open_dead_rows(key_mask[:, None, None, :]))
+    # (B, 1, 1, Lk), (B, 1, 1, 1)
+    added = torch.zeros(opened.shape, dtype=dtype, device=opened.device).masked_fill_(~opened, float("-inf"))
+    return StepMask(added, ~live)
+
+
 def _kv_groups(q: torch.Tensor, k: torch.Tensor) -> int:
     return q.shape[1] // k.shape[1]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention computes in for inputs of ``dtype``: float32, or float64 for float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _in(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype`` (no call when it is already: a decoding step makes dozens of these)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _explicit(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor | None,
+    mask: torch.Tensor | StepMask | None,
     causal: bool,
     scale: float | None,
     dropout: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    mask, live = open_dead_rows(_combined_mask(mask, causal, q, k))
-    compute = torch.promote_types(q.dtype, torch.float32)
+    rule: torch.Tensor | None
+    dead: torch.Tensor | None
+    if isinstance(mask, StepMask):
+        rule, dead = mask.added, mask.dead
+    else:
+        rule, live = open_dead_rows(_combined_mask(mask, causal, q, k))
+        dead = None if live is None else ~live
+    compute = compute_dtype(q.dtype)
     groups = _kv_groups(q, k)
     k = k.repeat_interleave(groups, dim=1) if groups > 1 else k  # (B, H, Lk, Dk)
     v = v.repeat_interleave(groups, dim=1) if groups > 1 else v  # (B, H, Lk, Dv)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
-    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-    if mask is not None and mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    elif mask is not None:
-        scores = scores + mask.to(compute)
+    scores = torch.matmul(_in(q, compute), _in(k, compute).transpose(-2, -1))  # (B, H, Lq, Lk)
+    if rule is not None and rule.dtype != torch.bool:
+        scores = torch.add(_in(rule, compute), scores, alpha=scale)  # mask + scale * scores, one pass
+    else:
+        scores = scores * scale
+        if rule is not None:
+            scores = scores.masked_fill(~rule, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    if live is not None:
-        weights = weights.masked_fill(~live, 0.0)
+    if dead is not None:
+        weights = weights.masked_fill(dead, 0.0)
     dropped = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
-    out = torch.matmul(dropped, v.to(compute))  # (B, H, Lq, Dv)
-    return out.to(q.dtype), weights.to(q.dtype)
+    out = torch.matmul(dropped, _in(v, compute))  # (B, H, Lq, Dv)
+    return _in(out, q.dtype), _in(weights, q.dtype)
 
 
 def _fused(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float | None,
-    dropout: float, guard_dead_rows: bool | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | StepMask | None, causal: bool,
+    scale: float | None, dropout: float, guard_dead_rows: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """PyTorch's kernel (:func:`multihead.sdpa.fused`)."""
+    """PyTorch's kernel (:func:`multihead.sdpa.fused`); a :class:`StepMask`'s rows opened already, and zeroed after."""
+    if isinstance(mask, StepMask):
+        out = sdpa.fused(q, k, v, _in(mask.added, q.dtype), causal=False, scale=scale, dropout=dropout, ops=OPS,
+                         guard_dead_rows=False)  # fmt: skip
+        return out.masked_fill(mask.dead, 0.0)
     return sdpa.fused(
         q, k, v, _rank4(mask, q), causal=causal, scale=scale, dropout=dropout, ops=OPS, guard_dead_rows=guard_dead_rows
     )
@@ -100,7 +146,7 @@ def _attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor | None,
+    mask: torch.Tensor | StepMask | None,
     *,
     causal: bool,
     scale: float | None,
@@ -109,7 +155,7 @@ def _attention(
     implementation: str,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`attention` on arguments already checked: the output and, with ``return_weights``, the weights (else
-    ``None``)."""
+    ``None``). ``mask`` may be a decoding step's :class:`StepMask`."""
     explicit = return_weights or implementation == "explicit"
     if implementation == "auto" and sdpa.small_inference(q, k, v, dropout):
         explicit = True

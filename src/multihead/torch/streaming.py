@@ -51,13 +51,12 @@ def _pow2(size: int) -> int:
 class _Buffers:
     """Every decoder layer's keys and values of one kind of attention (self or cross), in one buffer ``(2 * layers,
     R|M, H, C|S, D)``: layer ``i``'s keys at ``2 * i``, its values at ``2 * i + 1``. What a step reads is set before
-    it: the rows (or memory slots) in use, the ``columns`` they use, each row's position (``length``), and for the
-    memory which slot each row reads (``memory_rows``)."""
+    it: the rows (or memory slots) in use and the columns they use (:meth:`read`), each row's position (``length``),
+    and for the memory which slot each row reads (``memory_rows``)."""
 
     def __init__(self, layers: int) -> None:
         self.buffer = torch.zeros(0, 0, 0, 0, 0)  # none yet (see fit)
-        self.rows = 0
-        self.columns = slice(0, 0)
+        self.read(0, slice(0, 0))
         self.length = torch.zeros(0, dtype=torch.long)  # (N,)
         self.memory_rows: MemoryRows | None = None
         self.layers = [_Layer(self, 2 * index) for index in range(layers)]
@@ -73,6 +72,11 @@ class _Buffers:
         if self.buffer.numel():
             grown[:, : held[0], :, : held[2]] = self.buffer
         self.buffer = grown
+
+    def read(self, rows: int, columns: slice) -> None:
+        """The next step reads the first ``rows`` rows at ``columns``: each layer's keys and values there, as views
+        made at once (``spans``: ``2 * layers`` of ``(N|M, H, span, D)``)."""
+        self.spans = self.buffer[:, :rows, :, columns].unbind(0)
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Layer ``layer``'s rows ``start..start + n`` get ``keys`` and ``values`` ``(n, H, l, D)`` at columns
@@ -104,13 +108,11 @@ class _Layer(StepCache):
 
     @property
     def keys(self) -> torch.Tensor:
-        buffers = self.buffers
-        return buffers.buffer[self.index, : buffers.rows, :, buffers.columns]
+        return self.buffers.spans[self.index]
 
     @property
     def values(self) -> torch.Tensor:
-        buffers = self.buffers
-        return buffers.buffer[self.index + 1, : buffers.rows, :, buffers.columns]
+        return self.buffers.spans[self.index + 1]
 
     @property
     def length(self) -> torch.Tensor:
@@ -121,11 +123,10 @@ class _Layer(StepCache):
         return self.buffers.memory_rows
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        buffers = self.buffers
-        column = buffers.columns.stop - 1
-        buffers.buffer[self.index, : buffers.rows, :, column] = keys[:, :, 0]
-        buffers.buffer[self.index + 1, : buffers.rows, :, column] = values[:, :, 0]
-        return self.keys, self.values
+        held = self.keys, self.values
+        for span, new in zip(held, (keys, values), strict=True):
+            span[:, :, -1:].copy_(new)  # the step's column, the last read
+        return held
 
 
 @dataclass
@@ -207,8 +208,8 @@ class StreamRows(Chooser):
         with torch.inference_mode():
             first = self._columns()
             source_span = int(self.sources.max())
-            self.own.rows, self.own.columns = count, slice(first, self.length + 1)
-            self.memory.rows, self.memory.columns = slots, slice(0, source_span)
+            self.own.read(count, slice(first, self.length + 1))
+            self.memory.read(slots, slice(0, source_span))
             if not self.read:
                 self.memory.memory_rows, self.read = memory_rows(self.slots, slots, self.steps.tensor), True
             made = self.length - self.starts  # (N,) each row's position: the tokens it has made after BOS

@@ -33,6 +33,7 @@ from multihead.masks import key_layout, padding_from_tokens, target_padding_from
 from multihead.positional import sinusoidal_positions
 from multihead.torch.attention import KVCache, MultiHeadAttention, Staging
 from multihead.torch.dropout import Dropout
+from multihead.torch.functional import StepMask, compute_dtype, step_mask
 from multihead.torch.layouts import Columns, KeptLayouts, Layouts, apply_form
 from multihead.torch.stored import Int8Rows
 from multihead.torch.tensors import OPS
@@ -212,8 +213,8 @@ class DecoderLayer(_Block):
         self,
         x: torch.Tensor,
         memory: torch.Tensor | None,
-        tgt_mask: torch.Tensor | None,
-        memory_mask: torch.Tensor | None,
+        tgt_mask: torch.Tensor | StepMask | None,
+        memory_mask: torch.Tensor | StepMask | None,
         self_cache: StepCache | None,
         cross_cache: StepCache | None,
         return_weights: bool,
@@ -316,8 +317,8 @@ class Decoder(_Stack):
         self,
         x: torch.Tensor,
         memory: torch.Tensor | None,
-        tgt_mask: torch.Tensor | None,
-        memory_mask: torch.Tensor | None,
+        tgt_mask: torch.Tensor | StepMask | None,
+        memory_mask: torch.Tensor | StepMask | None,
         cache: DecoderCaches | None,
         return_weights: bool,
         layouts: Layouts | None = None,
@@ -560,15 +561,16 @@ class Transformer(nn.Module):
         ``project=False`` the decoder's output ``(B, Lt, E)``) and, with ``return_weights``, every layer's
         cross-attention weights (else none). ``layouts``: a decoding session's, which its steps' projections take."""
         offset = 0 if cache is None else cache.length
-        hidden, weights = self.decoder._forward(
-            self._embed(self.tgt_embed, tgt, offset),
-            memory,
-            key_layout(tgt_key_mask, OPS),
-            key_layout(memory_key_mask, OPS),
-            cache,
-            return_weights,
-            layouts,
-        )
+        embedded = self._embed(self.tgt_embed, tgt, offset)  # (B, Lt, E)
+        tgt_mask: torch.Tensor | StepMask | None
+        memory_mask: torch.Tensor | StepMask | None
+        if layouts is not None and cache is not None and tgt.shape[1] == 1 and not return_weights:
+            # A decoding session's step: each mask made once for all the layers that read it.
+            compute = compute_dtype(embedded.dtype)
+            tgt_mask, memory_mask = step_mask(tgt_key_mask, compute), step_mask(memory_key_mask, compute)
+        else:
+            tgt_mask, memory_mask = key_layout(tgt_key_mask, OPS), key_layout(memory_key_mask, OPS)
+        hidden, weights = self.decoder._forward(embedded, memory, tgt_mask, memory_mask, cache, return_weights, layouts)
         if not project:
             return hidden, weights  # (B, Lt, E)
         return apply_form(self, "output", hidden), weights  # (B, Lt, V)
