@@ -989,16 +989,22 @@ def test_a_kept_layouts_serves_many_calls_with_the_same_tokens() -> None:
     assert torch.equal(model.generate(src, **args), first)
 
 
+@pytest.mark.parametrize("unpadded", [True, False], ids=["real-positions", "padded"])
 @pytest.mark.parametrize("form", ["plain", "onednn", "int8"])
 def test_a_session_encodes_its_sources_and_projects_their_memory_through_its_layouts(
-    form: str, monkeypatch: pytest.MonkeyPatch
+    form: str, unpadded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On the CPU a decoding session's encoding and memory projection take its layouts' forms (each encoder
     self-attention's query, key and value as one product; row-major, packed for oneDNN, or int8): the memory at the
-    sources' real positions and every decoder layer's cross-attention keys and values equal the float64 model's own
-    (``model.encode``, its ``k_proj`` and ``v_proj``), padded sources among them."""
+    sources' real positions and every decoder layer's cross-attention keys and values there equal the float64 model's
+    own (``model.encode``, its ``k_proj`` and ``v_proj``), padded sources among them; a batch of at most
+    ``UNPADDED_POSITIONS`` positions is computed on its real positions alone (the padded ones zeros), a larger one
+    padded."""
     from multihead import cpu
     from multihead.torch import layouts, quantize
+    from multihead.torch import transformer as transformer_module
+
+    monkeypatch.setattr(transformer_module, "UNPADDED_POSITIONS", 21 if unpadded else 20)  # the batch: 3 x 7
 
     if form != "plain" and not layouts.onednn_linear():
         pytest.skip("packed and int8 forms are oneDNN's: this PyTorch build has no oneDNN")  # x86 builds have it
@@ -1033,9 +1039,12 @@ def test_a_session_encodes_its_sources_and_projects_their_memory_through_its_lay
     tolerance = 0.05 if form == "int8" else 1e-5  # int8 against the float64 model's own values
     real = key_mask[..., None].expand_as(memory)
     torch.testing.assert_close(found.double()[real], memory[real], rtol=tolerance, atol=tolerance)
+    assert bool(torch.all(found[~real] == 0)) == unpadded
     for (keys, values), (want_keys, want_values) in zip(projected, expected, strict=True):
-        torch.testing.assert_close(keys.double(), want_keys, rtol=tolerance, atol=tolerance)
-        torch.testing.assert_close(values.double(), want_values, rtol=tolerance, atol=tolerance)
+        at = key_mask[:, None, :, None]  # (B, 1, Ls, 1): the real positions, the only ones attended
+        for got, want in ((keys, want_keys), (values, want_values)):
+            torch.testing.assert_close(got.double()[at.expand_as(got)], want[at.expand_as(want)], rtol=tolerance,
+                                       atol=tolerance)  # fmt: skip
 
 
 @pytest.mark.parametrize(

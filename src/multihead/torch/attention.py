@@ -21,6 +21,7 @@ N rows of one token each, reading S memory slots, at most w rows a slot (:class:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar, cast
 
 import numpy as np
@@ -175,6 +176,30 @@ def _sequence_masks(
     return masks, prefix_causal
 
 
+@dataclass(frozen=True)
+class RealRows:
+    """The real (unpadded) positions of a padded batch ``(B, L)``, which a decoding session's encoder computes alone:
+    ``index (T,)``, their flat indices in ``B * L``."""
+
+    index: torch.Tensor
+    batch: int
+    length: int
+
+    @staticmethod
+    def of(key_mask: torch.Tensor) -> RealRows:
+        """The positions ``True`` in ``key_mask (B, L)``."""
+        return RealRows(key_mask.reshape(-1).nonzero().squeeze(1), *key_mask.shape)
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (B, L, W)`` at the real positions: ``(T, W)``."""
+        return x.reshape(self.batch * self.length, -1).index_select(0, self.index)
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (T, W)`` back at its positions: ``(B, L, W)``, zeros at the others."""
+        padded = x.new_zeros(self.batch * self.length, x.shape[1]).index_copy_(0, self.index, x)
+        return padded.view(self.batch, self.length, -1)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (self, cross, grouped-query), batch first.
 
@@ -317,13 +342,17 @@ class MultiHeadAttention(nn.Module):
         cache: StepCache | None = None,
         self_attention: bool,
         layouts: Layouts | None = None,
+        real: RealRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` on checked arguments: the output and, with ``return_weights``, the weights (else
         ``None``). ``mask`` is 4-D ``(B|1, H|1, Lq|1, Lk|1)`` with the key padding already in it (at a decoding step,
         a :class:`~multihead.torch.functional.StepMask`); ``self_attention`` says whether a cache appends ``key`` or
         holds the memory (``key`` and ``value`` may then be ``None``). A decoding session's ``layouts`` lay out the
         projections (no gradients); its steps (one query per row, a cache) project the query, key and value of
-        self-attention as one product."""
+        self-attention as one product, as does its encoder, whose ``query`` may be the ``real`` rows alone ``(T, E)``
+        (projected alone, attending as the padded batch; the output ``(T, E)``)."""
+        if real is not None:
+            return self._attend_real(query, real, mask, layouts)
         batch, lq, _ = query.shape
         if layouts is not None and cache is not None and lq == 1 and not return_weights:
             q, k, v = self._project_step(query, key, value, cache, self_attention, layouts)
@@ -344,10 +373,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and not self_attention and cache.memory_rows is not None:
             raise ValueError("a cache holding one memory per source is read by a decoding session's steps only")
         if layouts is not None and cache is None and key is query and value is query:  # a session's encoder
-            q, k, v = layouts[self, "qkv"](query).split(self._qkv_widths(), dim=2)  # (B, L, H*Dk), ...
-            q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dk)
-            k = k.view(batch, lq, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dk)
-            v = v.view(batch, lq, self.num_kv_heads, self.value_head_dim).transpose(1, 2)  # (B, Hkv, L, Dv)
+            q, k, v = self._heads(layouts[self, "qkv"](query))
         else:
             q = apply_form(self, "q", query, layouts)  # (B, Lq, H*Dk)
             q = q.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, Dk)
@@ -358,6 +384,29 @@ class MultiHeadAttention(nn.Module):
         )  # fmt: skip
         out = out.transpose(1, 2).reshape(batch, lq, self.num_heads * self.value_head_dim)  # (B, Lq, H*Dv)
         return apply_form(self, "out", out, layouts), weights  # (B, Lq, E)
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``qkv`` form's output ``(B, L, H*Dk + Hkv*Dk + Hkv*Dv)`` as queries ``(B, H, L, Dk)``, keys ``(B, Hkv, L,
+        Dk)`` and values ``(B, Hkv, L, Dv)``."""
+        batch, length, _ = qkv.shape
+        q, k, v = qkv.split(self._qkv_widths(), dim=2)  # (B, L, H*Dk), (B, L, Hkv*Dk), (B, L, Hkv*Dv)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dk)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, Dk)
+        v = v.view(batch, length, self.num_kv_heads, self.value_head_dim).transpose(1, 2)  # (B, Hkv, L, Dv)
+        return q, k, v
+
+    def _attend_real(
+        self, query: torch.Tensor, real: RealRows, mask: torch.Tensor | StepMask | None, layouts: Layouts | None
+    ) -> tuple[torch.Tensor, None]:
+        """A session encoder's self-attention of the ``real`` rows ``query (T, E)``: projected alone, attending as the
+        padded batch (``mask``: its key padding), the output ``(T, E)``."""
+        q, k, v = self._heads(real.spread(apply_form(self, "qkv", query, layouts)))
+        out, _ = _attention(
+            q, k, v, mask, causal=False, scale=None, dropout=0.0, return_weights=False,
+            implementation=self.implementation,
+        )  # fmt: skip  # (B, H, L, Dv)
+        out = real.take(out.transpose(1, 2))  # (T, H*Dv)
+        return apply_form(self, "out", out, layouts), None
 
     def _project_step(
         self,

@@ -31,7 +31,7 @@ from multihead.cache import DecoderCache, DecoderCaches, StepCache
 from multihead.config import ACTIVATIONS, LAYER_NORM_EPS, TransformerConfig, config_fields
 from multihead.masks import key_layout, padding_from_tokens, target_padding_from_tokens
 from multihead.positional import sinusoidal_positions
-from multihead.torch.attention import KVCache, MultiHeadAttention, Staging
+from multihead.torch.attention import KVCache, MultiHeadAttention, RealRows, Staging
 from multihead.torch.dropout import Dropout
 from multihead.torch.functional import StepMask, compute_dtype, step_mask
 from multihead.torch.layouts import Columns, KeptLayouts, Layouts, apply_form
@@ -161,10 +161,15 @@ class EncoderLayer(_Block):
         checks.check_layer_input(x, key_mask, "key_mask", self.self_attn.d_model, OPS, self.self_attn.q_proj.weight)
         return self._forward(x, key_layout(key_mask, OPS))
 
-    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None, layouts: Layouts | None = None) -> torch.Tensor:
-        """``mask``: the key padding as ``(B, 1, 1, L)``; ``layouts``: a decoding session's."""
+    def _forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, layouts: Layouts | None = None, real: RealRows | None = None
+    ) -> torch.Tensor:
+        """``mask``: the key padding as ``(B, 1, 1, L)``; ``layouts``: a decoding session's, whose encoder may give
+        the ``real`` rows alone, ``x (T, E)``."""
         x = self.residual(
-            x, self.norm1, lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True, layouts=layouts)[0]
+            x,
+            self.norm1,
+            lambda h: self.self_attn._attend(h, h, h, mask=mask, self_attention=True, layouts=layouts, real=real)[0],
         )
         return self.residual(x, self.norm2, lambda h: self.feed_forward._forward(h, layouts))
 
@@ -281,9 +286,12 @@ class Encoder(_Stack):
         checks.check_layer_input(x, key_mask, "key_mask", self.d_model, OPS, next(self.parameters(), None))
         return self._forward(x, key_layout(key_mask, OPS))
 
-    def _forward(self, x: torch.Tensor, mask: torch.Tensor | None, layouts: Layouts | None = None) -> torch.Tensor:
+    def _forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, layouts: Layouts | None = None, real: RealRows | None = None
+    ) -> torch.Tensor:
+        """``real``: ``x (T, E)`` holds the real rows of a padded batch alone (:class:`EncoderLayer`), as the output."""
         for layer in cast(Sequence[EncoderLayer], self.layers):
-            x = layer._forward(x, mask, layouts)
+            x = layer._forward(x, mask, layouts, real)
         return self.finish(x)
 
 
@@ -341,6 +349,12 @@ class Decoder(_Stack):
                 cross_weights.append(weights)
         return self.finish(x), cross_weights
 
+
+UNPADDED_POSITIONS = 2048
+"""A decoding session encodes padded sources of at most this many positions (batch × length: the few sources that
+join a service's stream) on their real positions alone. Larger batches (``translate``'s, thousands of positions) keep
+the padded layout: their real-position tensors, smaller than the padded ones, left heap holes that the steps' caches
+did not fit, and translation peaked higher (docs/performance.md)."""
 
 WHOLE_LOGIT_ROWS = 256
 """A step of at most this many rows makes its logits at once, as one matrix."""
@@ -516,7 +530,14 @@ class Transformer(nn.Module):
     def _encode(
         self, src: torch.Tensor, src_key_mask: torch.Tensor | None, layouts: Layouts | None = None
     ) -> torch.Tensor:
-        return self.encoder._forward(self._embed(self.src_embed, src), key_layout(src_key_mask, OPS), layouts)
+        """The memory ``(B, Ls, E)``. In a decoding session (``layouts``), padded sources of at most
+        :data:`UNPADDED_POSITIONS` positions are encoded on their real positions alone (every product but the
+        attention itself), the padded ones holding zeros."""
+        embedded, mask = self._embed(self.src_embed, src), key_layout(src_key_mask, OPS)  # (B, Ls, E)
+        if layouts is None or src_key_mask is None or src.numel() > UNPADDED_POSITIONS or bool(src_key_mask.all()):
+            return self.encoder._forward(embedded, mask, layouts)
+        real = RealRows.of(src_key_mask)
+        return real.spread(self.encoder._forward(real.take(embedded), mask, layouts, real))  # (T, E) -> (B, Ls, E)
 
     def decode(
         self,
